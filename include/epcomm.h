@@ -1,0 +1,310 @@
+/*
+ * epcomm — expert-parallel communication for mixture-of-experts models.
+ *
+ * One public header. Objects form an ownership tree:
+ *
+ *     ep_group_t  (the ranks of one job, bootstrap)
+ *       └─ ep_buffer_t  (registered communication memory of this rank, mapped by peers)
+ *            └─ ep_handle_t  (layout of one dispatch, consumed by combine / cached dispatch)
+ *
+ * Create top-down, destroy bottom-up. Every create has exactly one destroy that frees what it
+ * made. Handles are opaque identifiers, not addresses: using or destroying an object twice is
+ * reported (EP_ERR_DESTROYED), never undefined behaviour.
+ *
+ * Collective calls must be made by every rank of the group, in the same order. Every wait inside
+ * a collective call has a deadline (config timeout, default 100 s, EP_TIMEOUT_S overrides) and a
+ * peer that dies makes the others fail within seconds (EP_ERR_PEER_FAILED).
+ *
+ * Thread safety:
+ *   - Different objects may be used concurrently from different threads (two buffers driven by two
+ *     threads, two groups in one process).
+ *   - Calls on one buffer must not overlap: a call that finds another call in flight on the same
+ *     buffer returns EP_ERR_BUSY rather than corrupting state. Serialize per buffer.
+ *   - Destroying an object while a call on it is in flight returns EP_ERR_BUSY.
+ *   - ep_last_error() is per thread; ep_*_last_error() is per object (message with peer and phase).
+ *   - All query functions (ep_status_string, ep_version, ep_group_rank, ...) are thread safe.
+ *
+ * Errors: every function returns an ep_status_t. On error, outputs are left untouched, the
+ * calling thread's last-error message names the offending argument (and, for collective failures,
+ * the operation, phase and peer rank), and the object's last error records the same.
+ */
+#ifndef EPCOMM_H
+#define EPCOMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- version */
+#define EP_VERSION_MAJOR 0
+#define EP_VERSION_MINOR 1
+#define EP_VERSION_PATCH 0
+#define EP_VERSION_CODE (EP_VERSION_MAJOR * 10000 + EP_VERSION_MINOR * 100 + EP_VERSION_PATCH)
+
+/* Version of the library actually loaded (compare with EP_VERSION_CODE to detect mismatches). */
+int ep_version(void);
+const char *ep_version_string(void);
+
+/* ---------------------------------------------------------------- status
+ * X-macro: code, name, message. The one table of status codes. */
+#define EP_STATUS_MAP(X)                                                                         \
+  X(EP_OK, 0, "success")                                                                         \
+  X(EP_ERR_INVALID_ARG, 1, "invalid argument")                                                   \
+  X(EP_ERR_NULL_ARG, 2, "required pointer argument is NULL")                                     \
+  X(EP_ERR_OUT_OF_RANGE, 3, "value out of range")                                                \
+  X(EP_ERR_SHAPE, 4, "shape not supported (divisibility or alignment)")                          \
+  X(EP_ERR_TOO_LARGE, 5, "size exceeds what the buffer or config allows")                        \
+  X(EP_ERR_MISMATCH, 6, "arguments disagree across ranks")                                       \
+  X(EP_ERR_CONFIG, 7, "config struct has a wrong size or magic (ABI mismatch)")                  \
+  X(EP_ERR_NO_MEMORY, 8, "out of memory")                                                        \
+  X(EP_ERR_SYSTEM, 9, "system call failed")                                                      \
+  X(EP_ERR_BOOTSTRAP, 10, "bootstrap failed")                                                    \
+  X(EP_ERR_TIMEOUT, 11, "deadline passed while waiting for a peer")                              \
+  X(EP_ERR_PEER_FAILED, 12, "a peer rank died or aborted")                                       \
+  X(EP_ERR_PEER_INVALID, 13, "a peer rank rejected its arguments for this collective call")      \
+  X(EP_ERR_DESTROYED, 14, "object was already destroyed")                                        \
+  X(EP_ERR_BUSY, 15, "object is in use (call in flight, or live children)")                      \
+  X(EP_ERR_BROKEN, 16, "object is unusable after an earlier collective failure; destroy it")     \
+  X(EP_ERR_UNSUPPORTED, 17, "not supported by this build or backend")                            \
+  X(EP_ERR_CUDA, 18, "CUDA call failed")                                                         \
+  X(EP_ERR_INTERNAL, 19, "internal error")
+
+typedef enum {
+#define EP_STATUS_ENUM_(code, value, msg) code = value,
+  EP_STATUS_MAP(EP_STATUS_ENUM_)
+#undef EP_STATUS_ENUM_
+  EP_STATUS_COUNT_
+} ep_status_t;
+
+const char *ep_status_name(ep_status_t s);   /* "EP_ERR_TIMEOUT" */
+const char *ep_status_string(ep_status_t s); /* "deadline passed while waiting for a peer" */
+
+/* Message of the last failing epcomm call on this thread ("" if none). Valid until the next
+ * epcomm call on this thread. */
+const char *ep_last_error(void);
+
+/* ---------------------------------------------------------------- types */
+typedef struct ep_group_s *ep_group_t;
+typedef struct ep_buffer_s *ep_buffer_t;
+typedef struct ep_handle_s *ep_handle_t;
+
+typedef enum {
+  EP_DTYPE_BF16 = 1,     /* 2 bytes */
+  EP_DTYPE_FP8_E4M3 = 2, /* 1 byte, with float32 scales */
+} ep_dtype_t;
+
+typedef enum {
+  EP_BACKEND_AUTO = 0, /* EP_BACKEND env, else cpu */
+  EP_BACKEND_CPU = 1,
+  EP_BACKEND_CUDA = 2,
+} ep_backend_t;
+
+#define EP_CONFIG_MAGIC 0x45504331u /* "EPC1" */
+
+/* ---------------------------------------------------------------- group
+ * A group is the set of ranks of one job on this host plus the means to exchange setup data. */
+typedef struct {
+  size_t size;    /* sizeof(ep_group_config_t) */
+  uint32_t magic; /* EP_CONFIG_MAGIC */
+  double timeout_s;   /* deadline for every wait; <= 0: EP_TIMEOUT_S or 100 s */
+  const char *job_id; /* rendezvous name shared by all ranks; NULL: from the environment */
+} ep_group_config_t;
+#define EP_GROUP_CONFIG_INIT {sizeof(ep_group_config_t), EP_CONFIG_MAGIC, 0.0, NULL}
+
+/* User-supplied bootstrap (MPI, torch.distributed, ...). Callbacks return 0 on success. Used only
+ * during ep_group_create: epcomm then sets up its own local channel and never calls them again. */
+typedef struct {
+  int rank;
+  int nranks;
+  int (*allgather)(void *ctx, const void *send, void *recv, size_t bytes_per_rank);
+  int (*barrier)(void *ctx);
+  void *ctx;
+} ep_bootstrap_t;
+
+/* Collective. Ranks, job id and failure channel from the environment that `epcomm launch` sets
+ * (EP_RANK, EP_NRANKS, EP_JOB_ID, EP_NOTIFY_FD), or that mpirun sets (OMPI_COMM_WORLD_RANK, ...).
+ * cfg may be NULL for defaults. */
+ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *group);
+/* Collective over the ranks the callbacks connect. */
+ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t *cfg,
+                            ep_group_t *group);
+/* Collective, bounded by the deadline. EP_ERR_BUSY (and nothing destroyed) while buffers of this
+ * group are alive. NULL is a no-op. */
+ep_status_t ep_group_destroy(ep_group_t group);
+/* Local: frees this rank's resources without talking to peers (crash paths). Live buffers of the
+ * group are released too. NULL is a no-op. */
+ep_status_t ep_group_release(ep_group_t group);
+ep_status_t ep_group_rank(ep_group_t group, int *rank);
+ep_status_t ep_group_nranks(ep_group_t group, int *nranks);
+/* Collective barrier with the group's deadline. */
+ep_status_t ep_group_barrier(ep_group_t group);
+/* Last error recorded on this group (operation, phase, peer); "" if none. */
+const char *ep_group_last_error(ep_group_t group);
+
+/* ---------------------------------------------------------------- buffer */
+typedef struct {
+  size_t size;    /* sizeof(ep_buffer_config_t) */
+  uint32_t magic; /* EP_CONFIG_MAGIC */
+  ep_backend_t backend;
+  /* Normal mode: bytes of each per-(peer, channel) queue; 0: EP_QUEUE_BYTES or 1 MiB. Any number
+   * of tokens fits: a larger dispatch takes more trips through the queue. */
+  size_t queue_bytes;
+  /* Channels per rank: the token range is split into this many slices, each moved by its own
+   * worker (threads on the CPU backend, thread blocks on CUDA). 0: EP_CHANNELS or 1. */
+  int num_channels;
+  /* Low-latency sizing (all 0: low-latency mode disabled). */
+  int ll_max_tokens; /* T: tokens per rank per call */
+  int ll_hidden;     /* H */
+  int ll_num_experts;
+  int ll_max_topk; /* 0: 16 */
+  double timeout_s; /* <= 0: inherit the group's */
+  /* CUDA backend */
+  int cuda_device; /* -1: current device */
+  int num_sms;     /* 0: backend default */
+} ep_buffer_config_t;
+#define EP_BUFFER_CONFIG_INIT                                                                    \
+  {sizeof(ep_buffer_config_t), EP_CONFIG_MAGIC, EP_BACKEND_AUTO, 0, 0, 0, 0, 0, 0, 0.0, -1, 0}
+
+/* Bytes of shared memory one rank's buffer takes for this config and group size. Local. */
+ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes);
+/* Collective: allocate this rank's region, exchange it with peers, map theirs. */
+ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf);
+/* Collective, bounded by the deadline: quiesce, unmap peers, free. Live handles stay valid memory
+ * for ep_handle_destroy but can no longer be used with any buffer. NULL is a no-op. */
+ep_status_t ep_buffer_destroy(ep_buffer_t buf);
+/* Local, never waits for peers (crash paths, after EP_ERR_PEER_FAILED). NULL is a no-op. */
+ep_status_t ep_buffer_release(ep_buffer_t buf);
+const char *ep_buffer_last_error(ep_buffer_t buf);
+ep_status_t ep_buffer_backend(ep_buffer_t buf, ep_backend_t *backend);
+
+/* ---------------------------------------------------------------- layout
+ * Local. topk_idx[num_tokens][topk] int64, -1 = unused slot. Outputs (each may be NULL):
+ * tokens_per_rank[R] int32, tokens_per_expert[E] int32, is_token_in_rank[num_tokens][R] uint8.
+ * Ids < -1 or >= num_experts: EP_ERR_OUT_OF_RANGE naming the first offending slot.
+ * On the CUDA backend pointers are device pointers and the call is ordered on `stream`. */
+ep_status_t ep_get_dispatch_layout(ep_buffer_t buf, const int64_t *topk_idx, int num_tokens,
+                                   int topk, int num_experts, int32_t *tokens_per_rank,
+                                   int32_t *tokens_per_expert, uint8_t *is_token_in_rank,
+                                   void *stream);
+
+/* ---------------------------------------------------------------- normal dispatch
+ * Output allocator for the synchronous path: called once the receive count is known, on the
+ * calling thread, before any output is written. Return 0 and fill the non-NULL output pointers of
+ * `args` (through `out`), or non-zero to fail the call (the data are then drained). */
+typedef struct ep_dispatch_args_s ep_dispatch_args_t;
+typedef int (*ep_alloc_fn)(void *ctx, int num_recv_tokens, ep_dispatch_args_t *out);
+
+struct ep_dispatch_args_s {
+  size_t size; /* sizeof(ep_dispatch_args_t) */
+  /* inputs */
+  const void *x;           /* [num_tokens][hidden] of dtype */
+  ep_dtype_t dtype;
+  int num_tokens;
+  int hidden;
+  const float *x_scales;   /* fp8 only: [num_tokens][num_scales], strides in elements */
+  int num_scales;          /* 0: hidden / 128 */
+  int64_t scale_token_stride;  /* 0: num_scales */
+  int64_t scale_hidden_stride; /* 0: 1 */
+  const int64_t *topk_idx; /* [num_tokens][topk], -1 = unused */
+  const float *topk_weights; /* [num_tokens][topk] or NULL */
+  int topk;
+  int num_experts;
+  int expert_alignment;    /* 0 or 1: no rounding */
+  /* Fixed-size path: outputs hold worst_case_tokens rows, no host synchronisation; rows past the
+   * receive count have topk ids -1 and weights 0. 0: synchronous path. */
+  int worst_case_tokens;
+  ep_handle_t cached;      /* non-NULL: resend new x along this handle's layout (no count exchange;
+                              topk_idx / topk_weights are ignored and not returned) */
+  void *stream;            /* cudaStream_t on the CUDA backend */
+  /* outputs (caller memory, or filled by alloc) */
+  void *recv_x;               /* [cap][hidden] */
+  float *recv_x_scales;       /* [cap][num_scales], fp8 only */
+  int64_t *recv_topk_idx;     /* [cap][topk], optional */
+  float *recv_topk_weights;   /* [cap][topk], optional */
+  int32_t *recv_src_idx;      /* [cap], optional */
+  int32_t *rank_prefix;       /* [R][R], optional: [i][j] = tokens ranks 0..i send to rank j */
+  int32_t *recv_tokens_per_expert; /* [E/R], optional */
+  int recv_capacity;          /* rows the outputs hold (synchronous path without alloc) */
+  ep_alloc_fn alloc;          /* optional, synchronous path */
+  void *alloc_ctx;
+  int *num_recv_tokens;       /* out: rows received */
+  ep_handle_t *handle;        /* out: layout for combine / cached dispatch (NULL: not kept) */
+};
+
+/* Collective. */
+ep_status_t ep_dispatch(ep_buffer_t buf, ep_dispatch_args_t *args);
+
+/* ---------------------------------------------------------------- normal combine */
+typedef struct {
+  size_t size; /* sizeof(ep_combine_args_t) */
+  ep_handle_t handle;       /* from this rank's matching dispatch */
+  const void *x;            /* bf16 [num_recv_tokens][hidden] (row order of the dispatch output) */
+  const float *topk_weights; /* [num_recv_tokens][topk] or NULL */
+  const void *bias[2];      /* bf16 [num_tokens][hidden] each, or NULL */
+  void *stream;
+  void *out;                 /* bf16 [num_tokens][hidden] */
+  float *out_topk_weights;   /* [num_tokens][topk], required iff topk_weights given */
+} ep_combine_args_t;
+
+/* Collective. out[t] = bf16(bias0[t] + bias1[t] + sum over ranks r (ascending) of x rows of t). */
+ep_status_t ep_combine(ep_buffer_t buf, const ep_combine_args_t *args);
+
+/* Handle queries and destroy (local). */
+ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens);
+ep_status_t ep_handle_destroy(ep_handle_t h);
+
+/* ---------------------------------------------------------------- low-latency mode
+ * Sizes fixed at buffer creation (ll_max_tokens T, ll_hidden H, ll_num_experts E). Results live
+ * in the buffer (zero copy) and are double-buffered: at most two low-latency handles may be alive;
+ * a third dispatch returns EP_ERR_BUSY. Destroy the handle once its combine has completed. */
+typedef struct {
+  size_t size; /* sizeof(ep_ll_dispatch_args_t) */
+  const void *x;           /* bf16 [num_tokens][H], num_tokens <= T */
+  int num_tokens;
+  const int64_t *topk_idx; /* [num_tokens][topk] */
+  int topk;
+  int use_fp8;
+  int round_scale;
+  int use_ue8m0;           /* requires round_scale */
+  int two_phase;           /* 1: only send; complete with ep_ll_recv(handle) */
+  void *stream;
+  ep_handle_t *handle;     /* out */
+} ep_ll_dispatch_args_t;
+
+/* Views into the buffer, valid until the handle is destroyed. */
+typedef struct {
+  int num_local_experts;
+  int max_rows;              /* R*T rows per local expert */
+  int hidden;
+  int use_fp8, use_ue8m0;
+  void *recv_x;              /* [E/R][R*T][H] bf16 or fp8 */
+  void *recv_x_scales;       /* fp8: float [E/R][R*T][H/128] or, ue8m0, uint8 [E/R][R*T][H/128] */
+  const int32_t *recv_count;      /* [E/R] */
+  const int32_t *recv_src_info;   /* [E/R][R*T] source token index */
+  const int64_t *recv_layout_range; /* [E/R][R]: (begin << 32) | count */
+} ep_ll_recv_view_t;
+
+ep_status_t ep_ll_dispatch(ep_buffer_t buf, const ep_ll_dispatch_args_t *args);
+/* Completes the receive phase of a two-phase call (dispatch or combine). Collective in effect. */
+ep_status_t ep_ll_recv(ep_buffer_t buf, ep_handle_t handle);
+ep_status_t ep_ll_get_recv_view(ep_handle_t handle, ep_ll_recv_view_t *view);
+
+typedef struct {
+  size_t size; /* sizeof(ep_ll_combine_args_t) */
+  ep_handle_t handle;        /* from ep_ll_dispatch */
+  const void *y;             /* bf16 [E/R][R*T][H] (may be the view's recv_x when bf16) */
+  const int64_t *topk_idx;   /* [num_tokens][topk], as given to the dispatch */
+  const float *topk_weights; /* [num_tokens][topk] */
+  int two_phase;
+  void *stream;
+  void *out;                 /* bf16 [num_tokens][H] */
+} ep_ll_combine_args_t;
+ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *args);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EPCOMM_H */

@@ -1,0 +1,110 @@
+/*
+ * The contract between the core and a backend. This is the only core header a backend includes.
+ *
+ * Layer rule (see docs/ARCHITECTURE.md):  include/epcomm.h  <-  core  <-  backends (cpu, cuda)
+ *   - the core validates every argument that can be checked without touching tensor contents,
+ *     resolves handles, owns objects and their lifetimes, and never tests which backend it holds;
+ *   - a backend implements one `struct ep_backend_ops`, filled by field name, and uses only the
+ *     services declared here (bootstrap exchange, liveness, deadlines, errors, logging).
+ */
+#ifndef EP_CORE_BACKEND_H
+#define EP_CORE_BACKEND_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "epcomm.h"
+
+/* ------------------------------------------------------------------ services of the core */
+
+/* What a buffer's backend sees of its group and of the buffer object itself. */
+typedef struct ep_ctx ep_ctx_t;
+
+int ep_ctx_rank(const ep_ctx_t *ctx);
+int ep_ctx_nranks(const ep_ctx_t *ctx);
+double ep_ctx_timeout(const ep_ctx_t *ctx); /* seconds, > 0 */
+
+/* Bootstrap exchanges through the group's local channel, bounded by the deadline. */
+ep_status_t ep_ctx_allgather(ep_ctx_t *ctx, const void *send, void *recv, size_t bytes);
+/* Every rank passes one fd; fds[r] receives a duplicate of rank r's fd (fds[rank] = own dup). */
+ep_status_t ep_ctx_allgather_fd(ep_ctx_t *ctx, int fd, int *fds);
+ep_status_t ep_ctx_barrier(ep_ctx_t *ctx);
+
+/* Non-blocking: EP_OK, or EP_ERR_PEER_FAILED with *dead set to a dead peer (and *how a static
+ * description such as "killed by signal 9" when the launcher said so). */
+ep_status_t ep_ctx_check_peers(ep_ctx_t *ctx, int *dead, const char **how);
+
+/* Record a failure on the buffer and the calling thread: "<op>: <phase>: <message>", peer may be
+ * -1. Returns `status` so that callers can `return ep_ctx_fail(...)`. */
+ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char *op,
+                        const char *phase, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* Monotonic clock and deadlines. */
+double ep_now(void);
+
+/* Logging (src/core/log.h has the levels). */
+enum { EP_LOG_WARN = 1, EP_LOG_INFO = 2, EP_LOG_DEBUG = 3, EP_LOG_TRACE = 4 };
+bool ep_log_enabled(int level);
+void ep_log_at(int level, int rank, const char *phase, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define EP_LOG(ctx, lvl, phase, ...)                                                            \
+  do {                                                                                           \
+    if (ep_log_enabled(lvl)) ep_log_at((lvl), ep_ctx_rank(ctx), (phase), __VA_ARGS__);        \
+  } while (0)
+
+/* ------------------------------------------------------------------ what a handle carries */
+
+enum ep_handle_kind { EP_HANDLE_NORMAL = 1, EP_HANDLE_LL = 2 };
+
+/* Backend-neutral facts about one dispatch; the backend keeps its own layout in `priv`. */
+typedef struct {
+  enum ep_handle_kind kind;
+  int num_tokens;      /* N of this rank */
+  int num_recv_tokens; /* Nr */
+  int recv_rows;       /* rows of the dispatch outputs (Nr, or worst_case_tokens) */
+  int hidden;
+  int topk;
+  int num_experts;
+  ep_dtype_t dtype;
+  int num_scales;
+  void *priv;
+  void (*free_priv)(void *priv);
+} ep_handle_info_t;
+
+/* ------------------------------------------------------------------ the ops table */
+
+typedef struct {
+  const int64_t *topk_idx;
+  int num_tokens, topk, num_experts;
+  int32_t *tokens_per_rank, *tokens_per_expert;
+  uint8_t *is_token_in_rank;
+  void *stream;
+} ep_layout_args_t;
+
+struct ep_backend_ops {
+  const char *name;
+  /* Collective. Builds the backend state of one buffer. */
+  ep_status_t (*create)(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state);
+  /* collective=true: quiesce with peers first (bounded); false: local release. Always frees. */
+  ep_status_t (*destroy)(void *state, bool collective);
+  ep_status_t (*layout)(void *state, const ep_layout_args_t *a);
+  /* Collective. `cached` is non-NULL for a cached dispatch. On success fills `out` (kind, counts,
+   * priv). On failure `out` is left for the core to discard. */
+  ep_status_t (*dispatch)(void *state, ep_dispatch_args_t *a, const ep_handle_info_t *cached,
+                          ep_handle_info_t *out);
+  ep_status_t (*combine)(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
+  /* Low-latency mode (NULL when the backend has none). */
+  ep_status_t (*ll_dispatch)(void *state, const ep_ll_dispatch_args_t *a, ep_handle_info_t *out);
+  ep_status_t (*ll_recv)(void *state, ep_handle_info_t *h);
+  ep_status_t (*ll_combine)(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h);
+  ep_status_t (*ll_view)(const ep_handle_info_t *h, ep_ll_recv_view_t *view);
+  void (*ll_release)(void *state, ep_handle_info_t *h); /* handle destroyed: free its slot */
+};
+
+/* Backends compiled into this library (NULL where not built). */
+const struct ep_backend_ops *ep_backend_cpu(void);
+const struct ep_backend_ops *ep_backend_cuda(void);
+
+#endif
