@@ -11,7 +11,8 @@ if(NOT EP_CUDA STREQUAL "OFF")
   endif()
 endif()
 
-set(EP_CUDA_HOST_SRC "")
+# Without CUDA, a stub makes ep_backend_cuda() return NULL (and buffers say "not built").
+set(EP_CUDA_HOST_SRC ${CMAKE_SOURCE_DIR}/src/cuda/absent/cuda_absent.c)
 if(EP_HAVE_CUDA)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES 90)

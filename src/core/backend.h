@@ -41,6 +41,15 @@ ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char 
                         const char *phase, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
+/* Mark the buffer unusable (collective state may be inconsistent after this failure). */
+void ep_ctx_mark_broken(ep_ctx_t *ctx);
+
+/* Integer from the environment registry (src/core/env.c), e.g. EP_SPIN_US. */
+long ep_env_long(const char *name, long dflt);
+
+/* Set the calling thread's last error (no object, no peer) and return `s`. */
+ep_status_t ep_err(ep_status_t s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Monotonic clock and deadlines. */
 double ep_now(void);
 
@@ -53,6 +62,13 @@ void ep_log_at(int level, int rank, const char *phase, const char *fmt, ...)
   do {                                                                                           \
     if (ep_log_enabled(lvl)) ep_log_at((lvl), ep_ctx_rank(ctx), (phase), __VA_ARGS__);        \
   } while (0)
+
+/* Limits the core enforces before a backend sees a call. */
+#define EP_MAX_TOPK 128
+#define EP_MAX_LOCAL_EXPERTS 4096
+#define EP_MAX_SCALES 4096
+
+static inline size_t ep_dtype_size(ep_dtype_t t) { return t == EP_DTYPE_BF16 ? 2 : 1; }
 
 /* ------------------------------------------------------------------ what a handle carries */
 
@@ -85,6 +101,8 @@ typedef struct {
 
 struct ep_backend_ops {
   const char *name;
+  /* Local: bytes of memory one rank's buffer takes for `cfg` (already resolved) and R ranks. */
+  ep_status_t (*size_hint)(const ep_buffer_config_t *cfg, int nranks, size_t *bytes);
   /* Collective. Builds the backend state of one buffer. */
   ep_status_t (*create)(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state);
   /* collective=true: quiesce with peers first (bounded); false: local release. Always frees. */
@@ -95,6 +113,9 @@ struct ep_backend_ops {
   ep_status_t (*dispatch)(void *state, ep_dispatch_args_t *a, const ep_handle_info_t *cached,
                           ep_handle_info_t *out);
   ep_status_t (*combine)(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
+  /* This rank rejected its arguments for the next normal-mode collective call: tell the peers so
+   * that their matching call fails at once (EP_ERR_PEER_INVALID) instead of timing out. */
+  void (*reject)(void *state);
   /* Low-latency mode (NULL when the backend has none). */
   ep_status_t (*ll_dispatch)(void *state, const ep_ll_dispatch_args_t *a, ep_handle_info_t *out);
   ep_status_t (*ll_recv)(void *state, ep_handle_info_t *h);

@@ -1,0 +1,202 @@
+/* Buffers: collective create/destroy, local release, and the services the core offers backends. */
+#include "buffer.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* ------------------------------------------------------------------ services for backends */
+
+int ep_ctx_rank(const ep_ctx_t *ctx) { return ctx->buf->group->rank; }
+int ep_ctx_nranks(const ep_ctx_t *ctx) { return ctx->buf->group->nranks; }
+double ep_ctx_timeout(const ep_ctx_t *ctx) { return ctx->buf->timeout_s; }
+void ep_ctx_mark_broken(ep_ctx_t *ctx) { ctx->buf->broken = true; }
+
+/* Bootstrap exchanges of a buffer: one at a time per group; a failure breaks the group too. */
+static ep_status_t boot_locked(ep_ctx_t *ctx, int kind, const void *send, void *recv,
+                               size_t bytes, int fd, int *fds) {
+  ep_group *g = ctx->buf->group;
+  double deadline = ep_now() + ctx->buf->timeout_s;
+  pthread_mutex_lock(&g->boot_lock);
+  ep_status_t st = g->broken ? ep_err(EP_ERR_BROKEN, "group is broken by an earlier failure")
+                   : kind == 0 ? ep_boot_allgather(&g->boot, send, recv, bytes, deadline)
+                   : kind == 1 ? ep_boot_allgather_fd(&g->boot, fd, fds, deadline)
+                               : ep_boot_barrier(&g->boot, deadline);
+  pthread_mutex_unlock(&g->boot_lock);
+  if (st && st != EP_ERR_BROKEN) {
+    g->broken = true;
+    int dead;
+    if (ep_group_check(g, &dead, NULL) == EP_ERR_PEER_FAILED) st = EP_ERR_PEER_FAILED;
+  }
+  return st;
+}
+
+ep_status_t ep_ctx_allgather(ep_ctx_t *ctx, const void *send, void *recv, size_t bytes) {
+  return boot_locked(ctx, 0, send, recv, bytes, -1, NULL);
+}
+
+ep_status_t ep_ctx_allgather_fd(ep_ctx_t *ctx, int fd, int *fds) {
+  return boot_locked(ctx, 1, NULL, NULL, 0, fd, fds);
+}
+
+ep_status_t ep_ctx_barrier(ep_ctx_t *ctx) { return boot_locked(ctx, 2, NULL, NULL, 0, -1, NULL); }
+
+ep_status_t ep_ctx_check_peers(ep_ctx_t *ctx, int *dead, const char **how) {
+  return ep_group_check(ctx->buf->group, dead, how);
+}
+
+ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char *op,
+                        const char *phase, const char *fmt, ...) {
+  char detail[EP_ERRMSG_MAX], msg[EP_ERRMSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(detail, sizeof detail, fmt, ap);
+  va_end(ap);
+  if (peer >= 0)
+    snprintf(msg, sizeof msg, "%s: %s: %s (peer rank %d, %s)", op, phase, detail, peer,
+             ep_status_name(status));
+  else
+    snprintf(msg, sizeof msg, "%s: %s: %s (%s)", op, phase, detail, ep_status_name(status));
+  ep_err_set_msg(msg);
+  ep_errbox_put(&ctx->buf->err, msg);
+  EP_LOG(ctx, EP_LOG_INFO, "run", "%s", msg);
+  return status;
+}
+
+/* ------------------------------------------------------------------ lookup */
+
+ep_status_t ep_buffer_get(ep_buffer_t buffer, const char *op, ep_buffer **b) {
+  ep_err_clear();
+  ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, true, (void **)b);
+  if (st) {
+    char msg[EP_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
+    ep_err_set_msg(msg);
+    return st;
+  }
+  if ((*b)->broken) {
+    ep_reg_release((*b)->id);
+    return ep_err(EP_ERR_BROKEN, "%s: buffer is unusable after an earlier failure (%s); destroy "
+                  "or release it", op, ep_errbox_get(&(*b)->err));
+  }
+  return EP_OK;
+}
+
+void ep_buffer_put(ep_buffer *b) { ep_reg_release(b->id); }
+
+static bool status_breaks(ep_status_t st) {
+  return st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED || st == EP_ERR_SYSTEM ||
+         st == EP_ERR_INTERNAL || st == EP_ERR_CUDA || st == EP_ERR_BROKEN;
+}
+
+ep_status_t ep_buffer_after(ep_buffer *b, ep_status_t st, const char *op) {
+  if (st == EP_OK) return st;
+  if (status_breaks(st)) b->broken = true;
+  /* Backends report through ep_ctx_fail; a bare status from them still gets the op name. */
+  const char *m = ep_last_error();
+  if (strncmp(m, op, strlen(op)) != 0) {
+    char msg[EP_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s: %s", op, m);
+    ep_err_set_msg(msg);
+  }
+  ep_errbox_put(&b->err, ep_last_error());
+  return st;
+}
+
+const char *ep_buffer_last_error(ep_buffer_t buffer) {
+  ep_buffer *b;
+  if (ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, false, (void **)&b))
+    return ep_last_error();
+  const char *m = ep_errbox_get(&b->err);
+  ep_reg_release(b->id);
+  return m;
+}
+
+ep_status_t ep_buffer_backend(ep_buffer_t buffer, ep_backend_t *backend) {
+  if (!backend) return ep_err(EP_ERR_NULL_ARG, "ep_buffer_backend: backend is NULL");
+  ep_buffer *b;
+  ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, false, (void **)&b);
+  if (st) return st;
+  *backend = b->cfg.backend;
+  ep_reg_release(b->id);
+  return EP_OK;
+}
+
+/* ------------------------------------------------------------------ config */
+
+static ep_status_t resolve_backend(ep_buffer_config_t *c, const struct ep_backend_ops **ops) {
+  if (c->backend == EP_BACKEND_AUTO) {
+    const char *e = ep_env_str("EP_BACKEND");
+    c->backend = (e && !strcasecmp(e, "cuda")) ? EP_BACKEND_CUDA : EP_BACKEND_CPU;
+  }
+  if (c->backend == EP_BACKEND_CPU) *ops = ep_backend_cpu();
+  else if (c->backend == EP_BACKEND_CUDA) *ops = ep_backend_cuda();
+  else return ep_err(EP_ERR_INVALID_ARG, "cfg->backend: %d is not an ep_backend_t", c->backend);
+  if (!*ops)
+    return ep_err(EP_ERR_UNSUPPORTED, "cfg->backend: the %s backend is not built into this "
+                  "library", c->backend == EP_BACKEND_CUDA ? "cuda" : "cpu");
+  return EP_OK;
+}
+
+ep_status_t ep_buffer_resolve_config(const ep_buffer_config_t *cfg, double group_timeout,
+                                  ep_buffer_config_t *c, const struct ep_backend_ops **ops) {
+  *c = (ep_buffer_config_t)EP_BUFFER_CONFIG_INIT;
+  ep_status_t st = cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
+  if (st) return st;
+  if (!c->queue_bytes) c->queue_bytes = (size_t)ep_env_long("EP_QUEUE_BYTES", 1 << 20);
+  if (!c->num_channels) c->num_channels = (int)ep_env_long("EP_CHANNELS", 1);
+  if (c->timeout_s <= 0) c->timeout_s = group_timeout;
+  if (c->num_channels < 1 || c->num_channels > 64)
+    return ep_err(EP_ERR_OUT_OF_RANGE, "cfg->num_channels: %d, must be in [1, 64]",
+                  c->num_channels);
+  if (c->queue_bytes < 4096 || c->queue_bytes > (1ull << 34))
+    return ep_err(EP_ERR_OUT_OF_RANGE, "cfg->queue_bytes: %zu, must be in [4096, 16 GiB]",
+                  c->queue_bytes);
+  if (c->ll_max_tokens < 0 || c->ll_hidden < 0 || c->ll_num_experts < 0 || c->ll_max_topk < 0)
+    return ep_err(EP_ERR_OUT_OF_RANGE, "cfg: low-latency sizes must not be negative");
+  if (c->ll_max_tokens && !c->ll_max_topk) c->ll_max_topk = 16;
+  return resolve_backend(c, ops);
+}
+
+ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes) {
+  ep_err_clear();
+  if (!bytes) return ep_err(EP_ERR_NULL_ARG, "ep_buffer_size_hint: bytes is NULL");
+  if (nranks < 1) return ep_err(EP_ERR_OUT_OF_RANGE, "ep_buffer_size_hint: nranks %d", nranks);
+  ep_buffer_config_t c;
+  const struct ep_backend_ops *ops;
+  ep_status_t st = ep_buffer_resolve_config(cfg, 100.0, &c, &ops);
+  return st ? st : ops->size_hint(&c, nranks, bytes);
+}
+
+/* Every rank must create its buffer with the same sizes: compare them all, name the first
+ * field and rank that differ. */
+typedef struct {
+  int32_t backend, channels, ll_T, ll_H, ll_E, ll_topk;
+  uint64_t queue_bytes;
+} cfg_key_t;
+
+ep_status_t ep_buffer_agree_config(ep_buffer *b) {
+  const ep_buffer_config_t *c = &b->cfg;
+  cfg_key_t me = {c->backend, c->num_channels, c->ll_max_tokens, c->ll_hidden, c->ll_num_experts,
+                  c->ll_max_topk, c->queue_bytes};
+  int n = b->group->nranks;
+  cfg_key_t *all = calloc((size_t)n, sizeof *all);
+  if (!all) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
+  ep_status_t st = ep_ctx_allgather(&b->ctx, &me, all, sizeof me);
+  static const char *names[] = {"backend", "num_channels", "ll_max_tokens", "ll_hidden",
+                                "ll_num_experts", "ll_max_topk", "queue_bytes"};
+  for (int r = 0; r < n && !st; r++) {
+    const int32_t *x = &all[r].backend, *y = &me.backend;
+    for (int f = 0; f < 6 && !st; f++)
+      if (x[f] != y[f])
+        st = ep_err(EP_ERR_MISMATCH, "cfg->%s: this rank has %d, rank %d has %d (buffer configs "
+                    "must agree)", names[f], y[f], r, x[f]);
+    if (!st && all[r].queue_bytes != me.queue_bytes)
+      st = ep_err(EP_ERR_MISMATCH, "cfg->queue_bytes: this rank has %llu, rank %d has %llu",
+                  (unsigned long long)me.queue_bytes, r, (unsigned long long)all[r].queue_bytes);
+  }
+  free(all);
+  return st;
+}

@@ -1,0 +1,382 @@
+/* Groups: bootstrap from the environment or from user callbacks, liveness, collective destroy. */
+#include "group.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define RENDEZVOUS_MAX 80
+
+typedef struct {
+  int32_t pid;
+  char hostkey[EP_HOSTKEY_MAX];
+} peer_info_t;
+
+static void host_key(char *out) {
+  char host[64] = "?", boot[40] = "";
+  gethostname(host, sizeof host);
+  host[sizeof host - 1] = '\0';
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+  if (f) {
+    if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
+    fclose(f);
+  }
+  boot[strcspn(boot, "\n")] = '\0';
+  snprintf(out, EP_HOSTKEY_MAX, "%s/%s", host, boot);
+}
+
+static double resolve_timeout(double cfg) {
+  if (cfg > 0) return cfg;
+  double t = ep_env_double("EP_TIMEOUT_S", 100.0);
+  return t > 0 ? t : 100.0;
+}
+
+ep_status_t ep_group_fail(ep_group *g, ep_status_t st, const char *op) {
+  char msg[EP_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
+  ep_err_set_msg(msg);
+  ep_errbox_put(&g->err, msg);
+  return st;
+}
+
+static void group_free(ep_group *g) {
+  if (!g) return;
+  ep_boot_close(&g->boot);
+  ep_live_fini(&g->live);
+  free(g->hostkeys);
+  free(g->buffers);
+  pthread_mutex_destroy(&g->lock);
+  pthread_mutex_destroy(&g->boot_lock);
+  ep_errbox_fini(&g->err);
+  g->magic = 0;
+  free(g);
+}
+
+static int notify_fd_from_env(void) {
+  long fd = ep_env_long("EP_NOTIFY_FD", -1);
+  if (fd < 0 || fd > 1 << 20 || fcntl((int)fd, F_GETFD) < 0) return -1;
+  return (int)fd;
+}
+
+/* Everything after the rendezvous name is known: connect, exchange pids and hosts. */
+static ep_status_t group_init(ep_group *g, const char *name, int notify_fd) {
+  double deadline = ep_now() + g->timeout_s;
+  ep_status_t st = ep_boot_open(&g->boot, name, g->rank, g->nranks, deadline);
+  if (st) return st;
+  peer_info_t me = {(int32_t)getpid(), ""}, *all = calloc((size_t)g->nranks, sizeof *all);
+  int *same = calloc((size_t)g->nranks, sizeof *same);
+  pid_t *pids = calloc((size_t)g->nranks, sizeof *pids);
+  g->hostkeys = calloc((size_t)g->nranks, sizeof *g->hostkeys);
+  if (!all || !same || !pids || !g->hostkeys) st = ep_err(EP_ERR_NO_MEMORY, "out of memory");
+  host_key(me.hostkey);
+  if (!st) st = ep_boot_allgather(&g->boot, &me, all, sizeof me, deadline);
+  for (int r = 0; !st && r < g->nranks; r++) {
+    pids[r] = all[r].pid;
+    memcpy(g->hostkeys[r], all[r].hostkey, EP_HOSTKEY_MAX);
+    g->hostkeys[r][EP_HOSTKEY_MAX - 1] = '\0';
+    same[r] = !strcmp(g->hostkeys[r], me.hostkey);
+  }
+  if (!st && ep_live_init(&g->live, g->rank, g->nranks, pids, same, notify_fd) != 0)
+    st = ep_err(EP_ERR_NO_MEMORY, "out of memory");
+  free(all);
+  free(same);
+  free(pids);
+  return st;
+}
+
+static ep_status_t group_new(int rank, int nranks, const ep_group_config_t *cfg, ep_group **out) {
+  ep_group *g = calloc(1, sizeof *g);
+  if (!g) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
+  g->magic = EP_GROUP_MAGIC;
+  g->rank = rank;
+  g->nranks = nranks;
+  g->timeout_s = resolve_timeout(cfg->timeout_s);
+  g->boot.listen_fd = -1;
+  g->live.dead = -1;
+  pthread_mutex_init(&g->lock, NULL);
+  pthread_mutex_init(&g->boot_lock, NULL);
+  ep_errbox_init(&g->err);
+  *out = g;
+  return EP_OK;
+}
+
+static ep_status_t group_finish(ep_group *g, const char *name, int notify_fd, ep_group_t *out) {
+  ep_status_t st = group_init(g, name, notify_fd);
+  if (!st) st = ep_reg_add(EP_OBJ_GROUP, g, g->rank, &g->id);
+  if (st) {
+    ep_log_at(EP_LOG_INFO, g->rank, "init", "group creation failed: %s", ep_last_error());
+    group_free(g);
+    return st;
+  }
+  ep_log_at(EP_LOG_INFO, g->rank, "init", "group %#" PRIx64 " up: %d ranks, rendezvous %s, "
+            "timeout %.1f s", g->id, g->nranks, name, g->timeout_s);
+  *out = ep_id_to_ptr(g->id);
+  return EP_OK;
+}
+
+static ep_status_t load_group_config(const ep_group_config_t *cfg, ep_group_config_t *c) {
+  *c = (ep_group_config_t)EP_GROUP_CONFIG_INIT;
+  return cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
+}
+
+/* Rank and size from epcomm launch, mpirun (OpenMPI, PMI) or srun. */
+static int env_int(const char *const *names, int *out) {
+  for (; *names; names++) {
+    const char *s = getenv(*names);
+    if (s && *s) {
+      char *end;
+      long v = strtol(s, &end, 10);
+      if (*end == '\0' && v >= 0 && v < (1 << 24)) {
+        *out = (int)v;
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+static const char *env_job_id(void) {
+  static const char *const names[] = {"EP_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
+                                      "SLURM_STEP_ID", NULL};
+  for (const char *const *n = names; *n; n++) {
+    const char *s = getenv(*n);
+    if (s && *s) return s;
+  }
+  return NULL;
+}
+
+ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *group) {
+  ep_err_clear();
+  if (!group) return ep_err(EP_ERR_NULL_ARG, "ep_group_create_from_env: group is NULL");
+  ep_group_config_t c;
+  ep_status_t st = load_group_config(cfg, &c);
+  if (st) return st;
+  static const char *const rank_names[] = {"EP_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                           "SLURM_PROCID", NULL};
+  static const char *const size_names[] = {"EP_NRANKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                           "SLURM_NTASKS", NULL};
+  int rank, nranks;
+  if (!env_int(rank_names, &rank) || !env_int(size_names, &nranks))
+    return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create_from_env: no rank in the environment "
+                  "(EP_RANK/EP_NRANKS): start the program with `epcomm launch -n R` or mpirun");
+  if (nranks < 1 || rank >= nranks)
+    return ep_err(EP_ERR_OUT_OF_RANGE, "ep_group_create_from_env: rank %d of %d", rank, nranks);
+  const char *job = c.job_id ? c.job_id : env_job_id();
+  if (!job)
+    return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create_from_env: no job id (EP_JOB_ID) to meet "
+                  "the other ranks under");
+  char name[RENDEZVOUS_MAX];
+  /* Every rank creates its groups in the same order, so the counter agrees across ranks. */
+  snprintf(name, sizeof name, "%.60s.%u", job, ep_reg_next_env_group());
+  ep_group *g;
+  st = group_new(rank, nranks, &c, &g);
+  return st ? st : group_finish(g, name, notify_fd_from_env(), group);
+}
+
+static ep_status_t check_bootstrap(const ep_bootstrap_t *b) {
+  if (!b) return ep_err(EP_ERR_NULL_ARG, "ep_group_create: boot is NULL");
+  if (!b->allgather) return ep_err(EP_ERR_NULL_ARG, "ep_group_create: boot->allgather is NULL");
+  if (b->nranks < 1)
+    return ep_err(EP_ERR_OUT_OF_RANGE, "ep_group_create: boot->nranks is %d, must be >= 1",
+                  b->nranks);
+  if (b->rank < 0 || b->rank >= b->nranks)
+    return ep_err(EP_ERR_OUT_OF_RANGE, "ep_group_create: boot->rank is %d, must be in [0, %d)",
+                  b->rank, b->nranks);
+  return EP_OK;
+}
+
+ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t *cfg,
+                            ep_group_t *group) {
+  ep_err_clear();
+  ep_status_t st = check_bootstrap(boot);
+  if (st) return st;
+  if (!group) return ep_err(EP_ERR_NULL_ARG, "ep_group_create: group is NULL");
+  ep_group_config_t c;
+  if ((st = load_group_config(cfg, &c))) return st;
+  /* Rank 0 picks a random rendezvous name; the user's allgather carries it to everyone. */
+  char mine[RENDEZVOUS_MAX] = "", *all = calloc((size_t)boot->nranks, RENDEZVOUS_MAX);
+  if (!all) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
+  uint64_t rnd = 0;
+  if (boot->rank == 0) {
+    if (getrandom(&rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) rnd = (uint64_t)ep_now() * 1e9;
+    snprintf(mine, sizeof mine, "cb.%d.%016" PRIx64, (int)getpid(), rnd);
+  }
+  if (boot->allgather(boot->ctx, mine, all, RENDEZVOUS_MAX) != 0) {
+    free(all);
+    return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create: the user allgather callback failed");
+  }
+  char name[RENDEZVOUS_MAX];
+  memcpy(name, all, RENDEZVOUS_MAX);
+  name[RENDEZVOUS_MAX - 1] = '\0';
+  free(all);
+  ep_group *g;
+  st = group_new(boot->rank, boot->nranks, &c, &g);
+  if (!st) st = group_finish(g, name, -1, group);
+  /* The callbacks' own barrier keeps the user's framework in step with ours. */
+  if (!st && boot->barrier && boot->barrier(boot->ctx) != 0) {
+    ep_group_release(*group);
+    *group = NULL;
+    st = ep_err(EP_ERR_BOOTSTRAP, "ep_group_create: the user barrier callback failed");
+  }
+  return st;
+}
+
+/* ------------------------------------------------------------------ use and teardown */
+
+ep_status_t ep_group_check(ep_group *g, int *dead, const char **how) {
+  int r = ep_live_check(&g->live);
+  if (r < 0) return EP_OK;
+  if (dead) *dead = r;
+  if (how) *how = g->live.how;
+  g->broken = true;
+  return ep_err(EP_ERR_PEER_FAILED, "rank %d (pid %d) %s", r, (int)g->live.pids[r], g->live.how);
+}
+
+bool ep_group_same_host(const ep_group *g) {
+  for (int r = 0; r < g->nranks; r++)
+    if (strcmp(g->hostkeys[r], g->hostkeys[g->rank])) return false;
+  return true;
+}
+
+ep_status_t ep_group_add_buffer(ep_group *g, ep_id_t buf) {
+  pthread_mutex_lock(&g->lock);
+  if (g->nbuffers == g->capbuffers) {
+    int cap = g->capbuffers ? 2 * g->capbuffers : 4;
+    ep_id_t *b = realloc(g->buffers, (size_t)cap * sizeof *b);
+    if (!b) {
+      pthread_mutex_unlock(&g->lock);
+      return ep_err(EP_ERR_NO_MEMORY, "out of memory");
+    }
+    g->buffers = b;
+    g->capbuffers = cap;
+  }
+  g->buffers[g->nbuffers++] = buf;
+  pthread_mutex_unlock(&g->lock);
+  return EP_OK;
+}
+
+void ep_group_remove_buffer(ep_group *g, ep_id_t buf) {
+  pthread_mutex_lock(&g->lock);
+  for (int i = 0; i < g->nbuffers; i++)
+    if (g->buffers[i] == buf) g->buffers[i] = g->buffers[--g->nbuffers];
+  pthread_mutex_unlock(&g->lock);
+}
+
+static ep_status_t group_get(ep_group_t group, bool exclusive, ep_group **g) {
+  return ep_reg_acquire(ep_ptr_to_id(group), EP_OBJ_GROUP, exclusive, (void **)g);
+}
+
+ep_status_t ep_group_rank(ep_group_t group, int *rank) {
+  ep_group *g;
+  if (!rank) return ep_err(EP_ERR_NULL_ARG, "ep_group_rank: rank is NULL");
+  ep_status_t st = group_get(group, false, &g);
+  if (st) return st;
+  *rank = g->rank;
+  ep_reg_release(g->id);
+  return EP_OK;
+}
+
+ep_status_t ep_group_nranks(ep_group_t group, int *nranks) {
+  ep_group *g;
+  if (!nranks) return ep_err(EP_ERR_NULL_ARG, "ep_group_nranks: nranks is NULL");
+  ep_status_t st = group_get(group, false, &g);
+  if (st) return st;
+  *nranks = g->nranks;
+  ep_reg_release(g->id);
+  return EP_OK;
+}
+
+const char *ep_group_last_error(ep_group_t group) {
+  ep_group *g;
+  if (group_get(group, false, &g)) return ep_last_error();
+  const char *m = ep_errbox_get(&g->err);
+  ep_reg_release(g->id);
+  return m;
+}
+
+ep_status_t ep_group_barrier(ep_group_t group) {
+  ep_err_clear();
+  ep_group *g;
+  ep_status_t st = group_get(group, true, &g);
+  if (st) return st;
+  if (g->broken) st = ep_err(EP_ERR_BROKEN, "group is broken by an earlier failure");
+  if (!st) {
+    pthread_mutex_lock(&g->boot_lock);
+    st = ep_boot_barrier(&g->boot, ep_now() + g->timeout_s);
+    pthread_mutex_unlock(&g->boot_lock);
+  }
+  if (st) {
+    int dead;
+    if (st != EP_ERR_BROKEN && ep_group_check(g, &dead, NULL) == EP_ERR_PEER_FAILED)
+      st = EP_ERR_PEER_FAILED;
+    g->broken = true;
+    st = ep_group_fail(g, st, "ep_group_barrier");
+  }
+  ep_reg_release(g->id);
+  return st;
+}
+
+static ep_status_t busy_with_buffers(ep_group *g, const char *op) {
+  pthread_mutex_lock(&g->lock);
+  int n = g->nbuffers;
+  unsigned long long first = n ? (unsigned long long)g->buffers[0] : 0;
+  pthread_mutex_unlock(&g->lock);
+  if (n == 0) return EP_OK;
+  return ep_err(EP_ERR_BUSY, "%s: %d buffer(s) of this group are still alive (first: %#llx); "
+                "destroy buffers before their group", op, n, first);
+}
+
+ep_status_t ep_group_destroy(ep_group_t group) {
+  ep_err_clear();
+  if (!group) return EP_OK;
+  ep_group *g;
+  ep_status_t st = group_get(group, true, &g);
+  if (st) return st;
+  if ((st = busy_with_buffers(g, "ep_group_destroy"))) {
+    ep_reg_release(g->id);
+    return st;
+  }
+  ep_log_at(EP_LOG_INFO, g->rank, "teardown", "group %#llx: destroy", (unsigned long long)g->id);
+  /* Quiesce: nobody leaves before everyone has arrived, so no peer is still talking to us. A
+   * broken group skips this: its peers are gone or failing too. */
+  ep_status_t q = g->broken ? EP_OK : ep_boot_barrier(&g->boot, ep_now() + g->timeout_s);
+  ep_reg_release(g->id);
+  void *obj;
+  if ((st = ep_reg_remove(g->id, EP_OBJ_GROUP, &obj))) return st;
+  if (q) ep_log_at(EP_LOG_INFO, g->rank, "teardown", "group destroy: peers not quiesced: %s",
+                   ep_last_error());
+  group_free(g);
+  return q;
+}
+
+ep_status_t ep_group_release(ep_group_t group) {
+  ep_err_clear();
+  if (!group) return EP_OK;
+  ep_group *g;
+  ep_status_t st = group_get(group, true, &g);
+  if (st) return st;
+  /* Crash path: buffers go first (local release), then the group. */
+  for (;;) {
+    pthread_mutex_lock(&g->lock);
+    ep_id_t b = g->nbuffers ? g->buffers[g->nbuffers - 1] : 0;
+    pthread_mutex_unlock(&g->lock);
+    if (!b) break;
+    if ((st = ep_buffer_release(ep_id_to_ptr(b)))) {
+      ep_reg_release(g->id);
+      return st;
+    }
+  }
+  ep_reg_release(g->id);
+  void *obj;
+  if ((st = ep_reg_remove(g->id, EP_OBJ_GROUP, &obj))) return st;
+  ep_log_at(EP_LOG_INFO, g->rank, "teardown", "group released (local)");
+  group_free(g);
+  return EP_OK;
+}

@@ -1,0 +1,91 @@
+#include "liveness.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static int pidfd_open_(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+  errno = ENOSYS;
+  return -1;
+#endif
+}
+
+int ep_live_init(ep_live_t *l, int rank, int nranks, const pid_t *pids, const int *same_host,
+                 int notify_fd) {
+  memset(l, 0, sizeof *l);
+  l->rank = rank;
+  l->nranks = nranks;
+  l->notify_fd = notify_fd;
+  l->dead = -1;
+  l->pidfds = malloc((size_t)nranks * sizeof(int));
+  l->pids = malloc((size_t)nranks * sizeof(pid_t));
+  if (!l->pidfds || !l->pids) return -1;
+  for (int r = 0; r < nranks; r++) {
+    l->pids[r] = pids[r];
+    l->pidfds[r] = -1;
+    if (r == rank || !same_host[r]) continue;
+    int fd = pidfd_open_(pids[r]);
+    if (fd >= 0) l->pidfds[r] = fd;
+    else if (ep_log_enabled(EP_LOG_DEBUG))
+      ep_log_at(EP_LOG_DEBUG, rank, "init", "no pidfd for rank %d (pid %d): %s; relying on "
+                "timeouts for it", r, (int)pids[r], strerror(errno));
+  }
+  return 0;
+}
+
+/* "dead rank=2 pid=1234 how=killed by signal 9 (Killed)\n" lines from epcomm launch. Peeked,
+ * never consumed: every group of this process reads the same socket. */
+static int check_notify(ep_live_t *l) {
+  if (l->notify_fd < 0) return -1;
+  char buf[4096];
+  ssize_t n = recv(l->notify_fd, buf, sizeof buf - 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  for (char *line = buf; line && *line;) {
+    char *nl = strchr(line, '\n');
+    if (nl) *nl = '\0';
+    int r, pid, off = 0;
+    if (sscanf(line, "dead rank=%d pid=%d how=%n", &r, &pid, &off) == 2 && off > 0 && r >= 0 &&
+        r < l->nranks && l->pids[r] == pid) {
+      snprintf(l->how, sizeof l->how, "%s", line + off);
+      return r;
+    }
+    line = nl ? nl + 1 : NULL;
+  }
+  return -1;
+}
+
+int ep_live_check(ep_live_t *l) {
+  if (l->dead >= 0) return l->dead;
+  int r = check_notify(l);
+  if (r >= 0) return l->dead = r;
+  for (r = 0; r < l->nranks; r++) {
+    if (l->pidfds[r] < 0) continue;
+    struct pollfd p = {l->pidfds[r], POLLIN, 0};
+    if (poll(&p, 1, 0) > 0) {
+      snprintf(l->how, sizeof l->how, "exited");
+      return l->dead = r;
+    }
+  }
+  return -1;
+}
+
+void ep_live_fini(ep_live_t *l) {
+  if (l->pidfds)
+    for (int r = 0; r < l->nranks; r++)
+      if (l->pidfds[r] >= 0) close(l->pidfds[r]);
+  free(l->pidfds);
+  free(l->pids);
+  l->pidfds = NULL;
+  l->pids = NULL;
+}

@@ -1,0 +1,60 @@
+/* The CPU backend's ops table, and buffer create/destroy. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "cpu_ll.h"
+
+static ep_status_t cpu_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes) {
+  cpu_seg_hdr_t l;
+  *bytes = cpu_seg_size(nranks, cfg->num_channels, cfg->queue_bytes, cfg, &l);
+  return EP_OK;
+}
+
+static void state_free(cpu_state_t *s) {
+  cpu_workers_stop(s);
+  cpu_seg_teardown(s);
+  free(s);
+}
+
+static ep_status_t cpu_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {
+  cpu_state_t *s = calloc(1, sizeof *s);
+  if (!s) return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
+  s->ctx = ctx;
+  s->rank = ep_ctx_rank(ctx);
+  s->nranks = ep_ctx_nranks(ctx);
+  s->channels = cfg->num_channels;
+  s->queue_bytes = cfg->queue_bytes;
+  s->spin_s = 1e-6 * (double)ep_env_long("EP_SPIN_US", 50);
+  ep_status_t st = cpu_workers_start(s);
+  if (!st) st = cpu_seg_setup(s, cfg);
+  if (st) {
+    state_free(s);
+    return st;
+  }
+  *state = s;
+  return EP_OK;
+}
+
+static ep_status_t cpu_destroy(void *state, bool collective) {
+  cpu_state_t *s = state;
+  ep_status_t st = EP_OK;
+  /* Quiesce: no peer may still be moving data through our segment when we unmap it (their own
+   * mapping would survive, but their call would then wait for us in vain). */
+  if (collective) st = ep_ctx_barrier(s->ctx);
+  state_free(s);
+  return st;
+}
+
+static const struct ep_backend_ops cpu_ops = {
+    .name = "cpu",
+    .size_hint = cpu_size_hint,
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .layout = cpu_layout,
+    .dispatch = cpu_dispatch,
+    .combine = cpu_combine,
+    .reject = cpu_reject,
+};
+
+const struct ep_backend_ops *ep_backend_cpu(void) { return &cpu_ops; }

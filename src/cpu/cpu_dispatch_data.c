@@ -1,0 +1,163 @@
+/* The data phase of dispatch for one channel: push this rank's rows into every peer's queue,
+ * pull every peer's rows into the outputs, each at its final row, in one pass. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_dispatch.h"
+
+#define BATCH 32 /* records between two publications of a queue position */
+
+typedef struct {
+  cpu_q_t q;
+  int32_t next, end; /* send: index into the plan's list; recv: rows taken / expected */
+  int32_t base;      /* recv: output row of the first record */
+} peer_t;
+
+/* Token t's record: source index, payload, scales, global expert ids, weights. */
+static void pack(const cpu_dispatch_job_t *j, int32_t t, unsigned char *rec) {
+  const ep_dispatch_args_t *a = j->a;
+  memcpy(rec, &t, sizeof t);
+  memcpy(rec + j->off_x, (const unsigned char *)a->x + (size_t)t * j->row, j->row);
+  if (j->scales) {
+    float *sc = (float *)(rec + j->off_s);
+    for (int i = 0; i < a->num_scales; i++)
+      sc[i] = a->x_scales[t * a->scale_token_stride + i * a->scale_hidden_stride];
+  }
+  if (j->cached) return;
+  memcpy(rec + j->off_i, a->topk_idx + (size_t)t * j->topk, (size_t)j->topk * sizeof(int64_t));
+  if (j->has_w)
+    memcpy(rec + j->off_w, a->topk_weights + (size_t)t * j->topk, (size_t)j->topk * sizeof(float));
+}
+
+/* Output row `r` from a packed record (also used for this rank's own tokens). */
+static void unpack(const cpu_dispatch_job_t *j, const unsigned char *rec, int32_t r) {
+  const ep_dispatch_args_t *a = j->a;
+  if (j->drain) return;
+  memcpy((unsigned char *)a->recv_x + (size_t)r * j->row, rec + j->off_x, j->row);
+  if (j->scales)
+    memcpy(a->recv_x_scales + (size_t)r * a->num_scales, rec + j->off_s, j->scales);
+  if (a->recv_src_idx) memcpy(&a->recv_src_idx[r], rec, sizeof(int32_t));
+  if (j->cached) return;
+  const int64_t *ids = (const int64_t *)(rec + j->off_i);
+  const float *w = (const float *)(rec + j->off_w);
+  for (int k = 0; k < j->topk; k++) {
+    int64_t e = ids[k] - j->first_expert;
+    bool local = ids[k] >= 0 && e >= 0 && e < j->num_local;
+    if (a->recv_topk_idx) a->recv_topk_idx[(size_t)r * j->topk + k] = local ? e : -1;
+    if (a->recv_topk_weights)
+      a->recv_topk_weights[(size_t)r * j->topk + k] = local && j->has_w ? w[k] : 0.0f;
+  }
+}
+
+/* This rank's own tokens skip the queue: straight from x to their output rows. */
+static void copy_self(cpu_state_t *s, const cpu_dispatch_job_t *j, int c, unsigned char *tmp) {
+  const cpu_plan_t *p = j->p;
+  int me = s->rank;
+  const int32_t *chan = p->send_chan + (size_t)me * (size_t)(s->channels + 1);
+  int32_t row = p->recv_base[(size_t)me * s->channels + c];
+  for (int32_t i = chan[c]; i < chan[c + 1]; i++) {
+    pack(j, p->send_idx[p->send_off[me] + i], tmp);
+    unpack(j, tmp, row++);
+  }
+}
+
+static int push(cpu_state_t *s, const cpu_dispatch_job_t *j, peer_t *pe, int d, int c) {
+  int n = 0;
+  const int32_t *list = j->p->send_idx + j->p->send_off[d];
+  while (pe->next < pe->end) {
+    unsigned char *rec = cpu_q_reserve(&pe->q, j->rec);
+    if (!rec) break;
+    pack(j, list[pe->next++], rec);
+    cpu_q_commit(&pe->q, j->rec);
+    if (++n % BATCH == 0) cpu_q_publish(&pe->q), cpu_ring_bell(s, d, c);
+  }
+  if (n % BATCH) cpu_q_publish(&pe->q), cpu_ring_bell(s, d, c);
+  return n;
+}
+
+static int pull(cpu_state_t *s, const cpu_dispatch_job_t *j, peer_t *pe, int src, int c) {
+  int n = 0;
+  while (pe->next < pe->end) {
+    const unsigned char *rec = cpu_q_peek(&pe->q, j->rec);
+    if (!rec) break;
+    unpack(j, rec, pe->base + pe->next++);
+    cpu_q_consume(&pe->q, j->rec);
+    if (++n % BATCH == 0) cpu_q_release(&pe->q), cpu_ring_bell(s, src, c);
+  }
+  if (n % BATCH) cpu_q_release(&pe->q), cpu_ring_bell(s, src, c);
+  return n;
+}
+
+static void open_peers(cpu_state_t *s, const cpu_dispatch_job_t *j, int c, peer_t *out,
+                       peer_t *in) {
+  const cpu_plan_t *p = j->p;
+  for (int r = 0; r < s->nranks; r++) {
+    if (r == s->rank) continue;
+    const int32_t *chan = p->send_chan + (size_t)r * (size_t)(s->channels + 1);
+    cpu_q_open_send(&out[r].q, cpu_ring(s, r, s->rank, c), s->queue_bytes);
+    out[r].next = chan[c];
+    out[r].end = chan[c + 1];
+    cpu_q_open_recv(&in[r].q, cpu_ring(s, s->rank, r, c), s->queue_bytes);
+    in[r].next = 0;
+    in[r].end = p->recv_cnt[(size_t)r * s->channels + c];
+    in[r].base = p->recv_base[(size_t)r * s->channels + c];
+  }
+}
+
+/* Whom we are waiting for, for the timeout message. */
+static int laggard(cpu_state_t *s, const peer_t *out, const peer_t *in, char *what, size_t n) {
+  for (int r = 0; r < s->nranks; r++) {
+    if (r == s->rank) continue;
+    if (in[r].next < in[r].end) {
+      snprintf(what, n, "received %d of %d rows", in[r].next, in[r].end);
+      return r;
+    }
+    if (out[r].next < out[r].end) {
+      snprintf(what, n, "its queue is full; %d rows left to send", out[r].end - out[r].next);
+      return r;
+    }
+  }
+  snprintf(what, n, "nothing");
+  return -1;
+}
+
+static ep_status_t loop(cpu_state_t *s, const cpu_dispatch_job_t *j, int c, peer_t *out,
+                        peer_t *in) {
+  cpu_waiter_t w;
+  cpu_waiter_init(&w, s, c, "ep_dispatch", "data");
+  for (;;) {
+    uint32_t seen = cpu_bell_read(s, c);
+    int moved = 0, left = 0;
+    for (int r = 0; r < s->nranks; r++) {
+      if (r == s->rank) continue;
+      moved += push(s, j, &out[r], r, c) + pull(s, j, &in[r], r, c);
+      left += (out[r].next < out[r].end) + (in[r].next < in[r].end);
+    }
+    if (!left) return EP_OK;
+    if (moved) continue;
+    char what[96];
+    int who = laggard(s, out, in, what, sizeof what);
+    ep_status_t st = cpu_wait(&w, seen, who, what);
+    if (st) return st;
+  }
+}
+
+ep_status_t cpu_dispatch_channel(cpu_state_t *s, void *job, int c) {
+  const cpu_dispatch_job_t *j = job;
+  peer_t *out = calloc((size_t)s->nranks * 2, sizeof *out);
+  unsigned char *tmp = aligned_alloc(64, (j->rec + 63) & ~(size_t)63);
+  if (!out || !tmp) {
+    free(out);
+    free(tmp);
+    return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_dispatch", "data", "out of memory");
+  }
+  peer_t *in = out + s->nranks;
+  open_peers(s, j, c, out, in);
+  copy_self(s, j, c, tmp);
+  ep_status_t st = loop(s, j, c, out, in);
+  if (st && st != EP_ERR_INTERNAL) cpu_abort_peers(s, st);
+  free(tmp);
+  free(out);
+  return st;
+}

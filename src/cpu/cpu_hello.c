@@ -1,0 +1,93 @@
+/* The hello phase that opens every normal-mode call: each rank posts what its call is (and, for a
+ * dispatch, its counts) into every peer's segment, then waits for all peers' posts. Ranks that
+ * disagree about the call, or a rank that rejected its arguments, make *every* rank fail the
+ * call the same way, before any payload moves; the queues stay consistent and usable. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cpu.h"
+
+static int parity(const cpu_state_t *s) { return (int)(s->seq & 1); }
+
+cpu_hello_t *cpu_hello_from(cpu_state_t *s, int src) {
+  return cpu_hello(s, s->rank, parity(s), src);
+}
+
+void cpu_hello_post(cpu_state_t *s, const cpu_hello_t *mine,
+                    void (*fill)(cpu_state_t *s, cpu_hello_t *slot, int dest, void *arg),
+                    void *arg) {
+  for (int d = 0; d < s->nranks; d++) {
+    cpu_hello_t *h = cpu_hello(s, d, parity(s), s->rank);
+    h->kind = mine->kind;
+    h->status = mine->status;
+    h->hidden = mine->hidden;
+    h->dtype = mine->dtype;
+    h->topk = mine->topk;
+    h->num_experts = mine->num_experts;
+    h->num_scales = mine->num_scales;
+    h->has_weights = mine->has_weights;
+    h->num_tokens = mine->num_tokens;
+    h->worst_case = mine->worst_case;
+    if (fill) fill(s, h, d, arg);
+    atomic_store_explicit(&h->seq, s->seq + 1, memory_order_release);
+    if (d != s->rank) cpu_ring_bell(s, d, 0);
+  }
+}
+
+static const char *kind_name(int k) {
+  return k == OP_DISPATCH ? "dispatch" : k == OP_CACHED ? "cached dispatch" : "combine";
+}
+
+/* Every field that shapes the records must be the same on all ranks. */
+static ep_status_t compare(cpu_state_t *s, const cpu_hello_t *m, const cpu_hello_t *p, int r,
+                           const char *op) {
+  if (p->status == HELLO_REJECTED)
+    return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, r, op, "hello",
+                       "rank %d rejected its arguments for this call (see its error)", r);
+  if (p->kind != m->kind)
+    return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r, op, "hello",
+                       "this rank calls %s, rank %d calls %s", kind_name(m->kind), r,
+                       kind_name(p->kind));
+  static const char *names[] = {"hidden", "dtype", "topk", "num_experts", "num_scales",
+                                "topk_weights given"};
+  const int32_t a[] = {m->hidden, m->dtype, m->topk, m->num_experts, m->num_scales,
+                       m->has_weights},
+                b[] = {p->hidden, p->dtype, p->topk, p->num_experts, p->num_scales,
+                       p->has_weights};
+  for (int i = 0; i < 6; i++)
+    if (a[i] != b[i])
+      return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r, op, "hello",
+                         "%s is %d on this rank and %d on rank %d (must agree on all ranks)",
+                         names[i], a[i], b[i], r);
+  return EP_OK;
+}
+
+ep_status_t cpu_hello_gather(cpu_state_t *s, const cpu_hello_t *mine, const char *op) {
+  cpu_waiter_t w;
+  cpu_waiter_init(&w, s, 0, op, "hello");
+  ep_status_t st = EP_OK, first = EP_OK;
+  for (int r = 0; r < s->nranks; r++) {
+    cpu_hello_t *h = cpu_hello_from(s, r);
+    for (;;) {
+      uint32_t seen = cpu_bell_read(s, 0);
+      if (atomic_load_explicit(&h->seq, memory_order_acquire) == s->seq + 1) break;
+      if ((st = cpu_wait(&w, seen, r, "its hello: counts and call description"))) {
+        cpu_abort_peers(s, st);
+        return st;
+      }
+    }
+  }
+  /* Compare only once all have arrived, so every rank reports the same first culprit. */
+  for (int r = 0; r < s->nranks && !first; r++)
+    if (r != s->rank) first = compare(s, mine, cpu_hello_from(s, r), r, op);
+  return first;
+}
+
+void cpu_reject(void *state) {
+  cpu_state_t *s = state;
+  cpu_hello_t mine;
+  memset(&mine, 0, sizeof mine);
+  mine.status = HELLO_REJECTED;
+  cpu_hello_post(s, &mine, NULL, NULL);
+  s->seq++;
+}

@@ -1,0 +1,46 @@
+/* Layout (SPEC §2): per-rank token counts, per-expert selection counts, token-in-rank flags. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+
+/* First bad id, so the error can name the exact slot. Checked before anything is written. */
+static ep_status_t check_ids(cpu_state_t *s, const int64_t *idx, int n, int topk, int E,
+                             const char *op) {
+  for (size_t i = 0; i < (size_t)n * (size_t)topk; i++)
+    if (idx[i] < -1 || idx[i] >= E)
+      return ep_ctx_fail(s->ctx, EP_ERR_OUT_OF_RANGE, -1, op, "layout",
+                         "topk_idx[%zu][%zu] is %lld, must be -1 or in [0, %d)", i / (size_t)topk,
+                         i % (size_t)topk, (long long)idx[i], E);
+  return EP_OK;
+}
+
+ep_status_t cpu_route(cpu_state_t *s, const int64_t *idx, int n, int topk, int E,
+                      int32_t *per_rank, int32_t *per_expert, uint8_t *in_rank, const char *op) {
+  ep_status_t st = check_ids(s, idx, n, topk, E, op);
+  if (st) return st;
+  int R = s->nranks, per = E / R;
+  if (per_rank) memset(per_rank, 0, (size_t)R * sizeof *per_rank);
+  if (per_expert) memset(per_expert, 0, (size_t)E * sizeof *per_expert);
+  uint8_t seen[R];
+  for (int t = 0; t < n; t++) {
+    memset(seen, 0, sizeof seen);
+    for (int k = 0; k < topk; k++) {
+      int64_t e = idx[(size_t)t * (size_t)topk + (size_t)k];
+      if (e < 0) continue;
+      seen[e / per] = 1;
+      if (per_expert) per_expert[e]++;
+    }
+    for (int r = 0; r < R; r++) {
+      if (per_rank) per_rank[r] += seen[r];
+      if (in_rank) in_rank[(size_t)t * (size_t)R + (size_t)r] = seen[r];
+    }
+  }
+  return EP_OK;
+}
+
+ep_status_t cpu_layout(void *state, const ep_layout_args_t *a) {
+  return cpu_route(state, a->topk_idx, a->num_tokens, a->topk, a->num_experts,
+                   a->tokens_per_rank, a->tokens_per_expert, a->is_token_in_rank,
+                   "ep_get_dispatch_layout");
+}

@@ -1,0 +1,109 @@
+/* Waiting without burning the cores other ranks need: spin briefly, then sleep on a futex in the
+ * shared segment. Every wait is bounded by the call's deadline and checks, every few
+ * milliseconds, whether a peer died (pidfd / launcher notice) or aborted the call. */
+#include <errno.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu.h"
+
+#define CHECK_PERIOD_S 0.002 /* liveness checks while waiting */
+#define SLEEP_MAX_S 0.010    /* futex sleeps are cut short this often to re-check liveness */
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val, double secs) {
+  struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+  /* Shared (not PRIVATE) futex: the word lives in memory mapped by several processes. */
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *addr) {
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+}
+
+void cpu_ring_bell(cpu_state_t *s, int rank, int ch) {
+  cpu_bell_t *b = cpu_bell(s, rank, ch);
+  atomic_fetch_add(&b->bell, 1);
+  if (atomic_load(&b->sleepers) > 0) futex_wake(&b->bell);
+}
+
+void cpu_abort_peers(cpu_state_t *s, ep_status_t why) {
+  uint32_t word = (uint32_t)(s->rank + 1) | ((uint32_t)why << 20);
+  for (int r = 0; r < s->nranks; r++) {
+    if (r == s->rank) continue;
+    uint32_t zero = 0;
+    atomic_compare_exchange_strong(cpu_abort_word(s, r), &zero, word);
+    for (int c = 0; c < s->channels; c++) cpu_ring_bell(s, r, c);
+  }
+}
+
+void cpu_waiter_init(cpu_waiter_t *w, cpu_state_t *s, int channel, const char *op,
+                     const char *phase) {
+  w->s = s;
+  w->channel = channel;
+  w->deadline = ep_now() + ep_ctx_timeout(s->ctx);
+  w->next_check = 0;
+  w->op = op;
+  w->phase = phase;
+}
+
+/* Peer death, a peer's abort, or a sibling channel's failure: the reasons to stop early. */
+static ep_status_t check_world(cpu_waiter_t *w) {
+  cpu_state_t *s = w->s;
+  if (atomic_load(&s->local_abort)) return EP_ERR_INTERNAL; /* reported by the failing channel */
+  uint32_t ab = atomic_load(cpu_abort_word(s, s->rank));
+  if (ab)
+    return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, (int)(ab & 0xfffff) - 1, w->op, w->phase,
+                       "rank %d gave up on this call (%s)", (int)(ab & 0xfffff) - 1,
+                       ep_status_name((ep_status_t)(ab >> 20)));
+  int dead;
+  const char *how;
+  if (ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK)
+    return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, w->op, w->phase, "rank %d %s", dead,
+                       how);
+  return EP_OK;
+}
+
+ep_status_t cpu_wait(cpu_waiter_t *w, uint32_t seen, int waiting_for, const char *what) {
+  cpu_state_t *s = w->s;
+  cpu_bell_t *b = cpu_bell(s, s->rank, w->channel);
+  double now = ep_now();
+  if (now >= w->next_check) {
+    w->next_check = now + CHECK_PERIOD_S;
+    ep_status_t st = check_world(w);
+    if (st) return st;
+    if (now >= w->deadline)
+      return ep_ctx_fail(s->ctx, EP_ERR_TIMEOUT, waiting_for, w->op, w->phase,
+                         "deadline of %.1f s passed waiting for rank %d (%s)",
+                         ep_ctx_timeout(s->ctx), waiting_for, what);
+  }
+  /* Spin: the common case on idle cores is that the peer answers within microseconds. */
+  double spin_end = now + s->spin_s;
+  for (int i = 0;; i++) {
+    if (atomic_load_explicit(&b->bell, memory_order_acquire) != seen) return EP_OK;
+    if ((i & 63) == 63) {
+      if (ep_now() >= spin_end) break;
+      sched_yield(); /* let a rank that shares our core run */
+    }
+    cpu_relax();
+  }
+  atomic_fetch_add(&b->sleepers, 1);
+  if (atomic_load(&b->bell) == seen) {
+    double left = w->deadline - ep_now();
+    futex_wait(&b->bell, seen, left < SLEEP_MAX_S ? (left > 0 ? left : 0) : SLEEP_MAX_S);
+  }
+  atomic_fetch_sub(&b->sleepers, 1);
+  return EP_OK;
+}
