@@ -1,0 +1,78 @@
+/* Helpers shared by the test programs: exit codes, checks that name the rank and case, and a
+ * deterministic generator so that every rank can rebuild every other rank's inputs. */
+#ifndef EP_TESTS_COMMON_H
+#define EP_TESTS_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "epcomm.h"
+
+#define T_PASS 0
+#define T_FAIL 1
+#define T_SKIP 77
+
+extern int t_rank;          /* this process's rank, for messages */
+extern const char *t_case;  /* current case description, for messages */
+
+#define T_FAILF(...)                                                                 \
+  do {                                                                               \
+    fprintf(stderr, "FAIL rank %d [%s] %s:%d: ", t_rank, t_case ? t_case : "-",      \
+            __FILE__, __LINE__);                                                     \
+    fprintf(stderr, __VA_ARGS__);                                                    \
+    fputc('\n', stderr);                                                             \
+    exit(T_FAIL);                                                                    \
+  } while (0)
+
+#define T_CHECK(cond, ...)               \
+  do {                                   \
+    if (!(cond)) T_FAILF(__VA_ARGS__);   \
+  } while (0)
+
+/* An epcomm call that must succeed. */
+#define T_OK(call)                                                                    \
+  do {                                                                                \
+    ep_status_t st_ = (call);                                                         \
+    if (st_ != EP_OK) T_FAILF("%s -> %s: %s", #call, ep_status_name(st_), ep_last_error()); \
+  } while (0)
+
+/* An epcomm call that must fail with `want`. */
+#define T_STATUS(want, call)                                                          \
+  do {                                                                                \
+    ep_status_t st_ = (call);                                                         \
+    if (st_ != (want))                                                                \
+      T_FAILF("%s -> %s, expected %s (%s)", #call, ep_status_name(st_),               \
+              ep_status_name(want), ep_last_error());                                 \
+  } while (0)
+
+/* splitmix64: tiny, seedable, identical everywhere. */
+typedef struct {
+  uint64_t s;
+} t_rng;
+static inline uint64_t t_next(t_rng *r) {
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static inline t_rng t_seed(uint64_t a, uint64_t b) {
+  t_rng r = {a * 0x100000001b3ull ^ (b + 0x51ed27ull)};
+  t_next(&r);
+  return r;
+}
+static inline int t_below(t_rng *r, int n) { return n > 0 ? (int)(t_next(r) % (uint64_t)n) : 0; }
+static inline float t_unit(t_rng *r) { return (float)(t_next(r) >> 40) / (float)(1 << 24); }
+
+/* Random bf16 in about [-4, 4), never NaN. */
+uint16_t t_rand_bf16(t_rng *r);
+void *t_xmalloc(size_t n); /* never NULL; fills with a poison byte */
+#define T_POISON 0xA5
+
+/* Group from `epcomm launch`, and a buffer on it (cfg NULL: defaults). */
+void t_init(ep_group_t *g, int *rank, int *nranks);
+void t_fini(ep_group_t g);
+
+#endif

@@ -1,0 +1,352 @@
+/* Normal mode against the reference (SPEC §2-3): layout, dispatch (sync, alloc and worst-case
+ * paths, bf16 and fp8), cached dispatch and combine, on random routings, for whatever number of
+ * ranks `epcomm launch -n R` gives. Every rank rebuilds all ranks' inputs from a seed, runs the
+ * single-process reference for the whole group, and compares its own outputs bit for bit. */
+#include "common.h"
+#include "ref.h"
+
+enum { RT_UNIFORM, RT_SKEW, RT_MASKED, RT_EMPTY_RANK, RT_DUP };
+enum { NM_SMALL, NM_ZERO_SOME, NM_LARGE };
+enum { P_SYNC, P_WORST, P_ALLOC };
+static const char *rt_names[] = {"uniform", "skewed", "masked", "empty-rank", "duplicates"};
+static const char *nm_names[] = {"small", "zero-on-some", "large"};
+static const char *p_names[] = {"sync", "worst-case", "alloc"};
+
+typedef struct {
+  int H;
+  ep_dtype_t dtype;
+  int topk, E; /* E 0: = R */
+  int routing, nmode, path;
+  int weights, nbias, align, cached;
+} tcase_t;
+
+typedef struct {
+  int R, me;
+  ep_buffer_t buf;       /* default queues */
+  ep_buffer_t small_buf; /* 64 KiB queues: many trips for large N */
+} ctx_t;
+
+typedef struct {
+  ref_rank_input_t in;
+  void *x;
+  float *scales;
+  int64_t *idx;
+  float *w;
+} rank_data_t;
+
+static size_t row_bytes(const tcase_t *c) { return (size_t)c->H * (c->dtype == EP_DTYPE_BF16 ? 2 : 1); }
+static int num_scales(const tcase_t *c) { return c->dtype == EP_DTYPE_BF16 ? 0 : (c->H + 127) / 128; }
+
+static int tokens_of(const tcase_t *c, int s, t_rng *r) {
+  switch (c->nmode) {
+    case NM_ZERO_SOME: return s % 2 ? 0 : 1 + t_below(r, 60);
+    case NM_LARGE: return 150 + t_below(r, 100);
+    default: return t_below(r, 48) + (s == 0);
+  }
+}
+
+/* One expert for slot k of a token; -1 for a masked slot. */
+static int64_t pick_expert(const tcase_t *c, int R, int E, t_rng *r) {
+  int per = E / R;
+  switch (c->routing) {
+    case RT_SKEW: { /* geometric-ish: most selections on the first experts, i.e. on rank 0 */
+      int e = 0;
+      while (e < E - 1 && t_below(r, 100) < 70) e++;
+      return e % (per * 2 < E ? per * 2 : E);
+    }
+    case RT_MASKED: return t_below(r, 10) < 3 ? -1 : t_below(r, E);
+    case RT_EMPTY_RANK: return R > 1 ? t_below(r, E - per) : -1; /* never the last rank */
+    default: return t_below(r, E);
+  }
+}
+
+static void gen_routing(const tcase_t *c, int R, int E, int n, int64_t *idx, t_rng *r) {
+  for (int t = 0; t < n; t++) {
+    int64_t *row = idx + (size_t)t * c->topk;
+    for (int k = 0; k < c->topk; k++) {
+      int64_t e;
+      int tries = 0;
+      do { /* distinct experts per token, unless the case asks for duplicates */
+        e = pick_expert(c, R, E, r);
+        bool dup = false;
+        for (int j = 0; j < k && c->routing != RT_DUP; j++) dup |= e >= 0 && row[j] == e;
+        if (!dup) break;
+      } while (++tries < 20);
+      row[k] = tries < 20 ? e : -1;
+    }
+  }
+}
+
+static void gen_payload(const tcase_t *c, rank_data_t *d, int n, t_rng *r) {
+  size_t rb = row_bytes(c);
+  uint8_t *x = d->x;
+  for (size_t i = 0; i < (size_t)n * rb; i += 2) {
+    uint16_t v = t_rand_bf16(r);
+    memcpy(x + i, &v, 2);
+  }
+  int ns = num_scales(c);
+  for (int i = 0; i < n * ns; i++) d->scales[i] = t_unit(r) * 3.0f + 0.01f;
+}
+
+static void gen_rank(const tcase_t *c, int R, int E, int s, uint64_t seed, rank_data_t *d) {
+  t_rng r = t_seed(seed, (uint64_t)s);
+  int n = tokens_of(c, s, &r);
+  d->x = t_xmalloc((size_t)n * row_bytes(c));
+  d->scales = num_scales(c) ? t_xmalloc((size_t)n * num_scales(c) * sizeof(float)) : NULL;
+  d->idx = t_xmalloc((size_t)n * c->topk * sizeof(int64_t));
+  d->w = c->weights ? t_xmalloc((size_t)n * c->topk * sizeof(float)) : NULL;
+  gen_routing(c, R, E, n, d->idx, &r);
+  gen_payload(c, d, n, &r);
+  for (int i = 0; d->w && i < n * c->topk; i++) d->w[i] = t_unit(&r);
+  d->in = (ref_rank_input_t){n, d->x, d->scales, d->idx, d->w};
+}
+
+static void free_rank(rank_data_t *d) {
+  free(d->x), free(d->scales), free(d->idx), free(d->w);
+}
+
+/* ------------------------------------------------------------------ checks */
+
+static void cmp_bytes(const void *got, const void *want, size_t n, const char *what) {
+  if (!n || !memcmp(got, want, n)) return;
+  const uint8_t *g = got, *w = want;
+  size_t i = 0;
+  while (g[i] == w[i]) i++;
+  T_FAILF("%s differs from the reference at byte %zu (got 0x%02x, want 0x%02x)", what, i, g[i],
+          w[i]);
+}
+
+static void check_layout(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d) {
+  int n = d->in.n, R = x->R;
+  int32_t *pr = t_xmalloc((size_t)R * 4), *pe = t_xmalloc((size_t)E * 4);
+  int32_t *wr = t_xmalloc((size_t)R * 4), *we = t_xmalloc((size_t)E * 4);
+  uint8_t *ir = t_xmalloc((size_t)n * R), *wi = t_xmalloc((size_t)n * R);
+  T_CHECK(ref_layout(d->idx, n, c->topk, E, R, wr, we, wi) == 0, "reference layout failed");
+  T_OK(ep_get_dispatch_layout(x->buf, d->idx, n, c->topk, E, pr, pe, ir, NULL));
+  cmp_bytes(pr, wr, (size_t)R * 4, "tokens_per_rank");
+  cmp_bytes(pe, we, (size_t)E * 4, "tokens_per_expert");
+  cmp_bytes(ir, wi, (size_t)n * R, "is_token_in_rank");
+  free(pr), free(pe), free(wr), free(we), free(ir), free(wi);
+}
+
+typedef struct {
+  void *blocks[5];
+} alloc_ctx_t;
+
+static int alloc_outputs(void *ctx, int nr, ep_dispatch_args_t *a) {
+  alloc_ctx_t *ac = ctx;
+  size_t rows = (size_t)nr + 1;
+  ac->blocks[0] = a->recv_x = t_xmalloc(rows * (size_t)a->hidden * (a->dtype == EP_DTYPE_BF16 ? 2 : 1));
+  if (a->dtype != EP_DTYPE_BF16)
+    ac->blocks[1] = a->recv_x_scales = t_xmalloc(rows * (size_t)a->num_scales * 4);
+  ac->blocks[2] = a->recv_topk_idx = t_xmalloc(rows * (size_t)a->topk * 8);
+  if (a->topk_weights) ac->blocks[3] = a->recv_topk_weights = t_xmalloc(rows * (size_t)a->topk * 4);
+  ac->blocks[4] = a->recv_src_idx = t_xmalloc(rows * 4);
+  return 0;
+}
+
+typedef struct {
+  void *x;
+  float *scales, *w;
+  int64_t *idx;
+  int32_t *src, *prefix, *per_expert;
+  int nr;
+  ep_handle_t h;
+  alloc_ctx_t ac;
+} got_t;
+
+static void run_dispatch(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d, int rows,
+                         got_t *g, ep_buffer_t buf) {
+  int R = x->R, ns = num_scales(c);
+  memset(g, 0, sizeof *g);
+  ep_dispatch_args_t a = {.size = sizeof a};
+  a.x = d->x, a.dtype = c->dtype, a.num_tokens = d->in.n, a.hidden = c->H;
+  a.x_scales = d->scales, a.num_scales = ns;
+  a.topk_idx = d->idx, a.topk_weights = d->w, a.topk = c->topk, a.num_experts = E;
+  a.expert_alignment = c->align;
+  g->prefix = t_xmalloc((size_t)R * R * 4);
+  g->per_expert = t_xmalloc((size_t)(E / R) * 4);
+  a.rank_prefix = g->prefix, a.recv_tokens_per_expert = g->per_expert;
+  a.num_recv_tokens = &g->nr, a.handle = &g->h;
+  if (c->path == P_ALLOC) {
+    a.alloc = alloc_outputs, a.alloc_ctx = &g->ac;
+  } else {
+    g->x = t_xmalloc((size_t)rows * row_bytes(c));
+    g->scales = ns ? t_xmalloc((size_t)rows * ns * 4) : NULL;
+    g->idx = t_xmalloc((size_t)rows * c->topk * 8);
+    g->w = c->weights ? t_xmalloc((size_t)rows * c->topk * 4) : NULL;
+    g->src = t_xmalloc((size_t)rows * 4);
+    a.recv_x = g->x, a.recv_x_scales = g->scales, a.recv_topk_idx = g->idx;
+    a.recv_topk_weights = g->w, a.recv_src_idx = g->src;
+    if (c->path == P_WORST) a.worst_case_tokens = rows;
+    else a.recv_capacity = rows;
+  }
+  T_OK(ep_dispatch(buf, &a));
+  if (c->path == P_ALLOC) {
+    g->x = a.recv_x, g->scales = a.recv_x_scales, g->idx = a.recv_topk_idx;
+    g->w = a.recv_topk_weights, g->src = a.recv_src_idx;
+  }
+}
+
+static void check_dispatch(ctx_t *x, const tcase_t *c, int E, const ref_recv_t *want,
+                           const got_t *g, int rows) {
+  int R = x->R, nr = want->nr, ns = num_scales(c);
+  T_CHECK(g->nr == nr, "num_recv_tokens %d, reference %d", g->nr, nr);
+  int hn;
+  T_OK(ep_handle_num_recv_tokens(g->h, &hn));
+  T_CHECK(hn == nr, "handle says %d rows, reference %d", hn, nr);
+  cmp_bytes(g->x, want->x, (size_t)nr * row_bytes(c), "recv_x");
+  if (ns) cmp_bytes(g->scales, want->scales, (size_t)nr * ns * 4, "recv_x_scales");
+  cmp_bytes(g->idx, want->topk_idx, (size_t)nr * c->topk * 8, "recv_topk_idx");
+  if (c->weights) cmp_bytes(g->w, want->topk_weights, (size_t)nr * c->topk * 4, "recv_topk_weights");
+  cmp_bytes(g->src, want->src_idx, (size_t)nr * 4, "recv_src_idx");
+  cmp_bytes(g->prefix, want->rank_prefix, (size_t)R * R * 4, "rank_prefix");
+  cmp_bytes(g->per_expert, want->tokens_per_expert, (size_t)(E / R) * 4, "recv_tokens_per_expert");
+  for (int r = nr; c->path == P_WORST && r < rows; r++)
+    for (int k = 0; k < c->topk; k++)
+      T_CHECK(g->idx[(size_t)r * c->topk + k] == -1, "worst-case row %d (past %d) has topk id %lld",
+              r, nr, (long long)g->idx[(size_t)r * c->topk + k]);
+}
+
+static void free_got(got_t *g) {
+  free(g->x), free(g->scales), free(g->idx), free(g->w), free(g->src);
+  free(g->prefix), free(g->per_expert);
+  if (g->h) T_OK(ep_handle_destroy(g->h));
+}
+
+/* Cached dispatch of fresh payloads along the handle: same rows as the reference dispatch of the
+ * fresh payloads with the original routing. */
+static void check_cached(ctx_t *x, const tcase_t *c, int E, rank_data_t *all, uint64_t seed,
+                         const got_t *g, int rows, ep_buffer_t buf) {
+  int R = x->R, me = x->me, ns = num_scales(c);
+  ref_rank_input_t *in = t_xmalloc((size_t)R * sizeof *in);
+  for (int s = 0; s < R; s++) {
+    t_rng r = t_seed(seed ^ 0xc0ffee, (uint64_t)s);
+    gen_payload(c, &all[s], all[s].in.n, &r);
+    in[s] = all[s].in;
+  }
+  ref_recv_t *want = calloc((size_t)R, sizeof *want);
+  T_CHECK(ref_dispatch(R, E, c->topk, row_bytes(c), ns, c->align, in, want) == 0, "reference");
+  void *rx = t_xmalloc((size_t)rows * row_bytes(c));
+  float *rs = ns ? t_xmalloc((size_t)rows * ns * 4) : NULL;
+  int nr = -1;
+  ep_dispatch_args_t a = {.size = sizeof a};
+  a.x = all[me].x, a.dtype = c->dtype, a.num_tokens = all[me].in.n, a.hidden = c->H;
+  a.x_scales = all[me].scales, a.num_scales = ns, a.cached = g->h;
+  a.recv_x = rx, a.recv_x_scales = rs, a.num_recv_tokens = &nr;
+  if (c->path == P_WORST) a.worst_case_tokens = rows;
+  else a.recv_capacity = rows;
+  T_OK(ep_dispatch(buf, &a));
+  T_CHECK(nr == want[me].nr, "cached dispatch: %d rows, reference %d", nr, want[me].nr);
+  cmp_bytes(rx, want[me].x, (size_t)nr * row_bytes(c), "cached recv_x");
+  if (ns) cmp_bytes(rs, want[me].scales, (size_t)nr * ns * 4, "cached recv_x_scales");
+  for (int s = 0; s < R; s++) ref_free_recv(&want[s]);
+  free(want), free(in), free(rx), free(rs);
+}
+
+/* Combine: every rank's expert output is random; the reference reduces for the whole group. */
+static void check_combine(ctx_t *x, const tcase_t *c, rank_data_t *all, ref_recv_t *rr,
+                          uint64_t seed, const got_t *g, ep_buffer_t buf) {
+  int R = x->R, me = x->me, H = c->H;
+  uint16_t **y = t_xmalloc((size_t)R * sizeof *y), **b0 = t_xmalloc((size_t)R * sizeof *b0);
+  uint16_t **b1 = t_xmalloc((size_t)R * sizeof *b1), **out = t_xmalloc((size_t)R * sizeof *out);
+  float **ow = t_xmalloc((size_t)R * sizeof *ow);
+  const float **w = t_xmalloc((size_t)R * sizeof *w);
+  ref_rank_input_t *in = t_xmalloc((size_t)R * sizeof *in);
+  for (int s = 0; s < R; s++) {
+    t_rng r = t_seed(seed ^ 0xb1a5, (uint64_t)s);
+    int n = all[s].in.n, rows = rr[s].nr;
+    y[s] = t_xmalloc((size_t)rows * H * 2 + 2);
+    for (size_t i = 0; i < (size_t)rows * H; i++) y[s][i] = t_rand_bf16(&r);
+    b0[s] = c->nbias > 0 ? t_xmalloc((size_t)n * H * 2 + 2) : NULL;
+    b1[s] = c->nbias > 1 ? t_xmalloc((size_t)n * H * 2 + 2) : NULL;
+    for (size_t i = 0; b0[s] && i < (size_t)n * H; i++) b0[s][i] = t_rand_bf16(&r);
+    for (size_t i = 0; b1[s] && i < (size_t)n * H; i++) b1[s][i] = t_rand_bf16(&r);
+    out[s] = t_xmalloc((size_t)n * H * 2 + 2);
+    ow[s] = t_xmalloc((size_t)n * c->topk * 4 + 4);
+    w[s] = rr[s].topk_weights;
+    in[s] = all[s].in;
+  }
+  T_CHECK(ref_combine(R, H, c->topk, in, rr, (const uint16_t *const *)y, c->weights ? w : NULL,
+                      (const uint16_t *const *)b0, (const uint16_t *const *)b1, out, ow) == 0,
+          "reference combine failed");
+  int n = all[me].in.n;
+  uint16_t *got = t_xmalloc((size_t)n * H * 2 + 2);
+  float *gw = c->weights ? t_xmalloc((size_t)n * c->topk * 4 + 4) : NULL;
+  ep_combine_args_t a = {.size = sizeof a};
+  a.handle = g->h, a.x = y[me], a.topk_weights = c->weights ? g->w : NULL;
+  a.bias[0] = b0[me], a.bias[1] = b1[me], a.out = got, a.out_topk_weights = gw;
+  T_OK(ep_combine(buf, &a));
+  cmp_bytes(got, out[me], (size_t)n * H * 2, "combine out");
+  if (gw) cmp_bytes(gw, ow[me], (size_t)n * c->topk * 4, "combine out_topk_weights");
+  for (int s = 0; s < R; s++) free(y[s]), free(b0[s]), free(b1[s]), free(out[s]), free(ow[s]);
+  free(y), free(b0), free(b1), free(out), free(ow), free(w), free(in), free(got), free(gw);
+}
+
+static void run_case(ctx_t *x, const tcase_t *c, int idx) {
+  int R = x->R, me = x->me, E = c->E ? c->E : R, ns = num_scales(c);
+  if (E % R) return;
+  static char desc[200];
+  snprintf(desc, sizeof desc, "case %d: H=%d %s topk=%d E=%d %s N=%s %s%s%s bias=%d align=%d", idx,
+           c->H, c->dtype == EP_DTYPE_BF16 ? "bf16" : "fp8", c->topk, E, rt_names[c->routing],
+           nm_names[c->nmode], p_names[c->path], c->weights ? " weights" : "",
+           c->cached ? " cached" : "", c->nbias, c->align);
+  t_case = desc;
+  uint64_t seed = 0x5eed0000ull + (uint64_t)idx * 7919 + (uint64_t)R;
+  rank_data_t *all = calloc((size_t)R, sizeof *all);
+  ref_rank_input_t *in = calloc((size_t)R, sizeof *in);
+  int total = 0;
+  for (int s = 0; s < R; s++) gen_rank(c, R, E, s, seed, &all[s]), in[s] = all[s].in, total += in[s].n;
+  ref_recv_t *rr = calloc((size_t)R, sizeof *rr);
+  T_CHECK(ref_dispatch(R, E, c->topk, row_bytes(c), ns, c->align, in, rr) == 0, "reference dispatch");
+  ep_buffer_t buf = c->nmode == NM_LARGE ? x->small_buf : x->buf;
+  check_layout(x, c, E, &all[me]);
+  int rows = c->path == P_WORST ? total + 3 : rr[me].nr;
+  got_t g;
+  run_dispatch(x, c, E, &all[me], rows, &g, buf);
+  check_dispatch(x, c, E, &rr[me], &g, rows);
+  if (c->dtype == EP_DTYPE_BF16) check_combine(x, c, all, rr, seed, &g, buf);
+  if (c->cached) check_cached(x, c, E, all, seed, &g, rows, buf);
+  free_got(&g);
+  for (int s = 0; s < R; s++) ref_free_recv(&rr[s]), free_rank(&all[s]);
+  free(rr), free(all), free(in);
+}
+
+/* H, dtype, topk, E, routing, N, path, weights, biases, alignment, cached */
+static const tcase_t cases[] = {
+    {8, EP_DTYPE_BF16, 1, 0, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 0, 0, 0},        /* 16-byte rows */
+    {16, EP_DTYPE_FP8_E4M3, 2, 64, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 0, 0, 1},  /* 16-byte fp8 */
+    {128, EP_DTYPE_BF16, 8, 64, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 1, 4, 1},
+    {128, EP_DTYPE_BF16, 9, 288, RT_MASKED, NM_SMALL, P_WORST, 1, 2, 1, 1},
+    {256, EP_DTYPE_FP8_E4M3, 8, 256, RT_SKEW, NM_SMALL, P_SYNC, 1, 0, 8, 1},
+    {256, EP_DTYPE_BF16, 8, 256, RT_SKEW, NM_ZERO_SOME, P_ALLOC, 1, 2, 0, 0},
+    {512, EP_DTYPE_FP8_E4M3, 9, 288, RT_EMPTY_RANK, NM_SMALL, P_WORST, 1, 0, 0, 1},
+    {64, EP_DTYPE_BF16, 2, 0, RT_EMPTY_RANK, NM_ZERO_SOME, P_SYNC, 0, 1, 0, 1},
+    {64, EP_DTYPE_BF16, 8, 64, RT_DUP, NM_SMALL, P_SYNC, 1, 0, 2, 0},
+    {1024, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_LARGE, P_SYNC, 1, 1, 0, 1},   /* many trips */
+    {2048, EP_DTYPE_FP8_E4M3, 8, 64, RT_UNIFORM, NM_LARGE, P_WORST, 0, 0, 0, 1},
+    {7168, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 2, 0, 1},
+    {7168, EP_DTYPE_FP8_E4M3, 8, 288, RT_MASKED, NM_SMALL, P_SYNC, 1, 0, 0, 1},
+    {7168, EP_DTYPE_BF16, 1, 0, RT_SKEW, NM_ZERO_SOME, P_WORST, 1, 0, 0, 0},
+    {96, EP_DTYPE_BF16, 9, 0, RT_MASKED, NM_SMALL, P_ALLOC, 1, 1, 3, 0},
+};
+
+int main(int argc, char **argv) {
+  ep_group_t g;
+  ctx_t x;
+  t_init(&g, &x.me, &x.R);
+  int repeat = argc > 1 ? atoi(argv[1]) : 1;
+  ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
+  T_OK(ep_buffer_create(g, &cfg, &x.buf));
+  cfg.queue_bytes = 64 << 10;
+  T_OK(ep_buffer_create(g, &cfg, &x.small_buf));
+  int ran = 0;
+  for (int rep = 0; rep < repeat; rep++) /* repeated calls on the same buffers */
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++, ran++) run_case(&x, &cases[i], i + rep * 100);
+  t_case = NULL;
+  T_OK(ep_buffer_destroy(x.small_buf));
+  T_OK(ep_buffer_destroy(x.buf));
+  t_fini(g);
+  if (x.me == 0) printf("test_normal: R=%d, %d cases passed\n", x.R, ran);
+  return T_PASS;
+}
