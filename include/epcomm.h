@@ -141,6 +141,8 @@ ep_status_t ep_group_rank(ep_group_t group, int *rank);
 ep_status_t ep_group_nranks(ep_group_t group, int *nranks);
 /* Collective barrier with the group's deadline. */
 ep_status_t ep_group_barrier(ep_group_t group);
+/* Collective: recv[r * bytes ...] receives rank r's `bytes` bytes (small setup data, figures). */
+ep_status_t ep_group_allgather(ep_group_t group, const void *send, void *recv, size_t bytes);
 /* Last error recorded on this group (operation, phase, peer); "" if none. */
 const char *ep_group_last_error(ep_group_t group);
 

@@ -301,15 +301,20 @@ const char *ep_group_last_error(ep_group_t group) {
   return m;
 }
 
-ep_status_t ep_group_barrier(ep_group_t group) {
+/* Barrier and allgather share one path: exclusive use of the bootstrap channel, and a failure
+ * breaks the group (a peer may be gone). */
+static ep_status_t group_exchange(ep_group_t group, const void *send, void *recv, size_t bytes,
+                                  const char *op) {
   ep_err_clear();
   ep_group *g;
-  ep_status_t st = group_get(group, true, &g);
+  ep_status_t st = group_get(group, false, &g);
   if (st) return st;
   if (g->broken) st = ep_err(EP_ERR_BROKEN, "group is broken by an earlier failure");
   if (!st) {
     pthread_mutex_lock(&g->boot_lock);
-    st = ep_boot_barrier(&g->boot, ep_now() + g->timeout_s);
+    double deadline = ep_now() + g->timeout_s;
+    st = send ? ep_boot_allgather(&g->boot, send, recv, bytes, deadline)
+              : ep_boot_barrier(&g->boot, deadline);
     pthread_mutex_unlock(&g->boot_lock);
   }
   if (st) {
@@ -317,10 +322,23 @@ ep_status_t ep_group_barrier(ep_group_t group) {
     if (st != EP_ERR_BROKEN && ep_group_check(g, &dead, NULL) == EP_ERR_PEER_FAILED)
       st = EP_ERR_PEER_FAILED;
     g->broken = true;
-    st = ep_group_fail(g, st, "ep_group_barrier");
+    st = ep_group_fail(g, st, op);
   }
   ep_reg_release(g->id);
   return st;
+}
+
+ep_status_t ep_group_barrier(ep_group_t group) {
+  return group_exchange(group, NULL, NULL, 0, "ep_group_barrier");
+}
+
+ep_status_t ep_group_allgather(ep_group_t group, const void *send, void *recv, size_t bytes) {
+  if (!send || !recv)
+    return ep_err(EP_ERR_NULL_ARG, "ep_group_allgather: %s is NULL", send ? "recv" : "send");
+  if (bytes == 0 || bytes > (64u << 20))
+    return ep_err(EP_ERR_OUT_OF_RANGE, "ep_group_allgather: bytes is %zu, must be in [1, 64 MiB]",
+                  bytes);
+  return group_exchange(group, send, recv, bytes, "ep_group_allgather");
 }
 
 static ep_status_t busy_with_buffers(ep_group *g, const char *op) {

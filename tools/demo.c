@@ -1,0 +1,195 @@
+/* `epcomm demo` (run under `epcomm launch -n R`): one MoE layer's worth of traffic on the default
+ * CPU backend. Every rank dispatches random tokens, "runs experts" (scales each row by 2), combines
+ * them back, checks both steps bit for bit against the single-process reference of SPEC.md, and
+ * rank 0 prints a table of what moved and how fast. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "epcomm.h"
+#include "ref.h"
+
+typedef struct {
+  int tokens, hidden, topk, experts, iters;
+} demo_opts_t;
+
+typedef struct {
+  int32_t recv;
+  double dispatch_s, combine_s, bytes_in;
+  int32_t ok;
+} figures_t;
+
+#define CHECK(call)                                                                     \
+  do {                                                                                  \
+    ep_status_t st_ = (call);                                                           \
+    if (st_) {                                                                          \
+      fprintf(stderr, "epcomm demo: %s: %s\n", ep_status_name(st_), ep_last_error());   \
+      exit(1);                                                                          \
+    }                                                                                   \
+  } while (0)
+
+static uint64_t mix(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Rank r's tokens, rebuilt identically by every rank (the reference needs all of them). */
+static void make_input(const demo_opts_t *o, int r, uint16_t *x, int64_t *idx) {
+  uint64_t s = 1234567 + (uint64_t)r;
+  for (size_t i = 0; i < (size_t)o->tokens * o->hidden; i++)
+    x[i] = ref_f32_to_bf16((float)(int)(mix(&s) % 2001 - 1000) / 256.0f);
+  for (int t = 0; t < o->tokens; t++)
+    for (int k = 0; k < o->topk; k++) {
+      int64_t e;
+      int dup;
+      do { /* topk distinct experts, like torch.topk over router scores */
+        e = (int64_t)(mix(&s) % (uint64_t)o->experts);
+        dup = 0;
+        for (int j = 0; j < k; j++) dup |= idx[(size_t)t * o->topk + j] == e;
+      } while (dup);
+      idx[(size_t)t * o->topk + k] = e;
+    }
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The reference for the whole group; returns whether this rank's outputs match it. */
+static int verify(const demo_opts_t *o, int R, int me, const uint16_t *rx, int nr,
+                  const uint16_t *out) {
+  ref_rank_input_t *in = calloc((size_t)R, sizeof *in);
+  ref_recv_t *rr = calloc((size_t)R, sizeof *rr);
+  uint16_t **xs = calloc((size_t)R, sizeof *xs), **ys = calloc((size_t)R, sizeof *ys);
+  uint16_t **outs = calloc((size_t)R, sizeof *outs);
+  int64_t **idx = calloc((size_t)R, sizeof *idx);
+  for (int r = 0; r < R; r++) {
+    xs[r] = malloc((size_t)o->tokens * o->hidden * 2);
+    idx[r] = malloc((size_t)o->tokens * o->topk * 8);
+    make_input(o, r, xs[r], idx[r]);
+    in[r] = (ref_rank_input_t){o->tokens, xs[r], NULL, idx[r], NULL};
+    outs[r] = malloc((size_t)o->tokens * o->hidden * 2 + 2);
+  }
+  int ok = ref_dispatch(R, o->experts, o->topk, (size_t)o->hidden * 2, 0, 1, in, rr) == 0;
+  for (int r = 0; r < R && ok; r++) { /* the "expert": y = 2x, exact in bf16 */
+    ys[r] = malloc((size_t)rr[r].nr * o->hidden * 2 + 2);
+    for (size_t i = 0; i < (size_t)rr[r].nr * o->hidden; i++)
+      ys[r][i] = ref_f32_to_bf16(2.0f * ref_bf16_to_f32(((uint16_t *)rr[r].x)[i]));
+  }
+  ok = ok && ref_combine(R, o->hidden, o->topk, in, rr, (const uint16_t *const *)ys, NULL, NULL,
+                         NULL, outs, NULL) == 0;
+  ok = ok && rr[me].nr == nr && !memcmp(rx, rr[me].x, (size_t)nr * o->hidden * 2) &&
+       !memcmp(out, outs[me], (size_t)o->tokens * o->hidden * 2);
+  for (int r = 0; r < R; r++) {
+    ref_free_recv(&rr[r]);
+    free(xs[r]), free(ys[r]), free(outs[r]), free(idx[r]);
+  }
+  free(in), free(rr), free(xs), free(ys), free(outs), free(idx);
+  return ok;
+}
+
+static int parse(int argc, char **argv, demo_opts_t *o) {
+  *o = (demo_opts_t){512, 7168, 8, 256, 5};
+  for (int i = 1; i < argc; i++) {
+    int *field = !strcmp(argv[i], "--tokens")    ? &o->tokens
+                 : !strcmp(argv[i], "--hidden")  ? &o->hidden
+                 : !strcmp(argv[i], "--topk")    ? &o->topk
+                 : !strcmp(argv[i], "--experts") ? &o->experts
+                 : !strcmp(argv[i], "--iters")   ? &o->iters
+                                                 : NULL;
+    if (!field || i + 1 >= argc || (*field = atoi(argv[++i])) <= 0) {
+      fprintf(stderr, "epcomm demo: bad option '%s' (--tokens N --hidden H --topk K "
+              "--experts E --iters I)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (o->topk > o->experts) {
+    fprintf(stderr, "epcomm demo: --topk %d exceeds --experts %d\n", o->topk, o->experts);
+    return 2;
+  }
+  return 0;
+}
+
+/* One timed dispatch + "expert" + combine; the last iteration's outputs are kept for checking. */
+static void run_iters(ep_buffer_t buf, const demo_opts_t *o, const uint16_t *x,
+                      const int64_t *idx, uint16_t *rx, int cap, uint16_t *y, uint16_t *out,
+                      figures_t *f) {
+  f->dispatch_s = f->combine_s = 1e30;
+  for (int it = 0; it < o->iters; it++) {
+    int nr = 0;
+    ep_handle_t h = NULL;
+    ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16,
+                            .num_tokens = o->tokens, .hidden = o->hidden, .topk_idx = idx,
+                            .topk = o->topk, .num_experts = o->experts, .recv_x = rx,
+                            .recv_capacity = cap, .num_recv_tokens = &nr, .handle = &h};
+    double t0 = now_s();
+    CHECK(ep_dispatch(buf, &a));
+    double t1 = now_s();
+    for (size_t i = 0; i < (size_t)nr * o->hidden; i++)
+      y[i] = ref_f32_to_bf16(2.0f * ref_bf16_to_f32(rx[i]));
+    ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = y, .out = out};
+    double t2 = now_s();
+    CHECK(ep_combine(buf, &c));
+    double t3 = now_s();
+    CHECK(ep_handle_destroy(h));
+    if (t1 - t0 < f->dispatch_s) f->dispatch_s = t1 - t0; /* best of the iterations */
+    if (t3 - t2 < f->combine_s) f->combine_s = t3 - t2;
+    f->recv = nr;
+  }
+  f->bytes_in = (double)f->recv * o->hidden * 2;
+}
+
+static void print_table(const demo_opts_t *o, int R, const figures_t *all) {
+  printf("epcomm demo: %d ranks, cpu backend, %d tokens/rank, hidden %d (bf16), topk %d, "
+         "%d experts\n\n", R, o->tokens, o->hidden, o->topk, o->experts);
+  printf("rank  recv_tokens  recv_MB  dispatch_ms  dispatch_GB/s  combine_ms  combine_GB/s\n");
+  int ok = 1;
+  for (int r = 0; r < R; r++) {
+    const figures_t *f = &all[r];
+    printf("%4d  %11d  %7.1f  %11.2f  %13.2f  %10.2f  %12.2f\n", r, f->recv, f->bytes_in / 1e6,
+           f->dispatch_s * 1e3, f->bytes_in / f->dispatch_s / 1e9, f->combine_s * 1e3,
+           f->bytes_in / f->combine_s / 1e9);
+    ok &= f->ok;
+  }
+  printf("\n(GB/s as DeepEP counts it: received rows x row bytes / time; best of %d calls)\n",
+         o->iters);
+  printf("check: %s\n", ok ? "dispatch and combine match the reference bit for bit on every rank"
+                           : "MISMATCH against the reference");
+}
+
+int ep_cmd_demo(int argc, char **argv) {
+  demo_opts_t o;
+  int rc = parse(argc, argv, &o);
+  if (rc) return rc;
+  ep_group_t g;
+  int me, R;
+  CHECK(ep_group_create_from_env(NULL, &g));
+  CHECK(ep_group_rank(g, &me));
+  CHECK(ep_group_nranks(g, &R));
+  if (o.experts % R) o.experts -= o.experts % R; /* nearest E divisible by R */
+  ep_buffer_t buf;
+  CHECK(ep_buffer_create(g, NULL, &buf));
+  uint16_t *x = malloc((size_t)o.tokens * o.hidden * 2);
+  int64_t *idx = malloc((size_t)o.tokens * o.topk * 8);
+  int cap = o.tokens * R;
+  uint16_t *rx = malloc((size_t)cap * o.hidden * 2), *y = malloc((size_t)cap * o.hidden * 2);
+  uint16_t *out = malloc((size_t)o.tokens * o.hidden * 2);
+  make_input(&o, me, x, idx);
+  figures_t f, *all = calloc((size_t)R, sizeof *all);
+  run_iters(buf, &o, x, idx, rx, cap, y, out, &f);
+  f.ok = verify(&o, R, me, rx, f.recv, out);
+  CHECK(ep_group_allgather(g, &f, all, sizeof f));
+  if (me == 0) print_table(&o, R, all);
+  int ok = 1;
+  for (int r = 0; r < R; r++) ok &= all[r].ok;
+  free(x), free(idx), free(rx), free(y), free(out), free(all);
+  CHECK(ep_buffer_destroy(buf));
+  CHECK(ep_group_destroy(g));
+  return ok ? 0 : 1;
+}
