@@ -75,7 +75,7 @@ struct rank {
 struct outbuf {
   int fd;
   size_t len;
-  char data[1 << 16]; /* one write() per batch keeps tagged lines whole in the output */
+  char data[1 << 15]; /* one write() per batch keeps tagged lines whole in the output */
 };
 
 struct launch {
@@ -95,7 +95,7 @@ struct launch {
   bool timed_out, gave_up;
   int sigpipe[2];
   struct sigaction old_act[N_HANDLED];
-  sigset_t old_mask;
+  sigset_t handled, old_mask; /* the signals in handled_sigs; the caller's mask */
   struct rlimit old_nofile;
 };
 
@@ -192,7 +192,7 @@ static int take_value(const char *name, int argc, char **argv, int *i, const cha
 
 /* Parses one option at argv[*i]. Returns -1 to go on, or an exit status. */
 static int parse_option(struct launch *l, int argc, char **argv, int *i) {
-  const char *a = argv[*i], *v = NULL;
+  const char *a = argv[*i], *v = "";
   double x;
   int m;
   if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -516,8 +516,9 @@ static _Noreturn void child_fail(const char *prog, int err) {
   _exit(127);
 }
 
-/* In the child, between fork() and exec: only async-signal-safe calls. Every launcher fd has
- * FD_CLOEXEC, so exec closes all but the three we dup2() and the notify end we un-flag. */
+/* In the child, between fork() and exec: async-signal-safe calls, and strerror() (the launcher is
+ * single-threaded, so no lock can be held). Every launcher fd has FD_CLOEXEC: exec closes all but
+ * the three we dup2() and the notify end we un-flag. */
 static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int notify, char **env) {
   setpgid(0, 0);
   for (int i = 0; i < N_HANDLED; i++) sigaction(handled_sigs[i], &l->old_act[i], NULL);
@@ -536,14 +537,12 @@ static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int not
 /* Forks rank r. Signals stay blocked across fork() so that the child never runs our handler (it
  * would write into the launcher's self-pipe) before it restores the original dispositions. */
 static int fork_rank(struct launch *l, int r, int fds[6], char **env) {
-  sigset_t block;
-  sigemptyset(&block);
-  for (int i = 0; i < N_HANDLED; i++) sigaddset(&block, handled_sigs[i]);
-  sigprocmask(SIG_BLOCK, &block, NULL);
+  sigset_t run_mask;
+  sigprocmask(SIG_BLOCK, &l->handled, &run_mask);
   pid_t pid = fork();
   if (pid == 0) child_exec(l, fds[1], fds[3], fds[5], env);
   int err = errno;
-  sigprocmask(SIG_SETMASK, &l->old_mask, NULL);
+  sigprocmask(SIG_SETMASK, &run_mask, NULL);
   if (pid < 0) return err;
   setpgid(pid, pid); /* also here: a signal sent right after fork() must reach the group */
   struct rank *p = &l->rk[r];
@@ -593,9 +592,12 @@ static void on_signal(int sig) {
   errno = saved;
 }
 
-/* A signal ignored when we started (nohup, `cmd &` in a script) stays ignored and unforwarded. */
+/* A signal ignored when we started (nohup, `cmd &` in a script) stays ignored and unforwarded.
+ * One blocked when we started is unblocked: a blocked SIGCHLD would leave ranks unreaped. */
 static void install_signals(struct launch *l) {
-  sigprocmask(SIG_SETMASK, NULL, &l->old_mask);
+  sigemptyset(&l->handled);
+  for (int i = 0; i < N_HANDLED; i++) sigaddset(&l->handled, handled_sigs[i]);
+  sigprocmask(SIG_UNBLOCK, &l->handled, &l->old_mask);
   for (int i = 0; i < N_HANDLED; i++) {
     int sig = handled_sigs[i];
     struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
@@ -610,6 +612,7 @@ static void install_signals(struct launch *l) {
 
 static void restore_signals(struct launch *l) {
   for (int i = 0; i < N_HANDLED; i++) sigaction(handled_sigs[i], &l->old_act[i], NULL);
+  sigprocmask(SIG_SETMASK, &l->old_mask, NULL);
   sig_wr_fd = -1;
 }
 
@@ -648,12 +651,8 @@ static int setup(struct launch *l) {
   l->rk = calloc((size_t)l->nranks, sizeof *l->rk);
   l->pfd = calloc((size_t)l->nranks * 2 + 1, sizeof *l->pfd);
   l->pstream = calloc((size_t)l->nranks * 2 + 1, sizeof *l->pstream);
-  if (!l->rk || !l->pfd || !l->pstream) {
-    say("epcomm launch: out of memory\n");
-    return -1;
-  }
-  if (pipe2(l->sigpipe, O_CLOEXEC | O_NONBLOCK)) {
-    say("epcomm launch: pipe: %s\n", strerror(errno));
+  if (!l->rk || !l->pfd || !l->pstream || pipe2(l->sigpipe, O_CLOEXEC | O_NONBLOCK)) {
+    say("epcomm launch: cannot set up: %s\n", strerror(errno));
     return -1;
   }
   sig_wr_fd = l->sigpipe[1];
@@ -673,7 +672,6 @@ static void teardown(struct launch *l) {
   free(l->rk);
   free(l->pfd);
   free(l->pstream);
-  free(l);
 }
 
 /* The library unlinks its segments as soon as peers have mapped them; this catches what ranks
@@ -696,24 +694,16 @@ static int exit_status(const struct launch *l) {
 }
 
 int ep_cmd_launch(int argc, char **argv) {
-  struct launch *l = calloc(1, sizeof *l);
-  if (!l) {
-    say("epcomm launch: out of memory\n");
-    return EXIT_INTERNAL;
-  }
-  l->sigpipe[0] = l->sigpipe[1] = -1;
-  int rc = parse_args(l, argc, argv);
-  if (rc >= 0) {
-    free(l);
-    return rc;
-  }
+  struct launch l = {.sigpipe = {-1, -1}}; /* ~64 KiB, mostly the two output buffers */
+  int rc = parse_args(&l, argc, argv);
+  if (rc >= 0) return rc;
   rc = EXIT_INTERNAL;
-  if (setup(l) == 0) {
-    start_ranks(l);
-    run_loop(l);
-    rc = exit_status(l);
-    clean_shm(l);
+  if (setup(&l) == 0) {
+    start_ranks(&l);
+    run_loop(&l);
+    rc = exit_status(&l);
+    clean_shm(&l);
   }
-  teardown(l);
+  teardown(&l);
   return rc;
 }
