@@ -118,6 +118,7 @@ static ep_status_t send_fds(int sock, const int *fds, int count, double deadline
       char buf[CMSG_SPACE(FDS_PER_FRAME * sizeof(int))];
       struct cmsghdr align;
     } u;
+    memset(&u, 0, sizeof u); /* the padding of the control message is sent too */
     struct iovec iov = {&f, sizeof f};
     struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
                        .msg_controllen = CMSG_SPACE((size_t)k * sizeof(int))};
