@@ -18,6 +18,8 @@ __device__ __forceinline__ epk_hello_t *hello_slot(const epk_buf_t &b, int owner
 __device__ __forceinline__ int32_t *hello_to_rank(epk_hello_t *h) {
   return reinterpret_cast<int32_t *>(h + 1);
 }
+/* Peers write our slots: read them through L2, never from a possibly stale L1 line. */
+__device__ __forceinline__ int32_t rd(const int32_t *p) { return __ldcg(p); }
 
 /* pos[t][d]: 1 if token t goes to d, then rewritten as its row among the rows to d, or -1. */
 __device__ void plan_rows(const epk_buf_t &b, const epk_notify_t &a, int32_t *cnt_me) {
@@ -103,13 +105,13 @@ __device__ bool gather(const epk_buf_t &b, uint32_t seq) {
 }
 
 __device__ int first_difference(const epk_hello_t *m, const epk_hello_t *p) {
-  if (p->status == EPK_HELLO_REJECTED) return EPK_F_REJECTED;
-  const int32_t x[] = {m->kind, m->hidden, m->dtype, m->topk, m->num_experts, m->num_scales,
-                       m->has_w};
-  const int32_t y[] = {p->kind, p->hidden, p->dtype, p->topk, p->num_experts, p->num_scales,
-                       p->has_w};
+  if (rd(&p->status) == EPK_HELLO_REJECTED) return EPK_F_REJECTED;
+  const int32_t *x[] = {&m->kind, &m->hidden, &m->dtype, &m->topk, &m->num_experts,
+                        &m->num_scales, &m->has_w};
+  const int32_t *y[] = {&p->kind, &p->hidden, &p->dtype, &p->topk, &p->num_experts,
+                        &p->num_scales, &p->has_w};
   for (int f = 0; f < EPK_F_COUNT; f++)
-    if (x[f] != y[f]) return f;
+    if (rd(x[f]) != rd(y[f])) return f;
   return -1;
 }
 
@@ -138,11 +140,11 @@ __device__ void finish_dispatch(const epk_buf_t &b, const epk_notify_t &a, uint3
   const int R = b.nranks, me = b.rank, par = seq & 1, L = a.num_experts / R;
   int32_t *cnt = epk_plan_cnt(a.plan), *ntok = epk_plan_ntok(a.plan, R);
   for (int i = threadIdx.x; i < R * R; i += NT)
-    cnt[i] = hello_to_rank(hello_slot(b, me, par, i / R))[i % R];
-  for (int s = threadIdx.x; s < R; s += NT) ntok[s] = hello_slot(b, me, par, s)->num_tokens;
+    cnt[i] = rd(hello_to_rank(hello_slot(b, me, par, i / R)) + i % R);
+  for (int s = threadIdx.x; s < R; s += NT) ntok[s] = rd(&hello_slot(b, me, par, s)->num_tokens);
   for (int l = threadIdx.x; a.recv_per_expert && l < L; l += NT) {
     int64_t n = 0;
-    for (int s = 0; s < R; s++) n += hello_to_rank(hello_slot(b, me, par, s))[R + l];
+    for (int s = 0; s < R; s++) n += rd(hello_to_rank(hello_slot(b, me, par, s)) + R + l);
     if (a.align > 1) n = (n + a.align - 1) / a.align * a.align;
     a.recv_per_expert[l] = (int32_t)n;
   }
@@ -176,11 +178,11 @@ __device__ void finish_combine(const epk_buf_t &b, const epk_notify_t &a, uint32
     const epk_hello_t *h = hello_slot(b, b.rank, seq & 1, r);
     int64_t need = 0;
     for (int s = 0; s < R; s++) need += cnt[s * R + r];
-    if (need > h->recv_rows) {
+    if (need > rd(&h->recv_rows)) {
       epk_fail(b, EP_ERR_TOO_LARGE, EPK_PH_CHECK, r, (uint32_t)need, true);
       return;
     }
-    int64_t cap = epk_stage_rows(b.area_bytes, h->direct ? 0 : a.xrow, a.wrow);
+    int64_t cap = epk_stage_rows(b.area_bytes, rd(&h->direct) ? 0 : a.xrow, a.wrow);
     fits &= need <= cap;
     min_cap = min(min_cap, cap);
     max_n = max(max_n, (int64_t)ntok[r]);
