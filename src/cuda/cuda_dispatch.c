@@ -50,29 +50,32 @@ static ep_status_t check(cuda_state_t *s, const call_t *c, cudaStream_t st) {
   return EP_OK;
 }
 
-/* Outputs of the synchronous path once Nr is known: caller's, allocator's, views, or none. */
-static ep_status_t prepare_outputs(cuda_state_t *s, call_t *c, int nr) {
-  ep_dispatch_args_t *a = c->a;
-  c->mode = c->view ? EPK_MODE_VIEW : EPK_MODE_COPY;
-  if (c->view && nr > c->lay.rows) {
-    c->mode = EPK_MODE_DRAIN;
+/* Rows the outputs hold, known before the count: worst case, caller's capacity, or (views) the
+ * receive area. The allocator path has no such bound: it learns Nr first. */
+static int64_t capacity(const call_t *c) {
+  const ep_dispatch_args_t *a = c->a;
+  if (a->worst_case_tokens) return a->worst_case_tokens;
+  return c->view ? c->lay.rows : a->recv_capacity;
+}
+
+static ep_status_t too_large(cuda_state_t *s, const call_t *c, int nr) {
+  if (c->view)
     return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "outputs",
                        "%d rows arrive but the receive area holds %lld (views need every row at "
                        "once): raise queue_bytes or give recv_x", nr, (long long)c->lay.rows);
-  }
-  if (c->view) return EP_OK;
-  if (a->alloc) {
-    if (a->alloc(a->alloc_ctx, nr, a) == 0 && (nr == 0 || a->recv_x) && aligned16(a->recv_x))
-      return EP_OK;
-    c->mode = EPK_MODE_DRAIN;
-    return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "outputs",
-                       "the alloc callback failed for %d rows (or gave a misaligned recv_x)", nr);
-  }
-  if (nr <= a->recv_capacity) return EP_OK;
-  c->mode = EPK_MODE_DRAIN;
   return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "outputs",
                      "%d rows arrive but recv_capacity is %d (num_recv_tokens says how many)", nr,
-                     a->recv_capacity);
+                     c->a->recv_capacity);
+}
+
+/* Allocator path, once Nr is known. */
+static ep_status_t allocate(cuda_state_t *s, call_t *c, int nr) {
+  ep_dispatch_args_t *a = c->a;
+  if (a->alloc(a->alloc_ctx, nr, a) == 0 && (nr == 0 || a->recv_x) && aligned16(a->recv_x))
+    return EP_OK;
+  c->mode = EPK_MODE_DRAIN;
+  return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "outputs",
+                     "the alloc callback failed for %d rows (or gave a misaligned recv_x)", nr);
 }
 
 static void fill_notify(const cuda_state_t *s, const call_t *c, epk_notify_t *n) {
@@ -94,16 +97,16 @@ static void fill_notify(const cuda_state_t *s, const call_t *c, epk_notify_t *n)
   (void)s;
 }
 
-static void fill_data(cuda_state_t *s, const call_t *c, epk_dispatch_t *k) {
+static void fill_data(cuda_state_t *s, const call_t *c, int64_t cap, epk_dispatch_t *k) {
   const ep_dispatch_args_t *a = c->a;
   const bool fp8 = a->dtype == EP_DTYPE_FP8_E4M3;
-  memset(k, 0, sizeof *k);
   *k = (epk_dispatch_t){c->cached != NULL, a->num_tokens, fp8 ? a->num_scales : 0, c->topk,
-                        c->has_w, c->num_experts / s->nranks, c->mode, a->worst_case_tokens,
-                        c->row, a->x, a->x_scales, a->scale_token_stride, a->scale_hidden_stride,
-                        a->topk_idx, a->topk_weights, c->plan->plan, c->plan->src,
-                        c->plan->src_cap, a->recv_x, a->recv_x_scales, a->recv_topk_weights,
-                        a->recv_topk_idx, a->recv_src_idx, c->lay};
+                        c->has_w, c->num_experts / s->nranks, c->mode,
+                        a->worst_case_tokens > 0, c->sync, 0, cap, c->row, a->x, a->x_scales,
+                        a->scale_token_stride, a->scale_hidden_stride, a->topk_idx,
+                        a->topk_weights, c->plan->plan, c->plan->src, c->plan->src_cap,
+                        a->recv_x, a->recv_x_scales, a->recv_topk_weights, a->recv_topk_idx,
+                        a->recv_src_idx, c->lay};
   if (c->mode != EPK_MODE_VIEW) return;
   uint8_t *ad = s->pool + s->kb.off_area_d;
   k->recv_x = ad + c->lay.off_x;
@@ -122,42 +125,67 @@ static void publish_views(const epk_dispatch_t *k, ep_dispatch_args_t *a) {
   a->recv_src_idx = k->recv_src;
 }
 
-/* The count exchange, and for the synchronous path the wait for its result. */
-static ep_status_t exchange(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
+static ep_status_t launch_notify(cuda_state_t *s, const call_t *c, cudaStream_t st, bool ticket,
+                                 uint32_t *t) {
   epk_notify_t n;
   fill_notify(s, c, &n);
-  bool wait = c->sync && (!c->cached || c->plan->nr < 0);
-  if (wait) n.ticket = ++s->ticket ? s->ticket : ++s->ticket;
+  if (ticket) n.ticket = *t = ++s->ticket ? s->ticket : ++s->ticket;
   s->err_topk = c->topk;
-  ep_status_t rc = cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
-  *nr = c->plan->nr;
-  if (rc || !wait) return rc;
-  if ((rc = cuda_wait_ticket(s, n.ticket, OP))) return rc;
-  if ((rc = cuda_take_error(s, OP))) return rc;
-  *nr = c->plan->nr = __atomic_load_n(&s->host->nr, __ATOMIC_ACQUIRE);
-  return EP_OK;
+  return cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
 }
 
-static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr_out) {
-  ep_dispatch_args_t *a = c->a;
-  int nr = -1;
-  ep_status_t rc = exchange(s, c, st, &nr), out_rc = EP_OK;
-  if (rc) return rc;
-  c->mode = c->view ? EPK_MODE_VIEW : EPK_MODE_COPY;
-  if (c->sync) out_rc = prepare_outputs(s, c, nr);
-  if (!c->plan->src && !cuda_plan_src(c->plan, c->sync ? nr : a->worst_case_tokens) && !out_rc) {
-    c->mode = EPK_MODE_DRAIN;
-    out_rc = ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "outputs",
-                         "the handle arena is full: destroy handles or raise EP_CUDA_ARENA_MB");
+/* The receive count of a synchronous call, once notify has published it. */
+static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, int *nr) {
+  ep_status_t rc = cuda_wait_ticket(s, ticket, OP);
+  if (!rc) rc = cuda_take_error(s, OP);
+  if (!rc) *nr = c->plan->nr = __atomic_load_n(&s->host->nr, __ATOMIC_ACQUIRE);
+  return rc;
+}
+
+static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int64_t cap) {
+  if (!c->plan->src && !cuda_plan_src(c->plan, cap)) {
+    c->mode = EPK_MODE_DRAIN; /* peers still get our part of the exchange */
+    cap = 0;
   }
   epk_dispatch_t k;
-  fill_data(s, c, &k);
-  rc = cuda_check(s, epk_launch_dispatch(&s->kb, &k, st), OP, "launch");
+  fill_data(s, c, cap, &k);
+  ep_status_t rc = cuda_check(s, epk_launch_dispatch(&s->kb, &k, st), OP, "launch");
+  if (!rc && c->view && c->mode == EPK_MODE_VIEW) publish_views(&k, c->a);
+  if (!rc && c->mode == EPK_MODE_DRAIN && !c->plan->src)
+    rc = ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "outputs",
+                     "the handle arena is full: destroy handles or raise EP_CUDA_ARENA_MB");
+  return rc;
+}
+
+/* Allocator path: the host needs Nr before any output exists, so it waits in between. */
+static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
+  uint32_t t = 0;
+  bool wait = c->plan->nr < 0;
+  ep_status_t rc = launch_notify(s, c, st, wait, &t);
+  *nr = c->plan->nr;
+  if (!rc && wait) rc = wait_count(s, c, t, nr);
   if (rc) return rc;
-  if (out_rc) return out_rc; /* rows drained, counters consistent, outputs untouched */
-  if (c->view) publish_views(&k, a);
-  *nr_out = c->sync ? nr : -1;
-  return EP_OK;
+  ep_status_t out_rc = allocate(s, c, *nr);
+  rc = launch_data(s, c, st, *nr);
+  return rc ? rc : out_rc;
+}
+
+/* Every other path launches both kernels back to back (the GPU never waits for the host); a
+ * synchronous call then waits for the count, which it returns. Rows beyond the outputs' capacity
+ * are drained by the kernel and reported here. */
+static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
+  if (c->sync && c->a->alloc) return run_alloc(s, c, st, nr);
+  const int64_t cap = capacity(c);
+  uint32_t t = 0;
+  bool wait = c->sync && c->plan->nr < 0;
+  c->mode = c->view ? EPK_MODE_VIEW : EPK_MODE_COPY;
+  if (c->sync && c->plan->nr > cap) c->mode = EPK_MODE_DRAIN; /* cached, count known */
+  ep_status_t rc = launch_notify(s, c, st, wait, &t);
+  if (!rc) rc = launch_data(s, c, st, cap);
+  *nr = c->sync ? c->plan->nr : -1;
+  if (!rc && wait) rc = wait_count(s, c, t, nr);
+  if (!rc && c->sync && *nr > cap) rc = too_large(s, c, *nr);
+  return rc;
 }
 
 ep_status_t cuda_dispatch(void *state, ep_dispatch_args_t *a, const ep_handle_info_t *cached,

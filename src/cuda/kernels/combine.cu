@@ -6,7 +6,7 @@
  * rounds over chunks of source tokens; each round: stage -> "staged" -> pull -> "done". */
 #include "cuda/kernels/common.cuh"
 
-#define CT 512
+#define CT 384
 #define CWARPS (CT / 32)
 
 namespace {
@@ -94,11 +94,10 @@ __device__ void stage(const epk_buf_t &b, const epk_combine_t &a, const cstate &
     while (s + 1 < R && c.so[s + 1] <= i) s++;
     const int64_t row = c.pre[s] + c.lo[s] + (i - c.so[s]);
     if (row >= a.x_rows) continue;
-    if (!a.direct) {
-      const int4 *src = reinterpret_cast<const int4 *>(static_cast<const uint8_t *>(a.x) + row * xrow);
-      int4 *dst = reinterpret_cast<int4 *>(pool + sx + (uint64_t)i * xrow);
-      for (int j = lane; j < (int)(xrow / 16); j += 32) dst[j] = __ldg(src + j);
-    }
+    if (!a.direct)
+      epk_warp_copy<false>(reinterpret_cast<int4 *>(pool + sx + (uint64_t)i * xrow),
+                           reinterpret_cast<const int4 *>(static_cast<const uint8_t *>(a.x) + row * xrow),
+                           (int)(xrow / 16));
     float *wd = reinterpret_cast<float *>(pool + sw) + (int64_t)i * a.topk;
     for (int j = lane; a.has_w && j < a.topk; j += 32) wd[j] = a.w[row * a.topk + j];
   }
@@ -166,7 +165,9 @@ __device__ __forceinline__ int4 pack8(const float *acc) {
   return make_int4((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
 }
 
-/* out[t] and out_w[t] from every holder's row of t (ascending rank). */
+/* out[t] and out_w[t] from every holder's row of t (ascending rank). Each lane keeps RU
+ * vectors of 8 channels in flight per holder: the loads, not the adds, set the pace. */
+#define RU 4
 __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int t,
                              const uint8_t **sx, const float **sw) {
   const int lane = threadIdx.x & 31, R = b.nranks, nv = a.hidden / 8;
@@ -175,18 +176,27 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
   const int4 *b1 = a.bias1 ? reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.bias1) + t * H) : nullptr;
   int4 *out = reinterpret_cast<int4 *>(static_cast<uint16_t *>(a.out) + t * H);
   unsigned mask = 0;
-  for (int i0 = 0; i0 < nv; i0 += 32) {
-    const int i = i0 + lane;
-    float acc[8];
-    if (i < nv) init8(acc, b0, b1, i);
+  for (int i0 = 0; i0 < nv; i0 += 32 * RU) {
+    float acc[RU][8];
+#pragma unroll
+    for (int u = 0; u < RU; u++)
+      if (i0 + 32 * u + lane < nv) init8(acc[u], b0, b1, i0 + 32 * u + lane);
     for (int g = 0; g < R; g += 32) {
       if (R > 32 || i0 == 0) mask = load_group(b, a, c, t, g, sx, sw);
       for (unsigned m = mask; m; m &= m - 1) {
-        const int l = __ffs(m) - 1;
-        if (i < nv) add8(acc, __ldcg(reinterpret_cast<const int4 *>(sx[l]) + i));
+        const int4 *src = reinterpret_cast<const int4 *>(sx[__ffs(m) - 1]);
+        int4 v[RU];
+#pragma unroll
+        for (int u = 0; u < RU; u++)
+          if (i0 + 32 * u + lane < nv) v[u] = __ldcg(src + i0 + 32 * u + lane);
+#pragma unroll
+        for (int u = 0; u < RU; u++)
+          if (i0 + 32 * u + lane < nv) add8(acc[u], v[u]);
       }
     }
-    if (i < nv) out[i] = pack8(acc);
+#pragma unroll
+    for (int u = 0; u < RU; u++)
+      if (i0 + 32 * u + lane < nv) out[i0 + 32 * u + lane] = pack8(acc[u]);
   }
   for (int k0 = 0; a.has_w && k0 < a.topk; k0 += 32) {
     const int k = k0 + lane;

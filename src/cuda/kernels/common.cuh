@@ -124,3 +124,24 @@ static __device__ __forceinline__ long long epk_first_bad(const int64_t *idx, in
   __syncthreads();
   return r;
 }
+
+/* One warp copies nv 16-byte vectors, U loads in flight per lane (latency, not bandwidth, is
+ * what a single load per lane would be bound by). L2: the source may have been written by a
+ * peer (ld.cg); otherwise the read-only path. */
+template <bool L2, int U = 8>
+static __device__ __forceinline__ void epk_warp_copy(int4 *dst, const int4 *src, int nv) {
+  const int lane = threadIdx.x & 31;
+  for (int i0 = 0; i0 < nv; i0 += 32 * U) {
+    int4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int i = i0 + 32 * u + lane;
+      if (i < nv) v[u] = L2 ? __ldcg(src + i) : __ldg(src + i);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int i = i0 + 32 * u + lane;
+      if (i < nv) dst[i] = v[u];
+    }
+  }
+}

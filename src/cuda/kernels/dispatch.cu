@@ -111,8 +111,8 @@ __device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mod
     const int64_t gi = first + r;
     if (mode == EPK_MODE_COPY) {
       const int4 *src = reinterpret_cast<const int4 *>(ad + a.lay.off_x + (uint64_t)r * a.row);
-      int4 *dst = reinterpret_cast<int4 *>(static_cast<uint8_t *>(a.recv_x) + gi * a.row);
-      for (int i = lane; i < nv; i += 32) dst[i] = __ldcg(src + i);
+      epk_warp_copy<true>(reinterpret_cast<int4 *>(static_cast<uint8_t *>(a.recv_x) + gi * a.row),
+                          src, nv);
       const float *sc = reinterpret_cast<const float *>(ad + a.lay.off_s) + r * a.num_scales;
       for (int i = lane; a.recv_scales && i < a.num_scales; i += 32)
         a.recv_scales[gi * a.num_scales + i] = __ldcg(sc + i);
@@ -131,7 +131,7 @@ __device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mod
 
 /* Worst-case path: rows past the receive count carry ids -1, weights 0, source -1. */
 __device__ void fill_tail(const epk_dispatch_t &a, int64_t nr) {
-  const int64_t rows = a.wct - nr;
+  const int64_t rows = a.tail ? a.cap - nr : 0;
   if (rows <= 0) return;
   const int64_t step = (int64_t)gridDim.x * DT, me = (int64_t)blockIdx.x * DT + threadIdx.x;
   for (int64_t i = me; !a.cached && i < rows * a.topk; i += step) {
@@ -252,8 +252,8 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   const int64_t nr = s_nr;
   const int my_rounds = st.rounds[b.rank];
   int mode = a.mode;
-  if ((a.wct && nr > a.wct) || (mode == EPK_MODE_VIEW && nr > a.lay.rows)) {
-    if (blockIdx.x == 0 && threadIdx.x == 0)
+  if (nr > a.cap || (mode == EPK_MODE_VIEW && nr > a.lay.rows)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && !a.quiet)
       epk_fail(b, EP_ERR_TOO_LARGE, EPK_PH_CHECK, -1, (uint32_t)nr, false);
     mode = EPK_MODE_DRAIN; /* still take part, so that peers complete */
   }

@@ -166,7 +166,11 @@ typedef struct {
 } epk_notify_t;
 
 typedef struct {
-  int cached, num_tokens, num_scales, topk, has_w, local_experts, mode, wct;
+  int cached, num_tokens, num_scales, topk, has_w, local_experts, mode;
+  int tail;     /* worst-case path: rows [Nr, cap) get ids -1, weights 0, source -1 */
+  int quiet;    /* the host reports Nr > cap itself (synchronous path): just drain */
+  int pad;
+  int64_t cap;  /* rows the outputs hold; more arriving: drained, outputs untouched */
   uint64_t row; /* bytes of one x row */
   const void *x;
   const float *x_scales;

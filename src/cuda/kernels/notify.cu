@@ -21,11 +21,18 @@ __device__ __forceinline__ int32_t *hello_to_rank(epk_hello_t *h) {
 /* Peers write our slots: read them through L2, never from a possibly stale L1 line. */
 __device__ __forceinline__ int32_t rd(const int32_t *p) { return __ldcg(p); }
 
+#define SMEM_EXPERTS 4096
+__shared__ int32_t s_ecount[SMEM_EXPERTS]; /* selections per expert, when E fits */
+
+__device__ __forceinline__ int32_t *ecount(const epk_buf_t &b, const epk_notify_t &a) {
+  return a.num_experts <= SMEM_EXPERTS ? s_ecount : b.ecount;
+}
+
 /* pos[t][d]: 1 if token t goes to d, then rewritten as its row among the rows to d, or -1. */
 __device__ void plan_rows(const epk_buf_t &b, const epk_notify_t &a, int32_t *cnt_me) {
   const int R = b.nranks, n = a.num_tokens, topk = a.topk, L = a.num_experts / R;
-  int32_t *pos = epk_plan_pos(a.plan, R);
-  for (int e = threadIdx.x; e < a.num_experts; e += NT) b.ecount[e] = 0;
+  int32_t *pos = epk_plan_pos(a.plan, R), *ec = ecount(b, a);
+  for (int e = threadIdx.x; e < a.num_experts; e += NT) ec[e] = 0;
   __syncthreads();
   for (int t = threadIdx.x; t < n; t += NT) {
     int32_t *row = pos + (size_t)t * R;
@@ -34,7 +41,7 @@ __device__ void plan_rows(const epk_buf_t &b, const epk_notify_t &a, int32_t *cn
       int64_t e = a.topk_idx[(size_t)t * topk + k];
       if (e < 0) continue;
       row[e / L] = 1;
-      atomicAdd(&b.ecount[e], 1);
+      atomicAdd(&ec[e], 1);
     }
   }
   __syncthreads();
@@ -78,8 +85,9 @@ __device__ void post(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq, in
     hello_to_rank(hello_slot(b, i / R, par, me))[i % R] = cnt_me[i % R];
   if (counts) {
     const int L = a.num_experts / R;
+    const int32_t *ec = ecount(b, a);
     for (int i = threadIdx.x; i < a.num_experts; i += NT)
-      hello_to_rank(hello_slot(b, i / L, par, me))[R + i % L] = b.ecount[i];
+      hello_to_rank(hello_slot(b, i / L, par, me))[R + i % L] = ec[i];
   }
   __syncthreads();
   if (threadIdx.x == 0) {
