@@ -4,7 +4,9 @@
  *   test_cuda timeout     a peer that never calls: the synchronous dispatch returns
  *                         EP_ERR_TIMEOUT naming it; an asynchronous one reports it on the next
  *                         call; the context stays usable (a fresh buffer then works)
- *   test_cuda cycles N    N x (group, buffer, dispatch + combine, destroy): device memory flat */
+ *   test_cuda cycles N    N x (group, buffer, dispatch + combine, destroy): device memory flat
+ *   test_cuda overflow    outputs too small on one rank: EP_ERR_TOO_LARGE there, the rows are
+ *                         drained, the other ranks complete, the buffer stays usable */
 #include <unistd.h>
 
 #include "common.h"
@@ -258,6 +260,46 @@ static int timeout(void) {
   return T_PASS;
 }
 
+/* ------------------------------------------------------------------ outputs too small */
+
+/* Rank 0's outputs hold no row: it gets EP_ERR_TOO_LARGE, its rows are drained, every other rank
+ * completes, and the buffer stays consistent (a round trip afterwards works). */
+static int overflow(void) {
+  ep_group_t g;
+  ep_buffer_t b;
+  int R, me, nr;
+  t_init(&g, &me, &R);
+  T_OK(ep_buffer_create(g, NULL, &b));
+  inputs_t in = {.R = R, .me = me, .E = 2 * R};
+  make_inputs(&in, 3);
+  for (int s = 0; s < R; s++) { /* every rank sends rank 0 (expert 0) at least one row */
+    if (!in.n[s])
+      for (int k = 0; k < TOPK; k++) in.idx[s][k] = -1;
+    in.n[s] = in.n[s] ? in.n[s] : 1;
+    in.idx[s][0] = 0;
+  }
+  void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
+  void *rx = t_dalloc((size_t)NMAX * R * H * 2);
+  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = in.n[me],
+                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E,
+                          .recv_x = rx, .recv_capacity = me == 0 ? 0 : NMAX * R,
+                          .num_recv_tokens = &nr};
+  ep_status_t st = ep_dispatch(b, &a);
+  if (me == 0) {
+    T_CHECK(st == EP_ERR_TOO_LARGE, "rank 0: %s (%s), expected EP_ERR_TOO_LARGE",
+            ep_status_name(st), ep_last_error());
+    printf("outputs too small: %s\n", ep_last_error());
+  } else {
+    T_OK(st);
+  }
+  round_trip(b, R, me);
+  T_OK(ep_buffer_destroy(b));
+  t_dfree(x), t_dfree(idx), t_dfree(rx);
+  free_inputs(&in);
+  t_fini(g);
+  return T_PASS;
+}
+
 /* ------------------------------------------------------------------ lifecycle cycles */
 
 static size_t free_mem(void) {
@@ -299,6 +341,7 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "graph")) return graph(argc > 2 ? atoi(argv[2]) : 5);
   if (!strcmp(mode, "timeout")) return timeout();
   if (!strcmp(mode, "cycles")) return cycles(argc > 2 ? atoi(argv[2]) : 100);
+  if (!strcmp(mode, "overflow")) return overflow();
   fprintf(stderr, "unknown mode %s\n", mode);
   return T_FAIL;
 }

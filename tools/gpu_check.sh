@@ -29,12 +29,17 @@ for s in $steps; do
         grep -v '^PASS' || true ;;
     sanitize)
       # No MPS here: compute-sanitizer attaches to each rank's process.
-      for tool in memcheck racecheck; do
-        EP_TIMEOUT_S=120 timeout 300 $b/bin/epcomm launch -n 2 compute-sanitizer --tool $tool \
-          --error-exitcode 9 $b/tests/test_cuda graph 1 >"$out/san-$tool.log" 2>&1
-        echo "compute-sanitizer $tool, R=2 graph test: exit $? ($(grep -h 'ERROR SUMMARY' \
-          "$out/san-$tool.log" | sort | uniq -c | tr '\n' ';'))"
-      done ;;
+      san() { # tool log ranks command...
+        local tool=$1 log=$2 n=$3
+        shift 3
+        EP_TIMEOUT_S=120 timeout 200 $b/bin/epcomm launch -n "$n" compute-sanitizer --tool "$tool" \
+          --error-exitcode 9 "$@" >"$out/$log" 2>&1
+        echo "compute-sanitizer $tool, R=$n $*: exit $? ($(grep -h 'ERROR SUMMARY' "$out/$log" |
+          sort | uniq -c | tr -s ' ' | tr '\n' ';'))"
+      }
+      san memcheck san-memcheck-graph.log 2 $b/tests/test_cuda graph 1
+      san racecheck san-racecheck-graph.log 2 $b/tests/test_cuda graph 1
+      san memcheck san-memcheck-normal.log 1 env EP_BACKEND=cuda $b/tests/test_normal ;;
     bench)
       for R in 2 4 8; do
         timeout 120 "$mps" $b/bin/epcomm launch -n $R $b/bin/cuda_bench >"$out/bench-r$R.log" 2>&1
