@@ -39,7 +39,9 @@ for s in $steps; do
       }
       san memcheck san-memcheck-graph.log 2 $b/tests/test_cuda graph 1
       san racecheck san-racecheck-graph.log 2 $b/tests/test_cuda graph 1
-      san memcheck san-memcheck-normal.log 1 env EP_BACKEND=cuda $b/tests/test_normal ;;
+      export EP_BACKEND=cuda
+      san memcheck san-memcheck-normal.log 1 $b/tests/test_normal
+      unset EP_BACKEND ;;
     bench)
       for R in 2 4 8; do
         timeout 120 "$mps" $b/bin/epcomm launch -n $R $b/bin/cuda_bench >"$out/bench-r$R.log" 2>&1
