@@ -48,6 +48,15 @@ for s in $steps; do
         echo "bench R=$R: exit $?"
         grep -v '^\[[1-9]' "$out/bench-r$R.log" | sed 's/^\[0\] //' | tail -14
       done ;;
+    scan)
+      # Where the time goes: the same sizes with more SMs per rank.
+      for rs in "2 32" "2 48" "4 32"; do
+        set -- $rs
+        timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/cuda_bench --sms $2 \
+          >"$out/scan-r$1-s$2.log" 2>&1
+        echo "bench R=$1 --sms $2: exit $?"
+        grep -E '^\[0\] (dispatch|combine)' "$out/scan-r$1-s$2.log" | sed 's/^\[0\] //'
+      done ;;
   esac
   echo "== step $s: $((SECONDS - t0)) s"
 done

@@ -68,14 +68,16 @@ static ep_status_t local_setup(cuda_state_t *s, const ep_buffer_config_t *cfg, p
   return cuda_check(s, cudaIpcGetMemHandle(&me->handle, s->pool), OP, "export");
 }
 
-/* Blocks of every rank's kernels: its config, else its GPU's SMs shared among the ranks on that
- * GPU, at most 24 (DeepEP's budget per rank on one node). Every rank computes the same table. */
+/* Blocks of every rank's kernels: its config (else 24, DeepEP's budget per rank on one node),
+ * never more than its GPU's SMs shared among the ranks on that GPU. The kernels of the ranks
+ * wait on each other, so all their blocks must be resident at once (one block fills an SM).
+ * Every rank computes the same table. */
 static void block_table(const peer_info_t *all, int R, int32_t *blocks) {
   for (int r = 0; r < R; r++) {
     int same = 0;
     for (int q = 0; q < R; q++) same += !memcmp(all[q].uuid, all[r].uuid, 16);
-    int b = all[r].sms / (same ? same : 1);
-    blocks[r] = all[r].want_blocks > 0 ? all[r].want_blocks : (b < 1 ? 1 : b > 24 ? 24 : b);
+    int fit = all[r].sms / (same ? same : 1), want = all[r].want_blocks > 0 ? all[r].want_blocks : 24;
+    blocks[r] = want < fit ? want : fit < 1 ? 1 : fit;
   }
 }
 

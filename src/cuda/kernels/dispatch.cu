@@ -82,10 +82,10 @@ __device__ void send_pass(const epk_buf_t &b, const epk_dispatch_t &a, const dst
       bool ok = false;
       if (d < R && st.open[d]) {
         int p = pos[(int64_t)t * R + d];
-        int64_t j = st.base[d] + p;
-        if (p >= 0 && j / W == st.wcur[d]) {
+        int64_t j = st.base[d] + p, w = st.rounds[d] == 1 ? 0 : j / W; /* no division if one */
+        if (p >= 0 && w == st.wcur[d]) {
           ok = true;
-          s_jw[warp][lane] = j - (int64_t)st.wcur[d] * W;
+          s_jw[warp][lane] = j - w * W;
           s_dst[warp][lane] = b.peers[d] + b.off_area_d;
         }
       }

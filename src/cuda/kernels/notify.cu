@@ -5,7 +5,7 @@
  * (status REJECTED) so that its peers fail at once instead of timing out. */
 #include "cuda/kernels/common.cuh"
 
-#define NT 1024
+#define NT 512
 
 namespace {
 
