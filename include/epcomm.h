@@ -38,9 +38,11 @@
  *     cached dispatches and combine never wait on the host and can be captured in a CUDA graph
  *     (the synchronous path cannot: EP_ERR_INVALID_ARG during a capture);
  *   - kernels never trap: a kernel that gives up (deadline, peer gone, mismatch seen by its
- *     count exchange) records operation, phase and peer; a synchronous call returns it, a failure
- *     of an asynchronous call is returned by the next call on the buffer (which is then broken:
- *     destroy or release it);
+ *     count exchange) records operation, phase and peer; a synchronous call returns it. A
+ *     deadline or dead peer in an asynchronous call is returned by the next call on the buffer
+ *     (which is then broken: destroy or release it); an asynchronous call that failed alike on
+ *     every rank without moving data (rejected arguments, disagreement, outputs too small) is
+ *     reported by a warning and in ep_buffer_last_error, and the buffer stays usable;
  *   - the kernels of all ranks sharing a GPU wait on each other, so their blocks must fit on the
  *     GPU at once: num_sms is capped at the GPU's SMs divided by the ranks on it.
  */

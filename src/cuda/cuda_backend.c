@@ -6,7 +6,11 @@
 
 static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes) {
   epk_buf_t kb;
-  *bytes = cuda_pool_layout(nranks, cfg->num_channels, cfg->queue_bytes, &kb);
+  long arena_mb = ep_env_long("EP_CUDA_ARENA_MB", 64);
+  /* pool + handle arena + private words and scratch */
+  *bytes = cuda_pool_layout(nranks, cfg->num_channels, cfg->queue_bytes, &kb) +
+           ((size_t)(arena_mb > 1 ? arena_mb : 1) << 20) + 4096 + 16ull * (size_t)nranks +
+           4ull * EP_MAX_LOCAL_EXPERTS * (size_t)nranks;
   return EP_OK;
 }
 

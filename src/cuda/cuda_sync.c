@@ -2,8 +2,9 @@
  *
  * Kernels never trap: a kernel that gives up records why (status, phase, peer) in a device word
  * and in the mapped host block, and returns. A synchronous call reads it right away; a failure
- * in an asynchronous call (worst-case or cached dispatch, combine) is reported by the next call
- * on the buffer, which then fails and leaves the buffer broken (only destroy/release remain). */
+ * in an asynchronous call (worst-case or cached dispatch, combine) is seen by the next call on
+ * the buffer: a deadline or a dead peer fails it and breaks the buffer (only destroy/release
+ * remain); a failure that moved no data on any rank is logged (warn) and the call goes on. */
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -93,13 +94,29 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
   }
 }
 
+/* A failure recorded by a kernel of an earlier asynchronous call. Failures every rank saw alike
+ * and that moved no data (a rank rejected its arguments, the ranks disagree, the outputs were too
+ * small) leave the buffer consistent: they are logged, and this call goes on (failing it would
+ * leave the peers waiting). The others (a deadline, a dead peer) break the buffer. */
+static ep_status_t deferred(cuda_state_t *s, const char *op) {
+  ep_status_t st = cuda_take_error(s, op);
+  if (!st) return EP_OK;
+  if (st == EP_ERR_PEER_INVALID || st == EP_ERR_MISMATCH || st == EP_ERR_OUT_OF_RANGE ||
+      st == EP_ERR_TOO_LARGE) {
+    ep_log_at(EP_LOG_WARN, s->rank, "run", "an earlier asynchronous call failed and moved no "
+              "data: %s", ep_last_error());
+    return EP_OK;
+  }
+  ep_ctx_mark_broken(s->ctx);
+  return st;
+}
+
 ep_status_t cuda_enter(cuda_state_t *s, void *stream, const char *op, cudaStream_t *out) {
   *out = (cudaStream_t)stream;
   if (cuda_set_device(s->device, &s->prev_device))
     return cuda_check(s, cudaGetLastError(), op, "device");
-  ep_status_t st = cuda_take_error(s, op);
+  ep_status_t st = deferred(s, op);
   if (st) {
-    ep_ctx_mark_broken(s->ctx);
     cuda_leave(s, *out, false);
     return st;
   }
