@@ -167,6 +167,7 @@ ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks, size_
   ep_buffer_config_t c;
   const struct ep_backend_ops *ops;
   ep_status_t st = ep_buffer_resolve_config(cfg, 100.0, &c, &ops);
+  if (!st) st = ep_ll_check_config(&c, nranks);
   return st ? st : ops->size_hint(&c, nranks, bytes);
 }
 
