@@ -39,6 +39,8 @@ const char *ep_last_error(void) { return tls_error; }
 void ep_err_clear(void) { tls_error[0] = '\0'; }
 
 void ep_err_set_msg(const char *msg) { snprintf(tls_error, sizeof tls_error, "%s", msg); }
+const char *ep_ctx_last_error(void) { return tls_error; }
+void ep_ctx_restore_error(const char *msg) { ep_err_set_msg(msg); }
 
 ep_status_t ep_err(ep_status_t s, const char *fmt, ...) {
   va_list ap;
