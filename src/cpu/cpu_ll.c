@@ -123,8 +123,7 @@ ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v) {
 ep_status_t cpu_ll_recv(void *state, ep_handle_info_t *h) {
   cpu_state_t *s = state;
   cpu_ll_slot_t *sl = h->priv;
-  /* Only meaningful inside a normal-mode call; a stale value must not fail our waits. */
-  atomic_store(&s->local_abort, 0);
+  cpu_call_begin(s);
   if (sl->state == LL_SENT) return cpu_ll_recv_dispatch(s, sl, "ep_ll_recv");
   if (sl->state == LL_COMB_SENT) return cpu_ll_recv_combine(s, sl, "ep_ll_recv");
   return ep_err(EP_ERR_INVALID_ARG, "ep_ll_recv: the handle has nothing to receive: %s",

@@ -50,7 +50,7 @@ ep_status_t cpu_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle
   cpu_state_t *s = state;
   cpu_ll_t *ll = s->ll;
   cpu_ll_slot_t *sl = h->priv;
-  atomic_store(&s->local_abort, 0); /* only meaningful inside a normal-mode call */
+  cpu_call_begin(s);
   ep_status_t st = sl->state == LL_RECEIVED
                        ? take_routing(sl, a)
                        : ep_err(EP_ERR_INVALID_ARG, "%s: the handle cannot be combined: %s", OP,

@@ -144,7 +144,7 @@ static void keep_call(cpu_ll_slot_t *sl, const ep_ll_dispatch_args_t *a, uint64_
 ep_status_t cpu_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_handle_info_t *out) {
   cpu_state_t *s = state;
   cpu_ll_t *ll = s->ll;
-  atomic_store(&s->local_abort, 0); /* only meaningful inside a normal-mode call */
+  cpu_call_begin(s);
   cpu_ll_slot_t *sl = take_slot(ll);
   ep_status_t st = sl ? check_ids(ll, a, ll->pos)
                       : ep_err(EP_ERR_INTERNAL, "%s: no free result slot", OP);

@@ -139,13 +139,13 @@ void cpu_ll_reject(void *state, bool combine) {
     return;
   }
   char why[512]; /* the caller's message is the one to keep */
-  snprintf(why, sizeof why, "%s", ep_last_error());
-  atomic_store(&s->local_abort, 0);
+  snprintf(why, sizeof why, "%s", ep_ctx_last_error());
+  cpu_call_begin(s);
   cpu_ll_arrive_t mine;
   memset(&mine, 0, sizeof mine);
   mine.status = LL_REJECTED;
   mine.slot = -1;
   if (cpu_ll_enter(s, &mine, NULL, "ep_ll_dispatch") != EP_OK) ep_ctx_mark_broken(s->ctx);
   ll->q++;
-  ep_err(EP_ERR_INVALID_ARG, "%s", why);
+  ep_ctx_restore_error(why);
 }
