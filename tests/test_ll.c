@@ -6,7 +6,11 @@
  * form with normal-mode calls on the same buffer between send and receive; and many consecutive
  * calls with two results alive (the buffer flip).
  *
- * Usage: tests/test_ll [matrix|flip|all] [iterations of flip]   (default: all 40) */
+ * Usage: tests/test_ll [matrix|flip|all] [iterations of flip]   (default: all 40)
+ *        tests/test_ll time T H E TOPK ITERS [fp8]   microseconds per call (a measuring aid;
+ *                                                    `epcomm bench --mode ll` is the benchmark) */
+#include <time.h>
+
 #include "ll_world.h"
 
 static const llw_cfg_t cfgs[] = {
@@ -108,11 +112,106 @@ static void flip(ctx_t *x, int iters) {
   }
 }
 
+/* ------------------------------------------------------------------ timing */
+
+enum { D1, C1, DS, DR, CS, CR, NFIG }; /* one-phase dispatch, combine; two-phase phases */
+static const char *fig_names[] = {"dispatch", "combine", "dispatch send", "dispatch recv",
+                                  "combine send", "combine recv"};
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* One dispatch + combine; lap[] gets the microseconds of each phase. Ranks start together. */
+static void timed_call(ep_group_t g, ep_buffer_t buf, llw_round_t *rd, const void *y, void *out,
+                       int two, double *lap) {
+  ep_ll_dispatch_args_t a;
+  llw_args(rd, &a);
+  a.two_phase = two;
+  ep_ll_combine_args_t c = {.size = sizeof c, .y = y, .topk_idx = rd->idx[rd->me],
+                            .topk_weights = rd->w[rd->me], .two_phase = two, .out = out};
+  T_OK(ep_group_barrier(g));
+  double t0 = now_us(), t1, t2, t3;
+  T_OK(ep_ll_dispatch(buf, &a));
+  t1 = now_us();
+  if (two) T_OK(ep_ll_recv(buf, rd->h));
+  t2 = now_us();
+  c.handle = rd->h;
+  T_OK(ep_ll_combine(buf, &c));
+  t3 = now_us();
+  if (two) T_OK(ep_ll_recv(buf, rd->h));
+  double t4 = now_us();
+  if (two) lap[DS] = t1 - t0, lap[DR] = t2 - t1, lap[CS] = t3 - t2, lap[CR] = t4 - t3;
+  else lap[D1] = t2 - t0, lap[C1] = t4 - t2;
+  T_OK(ep_handle_destroy(rd->h));
+  rd->h = NULL;
+}
+
+static void print_figures(const llw_round_t *rd, const double *all, int fp8) {
+  int R = rd->R;
+  size_t row = fp8 ? (size_t)rd->c.H + (size_t)rd->c.H / 128 * 4 : (size_t)rd->c.H * 2;
+  long sel = 0;
+  for (int l = 0; l < rd->c.E / R; l++) sel += rd->ref[0].count[l];
+  printf("ll timing: R=%d T=%d H=%d E=%d topk=%d %s; median us per call over ranks "
+         "(max / mean); rank 0 receives %ld rows of %zu bytes\n", R, rd->c.T, rd->c.H, rd->c.E,
+         rd->k.topk, fp8 ? "fp8" : "bf16", sel, row);
+  for (int f = 0; f < NFIG; f++) {
+    double mx = 0, sum = 0;
+    for (int r = 0; r < R; r++) mx = all[r * NFIG + f] > mx ? all[r * NFIG + f] : mx, sum += all[r * NFIG + f];
+    printf("  %-14s %9.1f / %9.1f us", fig_names[f], mx, sum / R);
+    if (f == D1) printf("   %.2f GB/s received by rank 0", (double)sel * (double)row / all[f] * 1e-3);
+    printf("\n");
+  }
+}
+
+static void time_ll(ep_group_t g, int R, int me, char **argv, int argc) {
+  T_CHECK(argc >= 7, "usage: test_ll time T H E TOPK ITERS [fp8]");
+  llw_cfg_t c = {atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
+  int iters = atoi(argv[6]), fp8 = argc > 7 && !strcmp(argv[7], "fp8"), warm = 20;
+  llw_case_t k = {c.K, RT_UNIFORM, NM_FULL, fp8 ? F_FP8 : F_BF16, 0, 0, 0};
+  ep_buffer_t buf;
+  llw_buffer(g, &c, &buf);
+  llw_round_t rd;
+  llw_gen(&rd, R, me, &c, &k, 42);
+  size_t yn = (size_t)c.E * c.T * c.H;
+  uint16_t *y = t_xmalloc(yn * 2), *out = t_xmalloc((size_t)c.T * c.H * 2);
+  for (size_t i = 0; i < yn; i++) y[i] = 0x3f80;
+  double *lap = t_xmalloc(sizeof(double) * NFIG * (size_t)iters), mine[NFIG];
+  for (int two = 0; two < 2; two++)
+    for (int i = -warm; i < iters; i++)
+      timed_call(g, buf, &rd, y, out, two, i < 0 ? mine : lap + (size_t)i * NFIG);
+  for (int f = 0; f < NFIG; f++) { /* median of each phase */
+    double *v = t_xmalloc(sizeof(double) * (size_t)iters);
+    for (int i = 0; i < iters; i++) v[i] = lap[(size_t)i * NFIG + f];
+    qsort(v, (size_t)iters, sizeof *v, cmp_double);
+    mine[f] = v[iters / 2];
+    free(v);
+  }
+  double *all = t_xmalloc(sizeof(double) * NFIG * (size_t)R);
+  T_OK(ep_group_allgather(g, mine, all, sizeof mine));
+  if (me == 0) print_figures(&rd, all, fp8);
+  free(y), free(out), free(lap), free(all);
+  llw_free(&rd);
+  T_OK(ep_buffer_destroy(buf));
+}
+
 int main(int argc, char **argv) {
   ep_group_t g;
   ctx_t x;
   t_init(&g, &x.me, &x.R);
   const char *what = argc > 1 ? argv[1] : "all";
+  if (!strcmp(what, "time")) {
+    time_ll(g, x.R, x.me, argv, argc);
+    t_fini(g);
+    return T_PASS;
+  }
   int iters = argc > 2 ? atoi(argv[2]) : 40;
   bool matrix = !strcmp(what, "all") || !strcmp(what, "matrix");
   bool flips = !strcmp(what, "all") || !strcmp(what, "flip");

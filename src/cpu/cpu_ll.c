@@ -43,7 +43,7 @@ void cpu_ll_destroy(cpu_state_t *s) {
   cpu_ll_t *ll = s->ll;
   if (!ll) return;
   for (int i = 0; i < CPU_LL_SLOTS; i++) slot_free_mem(&ll->slot[i]);
-  free(ll->cast), free(ll->pos), free(ll->rows);
+  free(ll->cast), free(ll->sel), free(ll->pos), free(ll->rows);
   free(ll);
   s->ll = NULL;
 }
@@ -71,9 +71,10 @@ ep_status_t cpu_ll_create(cpu_state_t *s, const ep_buffer_config_t *cfg) {
   ll->L = ll->E / ll->R, ll->RT = ll->R * ll->T, ll->NS = ll->H / 128;
   ll_layout(ll->T, ll->H, ll->E, ll->K, ll->R, &ll->lay);
   ll->cast = malloc((size_t)ll->T * ((size_t)ll->H + 4 * (size_t)ll->NS) + 1);
-  ll->pos = malloc(sizeof(int32_t) * (size_t)ll->E);
-  ll->rows = malloc(sizeof(*ll->rows) * (size_t)ll->K);
-  bool ok = ll->cast && ll->pos && ll->rows;
+  ll->sel = malloc(sizeof(int32_t) * (size_t)ll->E);
+  ll->pos = malloc(sizeof(int32_t) * (size_t)ll->E * (size_t)s->channels);
+  ll->rows = malloc(sizeof(*ll->rows) * (size_t)ll->K * (size_t)s->channels);
+  bool ok = ll->cast && ll->sel && ll->pos && ll->rows;
   for (int i = 0; i < CPU_LL_SLOTS; i++) ok = slot_init(s, ll, i) && ok;
   if (!ok) {
     cpu_ll_destroy(s);
@@ -81,7 +82,16 @@ ep_status_t cpu_ll_create(cpu_state_t *s, const ep_buffer_config_t *cfg) {
                        "out of memory for the low-latency state");
   }
   cpu_ll_kernels_pick(&ll->k);
+  long wide = ep_env_long("EP_LL_WIDE_BYTES", 1 << 20);
+  ll->wide_bytes = wide > 0 ? (size_t)wide : 0;
   return EP_OK;
+}
+
+void cpu_ll_run(cpu_state_t *s, size_t bytes, int *parts,
+                ep_status_t (*fn)(cpu_state_t *, void *, int), void *job) {
+  *parts = s->channels > 1 && bytes >= s->ll->wide_bytes ? s->channels : 1;
+  if (*parts > 1) cpu_run_channels(s, fn, job);
+  else fn(s, job, 0);
 }
 
 void cpu_ll_release(void *state, ep_handle_info_t *h) {

@@ -93,12 +93,14 @@ struct cpu_ll {
   cpu_ll_layout_t lay;
   uint64_t q;  /* dispatch calls made (rejected ones included) */
   uint64_t c;  /* combine calls made (rejected ones included) */
+  size_t wide_bytes; /* from this many bytes a call's copies use every channel */
   cpu_ll_slot_t slot[CPU_LL_SLOTS];
   cpu_ll_kernels_t k;
   /* scratch of one call */
   unsigned char *cast; /* [T][H + 4 * NS]: fp8 rows and scales of this rank's tokens */
-  int32_t *pos;        /* [E]: next row of each expert this rank writes */
-  const uint16_t **rows;
+  int32_t *sel;        /* [E]: this rank's selections of every expert */
+  int32_t *pos;        /* [channels][E]: next row of each expert a part of the send writes */
+  const uint16_t **rows; /* [channels][K]: rows a part of the reduction adds up */
 };
 typedef struct cpu_ll cpu_ll_t;
 
@@ -126,6 +128,16 @@ static inline unsigned char *cpu_ll_slot_base(cpu_state_t *s, int rank, int slot
 /* Flag arrays of a slot: one cache line per writer. */
 static inline _Atomic uint64_t *cpu_ll_flag(unsigned char *slot, size_t off, int writer) {
   return (_Atomic uint64_t *)(slot + off + (size_t)writer * CPU_CL);
+}
+
+/* Run fn(s, job, part) for parts 0..*parts-1: over the buffer's channel workers when the call
+ * moves at least ll->wide_bytes (EP_LL_WIDE_BYTES; waking them costs microseconds), else on
+ * this thread with *parts = 1. fn never fails. */
+void cpu_ll_run(cpu_state_t *s, size_t bytes, int *parts,
+                ep_status_t (*fn)(cpu_state_t *, void *, int), void *job);
+static inline void cpu_ll_part(int n, int parts, int p, int *begin, int *end) {
+  *begin = (int)((int64_t)n * p / parts);
+  *end = (int)((int64_t)n * (p + 1) / parts);
 }
 
 /* ---- signals and waits (cpu_ll_sync.c) */

@@ -26,24 +26,50 @@ static ep_status_t take_routing(cpu_ll_slot_t *sl, const ep_ll_combine_args_t *a
   return EP_OK;
 }
 
-/* Rows of every local expert from source `src` go back to src's area, at (token, k). */
-static void send_back(cpu_state_t *s, const cpu_ll_slot_t *sl, const void *y, int src,
-                      uint64_t ticket) {
+typedef struct {
+  int parts; /* send: split by received rows; reduce: by tokens (cpu_ll_run) */
+  const cpu_ll_slot_t *sl;
+  const void *y;
+} job_t;
+
+/* Received rows f0..f1 (in view order: expert, then row) go back to their sources' areas, at
+ * (token, k), in the slot each source used for the dispatch. */
+static ep_status_t back_part(cpu_state_t *s, void *arg, int p) {
+  const job_t *j = arg;
   const cpu_ll_t *ll = s->ll;
-  unsigned char *base = cpu_ll_slot_base(s, src, sl->src_slot[src]);
-  unsigned char *area = base + ll->lay.area;
+  const cpu_ll_slot_t *sl = j->sl;
+  const int32_t *count = (const int32_t *)(sl->base + ll->lay.count);
   const int64_t *range = (const int64_t *)(sl->base + ll->lay.range);
   const int32_t *tok = (const int32_t *)(sl->base + ll->lay.src);
   const int32_t *kk = (const int32_t *)(sl->base + ll->lay.route);
   size_t row = 2 * (size_t)ll->H;
-  for (int l = 0; l < ll->L; l++) {
-    int64_t rg = range[(size_t)l * ll->R + src];
-    size_t r0 = (size_t)l * (size_t)ll->RT + (size_t)(rg >> 32);
-    for (size_t r = r0; r < r0 + (size_t)(rg & 0xffffffff); r++)
-      memcpy(area + ((size_t)tok[r] * (size_t)sl->topk + (size_t)kk[r]) * row,
-             (const unsigned char *)y + r * row, row);
+  int total = 0, f0, f1;
+  for (int l = 0; l < ll->L; l++) total += count[l];
+  cpu_ll_part(total, j->parts, p, &f0, &f1);
+  for (int l = 0, f = 0; l < ll->L && f < f1; f += count[l], l++) {
+    for (int src = 0; src < ll->R; src++) {
+      int64_t rg = range[(size_t)l * ll->R + src];
+      int b = (int)(rg >> 32), n = (int)(rg & 0xffffffff);
+      int lo = f + b > f0 ? f + b : f0, hi = f + b + n < f1 ? f + b + n : f1;
+      unsigned char *area = cpu_ll_slot_base(s, src, sl->src_slot[src]) + ll->lay.area;
+      for (size_t r = (size_t)l * (size_t)ll->RT + (size_t)(lo - f); lo < hi; lo++, r++)
+        memcpy(area + ((size_t)tok[r] * (size_t)sl->topk + (size_t)kk[r]) * row,
+               (const unsigned char *)j->y + r * row, row);
+    }
   }
-  cpu_ll_post(s, src, cpu_ll_flag(base, ll->lay.comb, s->rank), ticket);
+  return EP_OK;
+}
+
+static void send_back(cpu_state_t *s, const cpu_ll_slot_t *sl, const void *y, int nrecv,
+                      uint64_t ticket) {
+  const cpu_ll_t *ll = s->ll;
+  job_t j = {1, sl, y};
+  cpu_ll_run(s, (size_t)nrecv * 2 * (size_t)ll->H, &j.parts, back_part, &j);
+  for (int i = 1; i <= s->nranks; i++) { /* every part is done: raise the flags */
+    int src = (s->rank + i) % s->nranks;
+    unsigned char *base = cpu_ll_slot_base(s, src, sl->src_slot[src]);
+    cpu_ll_post(s, src, cpu_ll_flag(base, ll->lay.comb, s->rank), ticket);
+  }
 }
 
 ep_status_t cpu_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h) {
@@ -60,27 +86,34 @@ ep_status_t cpu_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle
     return st;
   }
   uint64_t ticket = ++ll->c;
-  for (int i = 1; i <= s->nranks; i++) send_back(s, sl, a->y, (s->rank + i) % s->nranks, ticket);
+  send_back(s, sl, a->y, h->num_recv_tokens, ticket);
   sl->ticket = ticket;
   sl->out = a->out;
   sl->state = LL_COMB_SENT;
   return a->two_phase ? EP_OK : cpu_ll_recv_combine(s, sl, OP);
 }
 
-static void reduce(const cpu_ll_t *ll, const cpu_ll_slot_t *sl) {
+static ep_status_t reduce_part(cpu_state_t *s, void *arg, int p) {
+  const job_t *j = arg;
+  const cpu_ll_t *ll = s->ll;
+  const cpu_ll_slot_t *sl = j->sl;
   const unsigned char *area = sl->base + ll->lay.area;
+  const uint16_t **rows = ll->rows + (size_t)p * (size_t)ll->K;
   size_t row = 2 * (size_t)ll->H;
   float w[EP_MAX_TOPK];
-  for (int t = 0; t < sl->N; t++) {
+  int t0, t1;
+  cpu_ll_part(sl->N, j->parts, p, &t0, &t1);
+  for (int t = t0; t < t1; t++) {
     int n = 0;
     for (int k = 0; k < sl->topk; k++) {
       size_t i = (size_t)t * (size_t)sl->topk + (size_t)k;
       if (!sl->use[i]) continue;
-      ll->rows[n] = (const uint16_t *)(area + i * row);
+      rows[n] = (const uint16_t *)(area + i * row);
       w[n++] = sl->w[i];
     }
-    ll->k.reduce(ll->rows, w, n, ll->H, (uint16_t *)sl->out + (size_t)t * ll->H);
+    ll->k.reduce(rows, w, n, ll->H, (uint16_t *)sl->out + (size_t)t * ll->H);
   }
+  return EP_OK;
 }
 
 ep_status_t cpu_ll_recv_combine(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op) {
@@ -90,7 +123,9 @@ ep_status_t cpu_ll_recv_combine(cpu_state_t *s, cpu_ll_slot_t *sl, const char *o
     sl->state = LL_FAILED;
     return st;
   }
-  reduce(s->ll, sl);
+  job_t j = {1, sl, NULL};
+  cpu_ll_run(s, (size_t)sl->N * (size_t)sl->topk * 2 * (size_t)s->ll->H, &j.parts, reduce_part,
+             &j);
   sl->state = LL_COMBINED;
   return EP_OK;
 }
