@@ -89,6 +89,11 @@ static ep_status_t run_dispatch(ep_buffer *b, const ep_ll_dispatch_args_t *a, co
   }
   b->ll_live++;
   *a->handle = out;
+  if (ep_log_enabled(EP_LOG_DEBUG))
+    ep_log_at(EP_LOG_DEBUG, b->group->rank, "run", "%s: %d tokens sent, %d rows received%s "
+              "(%s, topk %d, %d results alive)", op, a->num_tokens, info.num_recv_tokens,
+              a->two_phase ? " or on their way" : "", a->use_fp8 ? "fp8" : "bf16", a->topk,
+              b->ll_live);
   return EP_OK;
 }
 
