@@ -79,7 +79,8 @@ ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *
     uint32_t magic;
   } *head = src;
   size_t min = has_magic ? sizeof *head : sizeof(size_t);
-  if (head->size < min || head->size > full)
+  /* A size that is not a multiple of 8 would cut a pointer in half: never a real struct size. */
+  if (head->size < min || head->size > full || head->size % sizeof(void *) != 0)
     return ep_err(EP_ERR_CONFIG, "%s: size field is %zu, this library accepts %zu..%zu (set it to "
                   "sizeof the struct, or use the _INIT macro)", argname, head->size, min, full);
   if (has_magic && head->magic != EP_CONFIG_MAGIC)
