@@ -220,7 +220,11 @@ static void view_after_destroy(ctx_t *x) {
   new_round(x, &rd, NULL);
   llw_dispatch(&rd, b, NULL, NULL);
   T_OK(ep_buffer_destroy(b));
-  ep_ll_recv_view_t v = {.size = sizeof v};
+  ep_ll_recv_view_t v = {.size = sizeof v + 8};
+  T_STATUS(EP_ERR_CONFIG, ep_ll_get_recv_view(rd.h, &v));
+  v.size = 12;
+  T_STATUS(EP_ERR_CONFIG, ep_ll_get_recv_view(rd.h, &v));
+  v.size = sizeof v;
   T_STATUS(EP_ERR_DESTROYED, ep_ll_get_recv_view(rd.h, &v));
   llw_free(&rd);
 }

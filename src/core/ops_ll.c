@@ -156,8 +156,12 @@ ep_status_t ep_ll_get_recv_view(ep_handle_t handle, ep_ll_recv_view_t *view) {
   static const char op[] = "ep_ll_get_recv_view";
   ep_err_clear();
   NEED(view, EP_ERR_NULL_ARG, "%s: view is NULL", op);
-  NEED(view->size >= sizeof(size_t), EP_ERR_CONFIG, "%s: view->size is %zu; set it to "
-       "sizeof(ep_ll_recv_view_t)", op, view->size);
+  /* The rules of ep_struct_load, for an output struct: an older caller's smaller view gets the
+   * fields it has; a size that is not a multiple of 8 would cut a pointer in half. */
+  NEED(view->size >= sizeof(size_t) && view->size <= sizeof(ep_ll_recv_view_t) &&
+       view->size % sizeof(void *) == 0, EP_ERR_CONFIG, "%s: view->size is %zu, this library "
+       "accepts %zu..%zu (set it to sizeof(ep_ll_recv_view_t))", op, view->size, sizeof(size_t),
+       sizeof(ep_ll_recv_view_t));
   ep_handle *h;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), EP_OBJ_HANDLE, false, (void **)&h);
   if (st) {
