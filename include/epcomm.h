@@ -82,8 +82,8 @@ typedef enum {
 const char *ep_status_name(ep_status_t s);   /* "EP_ERR_TIMEOUT" */
 const char *ep_status_string(ep_status_t s); /* "deadline passed while waiting for a peer" */
 
-/* Message of the last failing epcomm call on this thread ("" if none). Valid until the next
- * epcomm call on this thread. */
+/* Message of the last failing epcomm call on this thread ("" if none): successful calls leave it
+ * alone (like errno). Valid until the next failing epcomm call on this thread. */
 const char *ep_last_error(void);
 
 /* ---------------------------------------------------------------- types */

@@ -52,7 +52,6 @@ ep_status_t ep_handle_get(ep_buffer *b, ep_handle_t handle, const char *op, cons
 void ep_handle_put(ep_handle *h) { ep_reg_release(h->id); }
 
 ep_status_t ep_handle_num_recv_tokens(ep_handle_t handle, int *n) {
-  ep_err_clear();
   if (!n) return ep_err(EP_ERR_NULL_ARG, "ep_handle_num_recv_tokens: num_recv_tokens is NULL");
   ep_handle *h;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), EP_OBJ_HANDLE, false, (void **)&h);
@@ -82,12 +81,10 @@ static ep_status_t pin_ll_buffer(ep_handle_t handle, ep_buffer **out) {
 }
 
 ep_status_t ep_handle_destroy(ep_handle_t handle) {
-  ep_err_clear();
   if (!handle) return EP_OK;
   ep_buffer *b;
   ep_status_t st = pin_ll_buffer(handle, &b);
   if (st) return st;
-  ep_err_clear();
   void *obj;
   st = ep_reg_remove(ep_ptr_to_id(handle), EP_OBJ_HANDLE, &obj);
   if (st) {

@@ -154,7 +154,6 @@ static ep_status_t view_from(ep_handle *h, ep_ll_recv_view_t *view, const char *
 
 ep_status_t ep_ll_get_recv_view(ep_handle_t handle, ep_ll_recv_view_t *view) {
   static const char op[] = "ep_ll_get_recv_view";
-  ep_err_clear();
   NEED(view, EP_ERR_NULL_ARG, "%s: view is NULL", op);
   /* The rules of ep_struct_load, for an output struct: an older caller's smaller view gets the
    * fields it has; a size that is not a multiple of 8 would cut a pointer in half. */

@@ -161,7 +161,8 @@ static void keep_call(cpu_ll_slot_t *sl, const ep_ll_dispatch_args_t *a, uint64_
   sl->q = q;
   sl->N = a->num_tokens, sl->topk = a->topk;
   sl->fp8 = a->use_fp8, sl->round_scale = a->round_scale, sl->ue8m0 = a->use_ue8m0;
-  memcpy(sl->idx, a->topk_idx, sizeof(int64_t) * (size_t)a->num_tokens * (size_t)a->topk);
+  if (a->num_tokens) /* topk_idx may be NULL when there are no tokens */
+    memcpy(sl->idx, a->topk_idx, sizeof(int64_t) * (size_t)a->num_tokens * (size_t)a->topk);
 }
 
 ep_status_t cpu_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_handle_info_t *out) {
