@@ -36,7 +36,6 @@ const char *ep_status_string(ep_status_t s) {
 static _Thread_local char tls_error[EP_ERRMSG_MAX];
 
 const char *ep_last_error(void) { return tls_error; }
-void ep_err_clear(void) { tls_error[0] = '\0'; }
 
 void ep_err_set_msg(const char *msg) { snprintf(tls_error, sizeof tls_error, "%s", msg); }
 const char *ep_ctx_last_error(void) { return tls_error; }

@@ -26,6 +26,9 @@ static int allgather1(void *ctx, const void *send, void *recv, size_t bytes) {
   return 0;
 }
 
+/* Low-latency sizes of the fuzzing buffer. */
+enum { LL_T = 16, LL_H = 128, LL_E = 8, LL_K = 4 };
+
 static ep_group_t group;
 static ep_buffer_t buffer;
 
@@ -34,6 +37,7 @@ static void setup(void) {
   ep_bootstrap_t boot = {0, 1, allgather1, NULL, NULL};
   ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
   cfg.queue_bytes = 64 << 10;
+  cfg.ll_max_tokens = LL_T, cfg.ll_hidden = LL_H, cfg.ll_num_experts = LL_E, cfg.ll_max_topk = LL_K;
   if (ep_group_create(&boot, NULL, &group) || ep_buffer_create(group, &cfg, &buffer)) abort();
 }
 
@@ -111,6 +115,40 @@ static void call_dispatch(bytes_t *b, shapes_t *s) {
   free(out), free(ow);
 }
 
+/* Low-latency calls: shapes around the buffer's limits (N > T, topk > K), bad ids and flags,
+ * one- and two-phase forms, views, combines, and handles left alive (a third dispatch is BUSY). */
+static void call_ll(bytes_t *b) {
+  static const int ns[] = {0, 1, 7, LL_T, LL_T + 1, -1}, ks[] = {1, 2, LL_K, LL_K + 1, 0};
+  int n = pick(b, ns, 6), k = pick(b, ks, 5);
+  size_t nn = n > 0 ? (size_t)n : 0, kk = k > 0 ? (size_t)k : 0;
+  uint16_t *x = alloc_or_null(b, nn * LL_H * 2), *out = calloc(nn * LL_H + 1, 2);
+  int64_t *idx = alloc_or_null(b, nn * kk * 8);
+  float *w = calloc(nn * kk + 1, 4);
+  for (size_t t = 0; idx && t < nn; t++)
+    for (size_t j = 0; j < kk; j++) /* distinct per token, sometimes not, sometimes bad */
+      idx[t * kk + j] = take(b) % 10 ? (int64_t)((t + j * 3 + (take(b) % 2)) % LL_E)
+                                     : (int64_t)take(b) - 120;
+  for (size_t i = 0; x && i < nn * LL_H; i++) x[i] = (uint16_t)(take(b) << 8 | take(b));
+  uint16_t *y = calloc((size_t)LL_E * LL_T * LL_H, 2);
+  ep_handle_t h[3] = {NULL, NULL, NULL};
+  int live = take(b) % 3 + 1;
+  for (int i = 0; i < live; i++) {
+    ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = n, .topk_idx = idx,
+                               .topk = k, .use_fp8 = take(b) % 2, .round_scale = take(b) % 2,
+                               .use_ue8m0 = take(b) % 2, .two_phase = take(b) % 2,
+                               .handle = take(b) % 16 ? &h[i] : NULL};
+    if (ep_ll_dispatch(buffer, &a) != EP_OK || !h[i]) continue;
+    if (a.two_phase) ep_ll_recv(buffer, h[i]);
+    ep_ll_recv_view_t v = {.size = sizeof v};
+    ep_ll_get_recv_view(h[i], &v);
+    ep_ll_combine_args_t c = {.size = sizeof c, .handle = h[i], .y = y, .topk_idx = idx,
+                              .topk_weights = w, .two_phase = take(b) % 2, .out = out};
+    if (take(b) % 2 && ep_ll_combine(buffer, &c) == EP_OK && c.two_phase) ep_ll_recv(buffer, h[i]);
+  }
+  for (int i = 0; i < 3; i++) ep_handle_destroy(h[i]);
+  free(x), free(out), free(idx), free(w), free(y);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   setup();
   bytes_t b = {data, size};
@@ -118,7 +156,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   make(&b, &s);
   int32_t pr[1], pe[8];
   uint8_t ir[64];
-  switch (take(&b) % 3) {
+  switch (take(&b) % 4) {
+    case 3: call_ll(&b); break;
     case 0:
       ep_get_dispatch_layout(buffer, s.idx, s.n, s.topk, s.e, pr, s.e > 0 && s.e <= 8 ? pe : NULL,
                              s.n > 0 && s.n <= 64 ? ir : NULL, NULL);
