@@ -144,9 +144,16 @@ typedef struct {
 
 /* Collective. Ranks, job id and failure channel from the environment that `epcomm launch` sets
  * (EP_RANK, EP_NRANKS, EP_JOB_ID, EP_NOTIFY_FD), or that mpirun sets (OMPI_COMM_WORLD_RANK, ...).
- * cfg may be NULL for defaults. */
+ * cfg may be NULL for defaults. Every rank creates its groups in the same order. Thread safe.
+ * Errors: EP_ERR_NULL_ARG (group), EP_ERR_CONFIG (cfg size/magic), EP_ERR_BOOTSTRAP (no rank or
+ * job id in the environment, rendezvous taken), EP_ERR_OUT_OF_RANGE (rank >= size),
+ * EP_ERR_MISMATCH (ranks disagree on the size), EP_ERR_TIMEOUT (a rank never arrived: named),
+ * EP_ERR_PEER_FAILED (a rank died during creation: named). */
 ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *group);
-/* Collective over the ranks the callbacks connect. */
+/* Collective over the ranks the callbacks connect (the user's allgather carries a rendezvous name
+ * chosen by rank 0; the callbacks are not kept). Errors as above, plus EP_ERR_NULL_ARG naming
+ * boot or boot->allgather, EP_ERR_OUT_OF_RANGE naming boot->rank / boot->nranks,
+ * EP_ERR_BOOTSTRAP when a callback returns non-zero. */
 ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t *cfg,
                             ep_group_t *group);
 /* Collective, bounded by the deadline. EP_ERR_BUSY (and nothing destroyed) while buffers of this
@@ -155,9 +162,11 @@ ep_status_t ep_group_destroy(ep_group_t group);
 /* Local: frees this rank's resources without talking to peers (crash paths). Live buffers of the
  * group are released too. NULL is a no-op. */
 ep_status_t ep_group_release(ep_group_t group);
+/* Local, thread safe. EP_ERR_NULL_ARG, EP_ERR_DESTROYED, EP_ERR_INVALID_ARG (not a group). */
 ep_status_t ep_group_rank(ep_group_t group, int *rank);
 ep_status_t ep_group_nranks(ep_group_t group, int *nranks);
-/* Collective barrier with the group's deadline. */
+/* Collective barrier with the group's deadline. EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED name the rank
+ * (and break the group: only destroy/release remain), EP_ERR_BROKEN after an earlier failure. */
 ep_status_t ep_group_barrier(ep_group_t group);
 /* Collective: recv[r * bytes ...] receives rank r's `bytes` bytes (small setup data, figures). */
 ep_status_t ep_group_allgather(ep_group_t group, const void *send, void *recv, size_t bytes);
@@ -201,13 +210,24 @@ typedef struct {
 /* Bytes of shared memory (CUDA: device memory) one rank's buffer takes for this config and
  * group size. Local. */
 ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes);
-/* Collective: allocate this rank's region, exchange it with peers, map theirs. */
+/* Collective: allocate this rank's region, exchange it with peers, map theirs. Buffers of one
+ * group may be created from different threads (their exchanges are serialised). Errors:
+ * EP_ERR_NULL_ARG (buf), EP_ERR_CONFIG (cfg size/magic), EP_ERR_OUT_OF_RANGE / EP_ERR_INVALID_ARG
+ * naming the cfg field, EP_ERR_UNSUPPORTED (backend not built, or no device), EP_ERR_MISMATCH
+ * (configs differ across ranks: field and rank named), EP_ERR_NO_MEMORY, EP_ERR_PEER_INVALID (a
+ * peer failed to create its part), EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED (rank named),
+ * EP_ERR_BROKEN (group broken). */
 ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf);
-/* Collective, bounded by the deadline: quiesce, unmap peers, free. Live handles stay valid memory
- * for ep_handle_destroy but can no longer be used with any buffer. NULL is a no-op. */
+/* Collective, bounded by the deadline: quiesce, unmap peers, free. Always frees: a broken buffer
+ * skips the barrier (EP_OK); a barrier that fails still frees and returns the failure. Live
+ * handles stay valid memory for ep_handle_destroy but can no longer be used with any buffer.
+ * NULL is a no-op. EP_ERR_BUSY (nothing freed) while a call on the buffer is in flight;
+ * EP_ERR_DESTROYED when already destroyed. */
 ep_status_t ep_buffer_destroy(ep_buffer_t buf);
 /* Local, never waits for peers (crash paths, after EP_ERR_PEER_FAILED). NULL is a no-op. */
 ep_status_t ep_buffer_release(ep_buffer_t buf);
+/* Last failure recorded on this buffer ("op: phase: message (peer rank r, STATUS)"); "" if none.
+ * Thread safe; the string is a per-thread copy. */
 const char *ep_buffer_last_error(ep_buffer_t buf);
 ep_status_t ep_buffer_backend(ep_buffer_t buf, ep_backend_t *backend);
 
@@ -277,7 +297,17 @@ struct ep_dispatch_args_s {
   ep_handle_t *handle;        /* out: layout for combine / cached dispatch (NULL: not kept) */
 };
 
-/* Collective. */
+/* Collective (SPEC §3). Sends each token once to every rank that owns one of its experts; rows
+ * arrive grouped by source rank, each source's rows in its token order, each at its final row.
+ * Outputs are written only on success. Errors found on this rank before any data moves (the
+ * peers' matching call then fails with EP_ERR_PEER_INVALID, the buffer stays usable):
+ * EP_ERR_NULL_ARG / EP_ERR_INVALID_ARG / EP_ERR_OUT_OF_RANGE / EP_ERR_SHAPE / EP_ERR_TOO_LARGE /
+ * EP_ERR_CONFIG, each naming the argument (an out-of-range expert id by its slot,
+ * "topk_idx[3][1]"). Detected collectively, on every rank alike: EP_ERR_MISMATCH (hidden, dtype,
+ * topk, num_experts, num_scales or weights differ across ranks: field and rank named),
+ * EP_ERR_PEER_INVALID. After the count exchange: EP_ERR_TOO_LARGE when the receive count exceeds
+ * recv_capacity / worst_case_tokens (the rows are drained, outputs untouched, the buffer stays
+ * usable). EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED name the rank and break the buffer. */
 ep_status_t ep_dispatch(ep_buffer_t buf, ep_dispatch_args_t *args);
 
 /* ---------------------------------------------------------------- normal combine */
@@ -295,10 +325,15 @@ typedef struct {
   float *out_topk_weights;   /* [num_tokens][topk], required iff topk_weights given */
 } ep_combine_args_t;
 
-/* Collective. out[t] = bf16(bias0[t] + bias1[t] + sum over ranks r (ascending) of x rows of t). */
+/* Collective. out[t] = bf16(bias0[t] + bias1[t] + sum over ranks r (ascending) of x rows of t),
+ * accumulated in fp32 and rounded once (nearest even); a token sent nowhere gets its biases (or
+ * zeros). out_topk_weights[t] = the sum, in the same order, of the topk_weights rows of t.
+ * Errors as for ep_dispatch; EP_ERR_INVALID_ARG / EP_ERR_DESTROYED for a handle that is not a
+ * live normal-mode handle of this buffer. */
 ep_status_t ep_combine(ep_buffer_t buf, const ep_combine_args_t *args);
 
-/* Handle queries and destroy (local). */
+/* Handle queries and destroy (local, thread safe). Destroying a low-latency handle while a call
+ * is in flight on its buffer returns EP_ERR_BUSY. */
 ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens);
 ep_status_t ep_handle_destroy(ep_handle_t h);
 
