@@ -11,6 +11,9 @@
  * combine: MPI_Alltoallv of the expert outputs back, then per token the sum in fp32 of its rows in
  *   ascending rank order, rounded once to bf16 (SPEC §3).
  *
+ * Built with -O3 (see bench/CMakeLists.txt) so that its plain reduction loops vectorise, as a
+ * user's would: the comparison is about moving data, not about an unvectorised loop.
+ *
  * Run by `epcomm bench` (which passes --raw FILE and merges the results) or on its own:
  *   mpirun -n 4 --oversubscribe --bind-to none build/bin/epcomm-bench-mpi [options]
  */
@@ -46,6 +49,21 @@ typedef struct {
   uint16_t *y, *cbuf, *out;
   float *acc;
 } base_t;
+
+/* bf16 <-> fp32 as tests/ref.c defines them, inline so that the reduction loops vectorise. */
+static inline float bf16_to_f32(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
@@ -155,15 +173,15 @@ static void combine(base_t *b, MPI_Datatype tcomb) {
   MPI_Alltoallv(b->y, b->rcnt, b->rdis, tcomb, b->cbuf, b->scnt, b->sdis, tcomb, MPI_COMM_WORLD);
   int *cur = calloc((size_t)R, sizeof *cur);
   for (int t = 0; t < o->tokens; t++) {
-    float *acc = b->acc;
+    float *restrict acc = b->acc;
     for (int h = 0; h < H; h++) acc[h] = 0.0f;
     for (int d = 0; d < R; d++) {
       if (!b->in_rank[(size_t)t * R + d]) continue;
-      const uint16_t *row = b->cbuf + (size_t)(b->sdis[d] + cur[d]++) * H;
-      for (int h = 0; h < H; h++) acc[h] += ref_bf16_to_f32(row[h]);
+      const uint16_t *restrict row = b->cbuf + (size_t)(b->sdis[d] + cur[d]++) * H;
+      for (int h = 0; h < H; h++) acc[h] += bf16_to_f32(row[h]);
     }
-    uint16_t *out = b->out + (size_t)t * H;
-    for (int h = 0; h < H; h++) out[h] = ref_f32_to_bf16(acc[h]);
+    uint16_t *restrict out = b->out + (size_t)t * H;
+    for (int h = 0; h < H; h++) out[h] = f32_to_bf16(acc[h]);
   }
   free(cur);
 }

@@ -18,6 +18,8 @@ typedef struct {
   double d_bytes, d_wire;            /* dispatch: DeepEP's received bytes, cross-rank bytes */
   double c_bytes, c_wire;            /* combine: DeepEP's bytes (bf16 rows sent back), cross-rank */
   double m_bytes;                    /* bytes one memcpy iteration copies */
+  double d_cpu, c_cpu;               /* CPU seconds (user + system, all threads) per iteration */
+  double d_csw, c_csw;               /* context switches (voluntary + not) per iteration */
   char msg[BENCH_MSG];               /* first self-check mismatch, "" if none */
 } bench_rank_t;
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "bench.h"
 
@@ -27,6 +28,19 @@ typedef struct {
       goto fail;                                                                     \
     }                                                                                \
   } while (0)
+
+/* CPU time and context switches of the whole process (every channel thread). */
+typedef struct {
+  double cpu, csw;
+} usage_t;
+
+static usage_t usage(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (usage_t){(double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+                       (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec,
+                   (double)(ru.ru_nvcsw + ru.ru_nivcsw)};
+}
 
 /* Outputs are allocated once and touched, so no iteration pays for page faults. */
 static int grow(outs_t *u, int n) {
@@ -133,9 +147,11 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
                             .alloc = alloc_cb, .alloc_ctx = &u, .num_recv_tokens = &nr,
                             .handle = &h};
     TRY(ep_group_barrier(g));
+    usage_t u0 = usage();
     double t0 = bench_now();
     TRY(ep_dispatch(buf, &a));
     double t1 = bench_now();
+    usage_t u1 = usage();
     if (!y) {
       y = malloc((size_t)(nr ? nr : 1) * o->hidden * 2);
       if (!y) goto fail;
@@ -143,12 +159,17 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
     }
     ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = y, .out = out};
     TRY(ep_group_barrier(g));
+    usage_t u2 = usage();
     double t2 = bench_now();
     TRY(ep_combine(buf, &c));
     double t3 = bench_now();
+    usage_t u3 = usage();
     TRY(ep_handle_destroy(h));
     h = NULL;
-    if (it >= 0) t[it] = t1 - t0, t[o->iters + it] = t3 - t2;
+    if (it < 0) continue;
+    t[it] = t1 - t0, t[o->iters + it] = t3 - t2;
+    f->d_cpu += (u1.cpu - u0.cpu) / o->iters, f->d_csw += (u1.csw - u0.csw) / o->iters;
+    f->c_cpu += (u3.cpu - u2.cpu) / o->iters, f->c_csw += (u3.csw - u2.csw) / o->iters;
   }
   figures(o, R, me, &u, nr, f);
   check(o, R, me, &u, nr, out, f);

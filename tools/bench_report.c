@@ -149,14 +149,16 @@ static void print_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t 
            p->bw.p10 / 1e9, p->bw.p90 / 1e9, mb, wb);
   }
   printf("\nper rank (median of its own iterations):\n");
-  printf("rank  recv_rows  self_rows  dispatch_ms  GB/s  combine_ms  GB/s  memcpy_GB/s%s\n",
+  printf("rank  recv_rows  self_rows  dispatch_ms  GB/s cpu%% csw  combine_ms  GB/s cpu%% csw  "
+         "memcpy_GB/s%s\n",
          q.have_base ? "  mpi_dispatch_ms  mpi_combine_ms" : "");
   for (int r = 0; r < R; r++) {
-    printf("%4d  %9d  %9d  %11.2f %5.2f  %10.2f %5.2f  %11.2f", r, rk[r]->recv_rows,
-           rk[r]->self_rows, ph[P_DISPATCH].rank_t[r] * 1e3,
-           ph[P_DISPATCH].bytes[r] / ph[P_DISPATCH].rank_t[r] / 1e9, ph[P_COMBINE].rank_t[r] * 1e3,
-           ph[P_COMBINE].bytes[r] / ph[P_COMBINE].rank_t[r] / 1e9,
-           ph[P_MEMCPY].bytes[r] / ph[P_MEMCPY].rank_t[r] / 1e9);
+    const bench_rank_t *f = rk[r];
+    double dt = ph[P_DISPATCH].rank_t[r], ct = ph[P_COMBINE].rank_t[r];
+    printf("%4d  %9d  %9d  %11.2f %5.2f %4.0f %3.0f  %10.2f %5.2f %4.0f %3.0f  %11.2f", r,
+           f->recv_rows, f->self_rows, dt * 1e3, ph[P_DISPATCH].bytes[r] / dt / 1e9,
+           100 * f->d_cpu / dt, f->d_csw, ct * 1e3, ph[P_COMBINE].bytes[r] / ct / 1e9,
+           100 * f->c_cpu / ct, f->c_csw, ph[P_MEMCPY].bytes[r] / ph[P_MEMCPY].rank_t[r] / 1e9);
     if (q.have_base)
       printf("  %15.2f  %14.2f", ph[P_BDISPATCH].rank_t[r] * 1e3, ph[P_BCOMBINE].rank_t[r] * 1e3);
     printf("\n");
@@ -165,7 +167,7 @@ static void print_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t 
          "rank;\ncombine: the same rows sent back as bf16. Time: the slowest rank per iteration. "
          "memcpy: bytes\ncopied per second per rank, all ranks copying at once with %d thread%s "
          "each. logical: DeepEP's\nbytes per rank; x-rank: bytes that left the rank (payload + "
-         "index/topk metadata of the rows\nfrom other ranks).\n\n", o->threads,
+         "index/topk metadata of the rows\nfrom other ranks). cpu%%: CPU time of the rank's process over its time (all\nits threads; 4 ranks on 2 cores share 200%%); csw: context switches per call.\n\n", o->threads,
          o->threads > 1 ? "s" : "");
   printf("ratio epcomm/ceiling:  dispatch %.2f, combine %.2f (GB/s over memcpy GB/s)\n",
          q.d_ceiling, q.c_ceiling);
@@ -237,10 +239,16 @@ static void print_json(FILE *f, const bench_opts_t *o, int R, phase_t *ph, bench
     first = 0;
     json_stat(f, "time_ms", p->time, 1e3, ", ");
     json_stat(f, "gbps", p->bw, 1e-9, ",\n    \"per_rank\": [");
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
       fprintf(f, "%s{\"rank\": %d, \"time_ms\": %.6g, \"gbps\": %.6g, \"logical_bytes\": %.0f, "
-              "\"cross_rank_bytes\": %.0f}", r ? ",\n      " : "", r, p->rank_t[r] * 1e3,
+              "\"cross_rank_bytes\": %.0f", r ? ",\n      " : "", r, p->rank_t[r] * 1e3,
               p->bytes[r] / p->rank_t[r] / 1e9, p->bytes[r], p->wire[r]);
+      if (k == P_DISPATCH || k == P_COMBINE)
+        fprintf(f, ", \"cpu_ms\": %.6g, \"context_switches\": %.1f",
+                1e3 * (k == P_DISPATCH ? rk[r]->d_cpu : rk[r]->c_cpu),
+                k == P_DISPATCH ? rk[r]->d_csw : rk[r]->c_csw);
+      fprintf(f, "}");
+    }
     fprintf(f, "]}");
   }
   fprintf(f, "\n},\n\"ranks\": [");

@@ -30,7 +30,19 @@ static void pack(const cpu_dispatch_job_t *j, int32_t t, unsigned char *rec) {
     memcpy(rec + j->off_w, a->topk_weights + (size_t)t * j->topk, (size_t)j->topk * sizeof(float));
 }
 
-/* Output row `r` from a packed record (also used for this rank's own tokens). */
+/* Local expert ids and weights of output row r from a token's global ids (w: NULL = none). */
+static void deliver_ids(const cpu_dispatch_job_t *j, int32_t r, const int64_t *ids, const float *w) {
+  const ep_dispatch_args_t *a = j->a;
+  for (int k = 0; k < j->topk; k++) {
+    int64_t e = ids[k] - j->first_expert;
+    bool local = ids[k] >= 0 && e >= 0 && e < j->num_local;
+    if (a->recv_topk_idx) a->recv_topk_idx[(size_t)r * j->topk + k] = local ? e : -1;
+    if (a->recv_topk_weights)
+      a->recv_topk_weights[(size_t)r * j->topk + k] = local && w ? w[k] : 0.0f;
+  }
+}
+
+/* Output row `r` from a packed record. */
 static void unpack(const cpu_dispatch_job_t *j, const unsigned char *rec, int32_t r) {
   const ep_dispatch_args_t *a = j->a;
   if (j->drain) return;
@@ -39,26 +51,29 @@ static void unpack(const cpu_dispatch_job_t *j, const unsigned char *rec, int32_
     memcpy(a->recv_x_scales + (size_t)r * a->num_scales, rec + j->off_s, j->scales);
   if (a->recv_src_idx) memcpy(&a->recv_src_idx[r], rec, sizeof(int32_t));
   if (j->cached) return;
-  const int64_t *ids = (const int64_t *)(rec + j->off_i);
-  const float *w = (const float *)(rec + j->off_w);
-  for (int k = 0; k < j->topk; k++) {
-    int64_t e = ids[k] - j->first_expert;
-    bool local = ids[k] >= 0 && e >= 0 && e < j->num_local;
-    if (a->recv_topk_idx) a->recv_topk_idx[(size_t)r * j->topk + k] = local ? e : -1;
-    if (a->recv_topk_weights)
-      a->recv_topk_weights[(size_t)r * j->topk + k] = local && j->has_w ? w[k] : 0.0f;
-  }
+  deliver_ids(j, r, (const int64_t *)(rec + j->off_i),
+              j->has_w ? (const float *)(rec + j->off_w) : NULL);
 }
 
-/* This rank's own tokens skip the queue: straight from x to their output rows. */
-static void copy_self(cpu_state_t *s, const cpu_dispatch_job_t *j, int c, unsigned char *tmp) {
+/* This rank's own tokens skip the queue: one copy, straight from x to their output rows. */
+static void copy_self(cpu_state_t *s, const cpu_dispatch_job_t *j, int c) {
   const cpu_plan_t *p = j->p;
+  const ep_dispatch_args_t *a = j->a;
   int me = s->rank;
   const int32_t *chan = p->send_chan + (size_t)me * (size_t)(s->channels + 1);
   int32_t row = p->recv_base[(size_t)me * s->channels + c];
-  for (int32_t i = chan[c]; i < chan[c + 1]; i++) {
-    pack(j, p->send_idx[p->send_off[me] + i], tmp);
-    unpack(j, tmp, row++);
+  if (j->drain) return;
+  for (int32_t i = chan[c]; i < chan[c + 1]; i++, row++) {
+    int32_t t = p->send_idx[p->send_off[me] + i];
+    memcpy((unsigned char *)a->recv_x + (size_t)row * j->row,
+           (const unsigned char *)a->x + (size_t)t * j->row, j->row);
+    for (int q = 0; j->scales && q < a->num_scales; q++)
+      a->recv_x_scales[(size_t)row * a->num_scales + q] =
+          a->x_scales[t * a->scale_token_stride + q * a->scale_hidden_stride];
+    if (a->recv_src_idx) a->recv_src_idx[row] = t;
+    if (!j->cached)
+      deliver_ids(j, row, a->topk_idx + (size_t)t * j->topk,
+                  j->has_w ? a->topk_weights + (size_t)t * j->topk : NULL);
   }
 }
 
@@ -146,18 +161,14 @@ static ep_status_t loop(cpu_state_t *s, const cpu_dispatch_job_t *j, int c, peer
 ep_status_t cpu_dispatch_channel(cpu_state_t *s, void *job, int c) {
   const cpu_dispatch_job_t *j = job;
   peer_t *out = calloc((size_t)s->nranks * 2, sizeof *out);
-  unsigned char *tmp = aligned_alloc(64, (j->rec + 63) & ~(size_t)63);
-  if (!out || !tmp) {
-    free(out);
-    free(tmp);
+  if (!out) {
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_dispatch", "data", "out of memory");
   }
   peer_t *in = out + s->nranks;
   open_peers(s, j, c, out, in);
-  copy_self(s, j, c, tmp);
+  copy_self(s, j, c);
   ep_status_t st = loop(s, j, c, out, in);
   if (st && st != EP_ERR_INTERNAL) cpu_abort_peers(s, st);
-  free(tmp);
   free(out);
   return st;
 }
