@@ -5,7 +5,7 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 RANKS      ?= 4
 
-.PHONY: all demo test test-asan test-valgrind bench clean configure
+.PHONY: all demo test test-quick test-asan asan-build bench clean
 
 all: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
@@ -17,18 +17,25 @@ $(BUILD)/CMakeCache.txt:
 demo: all
 	$(BUILD)/bin/epcomm launch -n $(RANKS) $(BUILD)/bin/epcomm demo
 
-# The whole suite; ends with "N passed, N failed, N skipped".
-test: all
+# The whole suite, twice: the normal build and the ASan+UBSan build. One runner, one total line
+# at the end: "N passed, N failed, N skipped".
+test: all asan-build
+	$(SAN_ENV) tests/run.sh $(BUILD) $(ASAN_BUILD)
+
+# Only the plain build (quick), or only the sanitizer build.
+test-quick: all
 	tests/run.sh $(BUILD)
 
-# The same suite built with AddressSanitizer + UndefinedBehaviorSanitizer.
+test-asan: asan-build
+	$(SAN_ENV) tests/run.sh $(ASAN_BUILD)
+
+SAN_ENV = ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
 $(ASAN_BUILD)/CMakeCache.txt:
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DEP_SANITIZE=ON -DEP_CUDA=OFF $(CMAKE_ARGS)
 
-test-asan: $(ASAN_BUILD)/CMakeCache.txt
+asan-build: $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	  tests/run.sh $(ASAN_BUILD)
 
 bench: all
 	$(BUILD)/bin/epcomm launch -n $(RANKS) $(BUILD)/bin/epcomm bench

@@ -21,6 +21,10 @@ if(EP_HAVE_CUDA)
   find_package(CUDAToolkit REQUIRED)
   file(GLOB EP_CUDA_HOST_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/*.c)
   file(GLOB EP_CUDA_KERNEL_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/kernels/*.cu)
+  if(NOT EP_CUDA_HOST_SRC)  # backend sources not there yet
+    set(EP_HAVE_CUDA OFF)
+    set(EP_CUDA_HOST_SRC ${CMAKE_SOURCE_DIR}/src/cuda/absent/cuda_absent.c)
+  endif()
 endif()
 message(STATUS "epcomm: CUDA backend ${EP_HAVE_CUDA}")
 

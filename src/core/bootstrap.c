@@ -21,9 +21,19 @@ enum { F_HELLO = 1, F_DATA = 2, F_FDS = 3, F_ABORT = 4 };
 
 typedef struct {
   uint32_t type, status;
-  int32_t rank, nranks;
+  int32_t rank, nranks; /* ABORT: rank = the rank at fault, nranks = the rank reporting it */
   uint64_t len;
 } frame_t;
+
+/* The peer whose link failed last on this thread: an ABORT names it, so that every rank's error
+ * points at the rank at fault rather than at the one that noticed. Per thread, since a group's
+ * exchanges run on the calling thread. */
+static _Thread_local int failed_peer = -1;
+
+static ep_status_t peer_error(ep_status_t st, int peer, const char *fmt, int a, const char *b) {
+  failed_peer = peer;
+  return ep_err(st, fmt, a, b);
+}
 
 static int remaining_ms(double deadline) {
   double left = deadline - ep_now();
@@ -38,7 +48,8 @@ static ep_status_t wait_fd(int fd, short events, double deadline, int peer) {
     if (n > 0) return EP_OK;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ep_err(EP_ERR_SYSTEM, "bootstrap: poll: %s", strerror(errno));
-    return ep_err(EP_ERR_TIMEOUT, "bootstrap: deadline passed waiting for rank %d", peer);
+    return peer_error(EP_ERR_TIMEOUT, peer, "bootstrap: deadline passed waiting for rank %d%s",
+                      peer, "");
   }
 }
 
@@ -53,8 +64,8 @@ static ep_status_t write_all(int fd, const void *buf, size_t len, double deadlin
       ep_status_t st = wait_fd(fd, POLLOUT, deadline, peer);
       if (st) return st;
     } else {
-      return ep_err(EP_ERR_PEER_FAILED, "bootstrap: rank %d closed its connection (%s)", peer,
-                    strerror(errno));
+      return peer_error(EP_ERR_PEER_FAILED, peer, "bootstrap: rank %d closed its connection (%s)",
+                        peer, strerror(errno));
     }
   }
   return EP_OK;
@@ -68,13 +79,14 @@ static ep_status_t read_all(int fd, void *buf, size_t len, double deadline, int 
       p += n;
       len -= (size_t)n;
     } else if (n == 0) {
-      return ep_err(EP_ERR_PEER_FAILED, "bootstrap: rank %d closed its connection (it exited "
-                    "or was killed)", peer);
+      return peer_error(EP_ERR_PEER_FAILED, peer, "bootstrap: rank %d closed its connection%s",
+                        peer, " (it exited or was killed)");
     } else if (errno == EAGAIN || errno == EINTR) {
       ep_status_t st = wait_fd(fd, POLLIN, deadline, peer);
       if (st) return st;
     } else {
-      return ep_err(EP_ERR_PEER_FAILED, "bootstrap: rank %d: %s", peer, strerror(errno));
+      return peer_error(EP_ERR_PEER_FAILED, peer, "bootstrap: rank %d: %s", peer,
+                        strerror(errno));
     }
   }
   return EP_OK;
@@ -89,10 +101,15 @@ static ep_status_t send_frame(int fd, uint32_t type, int rank, const void *data,
 
 /* An ABORT frame turns into the error it carries. */
 static ep_status_t check_frame(const frame_t *f, uint32_t want, size_t len, int peer) {
-  if (f->type == F_ABORT)
-    return ep_err(EP_ERR_PEER_FAILED, "bootstrap: rank %d gave up (%s)%s", f->rank,
-                  ep_status_name((ep_status_t)f->status),
-                  peer == 0 && f->rank != 0 ? ", as rank 0 reports" : "");
+  if (f->type == F_ABORT) {
+    failed_peer = f->rank;
+    if (f->rank != f->nranks)
+      return ep_err((ep_status_t)f->status == EP_ERR_TIMEOUT ? EP_ERR_TIMEOUT : EP_ERR_PEER_FAILED,
+                    "bootstrap: rank %d failed (%s, reported by rank %d)", f->rank,
+                    ep_status_name((ep_status_t)f->status), f->nranks);
+    return ep_err(EP_ERR_PEER_FAILED, "bootstrap: rank %d gave up (%s)", f->rank,
+                  ep_status_name((ep_status_t)f->status));
+  }
   if (f->type != want || f->len != len)
     return ep_err(EP_ERR_MISMATCH, "bootstrap: rank %d sent %llu bytes where %zu were expected "
                   "(ranks disagree about the exchange)", peer, (unsigned long long)f->len, len);
@@ -118,6 +135,7 @@ static ep_status_t send_fds(int sock, const int *fds, int count, double deadline
       char buf[CMSG_SPACE(FDS_PER_FRAME * sizeof(int))];
       struct cmsghdr align;
     } u;
+    memset(&u, 0, sizeof u); /* the padding of the control message is sent too */
     struct iovec iov = {&f, sizeof f};
     struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
                        .msg_controllen = CMSG_SPACE((size_t)k * sizeof(int))};
@@ -131,7 +149,8 @@ static ep_status_t send_fds(int sock, const int *fds, int count, double deadline
       if (n == (ssize_t)sizeof f) break;
       if (n > 0) return write_all(sock, (char *)&f + n, sizeof f - (size_t)n, deadline, peer);
       if (errno != EAGAIN && errno != EINTR)
-        return ep_err(EP_ERR_PEER_FAILED, "bootstrap: rank %d: %s", peer, strerror(errno));
+        return peer_error(EP_ERR_PEER_FAILED, peer, "bootstrap: rank %d: %s", peer,
+                          strerror(errno));
       ep_status_t st = wait_fd(sock, POLLOUT, deadline, peer);
       if (st) return st;
     }
@@ -154,10 +173,11 @@ static ep_status_t recv_fd_frame(int sock, frame_t *f, int *out, int room, int *
     n = recvmsg(sock, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n > 0) break;
     if (n == 0)
-      return ep_err(EP_ERR_PEER_FAILED, "bootstrap: rank %d closed its connection (it exited "
-                    "or was killed)", peer);
+      return peer_error(EP_ERR_PEER_FAILED, peer, "bootstrap: rank %d closed its connection%s",
+                        peer, " (it exited or was killed)");
     if (errno != EAGAIN && errno != EINTR)
-      return ep_err(EP_ERR_PEER_FAILED, "bootstrap: rank %d: %s", peer, strerror(errno));
+      return peer_error(EP_ERR_PEER_FAILED, peer, "bootstrap: rank %d: %s", peer,
+                        strerror(errno));
     ep_status_t st = wait_fd(sock, POLLIN, deadline, peer);
     if (st) return st;
   }
@@ -265,6 +285,7 @@ static ep_status_t root_listen(ep_boot_t *b, const char *name) {
 }
 
 ep_status_t ep_boot_open(ep_boot_t *b, const char *name, int rank, int nranks, double deadline) {
+  failed_peer = -1;
   b->rank = rank;
   b->nranks = nranks;
   b->listen_fd = -1;
@@ -303,7 +324,8 @@ static ep_status_t root_gather(ep_boot_t *b, void *recv, size_t bytes, int *fds,
     if (k <= 0) {
       for (int r = 1; r < n; r++)
         if (p[r].fd >= 0) {
-          st = ep_err(EP_ERR_TIMEOUT, "bootstrap: deadline passed waiting for rank %d", r);
+          st = peer_error(EP_ERR_TIMEOUT, r, "bootstrap: deadline passed waiting for rank %d%s",
+                          r, "");
           break;
         }
       break;
@@ -326,6 +348,7 @@ static ep_status_t root_gather(ep_boot_t *b, void *recv, size_t bytes, int *fds,
 
 ep_status_t ep_boot_allgather(ep_boot_t *b, const void *send, void *recv, size_t bytes,
                               double deadline) {
+  failed_peer = -1;
   int n = b->nranks;
   ep_status_t st = EP_OK;
   if (b->rank == 0) {
@@ -342,6 +365,7 @@ ep_status_t ep_boot_allgather(ep_boot_t *b, const void *send, void *recv, size_t
 }
 
 ep_status_t ep_boot_allgather_fd(ep_boot_t *b, int fd, int *fds, double deadline) {
+  failed_peer = -1;
   int n = b->nranks;
   for (int r = 0; r < n; r++) fds[r] = -1;
   ep_status_t st = EP_OK;
@@ -372,9 +396,12 @@ ep_status_t ep_boot_barrier(ep_boot_t *b, double deadline) {
   return st;
 }
 
+int ep_boot_failed_peer(void) { return failed_peer; }
+
 void ep_boot_abort(ep_boot_t *b, ep_status_t why) {
   if (!b->socks) return;
-  frame_t f = {F_ABORT, (uint32_t)why, b->rank, 0, 0};
+  int culprit = failed_peer >= 0 ? failed_peer : b->rank;
+  frame_t f = {F_ABORT, (uint32_t)why, culprit, b->rank, 0};
   /* Best effort and non-blocking: a full socket means that peer is gone or stuck anyway. */
   for (int r = 0; r < b->nranks; r++)
     if (b->socks[r] >= 0) (void)!send(b->socks[r], &f, sizeof f, MSG_NOSIGNAL | MSG_DONTWAIT);

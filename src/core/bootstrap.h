@@ -25,5 +25,7 @@ ep_status_t ep_boot_barrier(ep_boot_t *b, double deadline);
 /* Tell the others that this rank is giving up (best effort, never blocks), then close. */
 void ep_boot_abort(ep_boot_t *b, ep_status_t why);
 void ep_boot_close(ep_boot_t *b);
+/* The rank named by the last failed exchange on this thread (-1: none). */
+int ep_boot_failed_peer(void);
 
 #endif

@@ -26,9 +26,8 @@ static ep_status_t boot_locked(ep_ctx_t *ctx, int kind, const void *send, void *
                                : ep_boot_barrier(&g->boot, deadline);
   pthread_mutex_unlock(&g->boot_lock);
   if (st && st != EP_ERR_BROKEN) {
+    st = ep_group_explain(g, st);
     g->broken = true;
-    int dead;
-    if (ep_group_check(g, &dead, NULL) == EP_ERR_PEER_FAILED) st = EP_ERR_PEER_FAILED;
   }
   return st;
 }

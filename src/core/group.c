@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -239,6 +240,22 @@ ep_status_t ep_group_check(ep_group *g, int *dead, const char **how) {
   return ep_err(EP_ERR_PEER_FAILED, "rank %d (pid %d) %s", r, (int)g->live.pids[r], g->live.how);
 }
 
+ep_status_t ep_group_explain(ep_group *g, ep_status_t st) {
+  if (st != EP_ERR_PEER_FAILED && st != EP_ERR_TIMEOUT) return st;
+  /* A closed socket can be seen a moment before the process is reaped and the launcher says how
+   * it died: give the better explanation 200 ms to show up. */
+  char saved[EP_ERRMSG_MAX];
+  snprintf(saved, sizeof saved, "%s", ep_last_error());
+  for (int i = 0; i < 40; i++) {
+    int dead;
+    if (ep_group_check(g, &dead, NULL) == EP_ERR_PEER_FAILED) return EP_ERR_PEER_FAILED;
+    if (st == EP_ERR_TIMEOUT) break;
+    nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL);
+  }
+  ep_err_set_msg(saved);
+  return st;
+}
+
 bool ep_group_same_host(const ep_group *g) {
   for (int r = 0; r < g->nranks; r++)
     if (strcmp(g->hostkeys[r], g->hostkeys[g->rank])) return false;
@@ -318,9 +335,7 @@ static ep_status_t group_exchange(ep_group_t group, const void *send, void *recv
     pthread_mutex_unlock(&g->boot_lock);
   }
   if (st) {
-    int dead;
-    if (st != EP_ERR_BROKEN && ep_group_check(g, &dead, NULL) == EP_ERR_PEER_FAILED)
-      st = EP_ERR_PEER_FAILED;
+    if (st != EP_ERR_BROKEN) st = ep_group_explain(g, st);
     g->broken = true;
     st = ep_group_fail(g, st, op);
   }

@@ -146,6 +146,10 @@ static ep_status_t run_dispatch(ep_buffer *b, ep_dispatch_args_t *a, ep_handle *
   else if (info.free_priv) info.free_priv(info.priv);
   if (st) return st;
   if (a->handle) *a->handle = out;
+  if (ep_log_enabled(EP_LOG_DEBUG))
+    ep_log_at(EP_LOG_DEBUG, b->group->rank, "run", "%s: %d tokens sent, %d received (hidden %d, "
+              "%s%s)", op, a->num_tokens, *a->num_recv_tokens, a->hidden,
+              a->dtype == EP_DTYPE_BF16 ? "bf16" : "fp8", cached ? ", cached" : "");
   /* Outputs an allocator filled in are reported back through the caller's struct. */
   if (a->alloc) {
     user->recv_x = a->recv_x;
@@ -212,6 +216,9 @@ ep_status_t ep_combine(ep_buffer_t buffer, const ep_combine_args_t *args) {
     ep_errbox_put(&b->err, ep_last_error());
   } else {
     st = ep_buffer_after(b, b->ops->combine(b->state, &a, &h->info), op);
+    if (!st && ep_log_enabled(EP_LOG_DEBUG))
+      ep_log_at(EP_LOG_DEBUG, b->group->rank, "run", "%s: %d rows back, %d tokens reduced", op,
+                h->info.num_recv_tokens, h->info.num_tokens);
   }
   if (h) ep_handle_put(h);
   ep_buffer_put(b);

@@ -96,6 +96,7 @@ typedef struct cpu_state {
   bool job_err_set;
   char job_err[512]; /* message of the first failing channel (thread-local elsewhere) */
   _Atomic int local_abort; /* a channel of this rank failed: the others stop */
+  _Atomic int culprit;     /* rank the first failing wait was about (-1: none) */
   struct cpu_ll *ll;       /* low-latency state, NULL when disabled */
 } cpu_state_t;
 
@@ -108,8 +109,13 @@ void cpu_seg_teardown(cpu_state_t *s);
 static inline cpu_bell_t *cpu_bell(cpu_state_t *s, int rank, int ch) {
   return (cpu_bell_t *)(s->segs[rank].base + s->layout.off_bells) + ch;
 }
-static inline _Atomic uint32_t *cpu_abort_word(cpu_state_t *s, int rank) {
-  return (_Atomic uint32_t *)(s->segs[rank].base + s->layout.off_abort);
+/* Abort word: set once by the first rank that gives up on a call; says who failed (the culprit:
+ * the rank that died or did not answer), who noticed, and why. */
+static inline _Atomic uint64_t *cpu_abort_word(cpu_state_t *s, int rank) {
+  return (_Atomic uint64_t *)(s->segs[rank].base + s->layout.off_abort);
+}
+static inline uint64_t cpu_abort_pack(int culprit, int reporter, ep_status_t why) {
+  return (uint64_t)(culprit + 1) | ((uint64_t)(reporter + 1) << 24) | ((uint64_t)why << 48);
 }
 /* Slot in `owner`'s segment written by `writer` for parity p. */
 static inline cpu_hello_t *cpu_hello(cpu_state_t *s, int owner, int parity, int writer) {
@@ -147,8 +153,9 @@ static inline uint32_t cpu_bell_read(cpu_state_t *s, int ch) {
  * EP_OK to re-scan; otherwise the failure, already recorded (with `waiting_for` named). */
 ep_status_t cpu_wait(cpu_waiter_t *w, uint32_t seen, int waiting_for, const char *what);
 void cpu_ring_bell(cpu_state_t *s, int rank, int ch);
-/* Tell every peer that this rank gave up on the current call. */
+/* Tell every peer that this rank gave up on the current call (naming s->culprit). */
 void cpu_abort_peers(cpu_state_t *s, ep_status_t why);
+void cpu_call_begin(cpu_state_t *s); /* reset per-call failure state */
 
 /* ---- byte queues (cpu_ring.c) */
 typedef struct {

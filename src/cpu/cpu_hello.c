@@ -62,22 +62,40 @@ static ep_status_t compare(cpu_state_t *s, const cpu_hello_t *m, const cpu_hello
   return EP_OK;
 }
 
-ep_status_t cpu_hello_gather(cpu_state_t *s, const cpu_hello_t *mine, const char *op) {
-  cpu_waiter_t w;
-  cpu_waiter_init(&w, s, 0, op, "hello");
-  ep_status_t st = EP_OK, first = EP_OK;
+/* Ranks whose hello for this call has not arrived, as "2, 5" (for the timeout message). */
+static int missing(cpu_state_t *s, char *list, size_t n) {
+  int first = -1, k = 0;
+  size_t used = 0;
+  list[0] = '\0';
   for (int r = 0; r < s->nranks; r++) {
     cpu_hello_t *h = cpu_hello_from(s, r);
-    for (;;) {
-      uint32_t seen = cpu_bell_read(s, 0);
-      if (atomic_load_explicit(&h->seq, memory_order_acquire) == s->seq + 1) break;
-      if ((st = cpu_wait(&w, seen, r, "its hello: counts and call description"))) {
-        cpu_abort_peers(s, st);
-        return st;
-      }
+    if (atomic_load_explicit(&h->seq, memory_order_acquire) == s->seq + 1) continue;
+    if (first < 0) first = r;
+    if (used + 16 < n) used += (size_t)snprintf(list + used, n - used, "%s%d", k ? ", " : "", r);
+    k++;
+  }
+  return first;
+}
+
+ep_status_t cpu_hello_gather(cpu_state_t *s, const cpu_hello_t *mine, const char *op) {
+  cpu_call_begin(s);
+  cpu_waiter_t w;
+  cpu_waiter_init(&w, s, 0, op, "hello");
+  char list[200], what[240];
+  for (;;) {
+    uint32_t seen = cpu_bell_read(s, 0);
+    int first = missing(s, list, sizeof list);
+    if (first < 0) break;
+    snprintf(what, sizeof what, "no hello yet from rank(s) %s: they have not entered this call",
+             list);
+    ep_status_t st = cpu_wait(&w, seen, first, what);
+    if (st) {
+      cpu_abort_peers(s, st);
+      return st;
     }
   }
-  /* Compare only once all have arrived, so every rank reports the same first culprit. */
+  /* Compare only once all have arrived, so that every rank fails the call the same way. */
+  ep_status_t first = EP_OK;
   for (int r = 0; r < s->nranks && !first; r++)
     if (r != s->rank) first = compare(s, mine, cpu_hello_from(s, r), r, op);
   return first;

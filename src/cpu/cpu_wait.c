@@ -39,11 +39,21 @@ void cpu_ring_bell(cpu_state_t *s, int rank, int ch) {
   if (atomic_load(&b->sleepers) > 0) futex_wake(&b->bell);
 }
 
+void cpu_call_begin(cpu_state_t *s) {
+  atomic_store(&s->local_abort, 0);
+  atomic_store(&s->culprit, -1);
+}
+
+static void note_culprit(cpu_state_t *s, int rank) {
+  int none = -1;
+  atomic_compare_exchange_strong(&s->culprit, &none, rank);
+}
+
 void cpu_abort_peers(cpu_state_t *s, ep_status_t why) {
-  uint32_t word = (uint32_t)(s->rank + 1) | ((uint32_t)why << 20);
+  uint64_t word = cpu_abort_pack(atomic_load(&s->culprit), s->rank, why);
   for (int r = 0; r < s->nranks; r++) {
     if (r == s->rank) continue;
-    uint32_t zero = 0;
+    uint64_t zero = 0;
     atomic_compare_exchange_strong(cpu_abort_word(s, r), &zero, word);
     for (int c = 0; c < s->channels; c++) cpu_ring_bell(s, r, c);
   }
@@ -59,21 +69,41 @@ void cpu_waiter_init(cpu_waiter_t *w, cpu_state_t *s, int channel, const char *o
   w->phase = phase;
 }
 
-/* Peer death, a peer's abort, or a sibling channel's failure: the reasons to stop early. */
+/* A peer gave up on this call: fail the same way, naming the rank at fault (not just the one
+ * that noticed first), so every rank's message points at the same culprit. */
+static ep_status_t peer_aborted(cpu_waiter_t *w, uint64_t ab) {
+  cpu_state_t *s = w->s;
+  int culprit = (int)(ab & 0xffffff) - 1, reporter = (int)((ab >> 24) & 0xffffff) - 1;
+  ep_status_t why = (ep_status_t)(ab >> 48);
+  ep_status_t st = why == EP_ERR_TIMEOUT ? EP_ERR_TIMEOUT : EP_ERR_PEER_FAILED;
+  note_culprit(s, culprit >= 0 ? culprit : reporter);
+  if (culprit == s->rank)
+    return ep_ctx_fail(s->ctx, st, reporter, w->op, w->phase, "this rank came too late: rank %d "
+                       "gave up on the call (%s) before it arrived", reporter, ep_status_name(why));
+  if (culprit >= 0 && culprit != reporter && why == EP_ERR_TIMEOUT)
+    return ep_ctx_fail(s->ctx, st, culprit, w->op, w->phase, "rank %d did not answer within the "
+                       "deadline (reported by rank %d)", culprit, reporter);
+  if (culprit >= 0 && culprit != reporter)
+    return ep_ctx_fail(s->ctx, st, culprit, w->op, w->phase, "rank %d failed this call (%s, "
+                       "reported by rank %d)", culprit, ep_status_name(why), reporter);
+  return ep_ctx_fail(s->ctx, st, reporter, w->op, w->phase, "rank %d gave up on this call (%s)",
+                     reporter, ep_status_name(why));
+}
+
+/* Peer death, a peer's abort, or a sibling channel's failure: the reasons to stop early. A dead
+ * peer is checked first: it is the better explanation when both are true. */
 static ep_status_t check_world(cpu_waiter_t *w) {
   cpu_state_t *s = w->s;
   if (atomic_load(&s->local_abort)) return EP_ERR_INTERNAL; /* reported by the failing channel */
-  uint32_t ab = atomic_load(cpu_abort_word(s, s->rank));
-  if (ab)
-    return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, (int)(ab & 0xfffff) - 1, w->op, w->phase,
-                       "rank %d gave up on this call (%s)", (int)(ab & 0xfffff) - 1,
-                       ep_status_name((ep_status_t)(ab >> 20)));
   int dead;
   const char *how;
-  if (ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK)
+  if (ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK) {
+    note_culprit(s, dead);
     return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, w->op, w->phase, "rank %d %s", dead,
                        how);
-  return EP_OK;
+  }
+  uint64_t ab = atomic_load(cpu_abort_word(s, s->rank));
+  return ab ? peer_aborted(w, ab) : EP_OK;
 }
 
 ep_status_t cpu_wait(cpu_waiter_t *w, uint32_t seen, int waiting_for, const char *what) {
@@ -84,10 +114,12 @@ ep_status_t cpu_wait(cpu_waiter_t *w, uint32_t seen, int waiting_for, const char
     w->next_check = now + CHECK_PERIOD_S;
     ep_status_t st = check_world(w);
     if (st) return st;
-    if (now >= w->deadline)
+    if (now >= w->deadline) {
+      note_culprit(s, waiting_for);
       return ep_ctx_fail(s->ctx, EP_ERR_TIMEOUT, waiting_for, w->op, w->phase,
                          "deadline of %.1f s passed waiting for rank %d (%s)",
                          ep_ctx_timeout(s->ctx), waiting_for, what);
+    }
   }
   /* Spin: the common case on idle cores is that the peer answers within microseconds. */
   double spin_end = now + s->spin_s;

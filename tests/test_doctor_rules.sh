@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Tests of `epcomm doctor`: the rulebook against log fixtures, run/verify end to end on shell
+# commands, the rulebook loader's errors, and env on this machine.
+# usage: tests/test_doctor_rules.sh PATH/TO/epcomm        exit 0 all passed, 1 otherwise
+#
+# Each tests/doctor/fixtures/NAME.log has NAME.expect: "end LINE KIND" (where the work ends) and
+# one "LINE PHASE CAUSE-ID [WORD]" per warning line; WORD must appear in the fix. The doctor's
+# `classify --lines` output must list exactly those warning lines, no more, no fewer.
+set -u
+bin=${1:?usage: $0 path/to/epcomm}
+here=$(cd "$(dirname "$0")" && pwd)
+export EP_DOCTOR_RULES=${EP_DOCTOR_RULES:-$here/../share/doctor-rules.txt}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+
+# result NAME START_NS STATUS [WHY]: one line per test, with its time.
+result() {
+  local ms=$(( ($(date +%s%N) - $2) / 1000000 ))
+  if [ "$3" = 0 ]; then
+    passed=$((passed + 1)); printf 'PASS %-40s (%d ms)\n' "$1" "$ms"
+  else
+    failed=$((failed + 1)); printf 'FAIL %-40s (%d ms): %s\n' "$1" "$ms" "${4:-}"
+  fi
+}
+
+# Compares classify --lines with NAME.expect; prints the differences, returns 1 on any.
+check_fixture() {
+  local log=$1 exp=${1%.log}.expect out=$tmp/out bad=0
+  "$bin" doctor classify --lines "$log" >"$out" || { echo "classify exited $?"; return 1; }
+  local want_end got_end
+  want_end=$(awk '$1 == "end" { $1 = ""; sub(/^ /, ""); print }' "$exp")
+  got_end=$(awk -F'\t' '$1 == "end" { print $2 " " $3 }' "$out")
+  if [ -n "$want_end" ] && [ "$want_end" != "$got_end" ]; then
+    echo "end of work: want '$want_end', got '$got_end'"; bad=1
+  fi
+  grep -v '^#' "$exp" | awk 'NF >= 3 && $1 != "end" { print $1, $2, $3 }' | sort >"$tmp/want"
+  awk -F'\t' '$1 != "end" { print $1, $2, $3 }' "$out" | sort >"$tmp/got"
+  if ! diff "$tmp/want" "$tmp/got" >"$tmp/diff"; then
+    echo "warning lines differ (< expected, > classified):"; sed 's/^/    /' "$tmp/diff"; bad=1
+  fi
+  while read -r line _ _ word; do
+    [ -n "$word" ] || continue
+    if ! awk -F'\t' -v l="$line" '$1 == l { print $4 }' "$out" | grep -qiF -- "$word"; then
+      echo "line $line: fix does not mention '$word'"; bad=1
+    fi
+  done < <(grep -v '^#' "$exp" | awk 'NF >= 4 && $1 != "end"')
+  return $bad
+}
+
+for log in "$here"/doctor/fixtures/*.log; do
+  t0=$(date +%s%N)
+  why=$(check_fixture "$log" 2>&1)
+  result "fixture $(basename "$log" .log)" "$t0" $? "$why"
+done
+
+# run: the command's own output passes through unchanged; a warning printed on stderr after the
+# test summary is an exit-phase warning with the NCCL proxy cause; the status is the command's.
+t0=$(date +%s%N)
+cmd='echo "collected 2 items"; echo "===== 2 passed in 0.01s ====="; sleep 0.3
+echo "host:7:8 [0] proxy.cc:1458 NCCL WARN [Service thread] Accept failed Resource temporarily unavailable" >&2
+exit 3'
+"$bin" doctor run --log "$tmp/run.log" -- sh -c "$cmd" >"$tmp/stdout" 2>"$tmp/stderr"
+rc=$?
+why=""
+[ "$rc" = 3 ] || why="status $rc, want 3"
+printf 'collected 2 items\n===== 2 passed in 0.01s =====\n' | cmp -s - "$tmp/stdout" || why="$why; stdout changed"
+grep -q 'exit .* 1x  nccl-proxy-shutdown' "$tmp/stderr" || why="$why; no exit-phase nccl-proxy-shutdown in the report"
+grep -q 'warnings: 0 init, 0 run, 1 exit' "$tmp/stderr" || why="$why; counts wrong"
+result "run: NCCL warning after the summary" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
+
+t0=$(date +%s%N)
+"$bin" doctor run --json -- sh -c "$cmd" >"$tmp/run.json" 2>/dev/null
+why=""
+grep -q '"phase": "exit", "cause_id": "nccl-proxy-shutdown"' "$tmp/run.json" || why="no exit-phase line in JSON"
+grep -q '"exit_status": 3,' "$tmp/run.json" || why="$why; exit_status"
+if command -v python3 >/dev/null && ! python3 -m json.tool "$tmp/run.json" >/dev/null 2>&1; then why="$why; invalid JSON"; fi
+result "run --json: phase and cause" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
+
+# classify reads back what run --log wrote, timestamps and streams included.
+t0=$(date +%s%N)
+out=$("$bin" doctor classify --lines "$tmp/run.log" 2>&1)
+printf '%s\n' "$out" | grep -q $'^3\texit\tnccl-proxy-shutdown' ; rc=$?
+result "classify reads run --log" "$t0" $rc "$out"
+
+# verify: the leaky command against its own baseline is not clean (1); a clean one is (0).
+t0=$(date +%s%N)
+"$bin" doctor verify --baseline "$tmp/run.json" -- sh -c "$cmd" >/dev/null 2>"$tmp/verify1"; rc1=$?
+"$bin" doctor verify --baseline "$tmp/run.json" -- sh -c 'echo "===== 2 passed in 0.01s ====="; sleep 0.3' \
+  >/dev/null 2>"$tmp/verify2"; rc2=$?
+why=""
+[ "$rc1" = 1 ] || why="leaky: status $rc1, want 1"
+[ "$rc2" = 0 ] || why="$why; clean: status $rc2, want 0: $(cat "$tmp/verify2")"
+grep -q 'exit warns *1 *0' "$tmp/verify2" || why="$why; before/after counts missing"
+grep -q 'within noise' "$tmp/verify2" || why="$why; wall time not within noise"
+result "verify: leaky 1, fixed 0" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
+
+# The loader names the file and line of a mistake, and a missing rulebook is an error.
+t0=$(date +%s%N)
+printf 'rule a-b\ntool x\ncause c\nfix f\nmatch (\n' >"$tmp/bad.txt"
+out=$(EP_DOCTOR_RULES=$tmp/bad.txt "$bin" doctor rules 2>&1); rc=$?
+why=""
+[ "$rc" = 2 ] && printf '%s' "$out" | grep -q "bad.txt:5: bad regular expression" || why="bad regex: $rc $out"
+out=$(EP_DOCTOR_RULES=$tmp/none.txt "$bin" doctor classify "$log" 2>&1); rc=$?
+[ "$rc" = 2 ] && printf '%s' "$out" | grep -q "none.txt" || why="$why; missing file: $rc $out"
+result "rulebook errors" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
+
+# env works on any machine (with or without GPU, NCCL, MPI) and says what it found about GPUs.
+t0=$(date +%s%N)
+out=$("$bin" doctor env 2>&1); rc=$?
+why=""
+[ "$rc" -le 1 ] || why="status $rc"
+printf '%s' "$out" | grep -qE '^(gpu|cuda driver) ' || why="$why; no GPU line"
+printf '%s' "$out" | grep -qE '^[0-9]+ OK, [0-9]+ WARN, [0-9]+ FAIL, [0-9]+ INFO$' || why="$why; no summary"
+"$bin" doctor env --json >"$tmp/env.json"
+if command -v python3 >/dev/null && ! python3 -m json.tool "$tmp/env.json" >/dev/null 2>&1; then why="$why; invalid JSON"; fi
+result "env" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
+
+# The GPU branch of env through a stand-in driver (tests/doctor/stub_driver.c): per-GPU checks,
+# peer access per pair, NVML link types, and a driver without devices.
+t0=$(date +%s%N)
+cc=${CC:-cc}
+if command -v "$cc" >/dev/null && "$cc" -shared -fPIC -o "$tmp/libcuda.so.1" "$here/doctor/stub_driver.c" \
+     >"$tmp/cc.log" 2>&1; then
+  cp "$tmp/libcuda.so.1" "$tmp/libnvidia-ml.so.1"
+  stub_env() { LD_LIBRARY_PATH=$tmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$bin" doctor env 2>&1; }
+  out=$(stub_env)
+  why=""
+  for want in '^cuda driver +OK +CUDA driver API 13\.0, 3 GPU' '^gpu 2 +OK +Stub GPU 2, 80\.0 GiB, sm_90' \
+              '^peer 0<->1 +OK +peer access yes, NVLink$' '^peer 1<->2 +WARN +peer access no, PCIe across host'; do
+    printf '%s\n' "$out" | grep -qE "$want" || why="$why; no line /$want/"
+  done
+  out=$(STUB_NO_DEVICE=1 stub_env)
+  printf '%s\n' "$out" | grep -qE '^gpu +INFO .*no usable GPU: cuInit -> 100 CUDA_ERROR_NO_DEVICE' || why="$why; no-device case"
+  result "env with a stand-in GPU driver" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
+else
+  printf 'SKIP %-40s no C compiler to build the stand-in driver\n' "env with a stand-in GPU driver"
+fi
+
+# MPS: a process whose argv[0] is nvidia-cuda-mps-control plus the pipe directory's control pipe
+# reads as a running daemon; the pipe without the daemon is stale.
+t0=$(date +%s%N)
+mkdir -p "$tmp/pipe" && mkfifo "$tmp/pipe/control"
+( exec -a "$tmp/nvidia-cuda-mps-control" sleep 30 ) &
+mps=$!
+sleep 0.1
+out=$(CUDA_MPS_PIPE_DIRECTORY=$tmp/pipe "$bin" doctor env 2>&1)
+kill "$mps"; wait "$mps" 2>/dev/null
+why=""
+printf '%s\n' "$out" | grep -qE "^mps +OK +MPS control daemon running \(pid $mps\)" || why="daemon not seen"
+out=$(CUDA_MPS_PIPE_DIRECTORY=$tmp/pipe "$bin" doctor env 2>&1)
+printf '%s\n' "$out" | grep -qE '^mps +WARN .*exists but no nvidia-cuda-mps-control runs' || why="$why; stale pipe not seen"
+result "env: MPS daemon and stale pipe" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
+
+# Variables: a typo of an EP_ name, an empty CUDA_VISIBLE_DEVICES (FAIL, so env exits 1), P2P off.
+t0=$(date +%s%N)
+out=$(EP_LGO=info CUDA_VISIBLE_DEVICES= NCCL_P2P_DISABLE=1 EP_TIMEOUT_S=0.1 "$bin" doctor env 2>&1); rc=$?
+why=""
+[ "$rc" = 1 ] || why="status $rc, want 1"
+for want in '^EP_LGO +WARN +=info: unknown EP_ variable' '^CUDA_VISIBLE_DEVICES +FAIL' \
+            '^NCCL_P2P_DISABLE +WARN' '^EP_TIMEOUT_S +WARN'; do
+  printf '%s\n' "$out" | grep -qE "$want" || why="$why; no line /$want/"
+done
+result "env: variables and bad values" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
+
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]

@@ -1,0 +1,193 @@
+/* Peer failure and timeouts (SPEC §6), run by tests/test_failure.sh under `epcomm launch`.
+ *   test_failure kill-dispatch FILE   the last rank SIGKILLs itself in the middle of a dispatch
+ *   test_failure kill-combine FILE    ... of a combine
+ *   test_failure kill-create FILE     ... while the others create a buffer (it never arrives)
+ *   test_failure kill-root FILE       rank 0 dies while the others create a buffer
+ *   test_failure timeout              the last rank arrives late; the others time out
+ * The victim writes the CLOCK_MONOTONIC time of its death to FILE; survivors read it after their
+ * error and print how long detection took. Survivors must get EP_ERR_PEER_FAILED (or a timeout
+ * naming the rank) within 5 s, destroy their objects and exit 0. */
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+
+static const char *death_file;
+
+static double mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die_now(void) {
+  FILE *f = fopen(death_file, "w");
+  if (f) fprintf(f, "%.9f\n", mono()), fclose(f);
+  raise(SIGKILL);
+}
+
+static void *killer(void *arg) {
+  nanosleep(&(struct timespec){0, (long)(uintptr_t)arg * 1000000L}, NULL);
+  die_now();
+  return NULL;
+}
+
+static double detection_s(void) {
+  for (int i = 0; i < 100; i++) {
+    FILE *f = fopen(death_file, "r");
+    double t = 0;
+    if (f && fscanf(f, "%lf", &t) == 1) {
+      fclose(f);
+      return mono() - t;
+    }
+    if (f) fclose(f);
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+  }
+  return -1;
+}
+
+typedef struct {
+  int n, H, K, E;
+  uint16_t *x, *rx, *out;
+  int64_t *idx;
+  int nr;
+  ep_handle_t h;
+} big_t;
+
+/* A dispatch long enough to be killed in the middle of: many tokens through small queues. */
+static void big_init(big_t *b, int R, int me) {
+  b->n = 3000, b->H = 2048, b->K = 4, b->E = 4 * R;
+  b->x = t_xmalloc((size_t)b->n * b->H * 2);
+  b->rx = t_xmalloc((size_t)b->n * R * b->H * 2);
+  b->out = t_xmalloc((size_t)b->n * b->H * 2);
+  b->idx = t_xmalloc((size_t)b->n * b->K * 8);
+  for (int i = 0; i < b->n * b->K; i++) b->idx[i] = (i * 5 + me + i / b->K) % b->E;
+  memset(b->x, 0x3f, (size_t)b->n * b->H * 2);
+}
+
+static ep_status_t big_dispatch(ep_buffer_t buf, big_t *b, int R) {
+  ep_dispatch_args_t a = {.size = sizeof a, .x = b->x, .dtype = EP_DTYPE_BF16,
+                          .num_tokens = b->n, .hidden = b->H, .topk_idx = b->idx, .topk = b->K,
+                          .num_experts = b->E, .recv_x = b->rx, .recv_capacity = b->n * R,
+                          .num_recv_tokens = &b->nr, .handle = &b->h};
+  return ep_dispatch(buf, &a);
+}
+
+static ep_status_t big_combine(ep_buffer_t buf, big_t *b) {
+  ep_combine_args_t c = {.size = sizeof c, .handle = b->h, .x = b->rx, .out = b->out};
+  return ep_combine(buf, &c);
+}
+
+static void survivor_report(ep_status_t st, const char *what, int victim) {
+  double dt = detection_s();
+  T_CHECK(st == EP_ERR_PEER_FAILED || st == EP_ERR_TIMEOUT,
+          "%s returned %s after rank %d died, expected EP_ERR_PEER_FAILED", what,
+          ep_status_name(st), victim);
+  char want[32];
+  snprintf(want, sizeof want, "rank %d", victim);
+  T_CHECK(strstr(ep_last_error(), want), "the error does not name %s: %s", want, ep_last_error());
+  T_CHECK(dt >= 0 && dt < 5.0, "detection took %.3f s (limit 5 s)", dt);
+  printf("detected %s death of rank %d in %.3f s: %s\n", what, victim, dt, ep_last_error());
+}
+
+static int kill_in_op(const char *op) {
+  int R, me;
+  ep_group_t g;
+  ep_buffer_t buf;
+  t_init(&g, &me, &R);
+  ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
+  cfg.queue_bytes = 64 << 10; /* small queues: the dispatch takes many trips */
+  T_OK(ep_buffer_create(g, &cfg, &buf));
+  big_t b;
+  big_init(&b, R, me);
+  int victim = R - 1;
+  bool in_combine = !strcmp(op, "combine");
+  if (in_combine) T_OK(big_dispatch(buf, &b, R));
+  pthread_t th;
+  if (me == victim) pthread_create(&th, NULL, killer, (void *)(uintptr_t)30);
+  ep_status_t st = EP_OK;
+  /* Keep calling until the victim's death shows (a fast machine may finish one call first). */
+  for (int i = 0; i < 200 && st == EP_OK; i++) {
+    st = in_combine ? big_combine(buf, &b) : big_dispatch(buf, &b, R);
+    if (!in_combine && st == EP_OK) T_OK(ep_handle_destroy(b.h));
+  }
+  if (me == victim) pause(); /* the killer thread ends us */
+  survivor_report(st, op, victim);
+  if (in_combine) T_OK(ep_handle_destroy(b.h));
+  T_STATUS(EP_ERR_BROKEN, big_dispatch(buf, &b, R)); /* the buffer is now unusable, and says so */
+  T_OK(ep_buffer_destroy(buf)); /* still destroyable, without waiting for the dead */
+  T_OK(ep_group_destroy(g));
+  free(b.x), free(b.rx), free(b.out), free(b.idx);
+  return T_PASS;
+}
+
+static int kill_in_create(int victim) {
+  int R, me;
+  ep_group_t g;
+  ep_buffer_t buf;
+  t_init(&g, &me, &R);
+  if (me == victim) {
+    nanosleep(&(struct timespec){0, 200 * 1000 * 1000}, NULL); /* let the others enter create */
+    die_now();
+  }
+  ep_status_t st = ep_buffer_create(g, NULL, &buf);
+  survivor_report(st, "buffer creation", victim);
+  T_OK(ep_group_destroy(g));
+  return T_PASS;
+}
+
+/* The last rank enters the dispatch 3 s late; with a 1 s deadline the others give up, naming it,
+ * the phase and the operation; the late rank then finds the call abandoned. */
+static int timeout(void) {
+  int R, me;
+  ep_group_t g;
+  ep_buffer_t buf;
+  t_init(&g, &me, &R);
+  ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
+  cfg.timeout_s = 1.0; /* the buffer's calls; the group's own deadline stays at its default */
+  T_OK(ep_buffer_create(g, &cfg, &buf));
+  big_t b;
+  big_init(&b, R, me);
+  b.n = 8;
+  int late = R - 1;
+  if (me == late) nanosleep(&(struct timespec){3, 0}, NULL);
+  double t0 = mono();
+  ep_status_t st = big_dispatch(buf, &b, R);
+  double dt = mono() - t0;
+  if (me == late) {
+    T_CHECK((st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED) &&
+                strstr(ep_last_error(), "too late"),
+            "late rank got %s: %s", ep_status_name(st), ep_last_error());
+  } else {
+    char want[48];
+    snprintf(want, sizeof want, "rank %d", late);
+    T_CHECK(st == EP_ERR_TIMEOUT, "got %s, expected EP_ERR_TIMEOUT", ep_status_name(st));
+    T_CHECK(strstr(ep_last_error(), "ep_dispatch") && strstr(ep_last_error(), "hello") &&
+                (strstr(ep_last_error(), want) || strstr(ep_last_error(), "rank(s) 2")),
+            "timeout message lacks operation, phase or missing rank: %s", ep_last_error());
+    T_CHECK(dt > 0.9 && dt < 3.0, "timed out after %.2f s with a 1 s deadline", dt);
+  }
+  printf("rank %d: %s after %.2f s: %s\n", me, ep_status_name(st), dt, ep_last_error());
+  T_OK(ep_buffer_destroy(buf));
+  T_OK(ep_group_destroy(g));
+  free(b.x), free(b.rx), free(b.out), free(b.idx);
+  return T_PASS;
+}
+
+int main(int argc, char **argv) {
+  const char *mode = argc > 1 ? argv[1] : "";
+  death_file = argc > 2 ? argv[2] : "/dev/null";
+  if (!strcmp(mode, "kill-dispatch")) return kill_in_op("dispatch");
+  if (!strcmp(mode, "kill-combine")) return kill_in_op("combine");
+  if (!strcmp(mode, "kill-create")) {
+    const char *n = getenv("EP_NRANKS");
+    return kill_in_create(n ? atoi(n) - 1 : 0);
+  }
+  if (!strcmp(mode, "kill-root")) return kill_in_create(0);
+  if (!strcmp(mode, "timeout")) return timeout();
+  fprintf(stderr, "usage: test_failure kill-dispatch|kill-combine|kill-create|kill-root FILE | "
+          "timeout\n");
+  return T_FAIL;
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Peer failure and timeouts end to end (issue 3, items 4-5): for each scenario, run
+# test_failure under `epcomm launch -n R` and check that the survivors detected the failure in
+# time and exited 0, that the launcher named the dead rank and how, and that /dev/shm is clean.
+# Usage: tests/test_failure.sh BUILD_DIR        (exit 0 pass, 1 fail; silent when passing)
+set -u
+b=${1:?usage: test_failure.sh BUILD_DIR}
+epcomm=$b/bin/epcomm prog=$b/tests/test_failure
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+say() { echo "test_failure.sh: $*" >&2; fail=1; }
+
+scenario() { # name ranks victim
+  local name=$1 n=$2 victim=$3 rc
+  rm -f "$tmp/death"
+  timeout 60 "$epcomm" launch -n "$n" --grace 20 "$prog" "$name" "$tmp/death" \
+    >"$tmp/$name.out" 2>"$tmp/$name.err"
+  rc=$?
+  [ "$rc" = 137 ] || say "$name: launcher exited $rc, expected 137 (rank $victim SIGKILLed)"
+  grep -q "epcomm launch: rank $victim (pid [0-9]*) killed by signal 9" "$tmp/$name.err" ||
+    say "$name: launcher did not report the death of rank $victim"
+  local others; others=$(grep -v "killed by signal 9" "$tmp/$name.err")
+  [ -z "$others" ] || say "$name: unexpected stderr: $others"
+  local seen; seen=$(grep -c "detected .* death of rank $victim in" "$tmp/$name.out")
+  [ "$seen" = $((n - 1)) ] || say "$name: $seen of $((n - 1)) survivors reported detection"
+  grep "detected" "$tmp/$name.out"
+}
+
+scenario kill-dispatch 3 2
+scenario kill-combine 4 3
+scenario kill-create 3 2
+scenario kill-root 3 0
+
+timeout 60 "$epcomm" launch -n 3 "$prog" timeout >"$tmp/timeout.out" 2>"$tmp/timeout.err" ||
+  say "timeout: exit status $? ($(cat "$tmp/timeout.err"))"
+[ -s "$tmp/timeout.err" ] && say "timeout: stderr: $(cat "$tmp/timeout.err")"
+grep "EP_ERR" "$tmp/timeout.out"
+
+left=$(ls /dev/shm 2>/dev/null | grep -i epcomm)
+[ -z "$left" ] || say "/dev/shm not clean: $left"
+exit $fail
