@@ -9,7 +9,10 @@
 
 #include "bench.h"
 
-#define CEILING_BYTES ((size_t)128 << 20) /* per rank; 4 ranks x 2 buffers = 1 GiB >> L3 */
+/* Bytes per rank: 128 MiB (4 ranks x 2 buffers = 1 GiB, far past any L3), or 16 MiB for runs
+ * that move less than that (smoke tests: still past L2 and, with 2+ ranks, past a 32 MiB L3). */
+#define CEILING_BYTES ((size_t)128 << 20)
+#define CEILING_SMALL ((size_t)16 << 20)
 
 typedef struct {
   unsigned char *dst;
@@ -43,7 +46,7 @@ static void copy_all(unsigned char *dst, const unsigned char *src, size_t n, int
 }
 
 int bench_ceiling(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
-  size_t n = CEILING_BYTES;
+  size_t n = f->d_bytes < (double)CEILING_SMALL ? CEILING_SMALL : CEILING_BYTES;
   int T = o->threads;
   unsigned char *src = malloc(n), *dst = malloc(n);
   if (!src || !dst) {
