@@ -32,7 +32,6 @@ static int run(const bench_opts_t *o, ep_group_t g, int R, int me) {
   if (!mine) return fprintf(stderr, "epcomm bench: out of memory\n"), 1;
   mine->iters = o->iters;
   int rc = bench_normal(o, g, mine);
-  if (!rc) rc = bench_ceiling(o, g, mine);
   if (rc) {
     free(mine);
     return rc;

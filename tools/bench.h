@@ -42,8 +42,13 @@ typedef struct {
 /* Normal mode on the epcomm buffer: fills `me` (times at bench_rank_times(me)). Returns 0, or 1
  * on an epcomm error (printed). */
 int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *me);
-/* The memcpy ceiling: o->threads threads copying concurrently on every rank. */
-int bench_ceiling(const bench_opts_t *o, ep_group_t g, bench_rank_t *me);
+/* The memcpy ceiling: o->threads threads per rank copying one large buffer; every rank copies at
+ * once (the caller's barrier starts each copy). */
+typedef struct bench_ceiling_s bench_ceiling_t;
+bench_ceiling_t *bench_ceiling_new(const bench_opts_t *o); /* NULL: out of memory */
+double bench_ceiling_copy(bench_ceiling_t *c);             /* seconds of one copy */
+double bench_ceiling_bytes(const bench_ceiling_t *c);
+void bench_ceiling_free(bench_ceiling_t *c);
 /* Rank 0: run the MPI baseline through mpirun with the same options. */
 void bench_baseline_run(const bench_opts_t *o, int R, bench_baseline_t *b);
 void bench_baseline_free(bench_baseline_t *b);

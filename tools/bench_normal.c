@@ -1,4 +1,4 @@
-/* Normal-mode measurement: every iteration is barrier, dispatch (synchronous path, outputs from
+/* Normal-mode measurement: every iteration is barrier, memcpy ceiling, barrier, dispatch (synchronous path, outputs from
  * an allocator callback, as a framework would allocate them), barrier, combine. The expert
  * outputs handed to combine are generated once from what the first dispatch delivered; the last
  * iteration's outputs are checked against the generator (bench_common.c). */
@@ -126,7 +126,8 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   u.tpe = calloc((size_t)(o->experts / R), sizeof *u.tpe);
   ep_buffer_t buf = NULL;
   ep_handle_t h = NULL;
-  if (!x || !xs || !idx || !w || !out || !u.prefix || !u.tpe) {
+  bench_ceiling_t *ceil = bench_ceiling_new(o);
+  if (!x || !xs || !idx || !w || !out || !u.prefix || !u.tpe || !ceil) {
     fprintf(stderr, "epcomm bench: out of memory\n");
     goto fail;
   }
@@ -146,6 +147,8 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
                             .rank_prefix = u.prefix, .recv_tokens_per_expert = u.tpe,
                             .alloc = alloc_cb, .alloc_ctx = &u, .num_recv_tokens = &nr,
                             .handle = &h};
+    TRY(ep_group_barrier(g));
+    double tm = bench_ceiling_copy(ceil);
     TRY(ep_group_barrier(g));
     usage_t u0 = usage();
     double t0 = bench_now();
@@ -167,11 +170,12 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
     TRY(ep_handle_destroy(h));
     h = NULL;
     if (it < 0) continue;
-    t[it] = t1 - t0, t[o->iters + it] = t3 - t2;
+    t[it] = t1 - t0, t[o->iters + it] = t3 - t2, t[2 * o->iters + it] = tm;
     f->d_cpu += (u1.cpu - u0.cpu) / o->iters, f->d_csw += (u1.csw - u0.csw) / o->iters;
     f->c_cpu += (u3.cpu - u2.cpu) / o->iters, f->c_csw += (u3.csw - u2.csw) / o->iters;
   }
   figures(o, R, me, &u, nr, f);
+  f->m_bytes = bench_ceiling_bytes(ceil);
   check(o, R, me, &u, nr, out, f);
   f->has_data = 1;
   rc = 0;
@@ -179,6 +183,7 @@ fail:
   if (h) ep_handle_destroy(h);
   if (buf && ep_buffer_destroy(buf))
     fprintf(stderr, "epcomm bench: ep_buffer_destroy: %s\n", ep_last_error()), rc = 1;
+  bench_ceiling_free(ceil);
   free(x), free(xs), free(idx), free(w), free(y), free(out), free(u.prefix), free(u.tpe);
   free(u.x), free(u.scales), free(u.idx), free(u.w), free(u.src_idx);
   return rc;
