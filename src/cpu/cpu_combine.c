@@ -79,10 +79,20 @@ static inline void store8(uint16_t *p, f32x8 f) {
 #define EP_CLONES
 #endif
 
+/* 32 channels (a 64-byte line of every row) per step where H allows, then 8 at a time. */
 EP_CLONES static void reduce_rows(uint16_t *restrict out, const uint16_t *const *rows, int n,
                                   const uint16_t *b0, const uint16_t *b1, int H) {
   const f32x8 zero = {0};
-  for (int h = 0; h < H; h += 8) {
+  int h = 0;
+  for (; h + 32 <= H; h += 32) {
+    f32x8 a[4];
+    for (int q = 0; q < 4; q++)
+      a[q] = (b0 ? load8(b0 + h + 8 * q) : zero) + (b1 ? load8(b1 + h + 8 * q) : zero);
+    for (int i = 0; i < n; i++)
+      for (int q = 0; q < 4; q++) a[q] += load8(rows[i] + h + 8 * q);
+    for (int q = 0; q < 4; q++) store8(out + h + 8 * q, a[q]);
+  }
+  for (; h < H; h += 8) {
     f32x8 acc = (b0 ? load8(b0 + h) : zero) + (b1 ? load8(b1 + h) : zero);
     for (int i = 0; i < n; i++) acc += load8(rows[i] + h);
     store8(out + h, acc);
