@@ -192,10 +192,12 @@ static void make_y(base_t *b) {
       bench_gen_y_row(b->o, b->me, s, b->rsrc[j], b->y + (size_t)j * b->o->hidden);
 }
 
-/* Rank 0: per rank "rank r rows digest_x digest_out" then dispatch/combine seconds per iteration. */
-static void report(const bench_opts_t *o, base_t *b, int ok, const char *msg, const double *t) {
+/* Rank 0: per rank "rank r rows digest_x digest_out" then dispatch/combine/memcpy seconds per
+ * iteration. */
+static void report(const bench_opts_t *o, base_t *b, int ok, const char *msg, const double *t,
+                   double copy_bytes) {
   int R = b->R, I = o->iters;
-  size_t per = 3 + 2 * (size_t)I; /* rows, digest_x, digest_out (as doubles' bits), times */
+  size_t per = 3 + 3 * (size_t)I; /* rows, digest_x, digest_out (as doubles' bits), times */
   double *mine = calloc(per, sizeof *mine), *all = b->me == 0 ? calloc(per * R, sizeof *all) : NULL;
   uint64_t dx = bench_digest(b->rx, (size_t)b->nr * b->row, 1469598103934665603ull);
   if (b->ns) dx = bench_digest(b->rscales, (size_t)b->nr * b->ns * 4, dx);
@@ -203,22 +205,23 @@ static void report(const bench_opts_t *o, base_t *b, int ok, const char *msg, co
   mine[0] = b->nr;
   memcpy(&mine[1], &dx, 8);
   memcpy(&mine[2], &dout, 8);
-  memcpy(&mine[3], t, 2 * (size_t)I * sizeof *t);
+  memcpy(&mine[3], t, 3 * (size_t)I * sizeof *t);
   MPI_Gather(mine, (int)per, MPI_DOUBLE, all, (int)per, MPI_DOUBLE, 0, MPI_COMM_WORLD);
   if (b->me == 0) {
     FILE *f = o->raw ? fopen(o->raw, "we") : stdout;
     if (!f) f = stdout;
     if (!o->raw) printf("epcomm-bench-mpi: %d ranks, %d tokens, hidden %d, topk %d, %d experts, "
-                        "%s; seconds per iteration (dispatch combine) per rank:\n", R, o->tokens,
+                        "%s; seconds per iteration (dispatch combine memcpy) per rank:\n", R, o->tokens,
                         o->hidden, o->topk, o->experts, bench_routing_name(o->routing));
-    fprintf(f, "epcomm-bench-mpi 1 %d %d ok %d\n", R, I, ok);
+    fprintf(f, "epcomm-bench-mpi 2 %d %d ok %d copy %.0f\n", R, I, ok, copy_bytes);
     for (int r = 0; r < R; r++) {
       const double *a = all + per * r;
       uint64_t x1, x2;
       memcpy(&x1, &a[1], 8), memcpy(&x2, &a[2], 8);
       fprintf(f, "rank %d %d %llx %llx\n", r, (int)a[0], (unsigned long long)x1,
               (unsigned long long)x2);
-      for (int i = 0; i < I; i++) fprintf(f, "%.9f %.9f\n", a[3 + i], a[3 + I + i]);
+      for (int i = 0; i < I; i++)
+        fprintf(f, "%.9f %.9f %.9f\n", a[3 + i], a[3 + I + i], a[3 + 2 * I + i]);
     }
     fprintf(f, "msg %s\n", ok ? "-" : msg);
     if (f != stdout) fclose(f);
@@ -268,8 +271,23 @@ int main(int argc, char **argv) {
   MPI_Type_contiguous((int)b.meta, MPI_BYTE, &tmeta);
   MPI_Type_contiguous(o.hidden * 2, MPI_BYTE, &tcomb);
   MPI_Type_commit(&trow), MPI_Type_commit(&tmeta), MPI_Type_commit(&tcomb);
-  double *t = calloc(2 * (size_t)o.iters, sizeof *t);
+  double *t = calloc(3 * (size_t)o.iters, sizeof *t);
+  /* The same memcpy ceiling as epcomm bench's, one copy per iteration right before the exchange,
+   * so that the two runs (one after the other on a shared machine) can be compared relative to
+   * each one's own ceiling as well as by raw time. */
+  size_t cn = (double)o.tokens * (double)b.row < (double)(16 << 20) ? (size_t)16 << 20 : (size_t)128 << 20;
+  unsigned char *csrc = xmalloc(cn), *cdst = xmalloc(cn);
+  /* OpenMPI sets up its shared-memory fast paths to a peer only after some traffic (vader: eager
+   * buffers after 16 sends): warm the path so that a short run does not time its set-up. */
+  for (int i = 0; i < 32; i++) {
+    MPI_Alltoall(b.scnt, 1, MPI_INT, b.rcnt, 1, MPI_INT, MPI_COMM_WORLD);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
   for (int it = -o.warmup; it < o.iters; it++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double tc = MPI_Wtime();
+    memcpy(cdst, csrc, cn);
+    tc = MPI_Wtime() - tc;
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     dispatch(&b, trow, tmeta);
@@ -279,7 +297,7 @@ int main(int argc, char **argv) {
     double t2 = MPI_Wtime();
     combine(&b, tcomb);
     double t3 = MPI_Wtime();
-    if (it >= 0) t[it] = t1 - t0, t[o.iters + it] = t3 - t2;
+    if (it >= 0) t[it] = t1 - t0, t[o.iters + it] = t3 - t2, t[2 * o.iters + it] = tc;
   }
   char m1[256] = "", m2[256] = "";
   bench_recv_t rv = {b.nr, b.rx, b.rscales, b.ridx, b.rw, b.rsrc, b.prefix, b.tpe};
@@ -287,9 +305,9 @@ int main(int argc, char **argv) {
   long bad2 = bench_check_combine(&o, R, me, b.out, m2, sizeof m2);
   int ok = !bad && !bad2, all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  report(&o, &b, all_ok, bad ? m1 : m2, t);
+  report(&o, &b, all_ok, bad ? m1 : m2, t, (double)cn);
   MPI_Type_free(&trow), MPI_Type_free(&tmeta), MPI_Type_free(&tcomb);
-  free(t);
+  free(t), free(csrc), free(cdst);
   MPI_Finalize();
   return all_ok ? 0 : 1;
 }

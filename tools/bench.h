@@ -35,7 +35,8 @@ typedef struct {
   int ok;             /* its own self-check passed on every rank */
   int32_t *recv_rows; /* [R] */
   uint64_t *digest_x, *digest_out; /* [R] */
-  double *t_dispatch, *t_combine;  /* [R][iters] */
+  double *t_dispatch, *t_combine, *t_memcpy; /* [R][iters] */
+  double copy_bytes;  /* bytes of its memcpy-ceiling copy */
   double wall_s;      /* whole mpirun, for the record */
 } bench_baseline_t;
 

@@ -153,8 +153,8 @@ static int read_raw(const char *path, int R, int iters, bench_baseline_t *b) {
   FILE *f = fopen(path, "re");
   int ver = 0, r0 = 0, i0 = 0, ok = 0, good = 0;
   if (!f) return 0;
-  if (fscanf(f, "epcomm-bench-mpi %d %d %d ok %d", &ver, &r0, &i0, &ok) == 4 && ver == 1 &&
-      r0 == R && i0 == iters) {
+  if (fscanf(f, "epcomm-bench-mpi %d %d %d ok %d copy %lf", &ver, &r0, &i0, &ok, &b->copy_bytes) == 5 &&
+      ver == 2 && r0 == R && i0 == iters) {
     good = 1;
     for (int r = 0; r < R && good; r++) {
       int rr;
@@ -162,8 +162,8 @@ static int read_raw(const char *path, int R, int iters, bench_baseline_t *b) {
       good = fscanf(f, " rank %d %d %llx %llx", &rr, &b->recv_rows[r], &dx, &dout) == 4 && rr == r;
       b->digest_x[r] = dx, b->digest_out[r] = dout;
       for (int i = 0; i < iters && good; i++)
-        good = fscanf(f, "%lf %lf", &b->t_dispatch[(size_t)r * iters + i],
-                      &b->t_combine[(size_t)r * iters + i]) == 2;
+        good = fscanf(f, "%lf %lf %lf", &b->t_dispatch[(size_t)r * iters + i],
+                      &b->t_combine[(size_t)r * iters + i], &b->t_memcpy[(size_t)r * iters + i]) == 3;
     }
     if (good && fscanf(f, " msg %255[^\n]", b->why) != 1) b->why[0] = '\0';
   }
@@ -195,7 +195,9 @@ void bench_baseline_run(const bench_opts_t *o, int R, bench_baseline_t *b) {
   b->digest_out = calloc((size_t)R, sizeof *b->digest_out);
   b->t_dispatch = calloc((size_t)R * o->iters, sizeof *b->t_dispatch);
   b->t_combine = calloc((size_t)R * o->iters, sizeof *b->t_combine);
-  if (!b->recv_rows || !b->digest_x || !b->digest_out || !b->t_dispatch || !b->t_combine) {
+  b->t_memcpy = calloc((size_t)R * o->iters, sizeof *b->t_memcpy);
+  if (!b->recv_rows || !b->digest_x || !b->digest_out || !b->t_dispatch || !b->t_combine ||
+      !b->t_memcpy) {
     snprintf(b->why, sizeof b->why, "out of memory");
     return;
   }
@@ -219,5 +221,5 @@ void bench_baseline_run(const bench_opts_t *o, int R, bench_baseline_t *b) {
 
 void bench_baseline_free(bench_baseline_t *b) {
   free(b->recv_rows), free(b->digest_x), free(b->digest_out);
-  free(b->t_dispatch), free(b->t_combine);
+  free(b->t_dispatch), free(b->t_combine), free(b->t_memcpy);
 }
