@@ -154,13 +154,15 @@ static ep_status_t loop(cpu_state_t *s, const job_t *j, int c, peer_t *out, cpu_
   cpu_waiter_init(&w, s, c, OP, "data");
   for (;;) {
     uint32_t seen = cpu_bell_read(s, c);
-    int moved = reduce_ready(s, j, rd, in, c), left = rd->t < rd->end;
-    int who = -1;
+    /* Rows for the peers first: they wait on them, while our own reduction can wait on us. */
+    int moved = 0, left = 0, who = -1;
     for (int r = 0; r < s->nranks; r++) {
       if (r == s->rank) continue;
       moved += push(s, j, &out[r], r, c);
       if (out[r].next < out[r].end) left++, who = r;
     }
+    moved += reduce_ready(s, j, rd, in, c);
+    left += rd->t < rd->end;
     if (!left) return EP_OK;
     if (moved) continue;
     if (rd->t < rd->end) /* waiting for a row of token t: name the first rank that owes one */
