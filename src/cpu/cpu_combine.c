@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu_plan.h"
+#include "cpu_reduce.h"
 
 static const char OP[] = "ep_combine";
 #define BATCH 32
@@ -47,58 +48,6 @@ typedef struct {
   const unsigned char **src; /* [R] record (or x row) of the current token per rank */
 } reduce_t;
 
-/* The per-token reduction, 8 channels at a time in fp32 vectors (GCC/Clang vector extensions;
- * the compiler maps them onto SSE2, AVX2 or AVX-512). Per channel the arithmetic is exactly the
- * scalar rule: acc = bias0 + bias1 (absent: +0.0f), then acc += row for each row in ascending
- * rank order, one round-to-nearest-even at the end; so the result is bit-identical. */
-#if defined(__GNUC__) && !defined(__clang__)
-/* 32-byte vectors pass between static inline helpers only: no ABI is involved. */
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
-typedef uint16_t u16x8 __attribute__((vector_size(16)));
-
-static inline f32x8 load8(const uint16_t *p) {
-  u16x8 h;
-  memcpy(&h, p, sizeof h);
-  return (f32x8)(__builtin_convertvector(h, u32x8) << 16);
-}
-
-static inline void store8(uint16_t *p, f32x8 f) {
-  u32x8 u = (u32x8)f;
-  u32x8 nan = (u32x8)((u & 0x7fffffffu) > 0x7f800000u);
-  u32x8 rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  u16x8 h = __builtin_convertvector((((u >> 16) | 0x40u) & nan) | (rne & ~nan), u16x8);
-  memcpy(p, &h, sizeof h);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
-#define EP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define EP_CLONES
-#endif
-
-/* 32 channels (a 64-byte line of every row) per step where H allows, then 8 at a time. */
-EP_CLONES static void reduce_rows(uint16_t *restrict out, const uint16_t *const *rows, int n,
-                                  const uint16_t *b0, const uint16_t *b1, int H) {
-  const f32x8 zero = {0};
-  int h = 0;
-  for (; h + 32 <= H; h += 32) {
-    f32x8 a[4];
-    for (int q = 0; q < 4; q++)
-      a[q] = (b0 ? load8(b0 + h + 8 * q) : zero) + (b1 ? load8(b1 + h + 8 * q) : zero);
-    for (int i = 0; i < n; i++)
-      for (int q = 0; q < 4; q++) a[q] += load8(rows[i] + h + 8 * q);
-    for (int q = 0; q < 4; q++) store8(out + h + 8 * q, a[q]);
-  }
-  for (; h < H; h += 8) {
-    f32x8 acc = (b0 ? load8(b0 + h) : zero) + (b1 ? load8(b1 + h) : zero);
-    for (int i = 0; i < n; i++) acc += load8(rows[i] + h);
-    store8(out + h, acc);
-  }
-}
-
 static void reduce_token(const job_t *j, reduce_t *rd, const cpu_state_t *s, int t) {
   const ep_combine_args_t *a = j->a;
   const uint16_t *b0 = a->bias[0] ? (const uint16_t *)a->bias[0] + (size_t)t * j->H : NULL;
@@ -115,7 +64,7 @@ static void reduce_token(const job_t *j, reduce_t *rd, const cpu_state_t *s, int
                                   : (const float *)(rec + j->row);
     for (int k = 0; k < j->topk; k++) rd->wacc[k] += w[k];
   }
-  reduce_rows((uint16_t *)a->out + (size_t)t * j->H, rows, n, b0, b1, j->H);
+  cpu_reduce_rows((uint16_t *)a->out + (size_t)t * j->H, rows, n, b0, b1, j->H);
   if (j->has_w) memcpy(a->out_topk_weights + (size_t)t * j->topk, rd->wacc, (size_t)j->topk * 4);
 }
 

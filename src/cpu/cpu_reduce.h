@@ -1,0 +1,25 @@
+/* The reduction of normal-mode combine (SPEC §3) for one token: out = bf16(bias0 + bias1 +
+ * rows[0] + ... + rows[n-1]), each sum in fp32 in that order, one round to nearest even at the end
+ * (a NaN becomes a quiet NaN: its top 16 bits with bit 6 set). Absent biases count as +0.0f. Every
+ * kernel computes exactly this, lane by lane, so they are bit-identical; the fastest one the CPU
+ * supports is chosen once. H: a multiple of 8. */
+#ifndef EP_CPU_REDUCE_H
+#define EP_CPU_REDUCE_H
+
+#include <stdint.h>
+
+typedef enum {
+  CPU_REDUCE_AUTO = 0,
+  CPU_REDUCE_SCALAR = 1,  /* reference loop, one channel at a time */
+  CPU_REDUCE_VECTOR = 2,  /* portable GCC/Clang vector extensions, 8 channels per step */
+  CPU_REDUCE_AVX2 = 3,    /* x86-64 AVX2, 16 channels per step */
+  CPU_REDUCE_AVX512 = 4,  /* x86-64 AVX-512BW, 32 channels per step */
+} cpu_reduce_kind_t;
+
+void cpu_reduce_rows(uint16_t *out, const uint16_t *const *rows, int n, const uint16_t *bias0,
+                     const uint16_t *bias1, int H);
+/* For tests: run one kernel; returns 0, or -1 if this CPU or build does not have it. */
+int cpu_reduce_rows_with(cpu_reduce_kind_t kind, uint16_t *out, const uint16_t *const *rows,
+                         int n, const uint16_t *bias0, const uint16_t *bias1, int H);
+
+#endif
