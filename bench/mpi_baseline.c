@@ -11,8 +11,9 @@
  * combine: MPI_Alltoallv of the expert outputs back, then per token the sum in fp32 of its rows in
  *   ascending rank order, rounded once to bf16 (SPEC §3).
  *
- * Built with -O3 (see bench/CMakeLists.txt) so that its plain reduction loops vectorise, as a
- * user's would: the comparison is about moving data, not about an unvectorised loop.
+ * Built with -O3 -march=native (see bench/CMakeLists.txt) so that its plain reduction loops
+ * vectorise for this machine, as a tuned user's would: the comparison is about moving data, not
+ * about an unvectorised loop.
  *
  * Run by `epcomm bench` (which passes --raw FILE and merges the results) or on its own:
  *   mpirun -n 4 --oversubscribe --bind-to none build/bin/epcomm-bench-mpi [options]
