@@ -42,17 +42,20 @@ static usage_t usage(void) {
                    (double)(ru.ru_nvcsw + ru.ru_nivcsw)};
 }
 
+/* 64-byte aligned, as a framework's tensors are (torch's CPU allocator aligns to 64). */
+static void *alloc64(size_t n) { return aligned_alloc(64, (n + 127) & ~(size_t)63); }
+
 /* Outputs are allocated once and touched, so no iteration pays for page faults. */
 static int grow(outs_t *u, int n) {
   if (n <= u->cap) return 0;
   const bench_opts_t *o = u->o;
   size_t rows = (size_t)n, K = (size_t)o->topk, ns = (size_t)bench_num_scales(o);
   free(u->x), free(u->scales), free(u->idx), free(u->w), free(u->src_idx);
-  u->x = malloc(rows * bench_row_bytes(o) + 64);
-  u->scales = malloc(rows * ns * sizeof(float) + 64);
-  u->idx = malloc(rows * K * sizeof(int64_t) + 64);
-  u->w = malloc(rows * K * sizeof(float) + 64);
-  u->src_idx = malloc(rows * sizeof(int32_t) + 64);
+  u->x = alloc64(rows * bench_row_bytes(o));
+  u->scales = alloc64(rows * ns * sizeof(float));
+  u->idx = alloc64(rows * K * sizeof(int64_t));
+  u->w = alloc64(rows * K * sizeof(float));
+  u->src_idx = alloc64(rows * sizeof(int32_t));
   if (!u->x || !u->scales || !u->idx || !u->w || !u->src_idx) return u->cap = 0, -1;
   memset(u->x, 0, rows * bench_row_bytes(o));
   memset(u->scales, 0, rows * ns * sizeof(float));
@@ -117,11 +120,11 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   ep_group_rank(g, &me);
   size_t N = (size_t)o->tokens, K = (size_t)o->topk;
   outs_t u = {.o = o, .R = R};
-  void *x = malloc(N * bench_row_bytes(o) + 64);
-  float *xs = malloc(N * (size_t)bench_num_scales(o) * 4 + 64);
-  int64_t *idx = malloc(N * K * 8 + 64);
-  float *w = malloc(N * K * 4 + 64);
-  uint16_t *y = NULL, *out = malloc(N * (size_t)o->hidden * 2 + 64);
+  void *x = alloc64(N * bench_row_bytes(o));
+  float *xs = alloc64(N * (size_t)bench_num_scales(o) * 4);
+  int64_t *idx = alloc64(N * K * 8);
+  float *w = alloc64(N * K * 4);
+  uint16_t *y = NULL, *out = alloc64(N * (size_t)o->hidden * 2);
   u.prefix = calloc((size_t)R * R, sizeof *u.prefix);
   u.tpe = calloc((size_t)(o->experts / R), sizeof *u.tpe);
   ep_buffer_t buf = NULL;
@@ -156,7 +159,7 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
     double t1 = bench_now();
     usage_t u1 = usage();
     if (!y) {
-      y = malloc((size_t)(nr ? nr : 1) * o->hidden * 2);
+      y = alloc64((size_t)(nr ? nr : 1) * o->hidden * 2);
       if (!y) goto fail;
       make_y(o, R, me, &u, nr, y);
     }

@@ -16,6 +16,7 @@ typedef struct {
   const cpu_plan_t *p;
   int H, topk, N;
   bool has_w;
+  bool stream;     /* out is far larger than the caches: non-temporal stores */
   size_t row, rec; /* bf16 row, record = row + weights */
 } job_t;
 
@@ -64,7 +65,7 @@ static void reduce_token(const job_t *j, reduce_t *rd, const cpu_state_t *s, int
                                   : (const float *)(rec + j->row);
     for (int k = 0; k < j->topk; k++) rd->wacc[k] += w[k];
   }
-  cpu_reduce_rows((uint16_t *)a->out + (size_t)t * j->H, rows, n, b0, b1, j->H);
+  cpu_reduce_rows((uint16_t *)a->out + (size_t)t * j->H, rows, n, b0, b1, j->H, j->stream);
   if (j->has_w) memcpy(a->out_topk_weights + (size_t)t * j->topk, rd->wacc, (size_t)j->topk * 4);
 }
 
@@ -150,6 +151,7 @@ static ep_status_t combine_channel(cpu_state_t *s, void *job, int c) {
     cpu_q_open_recv(&in[r], cpu_ring(s, s->rank, r, c), s->queue_bytes);
   }
   ep_status_t st = loop(s, j, c, out, in, &rd);
+  cpu_reduce_fence(); /* the output's non-temporal stores, before the caller sees completion */
   if (st && st != EP_ERR_INTERNAL) cpu_abort_peers(s, st);
   free(out), free(in), free(rd.acc), free(rd.src);
   return st;
@@ -157,8 +159,9 @@ static ep_status_t combine_channel(cpu_state_t *s, void *job, int c) {
 
 ep_status_t cpu_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h) {
   cpu_state_t *s = state;
-  job_t j = {a, h->priv, h->hidden, h->topk, h->num_tokens, a->topk_weights != NULL, 0, 0};
+  job_t j = {a, h->priv, h->hidden, h->topk, h->num_tokens, a->topk_weights != NULL, false, 0, 0};
   j.row = (size_t)j.H * 2;
+  j.stream = (double)j.N * (double)j.row > 32.0 * 1024 * 1024; /* past 32 MiB: stream it */
   j.rec = cpu_al16(j.row + (j.has_w ? (size_t)j.topk * 4 : 0));
   cpu_hello_t mine;
   memset(&mine, 0, sizeof mine);

@@ -6,6 +6,11 @@
 
 #include "cpu_dispatch.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define EP_NT 1
+#endif
+
 #define BATCH 32 /* records between two publications of a queue position */
 
 typedef struct {
@@ -30,6 +35,26 @@ static void pack(const cpu_dispatch_job_t *j, int32_t t, unsigned char *rec) {
     memcpy(rec + j->off_w, a->topk_weights + (size_t)t * j->topk, (size_t)j->topk * sizeof(float));
 }
 
+/* A payload row into the caller's output. Outputs far larger than the caches are written with
+ * non-temporal stores: no read-for-ownership of lines that are overwritten whole, and the queue
+ * lines stay in cache (an sfence at the end of the channel orders them). */
+static inline void put_row(const cpu_dispatch_job_t *j, void *dst, const void *src) {
+#ifdef EP_NT
+  if (j->stream && ((uintptr_t)dst & 15) == 0 && (j->row & 63) == 0) {
+    __m128i *d = dst;
+    const __m128i *s = src;
+    for (size_t i = 0; i < j->row / 16; i += 4) {
+      __m128i a = _mm_loadu_si128(s + i), b = _mm_loadu_si128(s + i + 1);
+      __m128i c = _mm_loadu_si128(s + i + 2), e = _mm_loadu_si128(s + i + 3);
+      _mm_stream_si128(d + i, a), _mm_stream_si128(d + i + 1, b);
+      _mm_stream_si128(d + i + 2, c), _mm_stream_si128(d + i + 3, e);
+    }
+    return;
+  }
+#endif
+  memcpy(dst, src, j->row);
+}
+
 /* Local expert ids and weights of output row r from a token's global ids (w: NULL = none). */
 static void deliver_ids(const cpu_dispatch_job_t *j, int32_t r, const int64_t *ids, const float *w) {
   const ep_dispatch_args_t *a = j->a;
@@ -46,7 +71,7 @@ static void deliver_ids(const cpu_dispatch_job_t *j, int32_t r, const int64_t *i
 static void unpack(const cpu_dispatch_job_t *j, const unsigned char *rec, int32_t r) {
   const ep_dispatch_args_t *a = j->a;
   if (j->drain) return;
-  memcpy((unsigned char *)a->recv_x + (size_t)r * j->row, rec + j->off_x, j->row);
+  put_row(j, (unsigned char *)a->recv_x + (size_t)r * j->row, rec + j->off_x);
   if (j->scales)
     memcpy(a->recv_x_scales + (size_t)r * a->num_scales, rec + j->off_s, j->scales);
   if (a->recv_src_idx) memcpy(&a->recv_src_idx[r], rec, sizeof(int32_t));
@@ -65,8 +90,8 @@ static void copy_self(cpu_state_t *s, const cpu_dispatch_job_t *j, int c) {
   if (j->drain) return;
   for (int32_t i = chan[c]; i < chan[c + 1]; i++, row++) {
     int32_t t = p->send_idx[p->send_off[me] + i];
-    memcpy((unsigned char *)a->recv_x + (size_t)row * j->row,
-           (const unsigned char *)a->x + (size_t)t * j->row, j->row);
+    put_row(j, (unsigned char *)a->recv_x + (size_t)row * j->row,
+            (const unsigned char *)a->x + (size_t)t * j->row);
     for (int q = 0; j->scales && q < a->num_scales; q++)
       a->recv_x_scales[(size_t)row * a->num_scales + q] =
           a->x_scales[t * a->scale_token_stride + q * a->scale_hidden_stride];
@@ -168,6 +193,9 @@ ep_status_t cpu_dispatch_channel(cpu_state_t *s, void *job, int c) {
   open_peers(s, j, c, out, in);
   copy_self(s, j, c);
   ep_status_t st = loop(s, j, c, out, in);
+#ifdef EP_NT
+  _mm_sfence(); /* the non-temporal row stores, before the caller sees the call complete */
+#endif
   if (st && st != EP_ERR_INTERNAL) cpu_abort_peers(s, st);
   free(out);
   return st;

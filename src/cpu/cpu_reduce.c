@@ -86,8 +86,9 @@ AVX2 static inline __m256i round256(__m256 f) {
 }
 
 AVX2 static void reduce_avx2(uint16_t *out, const uint16_t *const *rows, int n,
-                             const uint16_t *b0, const uint16_t *b1, int H) {
+                             const uint16_t *b0, const uint16_t *b1, int H, int stream) {
   const __m256i z = _mm256_setzero_si256();
+  stream = stream && ((uintptr_t)out & 31) == 0;
   int h = 0;
   for (; h + 16 <= H; h += 16) {
     __m256 lo = _mm256_setzero_ps(), hi = lo, lo1 = lo, hi1 = lo;
@@ -107,7 +108,9 @@ AVX2 static void reduce_avx2(uint16_t *out, const uint16_t *const *rows, int n,
       lo = _mm256_add_ps(lo, _mm256_castsi256_ps(_mm256_unpacklo_epi16(z, x)));
       hi = _mm256_add_ps(hi, _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, x)));
     }
-    _mm256_storeu_si256((__m256i *)(out + h), _mm256_packus_epi32(round256(lo), round256(hi)));
+    __m256i r = _mm256_packus_epi32(round256(lo), round256(hi));
+    if (stream) _mm256_stream_si256((__m256i *)(out + h), r);
+    else _mm256_storeu_si256((__m256i *)(out + h), r);
   }
   reduce_vector(out, rows, n, b0, b1, h, H);
 }
@@ -128,8 +131,9 @@ AVX512 static inline __m512i round512(__m512 f) {
 }
 
 AVX512 static void reduce_avx512(uint16_t *out, const uint16_t *const *rows, int n,
-                                 const uint16_t *b0, const uint16_t *b1, int H) {
+                                 const uint16_t *b0, const uint16_t *b1, int H, int stream) {
   const __m512i z = _mm512_setzero_si512();
+  stream = stream && ((uintptr_t)out & 63) == 0;
   int h = 0;
   for (; h + 32 <= H; h += 32) {
     __m512 lo = _mm512_setzero_ps(), hi = lo, lo1 = lo, hi1 = lo;
@@ -149,7 +153,9 @@ AVX512 static void reduce_avx512(uint16_t *out, const uint16_t *const *rows, int
       lo = _mm512_add_ps(lo, _mm512_castsi512_ps(_mm512_unpacklo_epi16(z, x)));
       hi = _mm512_add_ps(hi, _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, x)));
     }
-    _mm512_storeu_si512((void *)(out + h), _mm512_packus_epi32(round512(lo), round512(hi)));
+    __m512i r = _mm512_packus_epi32(round512(lo), round512(hi));
+    if (stream) _mm512_stream_si512((void *)(out + h), r);
+    else _mm512_storeu_si512((void *)(out + h), r);
   }
   reduce_vector(out, rows, n, b0, b1, h, H);
 }
@@ -157,15 +163,17 @@ AVX512 static void reduce_avx512(uint16_t *out, const uint16_t *const *rows, int
 
 /* ---------------------------------------------------------------- selection */
 typedef void (*reduce_fn)(uint16_t *, const uint16_t *const *, int, const uint16_t *,
-                          const uint16_t *, int);
+                          const uint16_t *, int, int);
 
 static void run_scalar(uint16_t *o, const uint16_t *const *r, int n, const uint16_t *b0,
-                       const uint16_t *b1, int H) {
+                       const uint16_t *b1, int H, int stream) {
+  (void)stream;
   reduce_scalar(o, r, n, b0, b1, 0, H);
 }
 
 static void run_vector(uint16_t *o, const uint16_t *const *r, int n, const uint16_t *b0,
-                       const uint16_t *b1, int H) {
+                       const uint16_t *b1, int H, int stream) {
+  (void)stream;
   reduce_vector(o, r, n, b0, b1, 0, H);
 }
 
@@ -188,19 +196,26 @@ static reduce_fn kernel(cpu_reduce_kind_t kind) {
 }
 
 int cpu_reduce_rows_with(cpu_reduce_kind_t kind, uint16_t *out, const uint16_t *const *rows,
-                         int n, const uint16_t *bias0, const uint16_t *bias1, int H) {
+                         int n, const uint16_t *bias0, const uint16_t *bias1, int H, int stream) {
   reduce_fn f = kind == CPU_REDUCE_AUTO ? NULL : kernel(kind);
   if (kind == CPU_REDUCE_AUTO) {
-    cpu_reduce_rows(out, rows, n, bias0, bias1, H);
-    return 0;
+    cpu_reduce_rows(out, rows, n, bias0, bias1, H, stream);
+  } else {
+    if (!f) return -1;
+    f(out, rows, n, bias0, bias1, H, stream);
   }
-  if (!f) return -1;
-  f(out, rows, n, bias0, bias1, H);
+  cpu_reduce_fence();
   return 0;
 }
 
+void cpu_reduce_fence(void) {
+#ifdef EP_X86
+  _mm_sfence();
+#endif
+}
+
 void cpu_reduce_rows(uint16_t *out, const uint16_t *const *rows, int n, const uint16_t *bias0,
-                     const uint16_t *bias1, int H) {
+                     const uint16_t *bias1, int H, int stream) {
   static _Atomic(reduce_fn) chosen; /* a race only stores the same pointer twice */
   reduce_fn f = atomic_load_explicit(&chosen, memory_order_relaxed);
   if (!f) {
@@ -209,5 +224,5 @@ void cpu_reduce_rows(uint16_t *out, const uint16_t *const *rows, int n, const ui
     if (!f) f = run_vector;
     atomic_store_explicit(&chosen, f, memory_order_relaxed);
   }
-  f(out, rows, n, bias0, bias1, H);
+  f(out, rows, n, bias0, bias1, H, stream);
 }

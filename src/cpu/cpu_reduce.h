@@ -2,7 +2,9 @@
  * rows[0] + ... + rows[n-1]), each sum in fp32 in that order, one round to nearest even at the end
  * (a NaN becomes a quiet NaN: its top 16 bits with bit 6 set). Absent biases count as +0.0f. Every
  * kernel computes exactly this, lane by lane, so they are bit-identical; the fastest one the CPU
- * supports is chosen once. H: a multiple of 8. */
+ * supports is chosen once. H: a multiple of 8. stream: the output is far larger than the caches;
+ * kernels that can write it with non-temporal stores do (the caller issues cpu_reduce_fence()
+ * before anyone else may read it). */
 #ifndef EP_CPU_REDUCE_H
 #define EP_CPU_REDUCE_H
 
@@ -17,9 +19,10 @@ typedef enum {
 } cpu_reduce_kind_t;
 
 void cpu_reduce_rows(uint16_t *out, const uint16_t *const *rows, int n, const uint16_t *bias0,
-                     const uint16_t *bias1, int H);
+                     const uint16_t *bias1, int H, int stream);
+void cpu_reduce_fence(void); /* orders earlier non-temporal stores (x86 sfence; else nothing) */
 /* For tests: run one kernel; returns 0, or -1 if this CPU or build does not have it. */
 int cpu_reduce_rows_with(cpu_reduce_kind_t kind, uint16_t *out, const uint16_t *const *rows,
-                         int n, const uint16_t *bias0, const uint16_t *bias1, int H);
+                         int n, const uint16_t *bias0, const uint16_t *bias1, int H, int stream);
 
 #endif
