@@ -1,11 +1,12 @@
 # Thin wrapper over CMake. `make demo` and `make test` are the two commands of the README.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 RANKS      ?= 4
 
-.PHONY: all demo test test-quick test-asan asan-build bench clean
+.PHONY: all demo test test-quick test-asan asan-build fuzz fuzz-build bench clean
 
 all: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
@@ -17,9 +18,10 @@ $(BUILD)/CMakeCache.txt:
 demo: all
 	$(BUILD)/bin/epcomm launch -n $(RANKS) $(BUILD)/bin/epcomm demo
 
-# The whole suite, twice: the normal build and the ASan+UBSan build. One runner, one total line
-# at the end: "N passed, N failed, N skipped".
-test: all asan-build
+# The whole suite, twice: the normal build and the ASan+UBSan build (plus the libFuzzer target,
+# run once for a bounded time). One runner, one total line at the end:
+# "N passed, N failed, N skipped".
+test: all asan-build fuzz-build
 	$(SAN_ENV) tests/run.sh $(BUILD) $(ASAN_BUILD)
 
 # Only the plain build (quick), or only the sanitizer build.
@@ -37,8 +39,20 @@ $(ASAN_BUILD)/CMakeCache.txt:
 asan-build: $(ASAN_BUILD)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 
+# libFuzzer needs clang; without it the fuzz test reports itself skipped.
+$(FUZZ_BUILD)/CMakeCache.txt:
+	@if command -v clang >/dev/null; then \
+	  CC=clang cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=Debug -DEP_FUZZ=ON -DEP_CUDA=OFF \
+	    -DEP_BUILD_MPI=OFF $(CMAKE_ARGS); fi
+
+fuzz-build: $(FUZZ_BUILD)/CMakeCache.txt
+	@if [ -f $(FUZZ_BUILD)/CMakeCache.txt ]; then cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_args; fi
+
+fuzz: fuzz-build
+	tests/fuzz/run.sh $(FUZZ_BUILD) 60
+
 bench: all
 	$(BUILD)/bin/epcomm launch -n $(RANKS) $(BUILD)/bin/epcomm bench
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

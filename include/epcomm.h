@@ -82,8 +82,8 @@ typedef enum {
 const char *ep_status_name(ep_status_t s);   /* "EP_ERR_TIMEOUT" */
 const char *ep_status_string(ep_status_t s); /* "deadline passed while waiting for a peer" */
 
-/* Message of the last failing epcomm call on this thread ("" if none). Valid until the next
- * epcomm call on this thread. */
+/* Message of the last failing epcomm call on this thread ("" if none): successful calls leave it
+ * alone (like errno). Valid until the next failing epcomm call on this thread. */
 const char *ep_last_error(void);
 
 /* ---------------------------------------------------------------- types */
@@ -157,11 +157,18 @@ typedef struct {
   /* Channels per rank: the token range is split into this many slices, each moved by its own
    * worker (threads on the CPU backend, thread blocks on CUDA). 0: EP_CHANNELS or 1. */
   int num_channels;
-  /* Low-latency sizing (all 0: low-latency mode disabled). */
+  /* Low-latency sizing (T, H, E all 0: low-latency mode disabled; otherwise all three >= 1,
+   * H a multiple of 8, E divisible by the number of ranks R). The low-latency region of one
+   * rank's buffer takes, with L = E/R and K = ll_max_topk (docs/LOW_LATENCY.md has the exact
+   * layout; ep_buffer_size_hint gives the exact total):
+   *     2 x ( E*T*(2H + 8) + 2*T*K*H )  +  O(R*E) bytes of counters and flags
+   * i.e. two result slots, each an expert-major slab [L][R*T] of bf16 rows plus 8 bytes of
+   * per-row metadata, and a combine receive area [T][K] of bf16 rows. On the CPU backend the
+   * pages are only backed by memory once a row is written there. */
   int ll_max_tokens; /* T: tokens per rank per call */
   int ll_hidden;     /* H */
-  int ll_num_experts;
-  int ll_max_topk; /* 0: 16 */
+  int ll_num_experts; /* E */
+  int ll_max_topk; /* K: largest topk of a call; 0: 16 */
   double timeout_s; /* <= 0: inherit the group's */
   /* CUDA backend */
   int cuda_device; /* -1: current device */
@@ -259,51 +266,96 @@ ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens);
 ep_status_t ep_handle_destroy(ep_handle_t h);
 
 /* ---------------------------------------------------------------- low-latency mode
- * Sizes fixed at buffer creation (ll_max_tokens T, ll_hidden H, ll_num_experts E). Results live
- * in the buffer (zero copy) and are double-buffered: at most two low-latency handles may be alive;
- * a third dispatch returns EP_ERR_BUSY. Destroy the handle once its combine has completed. */
+ * SPEC.md §4; docs/LOW_LATENCY.md has an example. Shapes are fixed at buffer creation (T =
+ * ll_max_tokens, H = ll_hidden, E = ll_num_experts, K = ll_max_topk; L = E/R local experts).
+ *
+ * Results live in the buffer (zero copy: senders write rows straight into the receiver's slab)
+ * and are double-buffered: each ll_dispatch takes one of two result slots and its handle keeps
+ * it until ep_handle_destroy. With two low-latency handles alive, the next ep_ll_dispatch returns
+ * EP_ERR_BUSY (and the peers' matching call EP_ERR_PEER_INVALID); nothing is overwritten.
+ *
+ * Every ll call (ep_ll_dispatch, ep_ll_combine) is collective: all ranks make the same sequence
+ * of them on a buffer. Normal-mode calls may be interleaved freely (separate memory and signals).
+ * A call rejected on one rank (bad arguments, EP_ERR_BUSY) fails on every rank (the others get
+ * EP_ERR_PEER_INVALID) and the buffer stays usable; destroy the handles of a failed call.
+ *
+ * Two-phase form (two_phase = 1): the call only sends (writes this rank's rows into the peers'
+ * buffers and raises their flags) and returns; ep_ll_recv(buf, handle) later completes the
+ * receive. In between epcomm does no work at all (no thread, no spinning), so the transfer
+ * overlaps the caller's compute. The send phase of a dispatch waits for one thing: every rank
+ * entering the same call (their counts fix where this rank's rows go; their entry says their
+ * result slot is free). The send phase of a combine never waits. two_phase = 0 does both phases
+ * in one call. */
 typedef struct {
   size_t size; /* sizeof(ep_ll_dispatch_args_t) */
-  const void *x;           /* bf16 [num_tokens][H], num_tokens <= T */
-  int num_tokens;
-  const int64_t *topk_idx; /* [num_tokens][topk] */
-  int topk;
-  int use_fp8;
-  int round_scale;
-  int use_ue8m0;           /* requires round_scale */
-  int two_phase;           /* 1: only send; complete with ep_ll_recv(handle) */
-  void *stream;
-  ep_handle_t *handle;     /* out */
+  const void *x;           /* bf16 [num_tokens][H] */
+  int num_tokens;          /* 0 <= num_tokens <= T; may differ across ranks */
+  const int64_t *topk_idx; /* [num_tokens][topk]: expert ids in [0, E), or -1 (slot unused);
+                              an expert at most once per token */
+  int topk;                /* 1 <= topk <= K, the same on all ranks */
+  int use_fp8;     /* cast rows to fp8 e4m3 with one float32 scale per 128 channels (H % 128 == 0) */
+  int round_scale; /* fp8 scales are powers of two (requires use_fp8) */
+  int use_ue8m0;   /* store only the scales' exponent bytes (requires round_scale) */
+  int two_phase;   /* 1: only send; complete with ep_ll_recv(buf, *handle) */
+  void *stream;    /* cudaStream_t on the CUDA backend; ignored on the CPU backend */
+  ep_handle_t *handle; /* out, required: the result slot, the view, the layout for combine */
 } ep_ll_dispatch_args_t;
 
-/* Views into the buffer, valid until the handle is destroyed. */
+/* What a dispatch delivered to this rank: pointers into the buffer, valid until the handle (or
+ * the buffer) is destroyed. Rows of local expert l are ordered by source rank, then by the
+ * source's token order; rows past recv_count[l] are unspecified. */
 typedef struct {
-  int num_local_experts;
-  int max_rows;              /* R*T rows per local expert */
-  int hidden;
-  int use_fp8, use_ue8m0;
-  void *recv_x;              /* [E/R][R*T][H] bf16 or fp8 */
-  void *recv_x_scales;       /* fp8: float [E/R][R*T][H/128] or, ue8m0, uint8 [E/R][R*T][H/128] */
-  const int32_t *recv_count;      /* [E/R] */
-  const int32_t *recv_src_info;   /* [E/R][R*T] source token index */
-  const int64_t *recv_layout_range; /* [E/R][R]: (begin << 32) | count */
+  size_t size;               /* in: sizeof(ep_ll_recv_view_t) */
+  int num_local_experts;     /* L = E/R */
+  int max_rows;              /* R*T row slots per local expert */
+  int hidden;                /* H */
+  int num_scales;            /* H/128 when use_fp8, else 0 */
+  int use_fp8, round_scale, use_ue8m0;
+  void *recv_x;              /* [L][R*T][H] bf16, or fp8 e4m3 (1 byte) when use_fp8 */
+  void *recv_x_scales;       /* use_fp8: float [L][R*T][H/128], or with use_ue8m0 uint8
+                                [L][R*T][H/128] biased exponents (e + 127); else NULL */
+  const int32_t *recv_count;        /* [L] rows received per local expert */
+  const int32_t *recv_src_info;     /* [L][R*T] the row's token index in its source rank */
+  const int64_t *recv_layout_range; /* [L][R]: (begin << 32) | count of the rows from rank r */
 } ep_ll_recv_view_t;
 
+/* Collective. Sends one row per (token, selected expert) to the rank that owns the expert; with
+ * two_phase = 0 also waits for this rank's rows. Returns a handle (*args->handle) on success.
+ * Errors (nothing written, peers fail with EP_ERR_PEER_INVALID): EP_ERR_NULL_ARG, EP_ERR_TOO_LARGE
+ * (num_tokens > T, topk > K), EP_ERR_OUT_OF_RANGE (an expert id < -1 or >= E), EP_ERR_INVALID_ARG
+ * (an expert twice in one token; flags; low-latency mode disabled), EP_ERR_SHAPE (fp8 with
+ * H % 128 != 0), EP_ERR_BUSY (two ll handles alive), EP_ERR_MISMATCH (topk or fp8 flags differ
+ * across ranks). Waits: EP_ERR_TIMEOUT, EP_ERR_PEER_FAILED (the buffer is then broken). */
 ep_status_t ep_ll_dispatch(ep_buffer_t buf, const ep_ll_dispatch_args_t *args);
-/* Completes the receive phase of a two-phase call (dispatch or combine). Collective in effect. */
+
+/* Completes the receive phase of the two-phase call last made with `handle` (dispatch: this
+ * rank's rows have all arrived, the view is ready; combine: `out` is written). Waits, bounded by
+ * the deadline, only for the peers' send phases of that call. EP_ERR_INVALID_ARG when the
+ * handle has nothing to receive. */
 ep_status_t ep_ll_recv(ep_buffer_t buf, ep_handle_t handle);
+
+/* Local. The receive side of a completed dispatch. view->size must be set. EP_ERR_INVALID_ARG
+ * before the receive is complete; EP_ERR_DESTROYED when the buffer is gone. */
 ep_status_t ep_ll_get_recv_view(ep_handle_t handle, ep_ll_recv_view_t *view);
 
 typedef struct {
   size_t size; /* sizeof(ep_ll_combine_args_t) */
-  ep_handle_t handle;        /* from ep_ll_dispatch */
-  const void *y;             /* bf16 [E/R][R*T][H] (may be the view's recv_x when bf16) */
-  const int64_t *topk_idx;   /* [num_tokens][topk], as given to the dispatch */
+  ep_handle_t handle;        /* from ep_ll_dispatch, receive complete; one combine per handle */
+  const void *y;             /* bf16 [L][R*T][H] expert outputs in the view's row order (caller
+                                memory; may be the view's recv_x after a bf16 dispatch) */
+  const int64_t *topk_idx;   /* [num_tokens][topk] of the dispatch; a slot may be set to -1 to
+                                leave that expert out, no other change is allowed */
   const float *topk_weights; /* [num_tokens][topk] */
-  int two_phase;
+  int two_phase;             /* 1: only send; ep_ll_recv(buf, handle) reduces into out */
   void *stream;
-  void *out;                 /* bf16 [num_tokens][H] */
+  void *out;                 /* bf16 [num_tokens][H]; with two_phase, must stay valid until
+                                ep_ll_recv (topk_idx and topk_weights are copied at the call) */
 } ep_ll_combine_args_t;
+
+/* Collective. out[t] = bf16(acc), acc = 0.0f then, for k ascending with topk_idx[t][k] != -1,
+ * acc = fmaf(float(y row of (t, k)), topk_weights[t][k], acc): one rounding per step, as the
+ * fused multiply-add of DeepEP's kernel, and one rounding to bf16 (nearest even) at the end.
+ * Each rank sends its y rows back to their source ranks; the source reduces. */
 ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *args);
 
 #ifdef __cplusplus

@@ -272,7 +272,11 @@ void ref_ll_cast_row(const uint16_t *x, int H, int round_scale, int use_ue8m0, u
   for (int b = 0; b < H / 128; b++) {
     const uint16_t *xb = x + (size_t)b * 128;
     float amax = 1e-4f;
-    for (int i = 0; i < 128; i++) amax = fmaxf(amax, fabsf(ref_bf16_to_f32(xb[i])));
+    /* Not fmaxf: glibc's returns NaN for a signaling NaN (C23), CUDA's ignores every NaN. */
+    for (int i = 0; i < 128; i++) {
+      float v = fabsf(ref_bf16_to_f32(xb[i]));
+      amax = v > amax ? v : amax;
+    }
     float scale, scale_inv;
     int e = 0;
     if (round_scale) {

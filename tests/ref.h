@@ -84,7 +84,8 @@ int ref_combine(int R, int H, int topk, const ref_rank_input_t *in, const ref_re
 /* ------------------------------------------------------------------ SPEC §4 low-latency mode */
 
 /* fp8 cast of one bf16 row of H values (H a multiple of 128), per block of 128 channels:
- *   amax = fmaxf(1e-4f, max |x|)   (fmaxf: NaN inputs do not raise amax)
+ *   amax = max(1e-4f, max |x|)   (NaN inputs, quiet or signaling, do not raise amax: CUDA's
+ *                                 fmaxf; glibc's fmaxf would return NaN for a signaling one)
  *   round_scale == 0: scale = 448.0f / amax (float division); scale_inv = amax * (1.0f / 448.0f)
  *   round_scale != 0: e = ceil(log2(amax * (1.0f / 448.0f))) from the float's bits (unbiased
  *                     exponent, +1 if any mantissa bit is set); scale = 2^-e; scale_inv = 2^e

@@ -50,7 +50,8 @@ run_one() { # name timeout command...
 }
 
 # tests/TESTS: one test a line: NAME TIMEOUT_S RANKS COMMAND...   (RANKS "-": run directly;
-# otherwise under `epcomm launch -n RANKS`). Commands run in BUILD_DIR; $SRC is the source tree.
+# "once": run directly, only for the first build directory; a number: under
+# `epcomm launch -n RANKS`). Commands run in BUILD_DIR; $SRC is the source tree.
 run_suite() { # build_dir
   local build prefix name tmo ranks cmd
   build=$(cd "$1" && pwd) || return
@@ -64,7 +65,9 @@ run_suite() { # build_dir
     [[ "$name" =~ $filter ]] || continue
     cmd=${cmd//\$SRC/$here/..}
     # shellcheck disable=SC2086
-    if [ "$ranks" = "-" ]; then
+    if [ "$ranks" = "once" ]; then # not per build directory: once per run, in the first
+      [ "$1" = "$first_suite" ] && run_one "$name" "$tmo" $cmd
+    elif [ "$ranks" = "-" ]; then
       run_one "$prefix$name" "$tmo" $cmd
     else
       run_one "$prefix$name" "$tmo" "$build/bin/epcomm" launch -n "$ranks" --timeout "$tmo" $cmd
@@ -74,6 +77,7 @@ run_suite() { # build_dir
 }
 
 nsuites=$#
+first_suite=$1
 t_start=$(date +%s)
 for b in "$@"; do run_suite "$b"; done
 echo "took $(( $(date +%s) - t_start ))s; logs in <build>/test-logs"

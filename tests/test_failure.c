@@ -123,6 +123,45 @@ static int kill_in_op(const char *op) {
   return T_PASS;
 }
 
+/* Low-latency calls in a loop until the victim's death shows. */
+static int kill_in_ll(void) {
+  int R, me;
+  ep_group_t g;
+  ep_buffer_t buf;
+  t_init(&g, &me, &R);
+  enum { T = 64, H = 1024, K = 4 };
+  ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
+  cfg.ll_max_tokens = T, cfg.ll_hidden = H, cfg.ll_num_experts = 4 * R, cfg.ll_max_topk = K;
+  T_OK(ep_buffer_create(g, &cfg, &buf));
+  uint16_t *x = t_xmalloc((size_t)T * H * 2), *out = t_xmalloc((size_t)T * H * 2);
+  int64_t idx[T * K];
+  float w[T * K];
+  for (int i = 0; i < T * H; i++) x[i] = 0x3f80;
+  for (int i = 0; i < T * K; i++) idx[i] = (i / K * 5 + i % K) % (4 * R), w[i] = 1.0f;
+  int victim = R - 1;
+  pthread_t th;
+  if (me == victim) pthread_create(&th, NULL, killer, (void *)(uintptr_t)30);
+  ep_status_t st = EP_OK;
+  for (int i = 0; i < 100000 && st == EP_OK; i++) {
+    ep_handle_t h = NULL;
+    ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = T, .topk_idx = idx,
+                               .topk = K, .handle = &h};
+    st = ep_ll_dispatch(buf, &a);
+    ep_ll_recv_view_t v = {.size = sizeof v};
+    if (!st) st = ep_ll_get_recv_view(h, &v);
+    ep_ll_combine_args_t c = {.size = sizeof c, .handle = h, .y = v.recv_x, .topk_idx = idx,
+                              .topk_weights = w, .out = out};
+    if (!st) st = ep_ll_combine(buf, &c);
+    if (h) T_OK(ep_handle_destroy(h));
+  }
+  if (me == victim) pause();
+  survivor_report(st, "low-latency", victim);
+  T_OK(ep_buffer_destroy(buf));
+  T_OK(ep_group_destroy(g));
+  free(x), free(out);
+  return T_PASS;
+}
+
 static int kill_in_create(int victim) {
   int R, me;
   ep_group_t g;
@@ -186,6 +225,7 @@ int main(int argc, char **argv) {
     return kill_in_create(n ? atoi(n) - 1 : 0);
   }
   if (!strcmp(mode, "kill-root")) return kill_in_create(0);
+  if (!strcmp(mode, "kill-ll")) return kill_in_ll();
   if (!strcmp(mode, "timeout")) return timeout();
   fprintf(stderr, "usage: test_failure kill-dispatch|kill-combine|kill-create|kill-root FILE | "
           "timeout\n");

@@ -31,6 +31,7 @@ scenario kill-dispatch 3 2
 scenario kill-combine 4 3
 scenario kill-create 3 2
 scenario kill-root 3 0
+scenario kill-ll 3 2
 
 timeout 60 "$epcomm" launch -n 3 "$prog" timeout >"$tmp/timeout.out" 2>"$tmp/timeout.err" ||
   say "timeout: exit status $? ($(cat "$tmp/timeout.err"))"

@@ -47,6 +47,11 @@ void ep_ctx_mark_broken(ep_ctx_t *ctx);
 /* Integer from the environment registry (src/core/env.c), e.g. EP_SPIN_US. */
 long ep_env_long(const char *name, long dflt);
 
+/* The calling thread's last error message, and a way to put a saved one back (a backend that
+ * must do collective work after a local failure keeps the first, more precise, message). */
+const char *ep_ctx_last_error(void);
+void ep_ctx_restore_error(const char *msg);
+
 /* Set the calling thread's last error (no object, no peer) and return `s`. */
 ep_status_t ep_err(ep_status_t s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -122,6 +127,10 @@ struct ep_backend_ops {
   ep_status_t (*ll_combine)(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h);
   ep_status_t (*ll_view)(const ep_handle_info_t *h, ep_ll_recv_view_t *view);
   void (*ll_release)(void *state, ep_handle_info_t *h); /* handle destroyed: free its slot */
+  /* This rank rejected its arguments for its next ll_dispatch (combine = false) or ll_combine
+   * (combine = true): tell the peers so that their matching call fails at once
+   * (EP_ERR_PEER_INVALID) instead of timing out. */
+  void (*ll_reject)(void *state, bool combine);
 };
 
 /* Backends compiled into this library (NULL where not built). */

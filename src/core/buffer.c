@@ -67,7 +67,6 @@ ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char 
 /* ------------------------------------------------------------------ lookup */
 
 ep_status_t ep_buffer_get(ep_buffer_t buffer, const char *op, ep_buffer **b) {
-  ep_err_clear();
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, true, (void **)b);
   if (st) {
     char msg[EP_ERRMSG_MAX];
@@ -160,12 +159,12 @@ ep_status_t ep_buffer_resolve_config(const ep_buffer_config_t *cfg, double group
 }
 
 ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes) {
-  ep_err_clear();
   if (!bytes) return ep_err(EP_ERR_NULL_ARG, "ep_buffer_size_hint: bytes is NULL");
   if (nranks < 1) return ep_err(EP_ERR_OUT_OF_RANGE, "ep_buffer_size_hint: nranks %d", nranks);
   ep_buffer_config_t c;
   const struct ep_backend_ops *ops;
   ep_status_t st = ep_buffer_resolve_config(cfg, 100.0, &c, &ops);
+  if (!st) st = ep_ll_check_config(&c, nranks);
   return st ? st : ops->size_hint(&c, nranks, bytes);
 }
 

@@ -43,6 +43,8 @@ ep_status_t ep_buffer_after(ep_buffer *b, ep_status_t st, const char *op);
 /* Defaults, environment and range checks of a buffer config (local). */
 ep_status_t ep_buffer_resolve_config(const ep_buffer_config_t *cfg, double group_timeout,
                                      ep_buffer_config_t *c, const struct ep_backend_ops **ops);
+/* Local: the low-latency sizes of a resolved config are usable with `nranks` ranks (ops_ll.c). */
+ep_status_t ep_ll_check_config(const ep_buffer_config_t *c, int nranks);
 /* Collective: every rank's config must be the same. */
 ep_status_t ep_buffer_agree_config(ep_buffer *b);
 /* Resolve a handle of this buffer. */

@@ -33,6 +33,8 @@ static ep_status_t buffer_create(ep_group *g, const ep_buffer_config_t *cfg, ep_
   ep_status_t st = buffer_new(g, cfg, &b);
   if (st) return st;
   st = ep_buffer_agree_config(b);
+  /* After the agreement: every rank checks the same config, so all fail alike or none does. */
+  if (!st) st = ep_ll_check_config(&b->cfg, g->nranks);
   if (!st) st = b->ops->create(&b->ctx, &b->cfg, &b->state);
   if (st) {
     buffer_free(b);
@@ -55,7 +57,6 @@ static ep_status_t buffer_create(ep_group *g, const ep_buffer_config_t *cfg, ep_
 }
 
 ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf) {
-  ep_err_clear();
   if (!buf) return ep_err(EP_ERR_NULL_ARG, "ep_buffer_create: buf is NULL");
   ep_group *g;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(group), EP_OBJ_GROUP, false, (void **)&g);
@@ -74,7 +75,6 @@ ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep
 
 /* Shared by destroy and release: unlink from the registry and the group, then free. */
 static ep_status_t buffer_teardown(ep_buffer_t buffer, bool collective, const char *op) {
-  ep_err_clear();
   if (!buffer) return EP_OK;
   void *obj;
   ep_status_t st = ep_reg_remove(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, &obj);

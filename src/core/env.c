@@ -18,6 +18,8 @@ static const struct ep_env_var {
     {"EP_QUEUE_BYTES", "size", "1048576", "bytes of each per-(peer, channel) normal-mode queue"},
     {"EP_CHANNELS", "int", "1", "channels (worker threads on cpu) per rank"},
     {"EP_SPIN_US", "int", "50", "microseconds a waiter spins before it sleeps on a futex"},
+    {"EP_LL_WIDE_BYTES", "size", "1048576", "cpu: a low-latency call moving this many bytes "
+     "splits its copies over the buffer's channels"},
     {"EP_RANK", "int", "", "this process's rank (set by epcomm launch)"},
     {"EP_NRANKS", "int", "", "number of ranks (set by epcomm launch)"},
     {"EP_LOCAL_RANK", "int", "", "rank on this host (set by epcomm launch)"},

@@ -154,7 +154,6 @@ static const char *env_job_id(void) {
 }
 
 ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *group) {
-  ep_err_clear();
   if (!group) return ep_err(EP_ERR_NULL_ARG, "ep_group_create_from_env: group is NULL");
   ep_group_config_t c;
   ep_status_t st = load_group_config(cfg, &c);
@@ -195,7 +194,6 @@ static ep_status_t check_bootstrap(const ep_bootstrap_t *b) {
 
 ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t *cfg,
                             ep_group_t *group) {
-  ep_err_clear();
   ep_status_t st = check_bootstrap(boot);
   if (st) return st;
   if (!group) return ep_err(EP_ERR_NULL_ARG, "ep_group_create: group is NULL");
@@ -322,7 +320,6 @@ const char *ep_group_last_error(ep_group_t group) {
  * breaks the group (a peer may be gone). */
 static ep_status_t group_exchange(ep_group_t group, const void *send, void *recv, size_t bytes,
                                   const char *op) {
-  ep_err_clear();
   ep_group *g;
   ep_status_t st = group_get(group, false, &g);
   if (st) return st;
@@ -367,7 +364,6 @@ static ep_status_t busy_with_buffers(ep_group *g, const char *op) {
 }
 
 ep_status_t ep_group_destroy(ep_group_t group) {
-  ep_err_clear();
   if (!group) return EP_OK;
   ep_group *g;
   ep_status_t st = group_get(group, true, &g);
@@ -390,7 +386,6 @@ ep_status_t ep_group_destroy(ep_group_t group) {
 }
 
 ep_status_t ep_group_release(ep_group_t group) {
-  ep_err_clear();
   if (!group) return EP_OK;
   ep_group *g;
   ep_status_t st = group_get(group, true, &g);

@@ -52,7 +52,6 @@ ep_status_t ep_handle_get(ep_buffer *b, ep_handle_t handle, const char *op, cons
 void ep_handle_put(ep_handle *h) { ep_reg_release(h->id); }
 
 ep_status_t ep_handle_num_recv_tokens(ep_handle_t handle, int *n) {
-  ep_err_clear();
   if (!n) return ep_err(EP_ERR_NULL_ARG, "ep_handle_num_recv_tokens: num_recv_tokens is NULL");
   ep_handle *h;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), EP_OBJ_HANDLE, false, (void **)&h);
@@ -62,29 +61,45 @@ ep_status_t ep_handle_num_recv_tokens(ep_handle_t handle, int *n) {
   return EP_OK;
 }
 
-/* A low-latency handle holds one of its buffer's two result slots: give it back if the buffer
- * still exists (if it does not, the slot went with it). */
-static void release_ll_slot(ep_handle *h) {
-  ep_buffer *b;
-  if (ep_reg_acquire(h->buffer_id, EP_OBJ_BUFFER, false, (void **)&b) != EP_OK) return;
-  if (b->ops->ll_release) b->ops->ll_release(b->state, &h->info);
-  b->ll_live--;
-  ep_reg_release(b->id);
+/* A low-latency handle holds one of its buffer's two result slots: it goes back under the
+ * buffer's exclusive pin, so that it never races with a call on the buffer (EP_ERR_BUSY then, and
+ * the handle survives for a retry). If the buffer is gone, the slot went with it. */
+static ep_status_t pin_ll_buffer(ep_handle_t handle, ep_buffer **out) {
+  *out = NULL;
+  ep_handle *h;
+  if (ep_reg_acquire(ep_ptr_to_id(handle), EP_OBJ_HANDLE, false, (void **)&h) != EP_OK)
+    return EP_OK; /* ep_reg_remove reports it */
+  ep_id_t bid = h->info.kind == EP_HANDLE_LL ? h->buffer_id : 0;
+  ep_reg_release(h->id);
+  if (!bid) return EP_OK;
+  ep_status_t st = ep_reg_acquire(bid, EP_OBJ_BUFFER, true, (void **)out);
+  if (st == EP_ERR_BUSY)
+    return ep_err(EP_ERR_BUSY, "ep_handle_destroy: a call on the handle's buffer is in flight; "
+                  "destroy the low-latency handle once it has returned");
+  if (st) *out = NULL;
+  return EP_OK;
 }
 
 ep_status_t ep_handle_destroy(ep_handle_t handle) {
-  ep_err_clear();
   if (!handle) return EP_OK;
+  ep_buffer *b;
+  ep_status_t st = pin_ll_buffer(handle, &b);
+  if (st) return st;
   void *obj;
-  ep_status_t st = ep_reg_remove(ep_ptr_to_id(handle), EP_OBJ_HANDLE, &obj);
+  st = ep_reg_remove(ep_ptr_to_id(handle), EP_OBJ_HANDLE, &obj);
   if (st) {
     char msg[EP_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "ep_handle_destroy: %s", ep_last_error());
     ep_err_set_msg(msg);
+    if (b) ep_buffer_put(b);
     return st;
   }
   ep_handle *h = obj;
-  if (h->info.kind == EP_HANDLE_LL) release_ll_slot(h);
+  if (b) {
+    if (b->ops->ll_release) b->ops->ll_release(b->state, &h->info);
+    b->ll_live--;
+    ep_buffer_put(b);
+  }
   handle_free(h);
   return EP_OK;
 }

@@ -19,7 +19,6 @@
 ep_status_t ep_err(ep_status_t s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Set the thread's last error from a preformatted message. */
 void ep_err_set_msg(const char *msg);
-void ep_err_clear(void);
 
 /* A per-object last error, written by the thread that failed and read by anyone. */
 typedef struct {

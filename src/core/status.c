@@ -36,9 +36,10 @@ const char *ep_status_string(ep_status_t s) {
 static _Thread_local char tls_error[EP_ERRMSG_MAX];
 
 const char *ep_last_error(void) { return tls_error; }
-void ep_err_clear(void) { tls_error[0] = '\0'; }
 
 void ep_err_set_msg(const char *msg) { snprintf(tls_error, sizeof tls_error, "%s", msg); }
+const char *ep_ctx_last_error(void) { return tls_error; }
+void ep_ctx_restore_error(const char *msg) { ep_err_set_msg(msg); }
 
 ep_status_t ep_err(ep_status_t s, const char *fmt, ...) {
   va_list ap;
@@ -77,7 +78,8 @@ ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *
     uint32_t magic;
   } *head = src;
   size_t min = has_magic ? sizeof *head : sizeof(size_t);
-  if (head->size < min || head->size > full)
+  /* A size that is not a multiple of 8 would cut a pointer in half: never a real struct size. */
+  if (head->size < min || head->size > full || head->size % sizeof(void *) != 0)
     return ep_err(EP_ERR_CONFIG, "%s: size field is %zu, this library accepts %zu..%zu (set it to "
                   "sizeof the struct, or use the _INIT macro)", argname, head->size, min, full);
   if (has_magic && head->magic != EP_CONFIG_MAGIC)

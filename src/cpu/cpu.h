@@ -216,7 +216,7 @@ static inline uint16_t cpu_f32_to_bf16(float f) {
     float f;
     uint32_t u;
   } v = {f};
-  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* quiet NaN */
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return 0x7fff; /* the canonical NaN, as CUDA gives */
   return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
 }
 

@@ -12,6 +12,7 @@ static ep_status_t cpu_size_hint(const ep_buffer_config_t *cfg, int nranks, size
 }
 
 static void state_free(cpu_state_t *s) {
+  cpu_ll_destroy(s);
   cpu_workers_stop(s);
   cpu_seg_teardown(s);
   free(s);
@@ -28,6 +29,7 @@ static ep_status_t cpu_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void
   s->spin_s = 1e-6 * (double)ep_env_long("EP_SPIN_US", 50);
   ep_status_t st = cpu_workers_start(s);
   if (!st) st = cpu_seg_setup(s, cfg);
+  if (!st) st = cpu_ll_create(s, cfg);
   if (st) {
     state_free(s);
     return st;
@@ -55,6 +57,12 @@ static const struct ep_backend_ops cpu_ops = {
     .dispatch = cpu_dispatch,
     .combine = cpu_combine,
     .reject = cpu_reject,
+    .ll_dispatch = cpu_ll_dispatch,
+    .ll_recv = cpu_ll_recv,
+    .ll_combine = cpu_ll_combine,
+    .ll_view = cpu_ll_view,
+    .ll_release = cpu_ll_release,
+    .ll_reject = cpu_ll_reject,
 };
 
 const struct ep_backend_ops *ep_backend_cpu(void) { return &cpu_ops; }

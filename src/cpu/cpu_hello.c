@@ -16,6 +16,8 @@ cpu_hello_t *cpu_hello_from(cpu_state_t *s, int src) {
 void cpu_hello_post(cpu_state_t *s, const cpu_hello_t *mine,
                     void (*fill)(cpu_state_t *s, cpu_hello_t *slot, int dest, void *arg),
                     void *arg) {
+  EP_LOG(s->ctx, EP_LOG_TRACE, "run", "call %llu: hello (kind %d, status %d)",
+         (unsigned long long)s->seq, mine->kind, mine->status);
   for (int d = 0; d < s->nranks; d++) {
     cpu_hello_t *h = cpu_hello(s, d, parity(s), s->rank);
     h->kind = mine->kind;
@@ -101,11 +103,19 @@ ep_status_t cpu_hello_gather(cpu_state_t *s, const cpu_hello_t *mine, const char
   return first;
 }
 
+/* A rejected call still takes part in the hello phase: it posts "rejected" and waits for the
+ * peers' hellos of the same call. Returning at once would let this rank run ahead into later
+ * calls and overwrite a hello slot that a slow peer has not read yet. The caller's error
+ * message (naming the bad argument) is kept whatever the wait says. */
 void cpu_reject(void *state) {
   cpu_state_t *s = state;
   cpu_hello_t mine;
   memset(&mine, 0, sizeof mine);
   mine.status = HELLO_REJECTED;
+  char saved[512];
+  snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
   cpu_hello_post(s, &mine, NULL, NULL);
+  (void)cpu_hello_gather(s, &mine, "rejected call");
   s->seq++;
+  ep_ctx_restore_error(saved);
 }

@@ -13,7 +13,7 @@
 #endif
 
 static inline uint16_t round_bf16(uint32_t u) {
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff; /* the canonical NaN (cpu.h, CUDA) */
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
@@ -54,7 +54,7 @@ static inline void store8(uint16_t *p, f32x8 f) {
   u32x8 u = (u32x8)f;
   u32x8 nan = (u32x8)((u & 0x7fffffffu) > 0x7f800000u);
   u32x8 rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  u16x8 h = __builtin_convertvector((((u >> 16) | 0x40u) & nan) | (rne & ~nan), u16x8);
+  u16x8 h = __builtin_convertvector((0x7fffu & nan) | (rne & ~nan), u16x8);
   memcpy(p, &h, sizeof h);
 }
 
@@ -82,7 +82,7 @@ AVX2 static inline __m256i round256(__m256 f) {
       _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
                        _mm256_and_si256(hi, _mm256_set1_epi32(1))),
       16);
-  return _mm256_blendv_epi8(rne, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  return _mm256_blendv_epi8(rne, _mm256_set1_epi32(0x7fff), nan);
 }
 
 AVX2 static void reduce_avx2(uint16_t *out, const uint16_t *const *rows, int n,
@@ -127,7 +127,7 @@ AVX512 static inline __m512i round512(__m512 f) {
       _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
                        _mm512_and_si512(hi, _mm512_set1_epi32(1))),
       16);
-  return _mm512_mask_blend_epi32(nan, rne, _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  return _mm512_mask_blend_epi32(nan, rne, _mm512_set1_epi32(0x7fff));
 }
 
 AVX512 static void reduce_avx512(uint16_t *out, const uint16_t *const *rows, int n,

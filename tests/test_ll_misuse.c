@@ -1,0 +1,254 @@
+/* Low-latency misuse and failure paths, for whatever number of ranks `epcomm launch -n R` gives:
+ *   - bad arguments on one rank: that rank gets the specific error naming the argument, the
+ *     others' matching call fails at once with EP_ERR_PEER_INVALID, nothing is written (a live
+ *     result stays bit-exact with the reference) and the buffer stays usable;
+ *   - ranks that disagree (topk, fp8 flags): EP_ERR_MISMATCH everywhere;
+ *   - a third live handle: EP_ERR_BUSY (on one rank or on all), results untouched;
+ *   - calls in the wrong state (view or combine before the receive, two combines, a receive with
+ *     nothing pending), a disabled low-latency mode, bad low-latency configs, a view after the
+ *     buffer is gone. */
+#include "ll_world.h"
+
+static const llw_cfg_t cfg = {8, 256, 48, 8};
+static const llw_case_t base = {4, RT_UNIFORM, NM_FULL, F_BF16, 0, 0, 0};
+
+typedef struct {
+  int R, me;
+  ep_group_t g;
+  ep_buffer_t buf;
+  llw_round_t keep; /* a received result that every failed call must leave alone */
+} ctx_t;
+
+static uint64_t seed_no = 0x5eedll;
+
+static void new_round(ctx_t *x, llw_round_t *rd, const llw_case_t *k) {
+  llw_gen(rd, x->R, x->me, &cfg, k ? k : &base, seed_no++);
+}
+
+/* ------------------------------------------------------------------ one rank's bad arguments */
+
+enum { B_TOO_MANY, B_ID_HIGH, B_ID_LOW, B_DUP, B_UE8M0, B_ROUND, B_TOPK, B_HANDLE, B_X, B_COUNT };
+static const struct {
+  ep_status_t st;
+  const char *needle;
+} bad_want[] = {
+    {EP_ERR_TOO_LARGE, "num_tokens"},  {EP_ERR_OUT_OF_RANGE, "topk_idx[0][0]"},
+    {EP_ERR_OUT_OF_RANGE, "topk_idx[0][1]"}, {EP_ERR_INVALID_ARG, "twice"},
+    {EP_ERR_INVALID_ARG, "round_scale"}, {EP_ERR_INVALID_ARG, "use_fp8"},
+    {EP_ERR_TOO_LARGE, "topk"},        {EP_ERR_NULL_ARG, "handle"},
+    {EP_ERR_NULL_ARG, "x is NULL"},
+};
+
+static void spoil(ep_ll_dispatch_args_t *a, int64_t *idx, int kind) {
+  switch (kind) {
+    case B_TOO_MANY: a->num_tokens = cfg.T + 1; break;
+    case B_ID_HIGH: idx[0] = cfg.E; break;
+    case B_ID_LOW: idx[1] = -2; break;
+    case B_DUP: idx[1] = idx[0]; break;
+    case B_UE8M0: a->use_fp8 = 1, a->use_ue8m0 = 1; break;
+    case B_ROUND: a->round_scale = 1; break;
+    case B_TOPK: a->topk = cfg.K + 1; break;
+    case B_HANDLE: a->handle = NULL; break;
+    default: a->x = NULL; break;
+  }
+}
+
+static void bad_dispatch(ctx_t *x, int kind) {
+  static char desc[64];
+  snprintf(desc, sizeof desc, "bad dispatch argument %d", kind);
+  t_case = desc;
+  llw_round_t rd;
+  new_round(x, &rd, NULL);
+  ep_ll_dispatch_args_t a;
+  llw_args(&rd, &a);
+  int culprit = kind % x->R;
+  if (x->me == culprit) {
+    spoil(&a, rd.idx[x->me], kind);
+    T_STATUS(bad_want[kind].st, ep_ll_dispatch(x->buf, &a));
+    T_CHECK(strstr(ep_last_error(), bad_want[kind].needle), "message '%s' does not name '%s'",
+            ep_last_error(), bad_want[kind].needle);
+    T_CHECK(!strcmp(ep_buffer_last_error(x->buf), ep_last_error()), "buffer's last error differs");
+  } else {
+    T_STATUS(EP_ERR_PEER_INVALID, ep_ll_dispatch(x->buf, &a));
+  }
+  T_CHECK(rd.h == NULL, "a failed dispatch returned a handle");
+  llw_check_view(&x->keep);
+  llw_free(&rd);
+}
+
+/* Every rank must pass the same topk and fp8 flags: all fail alike when one differs. */
+static void disagree(ctx_t *x, int what) {
+  if (x->R == 1) return;
+  t_case = what ? "ranks disagree on use_fp8" : "ranks disagree on topk";
+  llw_round_t rd;
+  llw_case_t k = base;
+  if (x->me == x->R - 1) what ? (void)(k.fmt = F_FP8) : (void)(k.topk = 3);
+  new_round(x, &rd, &k);
+  ep_ll_dispatch_args_t a;
+  llw_args(&rd, &a);
+  T_STATUS(EP_ERR_MISMATCH, ep_ll_dispatch(x->buf, &a));
+  llw_check_view(&x->keep);
+  llw_free(&rd);
+}
+
+/* ------------------------------------------------------------------ combine misuse */
+
+static void bad_combine(ctx_t *x) {
+  t_case = "bad combine on one rank";
+  llw_round_t rd;
+  new_round(x, &rd, NULL);
+  llw_dispatch(&rd, x->buf, NULL, NULL);
+  int culprit = (x->R - 1) / 2, n = rd.in[x->me].n;
+  uint16_t *out = t_xmalloc((size_t)n * cfg.H * 2);
+  int64_t *idx = t_xmalloc((size_t)n * base.topk * 8);
+  memcpy(idx, rd.idx[x->me], (size_t)n * base.topk * 8);
+  if (x->me == culprit) idx[0] = (idx[0] + 1) % cfg.E == idx[1] ? (idx[0] + 2) % cfg.E : (idx[0] + 1) % cfg.E;
+  ep_ll_combine_args_t a = {.size = sizeof a};
+  a.handle = rd.h, a.y = t_xmalloc((size_t)cfg.E / x->R * x->R * cfg.T * cfg.H * 2);
+  a.topk_idx = idx, a.topk_weights = rd.w[x->me], a.out = out;
+  if (x->me == culprit) {
+    T_STATUS(EP_ERR_MISMATCH, ep_ll_combine(x->buf, &a));
+    T_CHECK(strstr(ep_last_error(), "topk_idx[0][0]"), "message: %s", ep_last_error());
+  } else {
+    T_STATUS(EP_ERR_PEER_INVALID, ep_ll_combine(x->buf, &a));
+  }
+  free((void *)a.y), free(out), free(idx);
+  llw_free(&rd); /* a failed combine: destroy and dispatch again */
+  llw_check_view(&x->keep);
+}
+
+static void wrong_state(ctx_t *x) {
+  t_case = "calls in the wrong state";
+  llw_round_t rd;
+  llw_case_t k = base;
+  k.two_phase = 1;
+  new_round(x, &rd, &k);
+  ep_ll_dispatch_args_t a;
+  llw_args(&rd, &a);
+  T_OK(ep_ll_dispatch(x->buf, &a));
+  ep_ll_combine_args_t c = {.size = sizeof c};
+  c.handle = rd.h, c.y = rd.x[x->me], c.topk_idx = rd.idx[x->me], c.topk_weights = rd.w[x->me];
+  c.out = rd.x[x->me];
+  T_STATUS(EP_ERR_INVALID_ARG, ep_ll_combine(x->buf, &c)); /* before the receive: all ranks */
+  T_OK(ep_ll_recv(x->buf, rd.h));
+  T_STATUS(EP_ERR_INVALID_ARG, ep_ll_recv(x->buf, rd.h)); /* nothing pending */
+  llw_check_view(&rd);
+  llw_combine(&rd, x->buf, 77, NULL, NULL);
+  T_STATUS(EP_ERR_INVALID_ARG, ep_ll_combine(x->buf, &c)); /* second combine: all ranks */
+  T_CHECK(strstr(ep_last_error(), "already combined"), "message: %s", ep_last_error());
+  if (x->me == 0) c.y = NULL; /* the core's check on rank 0, the backend's elsewhere */
+  T_STATUS(x->me == 0 ? EP_ERR_NULL_ARG : EP_ERR_INVALID_ARG, ep_ll_combine(x->buf, &c));
+  llw_free(&rd);
+}
+
+/* ------------------------------------------------------------------ the third live handle */
+
+static void third_handle(ctx_t *x) {
+  t_case = "third live handle";
+  llw_round_t two, third;
+  new_round(x, &two, NULL);
+  llw_dispatch(&two, x->buf, NULL, NULL); /* with keep: two results alive */
+  new_round(x, &third, NULL);
+  ep_ll_dispatch_args_t a;
+  llw_args(&third, &a);
+  T_STATUS(EP_ERR_BUSY, ep_ll_dispatch(x->buf, &a));
+  T_CHECK(strstr(ep_last_error(), "ep_handle_destroy"), "message: %s", ep_last_error());
+  llw_check_view(&x->keep), llw_check_view(&two);
+  if (x->R > 1) { /* BUSY on rank 0 only: the others fail with PEER_INVALID */
+    if (x->me != 0) {
+      T_OK(ep_handle_destroy(two.h));
+      two.h = NULL;
+    }
+    T_STATUS(x->me == 0 ? EP_ERR_BUSY : EP_ERR_PEER_INVALID, ep_ll_dispatch(x->buf, &a));
+    llw_check_view(&x->keep);
+    if (x->me == 0) llw_check_view(&two);
+  }
+  if (two.h) {
+    T_OK(ep_handle_destroy(two.h));
+    two.h = NULL;
+  }
+  llw_dispatch(&third, x->buf, NULL, NULL); /* a slot is free again everywhere */
+  llw_combine(&third, x->buf, 5, NULL, NULL);
+  llw_free(&third), llw_free(&two);
+}
+
+/* ------------------------------------------------------------------ configs */
+
+static void configs(ctx_t *x) {
+  t_case = "low-latency configs";
+  ep_buffer_config_t c = EP_BUFFER_CONFIG_INIT;
+  c.ll_max_tokens = 128, c.ll_hidden = 7168, c.ll_num_experts = 288, c.ll_max_topk = 9;
+  size_t bytes = 0, normal = 0, want = 2 * ((size_t)288 * 128 * (2 * 7168 + 8) + 2 * (size_t)128 * 9 * 7168);
+  ep_buffer_config_t off = EP_BUFFER_CONFIG_INIT; /* the same buffer without low-latency mode */
+  T_OK(ep_buffer_size_hint(&c, 4, &bytes));
+  T_OK(ep_buffer_size_hint(&off, 4, &normal));
+  T_CHECK(bytes - normal >= want && bytes - normal < want + (1u << 20),
+          "low-latency part of the size hint: %zu bytes, formula %zu", bytes - normal, want);
+  c.ll_num_experts = 50;
+  T_STATUS(EP_ERR_SHAPE, ep_buffer_size_hint(&c, 4, &bytes));
+  c.ll_num_experts = 288, c.ll_hidden = 100;
+  T_STATUS(EP_ERR_SHAPE, ep_buffer_size_hint(&c, 4, &bytes));
+  c.ll_hidden = 0;
+  T_STATUS(EP_ERR_OUT_OF_RANGE, ep_buffer_size_hint(&c, 4, &bytes));
+  ep_buffer_t b = NULL;
+  c.ll_hidden = 64, c.ll_num_experts = 24 * x->R + 1; /* never divisible (R > 1), or E=25 */
+  if (x->R > 1) T_STATUS(EP_ERR_SHAPE, ep_buffer_create(x->g, &c, &b));
+  c.ll_num_experts = 24 * x->R, c.ll_max_tokens = 4; /* H = 64: bf16 only */
+  T_OK(ep_buffer_create(x->g, &c, &b));
+  llw_round_t rd;
+  llw_cfg_t small = {4, 64, 24 * x->R, 9};
+  llw_gen(&rd, x->R, x->me, &small, &base, 9);
+  ep_ll_dispatch_args_t a;
+  llw_args(&rd, &a);
+  a.use_fp8 = 1;
+  T_STATUS(EP_ERR_SHAPE, ep_ll_dispatch(b, &a));
+  llw_free(&rd);
+  T_OK(ep_buffer_destroy(b));
+  ep_buffer_config_t plain = EP_BUFFER_CONFIG_INIT; /* low-latency mode disabled */
+  T_OK(ep_buffer_create(x->g, &plain, &b));
+  T_STATUS(EP_ERR_INVALID_ARG, ep_ll_dispatch(b, &a));
+  T_CHECK(strstr(ep_last_error(), "disabled"), "message: %s", ep_last_error());
+  T_OK(ep_buffer_destroy(b));
+}
+
+/* A view needs its buffer; the handle itself outlives it. */
+static void view_after_destroy(ctx_t *x) {
+  t_case = "view after the buffer is destroyed";
+  ep_buffer_t b;
+  llw_buffer(x->g, &cfg, &b);
+  llw_round_t rd;
+  new_round(x, &rd, NULL);
+  llw_dispatch(&rd, b, NULL, NULL);
+  T_OK(ep_buffer_destroy(b));
+  ep_ll_recv_view_t v = {.size = sizeof v + 8};
+  T_STATUS(EP_ERR_CONFIG, ep_ll_get_recv_view(rd.h, &v));
+  v.size = 12;
+  T_STATUS(EP_ERR_CONFIG, ep_ll_get_recv_view(rd.h, &v));
+  v.size = sizeof v;
+  T_STATUS(EP_ERR_DESTROYED, ep_ll_get_recv_view(rd.h, &v));
+  llw_free(&rd);
+}
+
+int main(void) {
+  ctx_t x;
+  t_init(&x.g, &x.me, &x.R);
+  llw_buffer(x.g, &cfg, &x.buf);
+  t_case = "setup";
+  new_round(&x, &x.keep, NULL);
+  llw_dispatch(&x.keep, x.buf, NULL, NULL);
+  for (int k = 0; k < B_COUNT; k++) bad_dispatch(&x, k);
+  disagree(&x, 0), disagree(&x, 1);
+  bad_combine(&x);
+  wrong_state(&x);
+  third_handle(&x);
+  t_case = "after the failures";
+  llw_combine(&x.keep, x.buf, 3, NULL, NULL);
+  llw_free(&x.keep);
+  configs(&x);
+  view_after_destroy(&x);
+  t_case = NULL;
+  T_OK(ep_buffer_destroy(x.buf));
+  t_fini(x.g);
+  if (x.me == 0) printf("test_ll_misuse: R=%d passed\n", x.R);
+  return T_PASS;
+}
