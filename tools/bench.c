@@ -31,7 +31,7 @@ static int run(const bench_opts_t *o, ep_group_t g, int R, int me) {
   bench_rank_t *mine = calloc(1, sz);
   if (!mine) return fprintf(stderr, "epcomm bench: out of memory\n"), 1;
   mine->iters = o->iters;
-  int rc = bench_normal(o, g, mine);
+  int rc = o->mode == BENCH_LL ? bench_ll(o, g, mine) : bench_normal(o, g, mine);
   if (rc) {
     free(mine);
     return rc;
@@ -39,7 +39,9 @@ static int run(const bench_opts_t *o, ep_group_t g, int R, int me) {
   /* The baseline after epcomm's run: rank 0 drives mpirun, the others sleep in the barrier. */
   bench_baseline_t b, *bp = NULL;
   memset(&b, 0, sizeof b);
-  int want = o->baseline != BENCH_BASELINE_OFF && !o->backend_cuda;
+  if (o->mode == BENCH_LL)
+    snprintf(b.why, sizeof b.why, "the MPI baseline covers normal mode only"), bp = &b;
+  int want = o->baseline != BENCH_BASELINE_OFF && !o->backend_cuda && o->mode == BENCH_NORMAL;
   if (want && me == 0) {
     bench_baseline_run(o, R, &b);
     bp = &b;
@@ -49,6 +51,10 @@ static int run(const bench_opts_t *o, ep_group_t g, int R, int me) {
   bench_rank_t **all = rc ? NULL : gather(g, R, mine, sz, &blob);
   if (!rc && !all) rc = fail_group("gathering the figures", NULL);
   if (!rc && me == 0) {
+    if (o->mode == BENCH_LL && o->baseline == BENCH_BASELINE_ON) {
+      fprintf(stderr, "epcomm bench: the MPI baseline covers normal mode only\n");
+      rc = 1;
+    }
     if (want && !b.ran && o->baseline == BENCH_BASELINE_ON) {
       fprintf(stderr, "epcomm bench: the MPI baseline did not run: %s\n", b.why);
       rc = 1;
@@ -75,13 +81,7 @@ int ep_cmd_bench(int argc, char **argv) {
   int changed = bench_fix_experts(&o, R);
   if (me == 0 && changed && o.set_experts && !o.json)
     printf("epcomm bench: --experts rounded to %d (a multiple of %d ranks)\n", o.experts, R);
-  if (o.mode == BENCH_LL) {
-    if (me == 0)
-      fprintf(stderr, "epcomm bench: --mode ll: low-latency mode is not in this build yet\n");
-    rc = 2;
-  } else {
-    rc = run(&o, g, R, me);
-  }
+  rc = run(&o, g, R, me);
   if (ep_group_destroy(g)) return fail_group("ep_group_destroy", g);
   return rc;
 }

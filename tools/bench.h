@@ -40,9 +40,17 @@ typedef struct {
   double wall_s;      /* whole mpirun, for the record */
 } bench_baseline_t;
 
+/* CPU time (user + system, every thread) and context switches of this process so far. */
+typedef struct {
+  double cpu, csw;
+} bench_usage_t;
+bench_usage_t bench_rusage(void);
+
 /* Normal mode on the epcomm buffer: fills `me` (times at bench_rank_times(me)). Returns 0, or 1
  * on an epcomm error (printed). */
 int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *me);
+/* Low-latency mode, the same way (one-phase calls; bytes per selection). */
+int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *me);
 /* The memcpy ceiling: o->threads threads per rank copying one large buffer; every rank copies at
  * once (the caller's barrier starts each copy). */
 typedef struct bench_ceiling_s bench_ceiling_t;

@@ -17,7 +17,8 @@ void bench_usage(FILE *f, const char *tool, int mpi) {
           "       [--warmup W] [--iters I] [--threads T] [--seed S]%s\n"
           "defaults: DeepEP's sizes: normal 4096 tokens, ll 128 tokens; H 7168, topk 8,\n"
           "          E 256 (normal) / 288 (ll), rounded down to a multiple of the rank count;\n"
-          "          bf16, uniform routing, 2 warm-up and 10 timed iterations, 1 thread\n",
+          "          bf16, uniform routing, 2 warm-up and 10 timed iterations (ll: 10 and 50),\n"
+          "          1 thread\n",
           tool,
           mpi ? "\n       [--raw FILE]   (results for epcomm bench to merge)"
               : "\n       [--json [FILE]] [--baseline auto|on|off] [--timeout S]\n"
@@ -52,8 +53,8 @@ static int take(bench_opts_t *o, const char *k, const char *v, int mpi) {
   if (!strcmp(k, "--hidden")) return num(v, 1, 1 << 20, &o->hidden);
   if (!strcmp(k, "--topk")) return num(v, 1, 64, &o->topk);
   if (!strcmp(k, "--experts")) return o->set_experts = 1, num(v, 1, 1 << 16, &o->experts);
-  if (!strcmp(k, "--warmup")) return num(v, 0, 1 << 20, &o->warmup);
-  if (!strcmp(k, "--iters")) return num(v, 1, 1 << 20, &o->iters);
+  if (!strcmp(k, "--warmup")) return o->set_warmup = 1, num(v, 0, 1 << 20, &o->warmup);
+  if (!strcmp(k, "--iters")) return o->set_iters = 1, num(v, 1, 1 << 20, &o->iters);
   if (!strcmp(k, "--threads")) return num(v, 1, 256, &o->threads);
   if (!strcmp(k, "--seed")) {
     char *end;
@@ -112,6 +113,8 @@ int bench_parse(int argc, char **argv, const char *tool, int mpi, bench_opts_t *
   }
   if (!o->set_tokens) o->tokens = o->mode == BENCH_LL ? 128 : 4096;
   if (!o->set_experts) o->experts = o->mode == BENCH_LL ? 288 : 256;
+  if (!o->set_warmup && o->mode == BENCH_LL) o->warmup = 10; /* calls of microseconds */
+  if (!o->set_iters && o->mode == BENCH_LL) o->iters = 50;
   return check_opts(o, tool);
 }
 

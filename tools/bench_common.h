@@ -28,7 +28,7 @@ typedef struct {
   /* baseline program only */
   const char *raw; /* results file for epcomm bench to merge */
   /* set explicitly on the command line (defaults depend on the mode) */
-  int set_tokens, set_experts;
+  int set_tokens, set_experts, set_warmup, set_iters;
 } bench_opts_t;
 
 /* Parses argv[1..] (argv[0] is the subcommand). `tool` names the program in messages; `mpi`

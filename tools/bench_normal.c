@@ -29,15 +29,10 @@ typedef struct {
     }                                                                                \
   } while (0)
 
-/* CPU time and context switches of the whole process (every channel thread). */
-typedef struct {
-  double cpu, csw;
-} usage_t;
-
-static usage_t usage(void) {
+bench_usage_t bench_rusage(void) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
-  return (usage_t){(double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+  return (bench_usage_t){(double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
                        (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec,
                    (double)(ru.ru_nvcsw + ru.ru_nivcsw)};
 }
@@ -153,11 +148,11 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
     TRY(ep_group_barrier(g));
     double tm = bench_ceiling_copy(ceil);
     TRY(ep_group_barrier(g));
-    usage_t u0 = usage();
+    bench_usage_t u0 = bench_rusage();
     double t0 = bench_now();
     TRY(ep_dispatch(buf, &a));
     double t1 = bench_now();
-    usage_t u1 = usage();
+    bench_usage_t u1 = bench_rusage();
     if (!y) {
       y = alloc64((size_t)(nr ? nr : 1) * o->hidden * 2);
       if (!y) goto fail;
@@ -165,11 +160,11 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
     }
     ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = y, .out = out};
     TRY(ep_group_barrier(g));
-    usage_t u2 = usage();
+    bench_usage_t u2 = bench_rusage();
     double t2 = bench_now();
     TRY(ep_combine(buf, &c));
     double t3 = bench_now();
-    usage_t u3 = usage();
+    bench_usage_t u3 = bench_rusage();
     TRY(ep_handle_destroy(h));
     h = NULL;
     if (it < 0) continue;

@@ -137,17 +137,20 @@ static verdict_t verdict(int R, bench_rank_t *const *rk, const bench_baseline_t 
 /* ------------------------------------------------------------------ table */
 
 static void print_config(FILE *f, const bench_opts_t *o, int R) {
-  fprintf(f, "epcomm bench: normal mode, %s backend, %d ranks x %d thread%s; per rank %d tokens, "
+  fprintf(f, "epcomm bench: %s mode, %s backend, %d ranks x %d thread%s; per rank %d tokens, "
           "hidden %d %s, topk %d, %d experts, %s routing; %d warm-up + %d timed iterations\n",
-          o->backend_cuda ? "cuda" : "cpu", R, o->threads, o->threads > 1 ? "s" : "", o->tokens,
+          o->mode == BENCH_LL ? "low-latency" : "normal", o->backend_cuda ? "cuda" : "cpu", R, o->threads, o->threads > 1 ? "s" : "", o->tokens,
           o->hidden, o->dtype == BENCH_FP8 ? "fp8 (+ fp32 scales)" : "bf16", o->topk, o->experts,
           bench_routing_name(o->routing), o->warmup, o->iters);
 }
 
 static void print_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t *const *rk,
                         const bench_baseline_t *b, ratios_t q, verdict_t v) {
+  int ll = o->mode == BENCH_LL;
+  double sc = ll ? 1e6 : 1e3; /* low-latency calls in microseconds */
+  const char *u = ll ? "us" : "ms";
   print_config(stdout, o, R);
-  printf("\n%-30s %27s %27s %9s %9s\n", "", "time ms: median [p10 p90]",
+  printf("\n%-30s %22s%s%s %27s %9s %9s\n", "", "time ", u, ": median [p10 p90]",
          "GB/s/rank: median [p10 p90]", "logical", "x-rank");
   for (int k = 0; k < P_COUNT; k++) {
     phase_t *p = &ph[k];
@@ -155,29 +158,34 @@ static void print_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t 
     double mb = 0, wb = 0;
     for (int r = 0; r < R; r++) mb += p->bytes[r] / R / 1e6, wb += p->wire[r] / R / 1e6;
     printf("%-30s %9.2f [%7.2f %7.2f] %9.2f [%7.2f %7.2f] %7.1fMB %7.1fMB\n", p->label,
-           p->time.median * 1e3, p->time.p10 * 1e3, p->time.p90 * 1e3, p->bw.median / 1e9,
+           p->time.median * sc, p->time.p10 * sc, p->time.p90 * sc, p->bw.median / 1e9,
            p->bw.p10 / 1e9, p->bw.p90 / 1e9, mb, wb);
   }
   printf("\nper rank (median of its own iterations):\n");
-  printf("rank  recv_rows  self_rows  dispatch_ms  GB/s cpu%% csw  combine_ms  GB/s cpu%% csw  "
-         "memcpy_GB/s%s\n",
+  printf("rank  recv_rows  self_rows  dispatch_%s  GB/s cpu%% csw  combine_%s  GB/s cpu%% csw  "
+         "memcpy_GB/s%s\n", u, u,
          q.have_base ? "  mpi_dispatch_ms  mpi_combine_ms" : "");
   for (int r = 0; r < R; r++) {
     const bench_rank_t *f = rk[r];
     double dt = ph[P_DISPATCH].rank_t[r], ct = ph[P_COMBINE].rank_t[r];
     printf("%4d  %9d  %9d  %11.2f %5.2f %4.0f %3.0f  %10.2f %5.2f %4.0f %3.0f  %11.2f", r,
-           f->recv_rows, f->self_rows, dt * 1e3, ph[P_DISPATCH].bytes[r] / dt / 1e9,
-           100 * f->d_cpu / dt, f->d_csw, ct * 1e3, ph[P_COMBINE].bytes[r] / ct / 1e9,
+           f->recv_rows, f->self_rows, dt * sc, ph[P_DISPATCH].bytes[r] / dt / 1e9,
+           100 * f->d_cpu / dt, f->d_csw, ct * sc, ph[P_COMBINE].bytes[r] / ct / 1e9,
            100 * f->c_cpu / ct, f->c_csw, ph[P_MEMCPY].bytes[r] / ph[P_MEMCPY].rank_t[r] / 1e9);
     if (q.have_base)
       printf("  %15.2f  %14.2f", ph[P_BDISPATCH].rank_t[r] * 1e3, ph[P_BCOMBINE].rank_t[r] * 1e3);
     printf("\n");
   }
-  printf("\nGB/s as DeepEP counts it: rows received x row bytes (fp8: + scales) per second, per "
+  if (ll)
+    printf("\nGB/s as DeepEP's low-latency test counts it: selections of the rank's tokens x row "
+           "bytes (fp8:\nH + H/128 x 4 bytes of scales; combine: bf16 rows) per second, per "
+           "rank; one-phase calls.\nrecv_rows: rows the rank's experts received. ");
+  printf("%sGB/s as DeepEP counts it: rows received x row bytes (fp8: + scales) per second, per "
          "rank;\ncombine: the same rows sent back as bf16. Time: the slowest rank per iteration. "
          "memcpy: bytes\ncopied per second per rank, all ranks copying at once with %d thread%s "
          "each. logical: DeepEP's\nbytes per rank; x-rank: bytes that left the rank (payload + "
-         "index/topk metadata of the rows\nfrom other ranks). cpu%%: CPU time of the rank's process over its time (all\nits threads; 4 ranks on 2 cores share 200%%); csw: context switches per call.\n\n", o->threads,
+         "index/topk metadata of the rows\nfrom other ranks). cpu%%: CPU time of the rank's process over its time (all\nits threads; 4 ranks on 2 cores share 200%%); csw: context switches per call.\n\n",
+         ll ? "Normal mode: " : "\n", o->threads,
          o->threads > 1 ? "s" : "");
   printf("ratio epcomm/ceiling:  dispatch %.2f, combine %.2f (GB/s over memcpy GB/s)\n",
          q.d_ceiling, q.c_ceiling);
@@ -233,10 +241,11 @@ static void print_json(FILE *f, const bench_opts_t *o, int R, phase_t *ph, bench
             "  \"ratio_total_baseline\": %.4f,\n  \"ratio_total_baseline_normalised\": %.4f,\n",
             q.d_base, q.c_base, q.t_base, q.t_base_norm);
   fprintf(f, "  \"check\": \"%s\"\n},\n", v.epcomm_ok && v.base_ok != 0 && v.agree != 0 ? "pass" : "fail");
-  fprintf(f, "\"config\": {\"mode\": \"normal\", \"backend\": \"%s\", \"ranks\": %d, "
+  fprintf(f, "\"config\": {\"mode\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, "
           "\"threads\": %d, \"tokens\": %d, \"hidden\": %d, \"topk\": %d, \"experts\": %d, "
           "\"dtype\": \"%s\", \"routing\": \"%s\", \"warmup\": %d, \"iters\": %d, \"seed\": %llu},\n",
-          o->backend_cuda ? "cuda" : "cpu", R, o->threads, o->tokens, o->hidden, o->topk,
+          o->mode == BENCH_LL ? "ll" : "normal", o->backend_cuda ? "cuda" : "cpu", R, o->threads,
+          o->tokens, o->hidden, o->topk,
           o->experts, o->dtype == BENCH_FP8 ? "fp8" : "bf16", bench_routing_name(o->routing),
           o->warmup, o->iters, (unsigned long long)o->seed);
   fprintf(f, "\"units\": {\"time\": \"ms, slowest rank per iteration\", \"gbps\": \"1e9 bytes/s "
