@@ -11,10 +11,9 @@
 
 #include "bench.h"
 
-/* Bytes per rank: 128 MiB (4 ranks x 2 buffers = 1 GiB, far past any L3), or 16 MiB for runs
- * that move less than that (smoke tests: still past L2 and, with 2+ ranks, past a 32 MiB L3). */
+/* Bytes per rank, whatever the run's size: 128 MiB (4 ranks x 2 buffers = 1 GiB, far past any
+ * L3; a smaller copy would partly stay in cache and make the ceiling depend on the run). */
 #define CEILING_BYTES ((size_t)128 << 20)
-#define CEILING_SMALL ((size_t)16 << 20)
 
 typedef struct {
   unsigned char *dst;
@@ -55,9 +54,8 @@ struct bench_ceiling_s {
 
 bench_ceiling_t *bench_ceiling_new(const bench_opts_t *o) {
   bench_ceiling_t *c = calloc(1, sizeof *c);
-  double moved = (double)o->tokens * (double)bench_row_bytes(o);
   if (!c) return NULL;
-  c->n = moved < (double)CEILING_SMALL ? CEILING_SMALL : CEILING_BYTES;
+  c->n = CEILING_BYTES;
   c->threads = o->threads;
   c->src = malloc(c->n), c->dst = malloc(c->n);
   if (!c->src || !c->dst) {
