@@ -27,6 +27,24 @@
  * Errors: every function returns an ep_status_t. On error, outputs are left untouched, the
  * calling thread's last-error message names the offending argument (and, for collective failures,
  * the operation, phase and peer rank), and the object's last error records the same.
+ *
+ * CUDA backend (buffer config backend EP_BACKEND_CUDA, or EP_BACKEND=cuda):
+ *   - every tensor pointer is a device pointer, 16-byte aligned for x, recv_x, out and biases;
+ *   - every call runs on the caller's `stream` (a cudaStream_t; NULL: the legacy default
+ *     stream) and returns once its work is enqueued, so compute overlaps communication through
+ *     the caller's own cudaEventRecord / cudaStreamWaitEvent on that stream. Calls on one buffer
+ *     made on different streams still run in call order;
+ *   - the synchronous dispatch waits on the host for the count exchange only; worst-case and
+ *     cached dispatches and combine never wait on the host and can be captured in a CUDA graph
+ *     (the synchronous path cannot: EP_ERR_INVALID_ARG during a capture);
+ *   - kernels never trap: a kernel that gives up (deadline, peer gone, mismatch seen by its
+ *     count exchange) records operation, phase and peer; a synchronous call returns it. A
+ *     deadline or dead peer in an asynchronous call is returned by the next call on the buffer
+ *     (which is then broken: destroy or release it); an asynchronous call that failed alike on
+ *     every rank without moving data (rejected arguments, disagreement, outputs too small) is
+ *     reported by a warning and in ep_buffer_last_error, and the buffer stays usable;
+ *   - the kernels of all ranks sharing a GPU wait on each other, so their blocks must fit on the
+ *     GPU at once: num_sms is capped at the GPU's SMs divided by the ranks on it.
  */
 #ifndef EPCOMM_H
 #define EPCOMM_H
@@ -152,7 +170,10 @@ typedef struct {
   uint32_t magic; /* EP_CONFIG_MAGIC */
   ep_backend_t backend;
   /* Normal mode: bytes of each per-(peer, channel) queue; 0: EP_QUEUE_BYTES or 1 MiB. Any number
-   * of tokens fits: a larger dispatch takes more trips through the queue. */
+   * of tokens fits: a larger dispatch takes more trips through the queue.
+   * CUDA: the buffer holds a receive area and a combine area of R x num_channels x queue_bytes
+   * each; a dispatch whose rows do not fit the receive area at once goes in windows (then it
+   * needs caller outputs, not views), a combine whose rows do not fit goes in rounds. */
   size_t queue_bytes;
   /* Channels per rank: the token range is split into this many slices, each moved by its own
    * worker (threads on the CPU backend, thread blocks on CUDA). 0: EP_CHANNELS or 1. */
@@ -171,13 +192,14 @@ typedef struct {
   int ll_max_topk; /* K: largest topk of a call; 0: 16 */
   double timeout_s; /* <= 0: inherit the group's */
   /* CUDA backend */
-  int cuda_device; /* -1: current device */
-  int num_sms;     /* 0: backend default */
+  int cuda_device; /* -1: EP_CUDA_DEVICE, else the local rank modulo the devices, else current */
+  int num_sms;     /* thread blocks (one per SM) of the data kernels; 0: EP_CUDA_SMS, else 24 */
 } ep_buffer_config_t;
 #define EP_BUFFER_CONFIG_INIT                                                                    \
   {sizeof(ep_buffer_config_t), EP_CONFIG_MAGIC, EP_BACKEND_AUTO, 0, 0, 0, 0, 0, 0, 0.0, -1, 0}
 
-/* Bytes of shared memory one rank's buffer takes for this config and group size. Local. */
+/* Bytes of shared memory (CUDA: device memory) one rank's buffer takes for this config and
+ * group size. Local. */
 ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes);
 /* Collective: allocate this rank's region, exchange it with peers, map theirs. */
 ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf);
@@ -193,7 +215,9 @@ ep_status_t ep_buffer_backend(ep_buffer_t buf, ep_backend_t *backend);
  * Local. topk_idx[num_tokens][topk] int64, -1 = unused slot. Outputs (each may be NULL):
  * tokens_per_rank[R] int32, tokens_per_expert[E] int32, is_token_in_rank[num_tokens][R] uint8.
  * Ids < -1 or >= num_experts: EP_ERR_OUT_OF_RANGE naming the first offending slot.
- * On the CUDA backend pointers are device pointers and the call is ordered on `stream`. */
+ * On the CUDA backend pointers are device pointers and the call is ordered on `stream`; it waits
+ * for its (small) kernel so that it can report a bad id, except during a graph capture, where
+ * a bad id leaves the outputs untouched and is not reported. */
 ep_status_t ep_get_dispatch_layout(ep_buffer_t buf, const int64_t *topk_idx, int num_tokens,
                                    int topk, int num_experts, int32_t *tokens_per_rank,
                                    int32_t *tokens_per_expert, uint8_t *is_token_in_rank,
@@ -223,12 +247,22 @@ struct ep_dispatch_args_s {
   int num_experts;
   int expert_alignment;    /* 0 or 1: no rounding */
   /* Fixed-size path: outputs hold worst_case_tokens rows, no host synchronisation; rows past the
-   * receive count have topk ids -1 and weights 0. 0: synchronous path. */
+   * receive count have topk ids -1 and weights 0. 0: synchronous path.
+   * On the CUDA backend the count is not known on the host when the call returns:
+   * *num_recv_tokens (and ep_handle_num_recv_tokens) say -1; rank_prefix[R-1][rank] has it. */
   int worst_case_tokens;
   ep_handle_t cached;      /* non-NULL: resend new x along this handle's layout (no count exchange;
                               topk_idx / topk_weights are ignored and not returned) */
   void *stream;            /* cudaStream_t on the CUDA backend */
-  /* outputs (caller memory, or filled by alloc) */
+  /* outputs (caller memory, or filled by alloc)
+   * Views (backends that have them: cuda): recv_x == NULL and no alloc. The call then sets
+   * recv_x, recv_x_scales (fp8), recv_topk_idx, recv_topk_weights (if topk_weights given; not
+   * for a cached dispatch) and recv_src_idx to arrays inside the buffer's receive area, where
+   * the senders wrote every row straight at its final place (no copy). They hold Nr rows
+   * (worst_case_tokens on that path), stay valid until the next ep_dispatch on this buffer, and
+   * may be written (a bf16 recv_x overwritten in place by the expert is a zero-copy combine
+   * input). Views need every row at once: more rows than the receive area holds is
+   * EP_ERR_TOO_LARGE. On the CPU backend recv_x == NULL without alloc is EP_ERR_NULL_ARG. */
   void *recv_x;               /* [cap][hidden] */
   float *recv_x_scales;       /* [cap][num_scales], fp8 only */
   int64_t *recv_topk_idx;     /* [cap][topk], optional */
@@ -250,7 +284,10 @@ ep_status_t ep_dispatch(ep_buffer_t buf, ep_dispatch_args_t *args);
 typedef struct {
   size_t size; /* sizeof(ep_combine_args_t) */
   ep_handle_t handle;       /* from this rank's matching dispatch */
-  const void *x;            /* bf16 [num_recv_tokens][hidden] (row order of the dispatch output) */
+  const void *x;            /* bf16 [num_recv_tokens][hidden] (row order of the dispatch output);
+                               CUDA: when x lies in the buffer's receive area (a bf16 dispatch
+                               view written in place), peers read it where it is; otherwise it
+                               is first copied into the buffer (one more pass over the rows) */
   const float *topk_weights; /* [num_recv_tokens][topk] or NULL */
   const void *bias[2];      /* bf16 [num_tokens][hidden] each, or NULL */
   void *stream;

@@ -71,6 +71,20 @@ uint16_t t_rand_bf16(t_rng *r);
 void *t_xmalloc(size_t n); /* never NULL; fills with a poison byte */
 #define T_POISON 0xA5
 
+/* Backend under test. EP_BACKEND=cuda selects the CUDA backend: tensors then live in device
+ * memory, and the helpers below move them (on the CPU backend they are plain malloc/memcpy, so
+ * one test body runs on both). */
+bool t_cuda(void);
+/* For the CUDA backend: exit 77 with a visible "skipped: ..." line when it cannot run here (not
+ * built, or no GPU). Call first, before the group. */
+void t_require_backend(void);
+void *t_dalloc(size_t n);                 /* device memory (host on cpu), filled with T_POISON */
+void *t_to_dev(const void *host, size_t n); /* new device copy of host bytes (NULL -> NULL) */
+void *t_to_host(const void *dev, size_t n); /* new malloc'd host copy of device bytes */
+void t_copy_to_dev(void *dev, const void *host, size_t n);
+void t_dfree(void *dev);                  /* NULL-safe */
+void t_dsync(void);                       /* wait for the device (no-op on cpu) */
+
 /* Group from `epcomm launch`, and a buffer on it (cfg NULL: defaults). */
 void t_init(ep_group_t *g, int *rank, int *nranks);
 void t_fini(ep_group_t g);

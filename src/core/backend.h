@@ -104,8 +104,16 @@ typedef struct {
   void *stream;
 } ep_layout_args_t;
 
+/* Optional abilities of a backend (ep_backend_ops.caps). */
+enum {
+  /* ep_dispatch with recv_x == NULL and no alloc: the outputs are views of the backend's own
+   * receive memory, returned through the args (valid until the next dispatch on the buffer). */
+  EP_CAP_DISPATCH_VIEWS = 1u << 0,
+};
+
 struct ep_backend_ops {
   const char *name;
+  unsigned caps; /* EP_CAP_* */
   /* Local: bytes of memory one rank's buffer takes for `cfg` (already resolved) and R ranks. */
   ep_status_t (*size_hint)(const ep_buffer_config_t *cfg, int nranks, size_t *bytes);
   /* Collective. Builds the backend state of one buffer. */

@@ -28,6 +28,9 @@ static const struct ep_env_var {
     {"EP_NOTIFY_FD", "int", "", "socket on which epcomm launch reports dead ranks"},
     {"EP_DOCTOR_RULES", "path", "", "rulebook used by epcomm doctor"},
     {"EP_CUDA_DEVICE", "int", "", "CUDA device of this rank (default: local rank modulo devices)"},
+    {"EP_CUDA_SMS", "int", "0", "blocks (SMs) per rank of the CUDA kernels; 0: 24 (config "
+     "num_sms overrides); never more than the GPU's SMs shared among its ranks"},
+    {"EP_CUDA_ARENA_MB", "int", "64", "device memory per CUDA buffer for dispatch handles"},
 };
 #define ENV_COUNT (sizeof env_table / sizeof env_table[0])
 

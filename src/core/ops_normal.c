@@ -69,7 +69,8 @@ static ep_status_t check_payload(const ep_dispatch_args_t *a, const char *op) {
   return EP_OK;
 }
 
-static ep_status_t check_outputs(const ep_dispatch_args_t *a, bool cached, const char *op) {
+static ep_status_t check_outputs(const ep_dispatch_args_t *a, bool cached, bool views,
+                                 const char *op) {
   NEED(a->worst_case_tokens >= 0, EP_ERR_OUT_OF_RANGE, "%s: worst_case_tokens is %d", op,
        a->worst_case_tokens);
   NEED(a->recv_capacity >= 0, EP_ERR_OUT_OF_RANGE, "%s: recv_capacity is %d", op,
@@ -79,7 +80,7 @@ static ep_status_t check_outputs(const ep_dispatch_args_t *a, bool cached, const
   NEED(!(a->alloc && a->worst_case_tokens), EP_ERR_INVALID_ARG,
        "%s: alloc is for the synchronous path; the worst-case path takes fixed outputs", op);
   NEED(a->num_recv_tokens, EP_ERR_NULL_ARG, "%s: num_recv_tokens is NULL", op);
-  if (!a->alloc) {
+  if (!a->alloc && (a->recv_x || !views)) {
     NEED(a->recv_x, EP_ERR_NULL_ARG, "%s: recv_x is NULL (give outputs or alloc)", op);
     NEED(a->dtype != EP_DTYPE_FP8_E4M3 || a->recv_x_scales, EP_ERR_NULL_ARG,
          "%s: recv_x_scales is NULL (fp8 x)", op);
@@ -124,7 +125,8 @@ static ep_status_t validate_dispatch(ep_buffer *b, ep_dispatch_args_t *a, ep_han
                                      const char *op) {
   default_scales(a);
   ep_status_t st = check_payload(a, op);
-  if (!st) st = check_outputs(a, a->cached != NULL, op);
+  bool views = (b->ops->caps & EP_CAP_DISPATCH_VIEWS) != 0;
+  if (!st) st = check_outputs(a, a->cached != NULL, views, op);
   if (st) return st;
   if (a->cached) return check_cached(b, a, cached, op);
   return check_routing(b->group->nranks, a->topk_idx, a->num_tokens, a->topk, a->num_experts,
@@ -150,8 +152,8 @@ static ep_status_t run_dispatch(ep_buffer *b, ep_dispatch_args_t *a, ep_handle *
     ep_log_at(EP_LOG_DEBUG, b->group->rank, "run", "%s: %d tokens sent, %d received (hidden %d, "
               "%s%s)", op, a->num_tokens, *a->num_recv_tokens, a->hidden,
               a->dtype == EP_DTYPE_BF16 ? "bf16" : "fp8", cached ? ", cached" : "");
-  /* Outputs an allocator filled in are reported back through the caller's struct. */
-  if (a->alloc) {
+  /* Outputs an allocator filled in, or views, are reported back through the caller's struct. */
+  if (a->alloc || !user->recv_x) {
     user->recv_x = a->recv_x;
     user->recv_x_scales = a->recv_x_scales;
     user->recv_topk_idx = a->recv_topk_idx;

@@ -1,0 +1,94 @@
+/*
+ * CUDA backend (private header). Host side in C; the kernels are behind cuda/kernels/ep_kernels.h.
+ *
+ * One buffer of one rank owns:
+ *   - its pool (cudaMalloc, exported with cudaIpcGetMemHandle) and the peers' pools mapped here
+ *     (cudaIpcOpenMemHandle), laid out as ep_kernels.h describes;
+ *   - private device memory: kernel control words, the table of peer pool addresses, scratch;
+ *   - a page-locked host block mapped into the device (error word, counts for the host, abort);
+ *   - an arena from which handles take their device memory (plans), so that a dispatch never
+ *     calls cudaMalloc and stays capturable in a CUDA graph;
+ *   - a side stream (for reject) and an event that orders calls made on different streams.
+ * Destroy quiesces (own work, then a barrier), closes every mapping, then frees in reverse.
+ */
+#ifndef EP_CUDA_H
+#define EP_CUDA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "core/backend.h"
+#include "cuda/kernels/ep_kernels.h"
+
+typedef struct cuda_arena cuda_arena_t;
+
+typedef struct {
+  ep_ctx_t *ctx;
+  int rank, nranks, device, channels;
+  size_t queue_bytes;
+  epk_buf_t kb;            /* what the kernels see */
+  uint8_t *pool;           /* own pool (device) */
+  uint8_t **peer_ptrs;     /* [R] host copy of kb.peers; [rank] == pool */
+  bool *opened;            /* [R] mapped through cudaIpcOpenMemHandle (to close) */
+  void *priv_mem;          /* private device allocation: priv, peers, peer_blocks, ecount */
+  epk_host_t *host;        /* page-locked, mapped; host address */
+  cuda_arena_t *arena;     /* shared with the handles it serves (reference counted) */
+  cudaStream_t side;
+  cudaEvent_t last;        /* recorded after each call on its stream (not while capturing) */
+  cudaStream_t last_stream;
+  bool last_valid;
+  uint32_t ticket;         /* synchronous calls made (host side) */
+  int prev_device;         /* the caller's current device, restored on leaving */
+  int err_topk;            /* topk of the last dispatch, to name a bad slot */
+} cuda_state_t;
+
+/* A dispatch's layout as a handle keeps it (the handle's priv). */
+typedef struct {
+  cuda_arena_t *arena;
+  int32_t *plan;   /* epk_plan_* layout, in the arena */
+  size_t plan_bytes;
+  int32_t *src;    /* [src_cap] recv_src_idx of every received row, in the arena */
+  int64_t src_cap;
+  int N, R, nr;    /* nr: -1 until known on the host (worst-case path) */
+} cuda_plan_t;
+
+/* ---- cuda_mem.c: create / destroy of the memory and the mappings */
+ep_status_t cuda_mem_setup(cuda_state_t *s, const ep_buffer_config_t *cfg);
+void cuda_mem_teardown(cuda_state_t *s, bool collective);
+size_t cuda_pool_layout(int nranks, int channels, size_t queue_bytes, epk_buf_t *kb);
+
+/* ---- cuda_arena.c: device memory for handles (host-side bookkeeping only) */
+ep_status_t cuda_arena_new(size_t bytes, cuda_arena_t **out);
+void *cuda_arena_alloc(cuda_arena_t *a, size_t bytes);
+void cuda_arena_free(cuda_arena_t *a, void *p, size_t bytes);
+void cuda_arena_ref(cuda_arena_t *a);
+void cuda_arena_unref(cuda_arena_t *a); /* frees the device memory with the last reference */
+cuda_plan_t *cuda_plan_new(cuda_state_t *s, int N);
+bool cuda_plan_src(cuda_plan_t *p, int64_t rows); /* the src array; false: arena full */
+void cuda_plan_free(void *plan);
+
+/* ---- cuda_sync.c: streams, host waits, errors */
+/* Every entry point: selects the device, reports a failure a kernel of an earlier asynchronous
+ * call recorded, and orders this call after the buffer's previous one. */
+ep_status_t cuda_enter(cuda_state_t *s, void *stream, const char *op, cudaStream_t *out);
+void cuda_leave(cuda_state_t *s, cudaStream_t st, bool record); /* record: it enqueued work */
+bool cuda_capturing(cudaStream_t st);
+ep_status_t cuda_check(cuda_state_t *s, cudaError_t e, const char *op, const char *what);
+/* Waits for the notify kernel of a synchronous call (ticket), with the deadline and liveness. */
+ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op);
+/* Turns the host error word into a status and message (and clears it); EP_OK if none. */
+ep_status_t cuda_take_error(cuda_state_t *s, const char *op);
+/* Waits for this buffer's own work; false on deadline (then kernels were told to stop). */
+bool cuda_quiesce(cuda_state_t *s, double seconds);
+void cuda_reject(void *state);
+int cuda_set_device(int dev, int *prev);
+
+/* ---- operations */
+ep_status_t cuda_layout(void *state, const ep_layout_args_t *a);
+ep_status_t cuda_dispatch(void *state, ep_dispatch_args_t *a, const ep_handle_info_t *cached,
+                          ep_handle_info_t *out);
+ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
+
+#endif

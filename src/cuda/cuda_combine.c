@@ -1,0 +1,73 @@
+/* Normal-mode combine on the GPU (SPEC §3): a hello kernel (checks, rounds), then the combine
+ * kernel; both on the caller's stream, no host synchronisation. When x lies in this rank's
+ * receive area (for instance the bf16 dispatch view, overwritten in place by the expert),
+ * peers read it where it is; otherwise the kernel stages it in the combine area first. */
+#include <stdint.h>
+#include <string.h>
+
+#include "cuda/cuda.h"
+
+static const char OP[] = "ep_combine";
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* Byte offset of x in the pool when all its rows lie in area D, else -1. */
+static int64_t direct_offset(const cuda_state_t *s, const void *x, int64_t rows, uint64_t row) {
+  const uint8_t *lo = s->pool + s->kb.off_area_d, *hi = lo + s->kb.area_bytes, *p = x;
+  if (!x || p < lo || p >= hi || !aligned16(x)) return -1;
+  if ((uint64_t)(hi - p) < (uint64_t)rows * row) return -1;
+  return (int64_t)(p - s->pool);
+}
+
+static ep_status_t check(cuda_state_t *s, const ep_combine_args_t *a, const ep_handle_info_t *h,
+                         bool has_w) {
+  const void *ptrs[] = {a->x, a->out, a->bias[0], a->bias[1]};
+  static const char *names[] = {"x", "out", "bias[0]", "bias[1]"};
+  for (int i = 0; i < 4; i++)
+    if (!aligned16(ptrs[i]))
+      return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, OP, "arguments",
+                         "%s must be 16-byte aligned on the CUDA backend", names[i]);
+  uint64_t row = (uint64_t)h->hidden * 2, wrow = has_w ? (uint64_t)h->topk * 4 : 0;
+  int64_t rows = epk_stage_rows(s->kb.area_bytes, row, wrow);
+  if (rows < s->nranks)
+    return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
+                       "the combine area (%llu bytes) holds %lld rows of %llu bytes, fewer than "
+                       "the %d ranks: raise queue_bytes", (unsigned long long)s->kb.area_bytes,
+                       (long long)rows, (unsigned long long)(row + wrow), s->nranks);
+  return EP_OK;
+}
+
+ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h) {
+  cuda_state_t *s = state;
+  const cuda_plan_t *p = h->priv;
+  const bool has_w = a->topk_weights != NULL;
+  cudaStream_t st;
+  ep_status_t rc = cuda_enter(s, a->stream, OP, &st);
+  if (rc) return rc;
+  if ((rc = check(s, a, h, has_w))) {
+    cuda_leave(s, st, false);
+    cuda_reject(s);
+    return rc;
+  }
+  const uint64_t row = (uint64_t)h->hidden * 2;
+  const int64_t xoff = direct_offset(s, a->x, h->recv_rows, row);
+  epk_notify_t n;
+  memset(&n, 0, sizeof n);
+  n.kind = EPK_NOTIFY_COMBINE;
+  n.hidden = h->hidden;
+  n.topk = h->topk;
+  n.has_w = has_w;
+  n.num_tokens = h->num_tokens;
+  n.direct = xoff >= 0;
+  n.recv_rows = h->recv_rows;
+  n.plan = p->plan;
+  n.xrow = row;
+  n.wrow = has_w ? (uint64_t)h->topk * 4 : 0;
+  epk_combine_t k = {h->num_tokens, h->hidden, h->topk, has_w, xoff >= 0, 0, xoff,
+                     h->recv_rows, a->x, a->topk_weights, a->bias[0], a->bias[1], a->out,
+                     a->out_topk_weights, p->plan, p->src, p->src_cap};
+  rc = cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
+  if (!rc) rc = cuda_check(s, epk_launch_combine(&s->kb, &k, st), OP, "launch");
+  cuda_leave(s, st, true);
+  return rc;
+}

@@ -1,0 +1,27 @@
+/* Layout on the GPU: one small kernel on the caller's stream. Out-of-range ids are found before
+ * anything is written; outside a graph capture the call waits for the kernel so that it can
+ * return EP_ERR_OUT_OF_RANGE naming the slot (during a capture, outputs are left untouched). */
+#include "cuda/cuda.h"
+
+static const char OP[] = "ep_get_dispatch_layout";
+
+ep_status_t cuda_layout(void *state, const ep_layout_args_t *a) {
+  cuda_state_t *s = state;
+  cudaStream_t st;
+  ep_status_t rc = cuda_enter(s, a->stream, OP, &st);
+  if (rc) return rc;
+  epk_layout_t k = {a->topk_idx, a->num_tokens, a->topk, a->num_experts, 0,
+                    a->tokens_per_rank, a->tokens_per_expert, a->is_token_in_rank};
+  __atomic_store_n(&s->host->layout_bad, 0, __ATOMIC_RELEASE);
+  rc = cuda_check(s, epk_launch_layout(&s->kb, &k, st), OP, "launch");
+  if (!rc && !cuda_capturing(st)) rc = cuda_check(s, cudaStreamSynchronize(st), OP, "layout");
+  int32_t bad = __atomic_load_n(&s->host->layout_bad, __ATOMIC_ACQUIRE);
+  if (!rc && bad) {
+    long long slot = bad - 1;
+    rc = ep_ctx_fail(s->ctx, EP_ERR_OUT_OF_RANGE, -1, OP, "layout",
+                     "topk_idx[%lld][%lld] is %lld, must be -1 or in [0, %d)", slot / a->topk,
+                     slot % a->topk, (long long)s->host->bad_value, a->num_experts);
+  }
+  cuda_leave(s, st, true);
+  return rc;
+}

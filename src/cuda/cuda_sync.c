@@ -1,0 +1,199 @@
+/* Streams, host waits and failures of the CUDA backend.
+ *
+ * Kernels never trap: a kernel that gives up records why (status, phase, peer) in a device word
+ * and in the mapped host block, and returns. A synchronous call reads it right away; a failure
+ * in an asynchronous call (worst-case or cached dispatch, combine) is seen by the next call on
+ * the buffer: a deadline or a dead peer fails it and breaks the buffer (only destroy/release
+ * remain); a failure that moved no data on any rank is logged (warn) and the call goes on. */
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda/cuda.h"
+
+int cuda_set_device(int dev, int *prev) {
+  *prev = -1;
+  if (cudaGetDevice(prev) != cudaSuccess) *prev = -1;
+  return *prev == dev ? 0 : (int)cudaSetDevice(dev);
+}
+
+bool cuda_capturing(cudaStream_t st) {
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) return false;
+  return cs != cudaStreamCaptureStatusNone;
+}
+
+ep_status_t cuda_check(cuda_state_t *s, cudaError_t e, const char *op, const char *what) {
+  if (e == cudaSuccess) return EP_OK;
+  return ep_ctx_fail(s->ctx, EP_ERR_CUDA, -1, op, what, "%s (%s)", cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+}
+
+static const char *phase_name(unsigned p) {
+  switch (p) {
+    case EPK_PH_NOTIFY: return "notify";
+    case EPK_PH_ARRIVE: return "dispatch data";
+    case EPK_PH_WINDOW: return "dispatch window";
+    case EPK_PH_STAGED: return "combine data";
+    case EPK_PH_CDONE: return "combine release";
+    default: return "check";
+  }
+}
+
+static const char *waited_for(unsigned p) {
+  switch (p) {
+    case EPK_PH_NOTIFY: return "its hello (counts and call description)";
+    case EPK_PH_ARRIVE: return "its rows";
+    case EPK_PH_WINDOW: return "it to free its receive window";
+    case EPK_PH_STAGED: return "its rows to combine";
+    default: return "it to finish reading our rows";
+  }
+}
+
+static const char *field_name(unsigned f) {
+  static const char *n[] = {"the operation", "hidden", "dtype", "topk", "num_experts",
+                            "num_scales", "topk_weights given"};
+  return f < EPK_F_COUNT ? n[f] : "a field";
+}
+
+ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
+  uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
+  if (!v) return EP_OK;
+  unsigned code = (unsigned)(v >> 56), phase = (unsigned)(v >> 48) & 0xff;
+  int peer = (int)((v >> 32) & 0xffff) - 1;
+  unsigned detail = (unsigned)v;
+  __atomic_store_n(&s->host->err, 0ull, __ATOMIC_RELEASE);
+  cudaMemsetAsync(&s->kb.priv->err, 0, sizeof s->kb.priv->err, s->side);
+  cudaStreamSynchronize(s->side);
+  const char *ph = phase_name(phase);
+  switch (code) {
+    case EP_ERR_TIMEOUT:
+      return ep_ctx_fail(s->ctx, EP_ERR_TIMEOUT, peer, op, ph,
+                         "rank %d did not arrive within %.3g s (waiting for %s)", peer,
+                         ep_ctx_timeout(s->ctx), waited_for(phase));
+    case EP_ERR_MISMATCH:
+      return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, peer, op, ph,
+                         "%s differs between this rank and rank %d (must agree on all ranks)",
+                         field_name(detail), peer);
+    case EP_ERR_PEER_INVALID:
+      return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, peer, op, ph,
+                         "rank %d rejected its arguments for this call (see its error)", peer);
+    case EP_ERR_OUT_OF_RANGE:
+      return ep_ctx_fail(s->ctx, EP_ERR_OUT_OF_RANGE, -1, op, "layout",
+                         "topk_idx[%u][%u] is %lld, must be -1 or in [0, num_experts)",
+                         detail / (unsigned)(s->err_topk > 0 ? s->err_topk : 1),
+                         detail % (unsigned)(s->err_topk > 0 ? s->err_topk : 1),
+                         (long long)s->host->bad_value);
+    case EP_ERR_TOO_LARGE:
+      return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, peer, op, ph,
+                         "%u rows arrive on rank %d, more than its outputs hold "
+                         "(worst_case_tokens, or the receive area for views)", detail,
+                         peer >= 0 ? peer : s->rank);
+    default:
+      return ep_ctx_fail(s->ctx, (ep_status_t)code, peer, op, ph, "a kernel failed");
+  }
+}
+
+/* A failure recorded by a kernel of an earlier asynchronous call. Failures every rank saw alike
+ * and that moved no data (a rank rejected its arguments, the ranks disagree, the outputs were too
+ * small) leave the buffer consistent: they are logged, and this call goes on (failing it would
+ * leave the peers waiting). The others (a deadline, a dead peer) break the buffer. */
+static ep_status_t deferred(cuda_state_t *s, const char *op) {
+  ep_status_t st = cuda_take_error(s, op);
+  if (!st) return EP_OK;
+  if (st == EP_ERR_PEER_INVALID || st == EP_ERR_MISMATCH || st == EP_ERR_OUT_OF_RANGE ||
+      st == EP_ERR_TOO_LARGE) {
+    ep_log_at(EP_LOG_WARN, s->rank, "run", "an earlier asynchronous call failed and moved no "
+              "data: %s", ep_last_error());
+    return EP_OK;
+  }
+  ep_ctx_mark_broken(s->ctx);
+  return st;
+}
+
+ep_status_t cuda_enter(cuda_state_t *s, void *stream, const char *op, cudaStream_t *out) {
+  *out = (cudaStream_t)stream;
+  if (cuda_set_device(s->device, &s->prev_device))
+    return cuda_check(s, cudaGetLastError(), op, "device");
+  ep_status_t st = deferred(s, op);
+  if (st) {
+    cuda_leave(s, *out, false);
+    return st;
+  }
+  /* Calls on different streams still run in call order (peers count on it). */
+  if (s->last_valid && s->last_stream != *out && !cuda_capturing(*out) &&
+      (st = cuda_check(s, cudaStreamWaitEvent(*out, s->last, 0), op, "stream order")))
+    cuda_leave(s, *out, false);
+  return st;
+}
+
+void cuda_leave(cuda_state_t *s, cudaStream_t st, bool record) {
+  /* A captured call is ordered by the graph: nothing to record. */
+  if (record && !cuda_capturing(st) && cudaEventRecord(s->last, st) == cudaSuccess) {
+    s->last_stream = st;
+    s->last_valid = true;
+  }
+  if (s->prev_device >= 0 && s->prev_device != s->device) cudaSetDevice(s->prev_device);
+}
+
+ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op) {
+  double start = ep_now(), deadline = start + ep_ctx_timeout(s->ctx) + 10.0, next = start + 0.05;
+  for (unsigned spins = 0;; spins++) {
+    if (__atomic_load_n(&s->host->ticket, __ATOMIC_ACQUIRE) == ticket) return EP_OK;
+    if (__atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE)) return EP_OK; /* caller reports it */
+    if (spins % 256) continue;
+    double now = ep_now();
+    if (now < next) {
+      sched_yield();
+      continue;
+    }
+    next = now + 0.05;
+    int dead = -1;
+    const char *how = NULL;
+    if (ep_ctx_check_peers(s->ctx, &dead, &how) == EP_ERR_PEER_FAILED) {
+      __atomic_store_n(&s->host->abort, 1u, __ATOMIC_RELEASE);
+      return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, op, "notify", "rank %d died (%s)",
+                         dead, how ? how : "no longer alive");
+    }
+    if (now > deadline) {
+      __atomic_store_n(&s->host->abort, 1u, __ATOMIC_RELEASE);
+      return ep_ctx_fail(s->ctx, EP_ERR_TIMEOUT, -1, op, "notify",
+                         "the count exchange did not finish within %.3g s (the kernel never "
+                         "ran?)", now - start);
+    }
+  }
+}
+
+bool cuda_quiesce(cuda_state_t *s, double seconds) {
+  double deadline = ep_now() + seconds;
+  bool aborted = false;
+  for (;;) {
+    cudaError_t a = s->last_valid ? cudaEventQuery(s->last) : cudaSuccess;
+    cudaError_t b = s->side ? cudaStreamQuery(s->side) : cudaSuccess;
+    if (a != cudaErrorNotReady && b != cudaErrorNotReady) return !aborted;
+    if (ep_now() > deadline) {
+      if (aborted) return false;
+      /* Kernels still wait for peers that will not come: tell them to stop, give them 1 s. */
+      __atomic_store_n(&s->host->abort, 1u, __ATOMIC_RELEASE);
+      aborted = true;
+      deadline = ep_now() + 1.0;
+    }
+    sched_yield();
+  }
+}
+
+void cuda_reject(void *state) {
+  cuda_state_t *s = state;
+  int prev;
+  if (cuda_set_device(s->device, &prev)) return;
+  if (s->last_valid) cudaStreamWaitEvent(s->side, s->last, 0);
+  epk_notify_t k;
+  memset(&k, 0, sizeof k);
+  k.kind = EPK_NOTIFY_REJECT;
+  if (epk_launch_notify(&s->kb, &k, s->side) == cudaSuccess &&
+      cudaEventRecord(s->last, s->side) == cudaSuccess) {
+    s->last_stream = s->side;
+    s->last_valid = true;
+  }
+  if (prev >= 0 && prev != s->device) cudaSetDevice(prev);
+}

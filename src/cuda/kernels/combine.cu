@@ -1,0 +1,280 @@
+/* Combine: every source pulls the rows of its tokens from the ranks that hold them and reduces
+ * them in registers (bias0 + bias1, then each rank's row in ascending rank order, in fp32; one
+ * RNE rounding to bf16). A rank's rows are read where they are when its input x lies in its
+ * area D (for instance the bf16 dispatch view, overwritten by the expert); otherwise the rank
+ * first stages them in its area C. When staging cannot hold all rows at once, the call runs in
+ * rounds over chunks of source tokens; each round: stage -> "staged" -> pull -> "done". */
+#include "cuda/kernels/common.cuh"
+
+#define CT 384
+#define CWARPS (CT / 32)
+
+namespace {
+
+struct cstate {
+  long long *xo, *wo; /* [R] per holder r: byte offset in r's pool of our row 0 (x, weights) */
+  int *pre, *cme;     /* [R] per source s: first row of s's rows here, and how many */
+  int *lo, *hi, *so;  /* [R] rows of s in this round, and where they are staged */
+};
+
+__device__ int lower_bound(const int32_t *v, int n, int key) {
+  int a = 0, z = n;
+  while (a < z) {
+    int m = (a + z) / 2;
+    if (v[m] < key) a = m + 1;
+    else z = m;
+  }
+  return a;
+}
+
+/* Waits until flag[r] of this rank's pool reaches `target` for every r. */
+__device__ bool wait_all(const epk_buf_t &b, uint64_t off, uint32_t target, uint32_t phase) {
+  bool fail = false;
+  for (int r = threadIdx.x; r < b.nranks && !fail; r += CT) {
+    const uint32_t *f = epk_u32(b.peers[b.rank], off, r);
+    epk_waiter w;
+    w.reset();
+    while (epk_ld_acq(f) < target)
+      if (w.tick(b, r, phase)) {
+        fail = true;
+        break;
+      }
+  }
+  return !__syncthreads_or(fail);
+}
+
+/* Signals `value` into flag[me] of every peer once all blocks passed this point. */
+__device__ void signal_all(const epk_buf_t &b, unsigned *counter, unsigned round, uint64_t off) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence_system();
+  if (atomicAdd(counter, 1u) != (round + 1) * gridDim.x - 1) return;
+  __threadfence_system();
+  for (int s = 0; s < b.nranks; s++) epk_st_rel(epk_u32(b.peers[s], off, b.rank), round + 1);
+}
+
+__device__ void round_rows(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int k,
+                           int K, int tc, int *total) {
+  __shared__ int s_total;
+  for (int s = threadIdx.x; s < b.nranks; s += CT) {
+    if (K == 1) {
+      c.lo[s] = 0, c.hi[s] = c.cme[s];
+      continue;
+    }
+    int n = (int)max((int64_t)0, min((int64_t)c.cme[s], a.hsrc_cap - c.pre[s]));
+    const int32_t *v = a.hsrc + c.pre[s];
+    c.lo[s] = lower_bound(v, n, k * tc);
+    c.hi[s] = lower_bound(v, n, (k + 1) * tc);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int run = 0;
+    for (int s = 0; s < b.nranks; s++) c.so[s] = run, run += c.hi[s] - c.lo[s];
+    s_total = run;
+  }
+  __syncthreads();
+  *total = s_total;
+}
+
+/* Stages this block's share of the round's rows in area C and publishes where every source
+ * finds its rows (ctab). */
+__device__ void stage(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int k, int K,
+                      int tc) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = b.nranks;
+  const uint64_t xrow = (uint64_t)a.hidden * 2, wrow = (uint64_t)a.topk * 4;
+  const int64_t cap = epk_stage_rows(b.area_bytes, a.direct ? 0 : xrow, a.has_w ? wrow : 0);
+  const uint64_t sx = b.off_area_c, sw = b.off_area_c + (a.direct ? 0 : epk_al(cap * xrow, 256));
+  uint8_t *pool = b.peers[b.rank];
+  int M;
+  round_rows(b, a, c, k, K, tc, &M);
+  const int a0 = (int)((int64_t)M * blockIdx.x / gridDim.x);
+  const int a1 = (int)((int64_t)M * (blockIdx.x + 1) / gridDim.x);
+  for (int i = a0 + warp; (!a.direct || a.has_w) && i < a1; i += CWARPS) {
+    int s = 0;
+    while (s + 1 < R && c.so[s + 1] <= i) s++;
+    const int64_t row = c.pre[s] + c.lo[s] + (i - c.so[s]);
+    if (row >= a.x_rows) continue;
+    if (!a.direct)
+      epk_warp_copy<false>(reinterpret_cast<int4 *>(pool + sx + (uint64_t)i * xrow),
+                           reinterpret_cast<const int4 *>(static_cast<const uint8_t *>(a.x) + row * xrow),
+                           (int)(xrow / 16));
+    float *wd = reinterpret_cast<float *>(pool + sw) + (int64_t)i * a.topk;
+    for (int j = lane; a.has_w && j < a.topk; j += 32) wd[j] = a.w[row * a.topk + j];
+  }
+  for (int s = threadIdx.x; blockIdx.x == 0 && s < R; s += CT) {
+    long long *ct = reinterpret_cast<long long *>(pool + b.off_ctab) + 2 * s;
+    const long long shift = (long long)c.so[s] - c.lo[s];
+    ct[0] = a.direct ? a.x_off + (long long)c.pre[s] * (long long)xrow
+                     : (long long)sx + shift * (long long)xrow;
+    ct[1] = (long long)sw + shift * (long long)wrow;
+  }
+}
+
+/* Points the warp's table at token t's rows of holders g .. g+31; returns their mask. */
+__device__ unsigned load_group(const epk_buf_t &b, const epk_combine_t &a, const cstate &c,
+                               int t, int g, const uint8_t **sx, const float **sw) {
+  const int lane = threadIdx.x & 31, r = g + lane, R = b.nranks;
+  const int32_t *pos = epk_plan_pos(const_cast<int32_t *>(a.plan), R);
+  __syncwarp();
+  int p = r < R ? pos[(int64_t)t * R + r] : -1;
+  if (p >= 0) {
+    const uint8_t *base = b.peers[r];
+    sx[lane] = base + c.xo[r] + (int64_t)p * a.hidden * 2;
+    sw[lane] = reinterpret_cast<const float *>(base + c.wo[r]) + (int64_t)p * a.topk;
+  }
+  unsigned m = __ballot_sync(EPK_FULL, p >= 0);
+  __syncwarp();
+  return m;
+}
+
+__device__ __forceinline__ void add8(float *acc, int4 v) {
+  const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    acc[2 * e] += __uint_as_float(u[e] << 16);
+    acc[2 * e + 1] += __uint_as_float(u[e] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ void cvt8(float *x, int4 v) {
+  const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    x[2 * e] = __uint_as_float(u[e] << 16);
+    x[2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
+  }
+}
+
+/* The reference's float(b0) + float(b1), an absent bias being +0.0f (so -0.0 behaves alike). */
+__device__ __forceinline__ void init8(float *acc, const int4 *b0, const int4 *b1, int i) {
+  float x[8], y[8];
+  if (b0) cvt8(x, __ldg(b0 + i));
+  if (b1) cvt8(y, __ldg(b1 + i));
+#pragma unroll
+  for (int e = 0; e < 8; e++) acc[e] = (b0 ? x[e] : 0.0f) + (b1 ? y[e] : 0.0f);
+}
+
+__device__ __forceinline__ int4 pack8(const float *acc) {
+  uint32_t u[4];
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * e]));
+    uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * e + 1]));
+    u[e] = lo | (hi << 16);
+  }
+  return make_int4((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
+}
+
+/* out[t] and out_w[t] from every holder's row of t (ascending rank). Each lane keeps RU
+ * vectors of 8 channels in flight per holder: the loads, not the adds, set the pace. */
+#define RU 4
+__device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int t,
+                             const uint8_t **sx, const float **sw) {
+  const int lane = threadIdx.x & 31, R = b.nranks, nv = a.hidden / 8;
+  const int64_t H = a.hidden;
+  const int4 *b0 = a.bias0 ? reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.bias0) + t * H) : nullptr;
+  const int4 *b1 = a.bias1 ? reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.bias1) + t * H) : nullptr;
+  int4 *out = reinterpret_cast<int4 *>(static_cast<uint16_t *>(a.out) + t * H);
+  unsigned mask = 0;
+  for (int i0 = 0; i0 < nv; i0 += 32 * RU) {
+    float acc[RU][8];
+#pragma unroll
+    for (int u = 0; u < RU; u++)
+      if (i0 + 32 * u + lane < nv) init8(acc[u], b0, b1, i0 + 32 * u + lane);
+    for (int g = 0; g < R; g += 32) {
+      if (R > 32 || i0 == 0) mask = load_group(b, a, c, t, g, sx, sw);
+      for (unsigned m = mask; m; m &= m - 1) {
+        const int4 *src = reinterpret_cast<const int4 *>(sx[__ffs(m) - 1]);
+        int4 v[RU];
+#pragma unroll
+        for (int u = 0; u < RU; u++)
+          if (i0 + 32 * u + lane < nv) v[u] = __ldcg(src + i0 + 32 * u + lane);
+#pragma unroll
+        for (int u = 0; u < RU; u++)
+          if (i0 + 32 * u + lane < nv) add8(acc[u], v[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < RU; u++)
+      if (i0 + 32 * u + lane < nv) out[i0 + 32 * u + lane] = pack8(acc[u]);
+  }
+  for (int k0 = 0; a.has_w && k0 < a.topk; k0 += 32) {
+    const int k = k0 + lane;
+    float acc = 0.0f;
+    for (int g = 0; g < R; g += 32) {
+      if (R > 32 || nv == 0 || k0 == 0) mask = load_group(b, a, c, t, g, sx, sw);
+      for (unsigned m = mask; m; m &= m - 1)
+        if (k < a.topk) acc += __ldcg(sw[__ffs(m) - 1] + k);
+    }
+    if (k < a.topk) a.out_w[(int64_t)t * a.topk + k] = acc;
+  }
+}
+
+__device__ void reduce(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int k,
+                       int tc) {
+  __shared__ const uint8_t *s_x[CWARPS][32];
+  __shared__ const float *s_w[CWARPS][32];
+  const int warp = threadIdx.x >> 5;
+  for (int r = threadIdx.x; r < b.nranks; r += CT) {
+    const long long *ct = reinterpret_cast<const long long *>(b.peers[r] + b.off_ctab) + 2 * b.rank;
+    c.xo[r] = __ldcg(ct);
+    c.wo[r] = __ldcg(ct + 1);
+  }
+  __syncthreads();
+  const int64_t t0 = (int64_t)k * tc, t1 = min((int64_t)a.num_tokens, t0 + tc), n = t1 - t0;
+  if (n <= 0) return;
+  const int64_t lo = t0 + n * blockIdx.x / gridDim.x, hi = t0 + n * (blockIdx.x + 1) / gridDim.x;
+  for (int64_t t = lo + warp; t < hi; t += CWARPS) reduce_token(b, a, c, (int)t, s_x[warp], s_w[warp]);
+}
+
+__device__ void finish(const epk_buf_t &b) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(&b.priv->finished, 1u) != gridDim.x - 1) return;
+  for (int s = 0; s < b.nranks; s++) {
+    *epk_u32(b.peers[b.rank], b.off_staged, s) = 0;
+    *epk_u32(b.peers[b.rank], b.off_cdone, s) = 0;
+  }
+  b.priv->cnt_a = 0;
+  b.priv->cnt_b = 0;
+  b.priv->finished = 0;
+  __threadfence_system();
+}
+
+__global__ void __launch_bounds__(CT, 1) epk_combine_kernel(epk_buf_t b, epk_combine_t a) {
+  extern __shared__ long long csm[];
+  const int R = b.nranks;
+  if (epk_stopped(b)) return; /* the hello failed: nothing moves */
+  int *ints = reinterpret_cast<int *>(csm + 2 * R);
+  cstate c = {csm, csm + R, ints, ints + R, ints + 2 * R, ints + 3 * R, ints + 4 * R};
+  const int K = b.priv->comb_k, tc = b.priv->comb_tc;
+  const int32_t *cnt = epk_plan_cnt(const_cast<int32_t *>(a.plan));
+  for (int s = threadIdx.x; s < R; s += CT) {
+    int pre = 0;
+    for (int q = 0; q < s; q++) pre += cnt[q * R + b.rank];
+    c.pre[s] = pre;
+    c.cme[s] = cnt[s * R + b.rank];
+  }
+  __syncthreads();
+  for (int k = 0; k < K; k++) {
+    if (k > 0 && !wait_all(b, b.off_cdone, (uint32_t)k, EPK_PH_CDONE)) return;
+    stage(b, a, c, k, K, tc);
+    signal_all(b, &b.priv->cnt_a, (unsigned)k, b.off_staged);
+    if (!wait_all(b, b.off_staged, (uint32_t)k + 1, EPK_PH_STAGED)) return;
+    reduce(b, a, c, k, tc);
+    signal_all(b, &b.priv->cnt_b, (unsigned)k, b.off_cdone);
+  }
+  /* Our rows (perhaps the caller's x itself) stay readable until every source is done. */
+  if (!wait_all(b, b.off_cdone, (uint32_t)K, EPK_PH_CDONE)) return;
+  finish(b);
+}
+
+}  // namespace
+
+extern "C" cudaError_t epk_launch_combine(const epk_buf_t *b, const epk_combine_t *a,
+                                          cudaStream_t s) {
+  size_t smem = (size_t)b->nranks * (2 * sizeof(long long) + 5 * sizeof(int));
+  epk_combine_kernel<<<b->blocks, CT, smem, s>>>(*b, *a);
+  return cudaGetLastError();
+}

@@ -1,0 +1,147 @@
+/* Device helpers shared by the kernels: system-scope flags, deadlines, failure records, scans.
+ *
+ * Flags between ranks use system scope (peers may be other processes on this GPU or other GPUs
+ * over NVLink/PCIe): data is written with plain stores, then one thread fences and publishes a
+ * flag with release semantics; the reader acquires the flag, then reads the data through L2
+ * (ld.cg), never through a possibly stale L1 line. */
+#pragma once
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "cuda/kernels/ep_kernels.h"
+#include "epcomm.h"
+
+#define EPK_FULL 0xffffffffu
+
+static __device__ __forceinline__ uint64_t epk_now() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+static __device__ __forceinline__ uint32_t epk_ld_acq(const uint32_t *p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+static __device__ __forceinline__ void epk_st_rel(uint32_t *p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+static __device__ __forceinline__ void epk_add_rel(uint32_t *p, uint32_t v) {
+  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+static __device__ __forceinline__ uint32_t *epk_u32(uint8_t *base, uint64_t off, int i) {
+  return reinterpret_cast<uint32_t *>(base + off) + i;
+}
+
+static __device__ __forceinline__ bool epk_stopped(const epk_buf_t &b) {
+  return *reinterpret_cast<volatile uint32_t *>(&b.priv->call_status) != 0;
+}
+
+/* Records the first failure of the buffer (device word, mirrored to the host) and, when `stop`,
+ * makes every block of this rank's current call give up. */
+static __device__ __noinline__ void epk_fail(const epk_buf_t &b, uint32_t code, uint32_t phase, int peer,
+                                      uint32_t detail, bool stop) {
+  unsigned long long v = epk_err_pack(code, phase, peer, detail);
+  if (atomicCAS(&b.priv->err, 0ull, v) == 0ull) {
+    *reinterpret_cast<volatile unsigned long long *>(&b.host->err) = v;
+    __threadfence_system();
+  }
+  if (stop) atomicExch(&b.priv->call_status, code);
+}
+
+/* One spin-wait: call tick() once per unsuccessful poll; it returns true when the caller must
+ * give up (deadline passed: recorded as a timeout naming `peer`; another block failed; or the
+ * host asked every kernel to stop). */
+struct epk_waiter {
+  uint64_t t0;
+  uint32_t n;
+  __device__ void reset() { t0 = 0, n = 0; }
+  __device__ bool tick(const epk_buf_t &b, int peer, uint32_t phase) {
+    ++n;
+    if (n & 15u) return false;
+    if (epk_stopped(b)) return true;
+    if ((n & 1023u) == 0 && *reinterpret_cast<volatile uint32_t *>(&b.host->abort)) {
+      atomicExch(&b.priv->call_status, (uint32_t)EP_ERR_PEER_FAILED);
+      return true;
+    }
+    uint64_t now = epk_now();
+    if (!t0) t0 = now;
+    else if (now - t0 > b.timeout_ns) {
+      epk_fail(b, EP_ERR_TIMEOUT, phase, peer, 0, true);
+      return true;
+    }
+    return false;
+  }
+};
+
+/* Block-wide exclusive sum of one int per thread; *total gets the sum. All threads call it. */
+template <int NT>
+static __device__ __forceinline__ int epk_block_scan(int v, int *total) {
+  __shared__ int warp_sum[NT / 32];
+  __shared__ int all;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    int y = __shfl_up_sync(EPK_FULL, x, o);
+    if (lane >= o) x += y;
+  }
+  __syncthreads(); /* warp_sum may still be read by a previous call */
+  if (lane == 31) warp_sum[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int s = lane < NT / 32 ? warp_sum[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      int y = __shfl_up_sync(EPK_FULL, s, o);
+      if (lane >= o) s += y;
+    }
+    if (lane < NT / 32) warp_sum[lane] = s;
+    if (lane == 31) all = s;
+  }
+  __syncthreads();
+  *total = all;
+  return (warp ? warp_sum[warp - 1] : 0) + x - v;
+}
+
+/* First slot of topk_idx[n][topk] holding an id < -1 or >= E, or INT64_MAX. Block-wide. */
+static __device__ __forceinline__ long long epk_first_bad(const int64_t *idx, int n, int topk, int E) {
+  __shared__ unsigned long long bad;
+  if (threadIdx.x == 0) bad = ~0ull;
+  __syncthreads();
+  const long long total = (long long)n * topk;
+  for (long long i = threadIdx.x; i < total; i += blockDim.x) {
+    int64_t e = idx[i];
+    if (e < -1 || e >= E) atomicMin(&bad, (unsigned long long)i);
+  }
+  __syncthreads();
+  long long r = bad == ~0ull ? INT64_MAX : (long long)bad;
+  __syncthreads();
+  return r;
+}
+
+/* One warp copies nv 16-byte vectors, U loads in flight per lane (latency, not bandwidth, is
+ * what a single load per lane would be bound by). L2: the source may have been written by a
+ * peer (ld.cg); otherwise the read-only path. */
+template <bool L2, int U = 8>
+static __device__ __forceinline__ void epk_warp_copy(int4 *dst, const int4 *src, int nv) {
+  const int lane = threadIdx.x & 31;
+  for (int i0 = 0; i0 < nv; i0 += 32 * U) {
+    int4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int i = i0 + 32 * u + lane;
+      if (i < nv) v[u] = L2 ? __ldcg(src + i) : __ldg(src + i);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      int i = i0 + 32 * u + lane;
+      if (i < nv) dst[i] = v[u];
+    }
+  }
+}

@@ -1,0 +1,294 @@
+/* Dispatch data phase. Each block owns a contiguous slice of this rank's tokens; a warp reads a
+ * token's row once and writes it straight to its final row in every destination's area D (the
+ * row index comes from the plan: rows of source s start at sum of cnt[s' < s][d]). When a
+ * destination's rows do not fit its area at once, they go in windows of W rows: the receiver
+ * copies a window out to the caller's outputs, then frees it for the next one. Every block polls
+ * both sides (its sends, and its share of the receive side), so no block ever waits on work that
+ * only a waiting block could do. */
+#include "cuda/kernels/common.cuh"
+
+#define DT 512
+#define DWARPS (DT / 32)
+#define UNR 8
+
+namespace {
+
+struct dstate {
+  int64_t *base; /* [R] first row of this rank's rows in destination d */
+  int *rounds;   /* [R] windows of destination d */
+  int *wcur;     /* [R] window of d being sent */
+  int *open;     /* [R] is wcur[d] free to write now */
+};
+
+__device__ __forceinline__ int4 ld_nc_v4(const int4 *p) { return __ldg(p); }
+
+/* Row and metadata of token t to every destination in `mask` (lane l: destination g + l, whose
+ * area D is dst[l] and whose window-local row is jw[l]). */
+__device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask, uint8_t **dst,
+                           int64_t *jw) {
+  const int lane = threadIdx.x & 31;
+  const uint8_t *src = static_cast<const uint8_t *>(a.x) + (uint64_t)t * a.row;
+  const int nv = (int)(a.row / 16);
+  for (int i0 = 0; i0 < nv; i0 += 32 * UNR) {
+    int4 v[UNR];
+#pragma unroll
+    for (int u = 0; u < UNR; u++) {
+      int i = i0 + 32 * u + lane;
+      if (i < nv) v[u] = ld_nc_v4(reinterpret_cast<const int4 *>(src) + i);
+    }
+    for (unsigned m = mask; m; m &= m - 1) {
+      int l = __ffs(m) - 1;
+      int4 *out = reinterpret_cast<int4 *>(dst[l] + a.lay.off_x + (uint64_t)jw[l] * a.row);
+#pragma unroll
+      for (int u = 0; u < UNR; u++) {
+        int i = i0 + 32 * u + lane;
+        if (i < nv) out[i] = v[u];
+      }
+    }
+  }
+  for (unsigned m = mask; m; m &= m - 1) {
+    int l = __ffs(m) - 1;
+    uint8_t *ad = dst[l];
+    int64_t r = jw[l];
+    if (lane == 0) reinterpret_cast<int32_t *>(ad + a.lay.off_src)[r] = t;
+    float *sc = reinterpret_cast<float *>(ad + a.lay.off_s) + r * a.num_scales;
+    for (int i = lane; i < a.num_scales; i += 32)
+      sc[i] = a.x_scales[t * a.scale_tok + i * a.scale_hid];
+    if (a.cached) continue;
+    const int64_t lo = (int64_t)(g + l) * a.local_experts;
+    int64_t *ids = reinterpret_cast<int64_t *>(ad + a.lay.off_i) + r * a.topk;
+    float *ws = reinterpret_cast<float *>(ad + a.lay.off_w) + r * a.topk;
+    for (int k = lane; k < a.topk; k += 32) {
+      int64_t e = a.topk_idx[(int64_t)t * a.topk + k];
+      int64_t le = e >= lo && e < lo + a.local_experts ? e - lo : -1;
+      ids[k] = le;
+      if (a.has_w) ws[k] = le >= 0 ? a.topk_weights[(int64_t)t * a.topk + k] : 0.0f;
+    }
+  }
+}
+
+/* One pass over this block's tokens: every (token, destination) whose row falls in the
+ * destination's open window. */
+__device__ void send_pass(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int t0,
+                          int t1) {
+  __shared__ uint8_t *s_dst[DWARPS][32];
+  __shared__ int64_t s_jw[DWARPS][32];
+  const int R = b.nranks, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int32_t *pos = epk_plan_pos(const_cast<int32_t *>(a.plan), R);
+  const int64_t W = a.lay.rows;
+  for (int t = t0 + warp; t < t1; t += DWARPS)
+    for (int g = 0; g < R; g += 32) {
+      int d = g + lane;
+      bool ok = false;
+      if (d < R && st.open[d]) {
+        int p = pos[(int64_t)t * R + d];
+        int64_t j = st.base[d] + p, w = st.rounds[d] == 1 ? 0 : j / W; /* no division if one */
+        if (p >= 0 && w == st.wcur[d]) {
+          ok = true;
+          s_jw[warp][lane] = j - w * W;
+          s_dst[warp][lane] = b.peers[d] + b.off_area_d;
+        }
+      }
+      unsigned mask = __ballot_sync(EPK_FULL, ok);
+      __syncwarp();
+      if (mask) send_token(a, t, g, mask, s_dst[warp], s_jw[warp]);
+      __syncwarp();
+    }
+}
+
+/* Receiver: this block's share of window rw, from area D to the caller's outputs (COPY), and
+ * the source index of every row into the handle (combine rounds search it). */
+__device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mode, int rw,
+                            int64_t nr) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t W = a.lay.rows, first = (int64_t)rw * W, n = min(W, nr - first);
+  if (n <= 0 || mode == EPK_MODE_DRAIN) return;
+  const int64_t lo = n * blockIdx.x / gridDim.x, hi = n * (blockIdx.x + 1) / gridDim.x;
+  const uint8_t *ad = b.peers[b.rank] + b.off_area_d;
+  const int32_t *rsrc = reinterpret_cast<const int32_t *>(ad + a.lay.off_src);
+  const int nv = (int)(a.row / 16);
+  for (int64_t r = lo + warp; r < hi; r += DWARPS) {
+    const int64_t gi = first + r;
+    if (mode == EPK_MODE_COPY) {
+      const int4 *src = reinterpret_cast<const int4 *>(ad + a.lay.off_x + (uint64_t)r * a.row);
+      epk_warp_copy<true>(reinterpret_cast<int4 *>(static_cast<uint8_t *>(a.recv_x) + gi * a.row),
+                          src, nv);
+      const float *sc = reinterpret_cast<const float *>(ad + a.lay.off_s) + r * a.num_scales;
+      for (int i = lane; a.recv_scales && i < a.num_scales; i += 32)
+        a.recv_scales[gi * a.num_scales + i] = __ldcg(sc + i);
+      const long long *ids =
+          reinterpret_cast<const long long *>(ad + a.lay.off_i) + r * a.topk;
+      const float *ws = reinterpret_cast<const float *>(ad + a.lay.off_w) + r * a.topk;
+      for (int k = lane; !a.cached && k < a.topk; k += 32) {
+        if (a.recv_idx) a.recv_idx[gi * a.topk + k] = __ldcg(ids + k);
+        if (a.recv_w && a.has_w) a.recv_w[gi * a.topk + k] = __ldcg(ws + k);
+      }
+      if (lane == 0 && a.recv_src) a.recv_src[gi] = __ldcg(rsrc + r);
+    }
+    if (lane == 0 && a.hsrc && gi < a.hsrc_cap) a.hsrc[gi] = __ldcg(rsrc + r);
+  }
+}
+
+/* Worst-case path: rows past the receive count carry ids -1, weights 0, source -1. */
+__device__ void fill_tail(const epk_dispatch_t &a, int64_t nr) {
+  const int64_t rows = a.tail ? a.cap - nr : 0;
+  if (rows <= 0) return;
+  const int64_t step = (int64_t)gridDim.x * DT, me = (int64_t)blockIdx.x * DT + threadIdx.x;
+  for (int64_t i = me; !a.cached && i < rows * a.topk; i += step) {
+    if (a.recv_idx) a.recv_idx[nr * a.topk + i] = -1;
+    if (a.recv_w) a.recv_w[nr * a.topk + i] = 0.0f;
+  }
+  for (int64_t i = me; a.recv_src && i < rows; i += step) a.recv_src[nr + i] = -1;
+}
+
+/* Who we wait for, for a timeout message: a window not freed, else rows not arrived. */
+__device__ int laggard(const epk_buf_t &b, const dstate &st, int rw, uint32_t *phase) {
+  for (int d = 0; d < b.nranks; d++)
+    if (st.wcur[d] < st.rounds[d] && !st.open[d]) {
+      *phase = EPK_PH_WINDOW;
+      return d;
+    }
+  *phase = EPK_PH_ARRIVE;
+  for (int s = 0; s < b.nranks; s++)
+    if (epk_ld_acq(epk_u32(b.peers[b.rank], b.off_arrive, s)) <
+        (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s])
+      return s;
+  return -1;
+}
+
+/* Last block out puts this call's counters back to zero (every peer is done writing them). */
+__device__ void finish(const epk_buf_t &b) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(&b.priv->finished, 1u) != gridDim.x - 1) return;
+  for (int s = 0; s < b.nranks; s++) {
+    *epk_u32(b.peers[b.rank], b.off_arrive, s) = 0;
+    *epk_u32(b.peers[b.rank], b.off_consumed, s) = 0;
+  }
+  b.priv->wdone = 0;
+  b.priv->finished = 0;
+  __threadfence_system();
+}
+
+__device__ void setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st,
+                      int64_t *nr) {
+  const int R = b.nranks;
+  const int32_t *cnt = epk_plan_cnt(const_cast<int32_t *>(a.plan));
+  for (int d = threadIdx.x; d < R; d += DT) {
+    int64_t n = 0, base = 0;
+    for (int s = 0; s < R; s++) {
+      n += cnt[s * R + d];
+      if (s < b.rank) base += cnt[s * R + d];
+    }
+    st.base[d] = base;
+    st.rounds[d] = (int)max((int64_t)1, (n + a.lay.rows - 1) / a.lay.rows);
+    st.wcur[d] = 0;
+    if (d == b.rank) *nr = n;
+  }
+  __syncthreads();
+}
+
+/* Sends whatever windows are open; true if anything was sent. */
+__device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int t0,
+                          int t1) {
+  int any = 0;
+  for (int d = threadIdx.x; d < b.nranks; d += DT) {
+    int w = st.wcur[d];
+    int o = w < st.rounds[d] &&
+            (w == 0 || epk_ld_acq(epk_u32(b.peers[b.rank], b.off_consumed, d)) >= (uint32_t)w);
+    st.open[d] = o;
+    any |= o;
+  }
+  if (!__syncthreads_or(any)) return false;
+  send_pass(b, a, st, t0, t1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int d = 0; d < b.nranks; d++)
+      if (st.open[d]) {
+        epk_add_rel(epk_u32(b.peers[d], b.off_arrive, b.rank), 1);
+        st.wcur[d]++;
+      }
+  }
+  return true;
+}
+
+/* Copies out window *rw once every source's blocks have delivered it; true if it did. */
+__device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode, int *s_rw,
+                          int my_rounds, int64_t nr) {
+  const int rw = *s_rw;
+  if (rw >= my_rounds) return false;
+  int ok = 1;
+  for (int s = threadIdx.x; s < b.nranks; s += DT)
+    ok &= epk_ld_acq(epk_u32(b.peers[b.rank], b.off_arrive, s)) >=
+          (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s];
+  if (!__syncthreads_and(ok)) return false;
+  copy_window(b, a, mode, rw, nr);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    unsigned old = atomicAdd(&b.priv->wdone, 1u);
+    if (old == (unsigned)(rw + 1) * gridDim.x - 1 && rw + 1 < my_rounds) {
+      __threadfence_system();
+      for (int s = 0; s < b.nranks; s++)
+        epk_st_rel(epk_u32(b.peers[s], b.off_consumed, b.rank), (uint32_t)(rw + 1));
+    }
+    *s_rw = rw + 1;
+  }
+  return true;
+}
+
+__global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_dispatch_t a) {
+  extern __shared__ int64_t dsm[];
+  __shared__ int64_t s_nr;
+  __shared__ int s_rw, s_flag;
+  const int R = b.nranks;
+  if (epk_stopped(b)) return; /* the count exchange failed: nothing moves */
+  dstate st = {dsm, reinterpret_cast<int *>(dsm + R), reinterpret_cast<int *>(dsm + R) + R,
+               reinterpret_cast<int *>(dsm + R) + 2 * R};
+  if (threadIdx.x == 0) s_rw = 0;
+  setup(b, a, st, &s_nr);
+  const int64_t nr = s_nr;
+  const int my_rounds = st.rounds[b.rank];
+  int mode = a.mode;
+  if (nr > a.cap || (mode == EPK_MODE_VIEW && nr > a.lay.rows)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && !a.quiet)
+      epk_fail(b, EP_ERR_TOO_LARGE, EPK_PH_CHECK, -1, (uint32_t)nr, false);
+    mode = EPK_MODE_DRAIN; /* still take part, so that peers complete */
+  }
+  const int chunk = (a.num_tokens + gridDim.x - 1) / gridDim.x;
+  const int t0 = min(a.num_tokens, (int)blockIdx.x * chunk), t1 = min(a.num_tokens, t0 + chunk);
+  epk_waiter w;
+  w.reset();
+  for (;;) {
+    bool moved = send_step(b, a, st, t0, t1);
+    moved |= recv_step(b, a, mode, &s_rw, my_rounds, nr);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      bool done = s_rw == my_rounds;
+      for (int d = 0; d < R && done; d++) done = st.wcur[d] == st.rounds[d];
+      s_flag = done;
+      if (!done && moved) w.reset();
+      if (!done && !moved) {
+        uint32_t phase = 0;
+        int who = laggard(b, st, s_rw, &phase);
+        if (w.tick(b, who, phase)) s_flag = 2;
+      }
+    }
+    __syncthreads();
+    if (s_flag == 1) break;
+    if (s_flag == 2) return;
+  }
+  if (mode != EPK_MODE_DRAIN) fill_tail(a, nr);
+  finish(b);
+}
+
+}  // namespace
+
+extern "C" cudaError_t epk_launch_dispatch(const epk_buf_t *b, const epk_dispatch_t *a,
+                                           cudaStream_t s) {
+  size_t smem = (size_t)b->nranks * (sizeof(int64_t) + 3 * sizeof(int));
+  epk_dispatch_kernel<<<b->blocks, DT, smem, s>>>(*b, *a);
+  return cudaGetLastError();
+}

@@ -1,0 +1,212 @@
+/*
+ * The interface between the CUDA backend's host side (C) and its kernels (CUDA C): the layout of
+ * the registered pool, the argument structs, and the extern "C" launchers. Plain C, included by
+ * both; nothing here allocates.
+ *
+ * Pool of one rank (one cudaMalloc, exported with cudaIpcGetMemHandle, mapped by every peer):
+ *
+ *   [hello: 2 x R slots][arrive R][consumed R][staged R][cdone R][ctab R][area D][area C]
+ *
+ * - hello[p][s]: written by source s for a call whose sequence number has parity p (its counts
+ *   and what the call is). A rank can be at most one call ahead of another, so two slots do.
+ * - arrive[s]: blocks of source s that finished writing a dispatch window into area D.
+ * - consumed[d]: dispatch windows receiver d has copied out (written by d into the sender's pool).
+ * - staged[r], cdone[s], ctab[s]: combine rounds (rows ready on r / source s done reading).
+ * - area D: dispatch receive area; senders write every row at its final row index (views).
+ * - area C: combine staging, used when a rank's combine input is not already in area D.
+ * All counters go back to zero at the end of each call, by their owner, once every peer has
+ * finished writing them for that call.
+ */
+#ifndef EP_CUDA_KERNELS_H
+#define EP_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __CUDACC__
+#define EPK_HD __host__ __device__ __forceinline__
+#else
+#define EPK_HD static inline
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { EPK_NOTIFY_DISPATCH = 1, EPK_NOTIFY_CACHED = 2, EPK_NOTIFY_COMBINE = 3, EPK_NOTIFY_REJECT = 4 };
+enum { EPK_HELLO_OK = 0, EPK_HELLO_REJECTED = 1 };
+enum { EPK_MODE_COPY = 0, EPK_MODE_VIEW = 1, EPK_MODE_DRAIN = 2 };
+/* Phases named in the error word (cuda_sync.c turns them into words). */
+enum {
+  EPK_PH_NONE = 0,
+  EPK_PH_NOTIFY = 1,        /* waiting for a peer's hello */
+  EPK_PH_ARRIVE = 2,        /* dispatch: waiting for a peer's rows */
+  EPK_PH_WINDOW = 3,        /* dispatch: waiting for a peer to free its receive window */
+  EPK_PH_STAGED = 4,        /* combine: waiting for a peer's rows to be readable */
+  EPK_PH_CDONE = 5,         /* combine: waiting for a peer to finish reading our rows */
+  EPK_PH_CHECK = 6,         /* argument checks inside a kernel */
+};
+/* Fields of a hello compared across ranks (detail of an EP_ERR_MISMATCH). */
+enum { EPK_F_KIND, EPK_F_HIDDEN, EPK_F_DTYPE, EPK_F_TOPK, EPK_F_EXPERTS, EPK_F_SCALES,
+       EPK_F_WEIGHTS, EPK_F_COUNT, EPK_F_REJECTED = 15 };
+
+/* Error word: status code (8 bits) | phase (8) | peer + 1 (16, 0 = none) | detail (32). */
+EPK_HD uint64_t epk_err_pack(uint32_t code, uint32_t phase, int peer, uint32_t detail) {
+  return ((uint64_t)code << 56) | ((uint64_t)(phase & 0xff) << 48) |
+         ((uint64_t)(uint16_t)(peer + 1) << 32) | detail;
+}
+
+/* What a source rank tells every destination at the start of a call. */
+typedef struct {
+  uint32_t seq; /* the call's sequence number; stored last, with release semantics */
+  int32_t kind, status;
+  int32_t hidden, dtype, topk, num_experts, num_scales, has_w;
+  int32_t num_tokens, direct, recv_rows;
+  int32_t pad[4];
+  /* then int32 to_rank[R] (tokens this source sends to each rank) and
+   *      int32 experts[E/R] (its selections of the slot owner's local experts) */
+} epk_hello_t;
+
+/* Private per-buffer device state (not exported). */
+typedef struct {
+  uint32_t seq;          /* calls made on this buffer (device side, so graph replays count) */
+  uint32_t call_status;  /* 0, or why the current call stopped (every block checks it) */
+  unsigned long long err; /* first failure, packed; mirrored to the host word */
+  uint32_t wdone, finished, cnt_a, cnt_b; /* block counters of the current call */
+  int32_t comb_k, comb_tc; /* combine rounds and tokens per round (from notify) */
+  int32_t pad[6];
+} epk_priv_t;
+
+/* Page-locked host memory mapped into the device: what the host waits on. */
+typedef struct {
+  unsigned long long err; /* copy of the first failure (written once per failure) */
+  uint32_t ticket;        /* notify: sequence number of the synchronous call it finished */
+  int32_t nr;             /* notify: rows this rank receives */
+  int64_t bad_value;      /* notify/layout: the offending expert id */
+  int32_t layout_bad;     /* layout: first bad slot + 1, 0 if none */
+  uint32_t abort;         /* written by the host: every kernel stops waiting */
+  int32_t pad[8];
+} epk_host_t;
+
+/* What every kernel knows about its buffer; constant from create to destroy. */
+typedef struct {
+  int rank, nranks, blocks, pad0;
+  uint8_t *const *peers;   /* device array [R]: each rank's pool as mapped here */
+  const int32_t *peer_blocks; /* device array [R]: blocks of each rank's main kernels */
+  epk_priv_t *priv;
+  epk_host_t *host;        /* device address of the mapped host block */
+  int32_t *ecount;         /* scratch: selections per expert, [EP_MAX_LOCAL_EXPERTS * R] */
+  uint64_t timeout_ns;
+  uint64_t slot_bytes, off_hello, off_arrive, off_consumed, off_staged, off_cdone, off_ctab;
+  uint64_t off_area_d, off_area_c, area_bytes, pool_bytes;
+} epk_buf_t;
+
+EPK_HD uint64_t epk_al(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* Plan of one dispatch (in the handle's device memory, int32): header, counts of every source
+ * to every destination, tokens of every rank, and for each of this rank's tokens its row among
+ * the rows it sends to each destination (-1: not sent). */
+enum { EPK_PLAN_NR = 0, EPK_PLAN_HDR = 4 };
+EPK_HD int32_t *epk_plan_cnt(int32_t *p) { return p + EPK_PLAN_HDR; }
+EPK_HD int32_t *epk_plan_ntok(int32_t *p, int R) { return p + EPK_PLAN_HDR + R * R; }
+EPK_HD int32_t *epk_plan_pos(int32_t *p, int R) {
+  return p + epk_al((uint64_t)(EPK_PLAN_HDR + R * R + R), 4);
+}
+EPK_HD size_t epk_plan_bytes(int R, int N) {
+  return 4 * (epk_al((uint64_t)(EPK_PLAN_HDR + R * R + R), 4) + (uint64_t)N * (uint64_t)R);
+}
+
+/* Arrays of area D for one call; identical on every rank (same call, same pool size). */
+typedef struct {
+  int64_t rows; /* W: rows one window holds */
+  uint64_t off_x, off_s, off_i, off_w, off_src; /* byte offsets inside area D */
+} epk_recv_layout_t;
+
+EPK_HD epk_recv_layout_t epk_recv_layout(uint64_t area, uint64_t row, int ns, int topk_sent,
+                                         int w_sent) {
+  epk_recv_layout_t l;
+  uint64_t per = row + 4ull * (uint64_t)ns + 8ull * (uint64_t)topk_sent +
+                 4ull * (uint64_t)(w_sent ? topk_sent : 0) + 4ull;
+  uint64_t W = area > 5 * 256 ? (area - 5 * 256) / per : 0;
+  l.rows = (int64_t)W;
+  l.off_x = 0;
+  l.off_s = epk_al(W * row, 256);
+  l.off_i = l.off_s + epk_al(W * 4ull * (uint64_t)ns, 256);
+  l.off_w = l.off_i + epk_al(W * 8ull * (uint64_t)topk_sent, 256);
+  l.off_src = l.off_w + epk_al(W * 4ull * (uint64_t)(w_sent ? topk_sent : 0), 256);
+  return l;
+}
+
+/* Rows of combine input one rank can stage in area C: x rows (unless the input already lies in
+ * area D) and weight rows. 0 bytes per row: unlimited. */
+EPK_HD int64_t epk_stage_rows(uint64_t area, uint64_t xrow, uint64_t wrow) {
+  if (xrow + wrow == 0) return INT64_MAX;
+  return area > 2 * 256 ? (int64_t)((area - 2 * 256) / (xrow + wrow)) : 0;
+}
+
+typedef struct {
+  const int64_t *topk_idx;
+  int num_tokens, topk, num_experts, pad;
+  int32_t *per_rank, *per_expert;
+  uint8_t *in_rank;
+} epk_layout_t;
+
+typedef struct {
+  int kind; /* EPK_NOTIFY_* */
+  int hidden, dtype, topk, num_experts, num_scales, has_w, num_tokens, direct, recv_rows;
+  int align, pad;
+  const int64_t *topk_idx; /* DISPATCH */
+  int32_t *plan;           /* DISPATCH writes it; CACHED and COMBINE read it */
+  int32_t *rank_prefix, *recv_per_expert; /* optional outputs */
+  uint32_t ticket;         /* != 0: publish the receive count to the host */
+  uint32_t pad2;
+  uint64_t xrow, wrow;     /* COMBINE: staging bytes per row of this call */
+} epk_notify_t;
+
+typedef struct {
+  int cached, num_tokens, num_scales, topk, has_w, local_experts, mode;
+  int tail;     /* worst-case path: rows [Nr, cap) get ids -1, weights 0, source -1 */
+  int quiet;    /* the host reports Nr > cap itself (synchronous path): just drain */
+  int pad;
+  int64_t cap;  /* rows the outputs hold; more arriving: drained, outputs untouched */
+  uint64_t row; /* bytes of one x row */
+  const void *x;
+  const float *x_scales;
+  int64_t scale_tok, scale_hid;
+  const int64_t *topk_idx;
+  const float *topk_weights;
+  const int32_t *plan;
+  int32_t *hsrc; /* handle copy of recv_src_idx (combine rounds use it), or NULL */
+  int64_t hsrc_cap;
+  /* outputs: caller memory (COPY), area D (VIEW), or NULL (DRAIN / not wanted) */
+  void *recv_x;
+  float *recv_scales, *recv_w;
+  int64_t *recv_idx;
+  int32_t *recv_src;
+  epk_recv_layout_t lay;
+} epk_dispatch_t;
+
+typedef struct {
+  int num_tokens, hidden, topk, has_w, direct, pad;
+  int64_t x_off, x_rows; /* direct: byte offset of x in this rank's pool; rows of x */
+  const void *x;
+  const float *w;
+  const void *bias0, *bias1;
+  void *out;
+  float *out_w;
+  const int32_t *plan;
+  const int32_t *hsrc;
+  int64_t hsrc_cap;
+} epk_combine_t;
+
+cudaError_t epk_launch_layout(const epk_buf_t *b, const epk_layout_t *a, cudaStream_t s);
+cudaError_t epk_launch_notify(const epk_buf_t *b, const epk_notify_t *a, cudaStream_t s);
+cudaError_t epk_launch_dispatch(const epk_buf_t *b, const epk_dispatch_t *a, cudaStream_t s);
+cudaError_t epk_launch_combine(const epk_buf_t *b, const epk_combine_t *a, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,51 @@
+/* Layout (SPEC §2) in one block: validate every id first, so that nothing is written when one is
+ * out of range, then count. Cheap next to a dispatch (N * topk ids), so one block is enough. */
+#include "cuda/kernels/common.cuh"
+
+#define LT 1024
+
+namespace {
+
+__global__ void __launch_bounds__(LT, 1) epk_layout_kernel(epk_buf_t b, epk_layout_t a) {
+  extern __shared__ int per_rank[]; /* [R] */
+  const int R = b.nranks, L = a.num_experts / R, n = a.num_tokens, topk = a.topk;
+  long long bad = epk_first_bad(a.topk_idx, n, topk, a.num_experts);
+  if (bad != INT64_MAX) {
+    if (threadIdx.x == 0) {
+      b.host->bad_value = a.topk_idx[bad];
+      b.host->layout_bad = (int32_t)(bad + 1);
+      __threadfence_system();
+    }
+    return;
+  }
+  for (int d = threadIdx.x; d < R; d += LT) per_rank[d] = 0;
+  for (int e = threadIdx.x; a.per_expert && e < a.num_experts; e += LT) a.per_expert[e] = 0;
+  __syncthreads();
+  for (int t = threadIdx.x; t < n; t += LT) {
+    const int64_t *row = a.topk_idx + (size_t)t * topk;
+    uint8_t *in = a.in_rank ? a.in_rank + (size_t)t * R : nullptr;
+    for (int d = 0; in && d < R; d++) in[d] = 0;
+    for (int k = 0; k < topk; k++) {
+      int64_t e = row[k];
+      if (e < 0) continue;
+      if (a.per_expert) atomicAdd(&a.per_expert[e], 1);
+      int d = (int)(e / L);
+      bool first = true; /* a token counts once per rank */
+      for (int j = 0; j < k && first; j++) first = !(row[j] >= 0 && row[j] / L == d);
+      if (!first) continue;
+      atomicAdd(&per_rank[d], 1);
+      if (in) in[d] = 1;
+    }
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; a.per_rank && d < R; d += LT) a.per_rank[d] = per_rank[d];
+}
+
+}  // namespace
+
+extern "C" cudaError_t epk_launch_layout(const epk_buf_t *b, const epk_layout_t *a,
+                                         cudaStream_t s) {
+  size_t smem = sizeof(int) * (size_t)b->nranks;
+  epk_layout_kernel<<<1, LT, smem, s>>>(*b, *a);
+  return cudaGetLastError();
+}

@@ -1,0 +1,348 @@
+/* CUDA backend only (SPEC §3, §5, §6 on the GPU); skipped with a visible reason without a GPU.
+ *   test_cuda graph N     worst-case dispatch + combine captured in a CUDA graph, replayed N times
+ *                         with fresh inputs and routing, each replay checked against the reference
+ *   test_cuda timeout     a peer that never calls: the synchronous dispatch returns
+ *                         EP_ERR_TIMEOUT naming it; an asynchronous one reports it on the next
+ *                         call; the context stays usable (a fresh buffer then works)
+ *   test_cuda cycles N    N x (group, buffer, dispatch + combine, destroy): device memory flat
+ *   test_cuda overflow    outputs too small on one rank: EP_ERR_TOO_LARGE there, the rows are
+ *                         drained, the other ranks complete, the buffer stays usable */
+#include <unistd.h>
+
+#include "common.h"
+#include "ref.h"
+
+#ifndef EP_HAVE_CUDA
+int main(void) {
+  printf("skipped: no GPU (the CUDA backend is not built)\n");
+  return T_SKIP;
+}
+#else
+#include <cuda_runtime_api.h>
+
+#define CU(call)                                                                         \
+  do {                                                                                   \
+    cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess) T_FAILF("%s: %s", #call, cudaGetErrorString(e_));             \
+  } while (0)
+
+enum { H = 256, TOPK = 4, NMAX = 40 };
+
+typedef struct {
+  int R, me, E, wct;
+  uint16_t *x[64];
+  int64_t *idx[64];
+  float *w[64];
+  int n[64];
+} inputs_t;
+
+static ep_buffer_config_t cuda_cfg(double timeout_s) {
+  ep_buffer_config_t c = EP_BUFFER_CONFIG_INIT;
+  c.backend = EP_BACKEND_CUDA;
+  c.timeout_s = timeout_s;
+  return c;
+}
+
+/* Every rank's tokens for round `round` (same on all ranks): up to NMAX tokens, random experts. */
+static void make_inputs(inputs_t *in, int round) {
+  for (int s = 0; s < in->R; s++) {
+    t_rng r = t_seed(0x6a7b + (uint64_t)round, (uint64_t)s);
+    int n = in->n[s] = t_below(&r, NMAX + 1);
+    free(in->x[s]), free(in->idx[s]), free(in->w[s]);
+    in->x[s] = t_xmalloc((size_t)NMAX * H * 2);
+    in->idx[s] = t_xmalloc((size_t)NMAX * TOPK * 8);
+    in->w[s] = t_xmalloc((size_t)NMAX * TOPK * 4);
+    for (int i = 0; i < n * H; i++) in->x[s][i] = t_rand_bf16(&r);
+    for (int i = 0; i < n * TOPK; i++) {
+      in->idx[s][i] = t_below(&r, 10) < 2 ? -1 : t_below(&r, in->E);
+      in->w[s][i] = t_unit(&r);
+    }
+  }
+}
+
+static void free_inputs(inputs_t *in) {
+  for (int s = 0; s < in->R; s++) free(in->x[s]), free(in->idx[s]), free(in->w[s]);
+}
+
+/* ------------------------------------------------------------------ graph capture + replay */
+
+typedef struct {
+  void *x, *idx, *w, *rx, *ridx, *rw, *rsrc, *prefix, *y, *out, *outw;
+  int n; /* tokens captured: the graph always sends NMAX rows' worth of this rank's buffers */
+} gbufs_t;
+
+static void check_replay(inputs_t *in, gbufs_t *d, const uint16_t *const *y, int round) {
+  int R = in->R, me = in->me;
+  ref_rank_input_t ri[64];
+  for (int s = 0; s < R; s++) ri[s] = (ref_rank_input_t){in->n[s], in->x[s], NULL, in->idx[s], in->w[s]};
+  ref_recv_t rr[64];
+  memset(rr, 0, sizeof rr);
+  T_CHECK(ref_dispatch(R, in->E, TOPK, H * 2, 0, 1, ri, rr) == 0, "reference dispatch");
+  int nr = rr[me].nr;
+  uint16_t *rx = t_to_host(d->rx, (size_t)in->wct * H * 2);
+  int64_t *ridx = t_to_host(d->ridx, (size_t)in->wct * TOPK * 8);
+  int32_t *pre = t_to_host(d->prefix, (size_t)R * R * 4);
+  T_CHECK(!memcmp(pre, rr[me].rank_prefix, (size_t)R * R * 4), "replay %d: rank_prefix", round);
+  T_CHECK(!memcmp(rx, rr[me].x, (size_t)nr * H * 2), "replay %d: recv_x differs", round);
+  T_CHECK(!memcmp(ridx, rr[me].topk_idx, (size_t)nr * TOPK * 8), "replay %d: recv_topk_idx", round);
+  for (int r = nr; r < in->wct; r++) T_CHECK(ridx[(size_t)r * TOPK] == -1, "replay %d: tail", round);
+  uint16_t *out[64];
+  float *ow[64];
+  for (int s = 0; s < R; s++) out[s] = t_xmalloc((size_t)NMAX * H * 2), ow[s] = t_xmalloc(NMAX * TOPK * 4);
+  const float *wv[64];
+  for (int s = 0; s < R; s++) wv[s] = rr[s].topk_weights;
+  T_CHECK(ref_combine(R, H, TOPK, ri, rr, y, wv, NULL, NULL, out, ow) == 0, "reference combine");
+  uint16_t *got = t_to_host(d->out, (size_t)NMAX * H * 2);
+  T_CHECK(!memcmp(got, out[me], (size_t)in->n[me] * H * 2), "replay %d: combine out", round);
+  for (int s = 0; s < R; s++) free(out[s]), free(ow[s]), ref_free_recv(&rr[s]);
+  free(rx), free(ridx), free(pre), free(got);
+}
+
+static void upload(inputs_t *in, gbufs_t *d, uint16_t **y) {
+  int me = in->me;
+  t_copy_to_dev(d->x, in->x[me], (size_t)NMAX * H * 2);
+  t_copy_to_dev(d->idx, in->idx[me], (size_t)NMAX * TOPK * 8);
+  t_copy_to_dev(d->w, in->w[me], (size_t)NMAX * TOPK * 4);
+  t_copy_to_dev(d->y, y[me], (size_t)in->wct * H * 2);
+}
+
+/* The expert output of every rank for a round: rank s's rows, random (rebuilt by everyone). */
+static void make_y(inputs_t *in, int round, uint16_t **y) {
+  for (int s = 0; s < in->R; s++) {
+    t_rng r = t_seed(0xe7e7 + (uint64_t)round, (uint64_t)s);
+    free(y[s]);
+    y[s] = t_xmalloc((size_t)in->wct * H * 2);
+    for (size_t i = 0; i < (size_t)in->wct * H; i++) y[s][i] = t_rand_bf16(&r);
+  }
+}
+
+static int graph(int replays) {
+  ep_group_t g;
+  inputs_t in = {0};
+  t_init(&g, &in.me, &in.R);
+  in.E = 4 * in.R, in.wct = NMAX * in.R;
+  ep_buffer_config_t cfg = cuda_cfg(0);
+  ep_buffer_t b;
+  T_OK(ep_buffer_create(g, &cfg, &b));
+  gbufs_t d;
+  d.x = t_dalloc(NMAX * H * 2), d.idx = t_dalloc(NMAX * TOPK * 8), d.w = t_dalloc(NMAX * TOPK * 4);
+  d.rx = t_dalloc((size_t)in.wct * H * 2), d.ridx = t_dalloc((size_t)in.wct * TOPK * 8);
+  d.rw = t_dalloc((size_t)in.wct * TOPK * 4), d.rsrc = t_dalloc((size_t)in.wct * 4);
+  d.prefix = t_dalloc((size_t)in.R * in.R * 4), d.y = t_dalloc((size_t)in.wct * H * 2);
+  d.out = t_dalloc(NMAX * H * 2), d.outw = t_dalloc(NMAX * TOPK * 4);
+  uint16_t *y[64] = {0};
+  cudaStream_t st;
+  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  /* The graph always sends NMAX tokens; routing rows past a rank's count are all -1. */
+  make_inputs(&in, 0);
+  int nr;
+  ep_handle_t h;
+  ep_dispatch_args_t a = {.size = sizeof a, .x = d.x, .dtype = EP_DTYPE_BF16, .num_tokens = NMAX,
+                          .hidden = H, .topk_idx = d.idx, .topk_weights = d.w, .topk = TOPK,
+                          .num_experts = in.E, .worst_case_tokens = in.wct, .stream = st,
+                          .recv_x = d.rx, .recv_topk_idx = d.ridx, .recv_topk_weights = d.rw,
+                          .recv_src_idx = d.rsrc, .rank_prefix = d.prefix,
+                          .num_recv_tokens = &nr, .handle = &h};
+  ep_combine_args_t c = {.size = sizeof c, .x = d.y, .stream = st, .out = d.out};
+  cudaGraph_t gr;
+  cudaGraphExec_t ge;
+  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  T_OK(ep_dispatch(b, &a));
+  c.handle = h;
+  T_OK(ep_combine(b, &c));
+  CU(cudaStreamEndCapture(st, &gr));
+  CU(cudaGraphInstantiate(&ge, gr, 0));
+  for (int round = 0; round < replays; round++) {
+    make_inputs(&in, round + 1);
+    for (int s = 0; s < in.R; s++) /* pad every rank to NMAX tokens with unrouted ones */
+      for (int i = in.n[s] * TOPK; i < NMAX * TOPK; i++) in.idx[s][i] = -1;
+    for (int s = 0; s < in.R; s++) in.n[s] = NMAX;
+    make_y(&in, round + 1, y);
+    upload(&in, &d, y);
+    CU(cudaGraphLaunch(ge, st));
+    CU(cudaStreamSynchronize(st));
+    check_replay(&in, &d, (const uint16_t *const *)y, round);
+  }
+  CU(cudaGraphExecDestroy(ge));
+  CU(cudaGraphDestroy(gr));
+  T_OK(ep_handle_destroy(h));
+  T_OK(ep_buffer_destroy(b));
+  void *all[] = {d.x, d.idx, d.w, d.rx, d.ridx, d.rw, d.rsrc, d.prefix, d.y, d.out, d.outw};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) t_dfree(all[i]);
+  for (int s = 0; s < in.R; s++) free(y[s]);
+  CU(cudaStreamDestroy(st));
+  free_inputs(&in);
+  t_fini(g);
+  if (in.me == 0) printf("test_cuda graph: R=%d, %d replays checked\n", in.R, replays);
+  return T_PASS;
+}
+
+/* ------------------------------------------------------------------ one small round trip */
+
+/* A dispatch (views) and a combine of the view written in place; checks the combine result. */
+static void round_trip(ep_buffer_t b, int R, int me) {
+  inputs_t in = {.R = R, .me = me, .E = 2 * R};
+  make_inputs(&in, 7);
+  void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
+  void *out = t_dalloc(NMAX * H * 2);
+  int nr;
+  ep_handle_t h;
+  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = in.n[me],
+                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E,
+                          .num_recv_tokens = &nr, .handle = &h};
+  T_OK(ep_dispatch(b, &a));
+  ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = a.recv_x, .out = out};
+  T_OK(ep_combine(b, &c)); /* x = the rows as received: out = row * (ranks the token went to) */
+  uint16_t *got = t_to_host(out, (size_t)in.n[me] * H * 2);
+  for (int t = 0; t < in.n[me]; t++) {
+    int ranks = 0;
+    for (int r = 0; r < R; r++) {
+      int hit = 0;
+      for (int k = 0; k < TOPK; k++) hit |= in.idx[me][t * TOPK + k] >= 0 && in.idx[me][t * TOPK + k] / 2 == r;
+      ranks += hit;
+    }
+    float want = ref_bf16_to_f32(in.x[me][(size_t)t * H]) * (float)ranks;
+    T_CHECK(got[(size_t)t * H] == ref_f32_to_bf16(want), "round trip: token %d", t);
+  }
+  T_OK(ep_handle_destroy(h));
+  t_dfree(x), t_dfree(idx), t_dfree(out), free(got);
+  free_inputs(&in);
+}
+
+/* ------------------------------------------------------------------ timeouts */
+
+static void expect_timeout(ep_status_t st, const char *what) {
+  T_CHECK(st == EP_ERR_TIMEOUT, "%s returned %s (%s), expected EP_ERR_TIMEOUT", what,
+          ep_status_name(st), ep_last_error());
+  T_CHECK(strstr(ep_last_error(), "peer rank 1"), "%s: the message does not name rank 1: %s", what,
+          ep_last_error());
+  printf("%s: %s\n", what, ep_last_error());
+}
+
+static int timeout(void) {
+  ep_group_t g;
+  int R, me;
+  t_init(&g, &me, &R);
+  if (R < 2) {
+    printf("skipped: needs 2 ranks\n");
+    t_fini(g);
+    return T_SKIP;
+  }
+  ep_buffer_config_t cfg = cuda_cfg(2.0);
+  ep_buffer_t b1, b2, b3;
+  T_OK(ep_buffer_create(g, &cfg, &b1));
+  T_OK(ep_buffer_create(g, &cfg, &b2));
+  void *x = t_dalloc(H * 2), *idx = t_to_dev((int64_t[TOPK]){0, -1, -1, -1}, TOPK * 8);
+  int nr;
+  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = 1,
+                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = R,
+                          .num_recv_tokens = &nr};
+  if (me == 0) {
+    /* Rank 1 never comes: the synchronous path fails at the count exchange, naming it. */
+    expect_timeout(ep_dispatch(b1, &a), "synchronous dispatch");
+    /* Asynchronous: the call returns; its kernel gives up; the next call says why. */
+    a.worst_case_tokens = 4;
+    a.recv_x = t_dalloc(4 * H * 2);
+    T_OK(ep_dispatch(b2, &a));
+    t_dsync();
+    expect_timeout(ep_dispatch(b2, &a), "call after an asynchronous dispatch");
+    t_dfree(a.recv_x);
+  }
+  T_OK(ep_group_barrier(g));
+  T_OK(ep_buffer_release(b1));
+  T_OK(ep_buffer_release(b2));
+  /* No trap: the context works, a fresh buffer moves data. */
+  T_OK(ep_buffer_create(g, NULL, &b3));
+  round_trip(b3, R, me);
+  T_OK(ep_buffer_destroy(b3));
+  t_dfree(x), t_dfree(idx);
+  t_fini(g);
+  return T_PASS;
+}
+
+/* ------------------------------------------------------------------ outputs too small */
+
+/* Rank 0's outputs hold no row: it gets EP_ERR_TOO_LARGE, its rows are drained, every other rank
+ * completes, and the buffer stays consistent (a round trip afterwards works). */
+static int overflow(void) {
+  ep_group_t g;
+  ep_buffer_t b;
+  int R, me, nr;
+  t_init(&g, &me, &R);
+  T_OK(ep_buffer_create(g, NULL, &b));
+  inputs_t in = {.R = R, .me = me, .E = 2 * R};
+  make_inputs(&in, 3);
+  for (int s = 0; s < R; s++) { /* every rank sends rank 0 (expert 0) at least one row */
+    if (!in.n[s])
+      for (int k = 0; k < TOPK; k++) in.idx[s][k] = -1;
+    in.n[s] = in.n[s] ? in.n[s] : 1;
+    in.idx[s][0] = 0;
+  }
+  void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
+  void *rx = t_dalloc((size_t)NMAX * R * H * 2);
+  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = in.n[me],
+                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E,
+                          .recv_x = rx, .recv_capacity = me == 0 ? 0 : NMAX * R,
+                          .num_recv_tokens = &nr};
+  ep_status_t st = ep_dispatch(b, &a);
+  if (me == 0) {
+    T_CHECK(st == EP_ERR_TOO_LARGE, "rank 0: %s (%s), expected EP_ERR_TOO_LARGE",
+            ep_status_name(st), ep_last_error());
+    printf("outputs too small: %s\n", ep_last_error());
+  } else {
+    T_OK(st);
+  }
+  round_trip(b, R, me);
+  T_OK(ep_buffer_destroy(b));
+  t_dfree(x), t_dfree(idx), t_dfree(rx);
+  free_inputs(&in);
+  t_fini(g);
+  return T_PASS;
+}
+
+/* ------------------------------------------------------------------ lifecycle cycles */
+
+static size_t free_mem(void) {
+  size_t f = 0, t = 0;
+  CU(cudaMemGetInfo(&f, &t));
+  return f;
+}
+
+static void one_cycle(int *R, int *me) {
+  ep_group_t g;
+  ep_buffer_t b;
+  t_init(&g, me, R);
+  ep_buffer_config_t cfg = cuda_cfg(0);
+  T_OK(ep_buffer_create(g, &cfg, &b));
+  round_trip(b, *R, *me);
+  T_OK(ep_buffer_destroy(b));
+  T_OK(ep_group_barrier(g)); /* every rank has freed: the device-wide figure is comparable */
+  T_OK(ep_group_destroy(g));
+}
+
+static int cycles(int n) {
+  int R, me;
+  one_cycle(&R, &me); /* warm up: module load, context */
+  size_t f0 = free_mem();
+  for (int i = 0; i < n; i++) one_cycle(&R, &me);
+  size_t f1 = free_mem();
+  printf("rank %d: %d cycles: device free memory %.1f -> %.1f MiB\n", me, n, f0 / 1048576.0,
+         f1 / 1048576.0);
+  /* Other ranks may sit at another point of their last cycle: allow one buffer's worth. */
+  T_CHECK(f1 + (64u << 20) >= f0, "device memory fell by %.1f MiB over %d cycles",
+          (f0 - f1) / 1048576.0, n);
+  return T_PASS;
+}
+
+int main(int argc, char **argv) {
+  const char *mode = argc > 1 ? argv[1] : "graph";
+  if (!t_cuda()) setenv("EP_BACKEND", "cuda", 1);
+  t_require_backend();
+  if (!strcmp(mode, "graph")) return graph(argc > 2 ? atoi(argv[2]) : 5);
+  if (!strcmp(mode, "timeout")) return timeout();
+  if (!strcmp(mode, "cycles")) return cycles(argc > 2 ? atoi(argv[2]) : 100);
+  if (!strcmp(mode, "overflow")) return overflow();
+  fprintf(stderr, "unknown mode %s\n", mode);
+  return T_FAIL;
+}
+#endif

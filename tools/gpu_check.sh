@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
+#   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]     steps: build quick suite sanitize bench
+# WITH_MPS: path of shared/gpu/with-mps (ranks sharing one GPU run concurrently under MPS).
+# Every step is bounded by `timeout`; logs go to OUT_DIR; a one-line summary per step to stdout.
+set -u -o pipefail
+mps=${1:?usage: gpu_check.sh WITH_MPS OUT_DIR [STEP...]}
+out=${2:?usage: gpu_check.sh WITH_MPS OUT_DIR [STEP...]}
+shift 2
+steps=${*:-build quick suite sanitize bench}
+b=build-gpu
+mkdir -p "$out"
+export EP_TIMEOUT_S=${EP_TIMEOUT_S:-15}
+ok=1
+for s in $steps; do
+  t0=$SECONDS
+  case $s in
+    build)
+      { cmake -S . -B $b -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+          ninja -C $b; } >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+      nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem \
+        --format=csv >"$out/gpu.txt" 2>&1 ;;
+    quick)
+      timeout 240 "$mps" tests/run.sh --filter '^cuda\.(normal\.r[12]|graph\.r2|timeout\.r2)$' $b \
+        2>&1 | tee "$out/quick.log" | tail -8 || ok=0
+      [ $ok = 1 ] || break ;;
+    suite)
+      timeout 300 "$mps" tests/run.sh --filter '^cuda\.' $b 2>&1 | tee "$out/suite.log" |
+        grep -v '^PASS' || true ;;
+    sanitize)
+      # No MPS here: compute-sanitizer attaches to each rank's process.
+      san() { # tool log ranks command...
+        local tool=$1 log=$2 n=$3
+        shift 3
+        EP_TIMEOUT_S=120 timeout 200 $b/bin/epcomm launch -n "$n" compute-sanitizer --tool "$tool" \
+          --error-exitcode 9 "$@" >"$out/$log" 2>&1
+        echo "compute-sanitizer $tool, R=$n $*: exit $? ($(grep -h 'ERROR SUMMARY' "$out/$log" |
+          sort | uniq -c | tr -s ' ' | tr '\n' ';'))"
+      }
+      san memcheck san-memcheck-graph.log 2 $b/tests/test_cuda graph 1
+      san racecheck san-racecheck-graph.log 2 $b/tests/test_cuda graph 1
+      export EP_BACKEND=cuda
+      san memcheck san-memcheck-normal.log 1 $b/tests/test_normal
+      unset EP_BACKEND ;;
+    bench)
+      for R in 2 4 8; do
+        timeout 120 "$mps" $b/bin/epcomm launch -n $R $b/bin/cuda_bench >"$out/bench-r$R.log" 2>&1
+        echo "bench R=$R: exit $?"
+        grep -v '^\[[1-9]' "$out/bench-r$R.log" | sed 's/^\[0\] //' | tail -14
+      done ;;
+    scan)
+      # Where the time goes: the same sizes with more SMs per rank.
+      for rs in "2 32" "2 48" "4 32"; do
+        set -- $rs
+        timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/cuda_bench --sms $2 \
+          >"$out/scan-r$1-s$2.log" 2>&1
+        echo "bench R=$1 --sms $2: exit $?"
+        grep -E '^\[0\] (dispatch|combine)' "$out/scan-r$1-s$2.log" | sed 's/^\[0\] //'
+      done ;;
+  esac
+  echo "== step $s: $((SECONDS - t0)) s"
+done
+tar czf "$out/test-logs.tgz" -C $b test-logs 2>/dev/null
+[ $ok = 1 ]
