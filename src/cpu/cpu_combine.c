@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu_plan.h"
+#include "cpu_reduce.h"
 
 static const char OP[] = "ep_combine";
 #define BATCH 32
@@ -15,6 +16,7 @@ typedef struct {
   const cpu_plan_t *p;
   int H, topk, N;
   bool has_w;
+  bool stream;     /* out is far larger than the caches: non-temporal stores */
   size_t row, rec; /* bf16 row, record = row + weights */
 } job_t;
 
@@ -51,21 +53,19 @@ static void reduce_token(const job_t *j, reduce_t *rd, const cpu_state_t *s, int
   const ep_combine_args_t *a = j->a;
   const uint16_t *b0 = a->bias[0] ? (const uint16_t *)a->bias[0] + (size_t)t * j->H : NULL;
   const uint16_t *b1 = a->bias[1] ? (const uint16_t *)a->bias[1] + (size_t)t * j->H : NULL;
-  for (int h = 0; h < j->H; h++)
-    rd->acc[h] = (b0 ? cpu_bf16_to_f32(b0[h]) : 0.0f) + (b1 ? cpu_bf16_to_f32(b1[h]) : 0.0f);
+  const uint16_t *rows[s->nranks];
+  int n = 0;
   for (int k = 0; k < j->topk && j->has_w; k++) rd->wacc[k] = 0.0f;
   for (int r = 0; r < s->nranks; r++) {
     const unsigned char *rec = rd->src[r];
     if (!rec) continue;
-    const uint16_t *x = (const uint16_t *)rec;
-    for (int h = 0; h < j->H; h++) rd->acc[h] += cpu_bf16_to_f32(x[h]);
+    rows[n++] = (const uint16_t *)rec;
     if (!j->has_w) continue;
     const float *w = r == s->rank ? a->topk_weights + (size_t)(rd->self_row - 1) * j->topk
                                   : (const float *)(rec + j->row);
     for (int k = 0; k < j->topk; k++) rd->wacc[k] += w[k];
   }
-  uint16_t *out = (uint16_t *)a->out + (size_t)t * j->H;
-  for (int h = 0; h < j->H; h++) out[h] = cpu_f32_to_bf16(rd->acc[h]);
+  cpu_reduce_rows((uint16_t *)a->out + (size_t)t * j->H, rows, n, b0, b1, j->H, j->stream);
   if (j->has_w) memcpy(a->out_topk_weights + (size_t)t * j->topk, rd->wacc, (size_t)j->topk * 4);
 }
 
@@ -104,13 +104,15 @@ static ep_status_t loop(cpu_state_t *s, const job_t *j, int c, peer_t *out, cpu_
   cpu_waiter_init(&w, s, c, OP, "data");
   for (;;) {
     uint32_t seen = cpu_bell_read(s, c);
-    int moved = reduce_ready(s, j, rd, in, c), left = rd->t < rd->end;
-    int who = -1;
+    /* Rows for the peers first: they wait on them, while our own reduction can wait on us. */
+    int moved = 0, left = 0, who = -1;
     for (int r = 0; r < s->nranks; r++) {
       if (r == s->rank) continue;
       moved += push(s, j, &out[r], r, c);
       if (out[r].next < out[r].end) left++, who = r;
     }
+    moved += reduce_ready(s, j, rd, in, c);
+    left += rd->t < rd->end;
     if (!left) return EP_OK;
     if (moved) continue;
     if (rd->t < rd->end) /* waiting for a row of token t: name the first rank that owes one */
@@ -132,13 +134,13 @@ static ep_status_t combine_channel(cpu_state_t *s, void *job, int c) {
   peer_t *out = calloc((size_t)R, sizeof *out);
   cpu_q_t *in = calloc((size_t)R, sizeof *in);
   reduce_t rd = {0};
-  rd.acc = malloc(((size_t)j->H + (size_t)j->topk + 1) * sizeof(float));
+  rd.acc = malloc(((size_t)j->topk + 1) * sizeof(float));
   rd.src = calloc((size_t)R, sizeof *rd.src);
   if (!out || !in || !rd.acc || !rd.src) {
     free(out), free(in), free(rd.acc), free(rd.src);
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "data", "out of memory");
   }
-  rd.wacc = rd.acc + j->H;
+  rd.wacc = rd.acc;
   cpu_chan_range(j->N, s->channels, c, &rd.t, &rd.end);
   rd.self_row = p->recv_base[(size_t)s->rank * s->channels + c];
   for (int r = 0; r < R; r++) {
@@ -149,6 +151,7 @@ static ep_status_t combine_channel(cpu_state_t *s, void *job, int c) {
     cpu_q_open_recv(&in[r], cpu_ring(s, s->rank, r, c), s->queue_bytes);
   }
   ep_status_t st = loop(s, j, c, out, in, &rd);
+  cpu_reduce_fence(); /* the output's non-temporal stores, before the caller sees completion */
   if (st && st != EP_ERR_INTERNAL) cpu_abort_peers(s, st);
   free(out), free(in), free(rd.acc), free(rd.src);
   return st;
@@ -156,8 +159,9 @@ static ep_status_t combine_channel(cpu_state_t *s, void *job, int c) {
 
 ep_status_t cpu_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h) {
   cpu_state_t *s = state;
-  job_t j = {a, h->priv, h->hidden, h->topk, h->num_tokens, a->topk_weights != NULL, 0, 0};
+  job_t j = {a, h->priv, h->hidden, h->topk, h->num_tokens, a->topk_weights != NULL, false, 0, 0};
   j.row = (size_t)j.H * 2;
+  j.stream = (double)j.N * (double)j.row > 32.0 * 1024 * 1024; /* past 32 MiB: stream it */
   j.rec = cpu_al16(j.row + (j.has_w ? (size_t)j.topk * 4 : 0));
   cpu_hello_t mine;
   memset(&mine, 0, sizeof mine);

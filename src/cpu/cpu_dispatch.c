@@ -130,6 +130,8 @@ static ep_status_t run(cpu_state_t *s, ep_dispatch_args_t *a, cpu_dispatch_job_t
   if (st) return st;
   if (!j->cached) plan_recv_side(s, p);
   ep_status_t out_st = prepare_outputs(s, a, p->Nr, &j->drain);
+  /* Past 32 MiB of rows the output cannot stay in cache anyway: stream it. */
+  j->stream = (double)p->Nr * (double)j->row > 32.0 * 1024 * 1024;
   st = cpu_run_channels(s, cpu_dispatch_channel, j);
   if (st) return st;
   if (out_st) return out_st; /* data drained, queues consistent, outputs untouched */

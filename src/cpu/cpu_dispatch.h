@@ -8,6 +8,7 @@ typedef struct {
   const ep_dispatch_args_t *a;
   const cpu_plan_t *p;
   bool cached, has_w, drain; /* drain: receive and drop (outputs too small or not allocated) */
+  bool stream;               /* outputs far larger than the caches: non-temporal row stores */
   int topk, num_local, first_expert;
   size_t row, scales, rec, off_x, off_s, off_i, off_w;
 } cpu_dispatch_job_t;

@@ -6,6 +6,11 @@
 
 #include "cpu_dispatch.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define EP_NT 1
+#endif
+
 #define BATCH 32 /* records between two publications of a queue position */
 
 typedef struct {
@@ -30,35 +35,70 @@ static void pack(const cpu_dispatch_job_t *j, int32_t t, unsigned char *rec) {
     memcpy(rec + j->off_w, a->topk_weights + (size_t)t * j->topk, (size_t)j->topk * sizeof(float));
 }
 
-/* Output row `r` from a packed record (also used for this rank's own tokens). */
-static void unpack(const cpu_dispatch_job_t *j, const unsigned char *rec, int32_t r) {
+/* A payload row into the caller's output. Outputs far larger than the caches are written with
+ * non-temporal stores: no read-for-ownership of lines that are overwritten whole, and the queue
+ * lines stay in cache (an sfence at the end of the channel orders them). */
+static inline void put_row(const cpu_dispatch_job_t *j, void *dst, const void *src) {
+#ifdef EP_NT
+  if (j->stream && ((uintptr_t)dst & 15) == 0 && (j->row & 63) == 0) {
+    __m128i *d = dst;
+    const __m128i *s = src;
+    for (size_t i = 0; i < j->row / 16; i += 4) {
+      __m128i a = _mm_loadu_si128(s + i), b = _mm_loadu_si128(s + i + 1);
+      __m128i c = _mm_loadu_si128(s + i + 2), e = _mm_loadu_si128(s + i + 3);
+      _mm_stream_si128(d + i, a), _mm_stream_si128(d + i + 1, b);
+      _mm_stream_si128(d + i + 2, c), _mm_stream_si128(d + i + 3, e);
+    }
+    return;
+  }
+#endif
+  memcpy(dst, src, j->row);
+}
+
+/* Local expert ids and weights of output row r from a token's global ids (w: NULL = none). */
+static void deliver_ids(const cpu_dispatch_job_t *j, int32_t r, const int64_t *ids, const float *w) {
   const ep_dispatch_args_t *a = j->a;
-  if (j->drain) return;
-  memcpy((unsigned char *)a->recv_x + (size_t)r * j->row, rec + j->off_x, j->row);
-  if (j->scales)
-    memcpy(a->recv_x_scales + (size_t)r * a->num_scales, rec + j->off_s, j->scales);
-  if (a->recv_src_idx) memcpy(&a->recv_src_idx[r], rec, sizeof(int32_t));
-  if (j->cached) return;
-  const int64_t *ids = (const int64_t *)(rec + j->off_i);
-  const float *w = (const float *)(rec + j->off_w);
   for (int k = 0; k < j->topk; k++) {
     int64_t e = ids[k] - j->first_expert;
     bool local = ids[k] >= 0 && e >= 0 && e < j->num_local;
     if (a->recv_topk_idx) a->recv_topk_idx[(size_t)r * j->topk + k] = local ? e : -1;
     if (a->recv_topk_weights)
-      a->recv_topk_weights[(size_t)r * j->topk + k] = local && j->has_w ? w[k] : 0.0f;
+      a->recv_topk_weights[(size_t)r * j->topk + k] = local && w ? w[k] : 0.0f;
   }
 }
 
-/* This rank's own tokens skip the queue: straight from x to their output rows. */
-static void copy_self(cpu_state_t *s, const cpu_dispatch_job_t *j, int c, unsigned char *tmp) {
+/* Output row `r` from a packed record. */
+static void unpack(const cpu_dispatch_job_t *j, const unsigned char *rec, int32_t r) {
+  const ep_dispatch_args_t *a = j->a;
+  if (j->drain) return;
+  put_row(j, (unsigned char *)a->recv_x + (size_t)r * j->row, rec + j->off_x);
+  if (j->scales)
+    memcpy(a->recv_x_scales + (size_t)r * a->num_scales, rec + j->off_s, j->scales);
+  if (a->recv_src_idx) memcpy(&a->recv_src_idx[r], rec, sizeof(int32_t));
+  if (j->cached) return;
+  deliver_ids(j, r, (const int64_t *)(rec + j->off_i),
+              j->has_w ? (const float *)(rec + j->off_w) : NULL);
+}
+
+/* This rank's own tokens skip the queue: one copy, straight from x to their output rows. */
+static void copy_self(cpu_state_t *s, const cpu_dispatch_job_t *j, int c) {
   const cpu_plan_t *p = j->p;
+  const ep_dispatch_args_t *a = j->a;
   int me = s->rank;
   const int32_t *chan = p->send_chan + (size_t)me * (size_t)(s->channels + 1);
   int32_t row = p->recv_base[(size_t)me * s->channels + c];
-  for (int32_t i = chan[c]; i < chan[c + 1]; i++) {
-    pack(j, p->send_idx[p->send_off[me] + i], tmp);
-    unpack(j, tmp, row++);
+  if (j->drain) return;
+  for (int32_t i = chan[c]; i < chan[c + 1]; i++, row++) {
+    int32_t t = p->send_idx[p->send_off[me] + i];
+    put_row(j, (unsigned char *)a->recv_x + (size_t)row * j->row,
+            (const unsigned char *)a->x + (size_t)t * j->row);
+    for (int q = 0; j->scales && q < a->num_scales; q++)
+      a->recv_x_scales[(size_t)row * a->num_scales + q] =
+          a->x_scales[t * a->scale_token_stride + q * a->scale_hidden_stride];
+    if (a->recv_src_idx) a->recv_src_idx[row] = t;
+    if (!j->cached)
+      deliver_ids(j, row, a->topk_idx + (size_t)t * j->topk,
+                  j->has_w ? a->topk_weights + (size_t)t * j->topk : NULL);
   }
 }
 
@@ -146,18 +186,17 @@ static ep_status_t loop(cpu_state_t *s, const cpu_dispatch_job_t *j, int c, peer
 ep_status_t cpu_dispatch_channel(cpu_state_t *s, void *job, int c) {
   const cpu_dispatch_job_t *j = job;
   peer_t *out = calloc((size_t)s->nranks * 2, sizeof *out);
-  unsigned char *tmp = aligned_alloc(64, (j->rec + 63) & ~(size_t)63);
-  if (!out || !tmp) {
-    free(out);
-    free(tmp);
+  if (!out) {
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_dispatch", "data", "out of memory");
   }
   peer_t *in = out + s->nranks;
   open_peers(s, j, c, out, in);
-  copy_self(s, j, c, tmp);
+  copy_self(s, j, c);
   ep_status_t st = loop(s, j, c, out, in);
+#ifdef EP_NT
+  _mm_sfence(); /* the non-temporal row stores, before the caller sees the call complete */
+#endif
   if (st && st != EP_ERR_INTERNAL) cpu_abort_peers(s, st);
-  free(tmp);
   free(out);
   return st;
 }

@@ -1,0 +1,92 @@
+/* `epcomm bench` (run under `epcomm launch -n R` or mpirun): epcomm's dispatch and combine, the
+ * host's memcpy ceiling and the MPI_Alltoallv baseline, all from one run, with ratios to both and
+ * a self-check of every output. See docs/PERFORMANCE.md. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "cli.h"
+
+static int fail_group(const char *what, ep_group_t g) {
+  fprintf(stderr, "epcomm bench: %s: %s\n", what, ep_last_error());
+  if (g) ep_group_release(g);
+  return 1;
+}
+
+/* Everyone's figures to rank 0 (allgather: small, once). */
+static bench_rank_t **gather(ep_group_t g, int R, bench_rank_t *mine, size_t sz, char **blob) {
+  *blob = malloc(sz * (size_t)R);
+  bench_rank_t **all = calloc((size_t)R, sizeof *all);
+  if (!*blob || !all || ep_group_allgather(g, mine, *blob, sz)) {
+    free(all);
+    return NULL;
+  }
+  for (int r = 0; r < R; r++) all[r] = (bench_rank_t *)(*blob + sz * (size_t)r);
+  return all;
+}
+
+static int run(const bench_opts_t *o, ep_group_t g, int R, int me) {
+  size_t sz = bench_rank_size(o->iters);
+  bench_rank_t *mine = calloc(1, sz);
+  if (!mine) return fprintf(stderr, "epcomm bench: out of memory\n"), 1;
+  mine->iters = o->iters;
+  int rc = o->mode == BENCH_LL ? bench_ll(o, g, mine) : bench_normal(o, g, mine);
+  if (rc) {
+    free(mine);
+    return rc;
+  }
+  /* The baseline after epcomm's run: rank 0 drives mpirun, the others sleep in the barrier. */
+  bench_baseline_t b, *bp = NULL;
+  memset(&b, 0, sizeof b);
+  if (o->mode == BENCH_LL)
+    snprintf(b.why, sizeof b.why, "the MPI baseline covers normal mode only"), bp = &b;
+  int want = o->baseline != BENCH_BASELINE_OFF && !o->backend_cuda && o->mode == BENCH_NORMAL;
+  if (want && me == 0) {
+    bench_baseline_run(o, R, &b);
+    bp = &b;
+  }
+  if (ep_group_barrier(g)) rc = fail_group("barrier after the baseline", NULL);
+  char *blob = NULL;
+  bench_rank_t **all = rc ? NULL : gather(g, R, mine, sz, &blob);
+  if (!rc && !all) rc = fail_group("gathering the figures", NULL);
+  if (!rc && me == 0) {
+    if (o->mode == BENCH_LL && o->baseline == BENCH_BASELINE_ON) {
+      fprintf(stderr, "epcomm bench: the MPI baseline covers normal mode only\n");
+      rc = 1;
+    }
+    if (want && !b.ran && o->baseline == BENCH_BASELINE_ON) {
+      fprintf(stderr, "epcomm bench: the MPI baseline did not run: %s\n", b.why);
+      rc = 1;
+    }
+    int r2 = bench_report(o, R, all, bp);
+    if (!rc) rc = r2;
+  }
+  bench_baseline_free(&b);
+  free(all), free(blob), free(mine);
+  return rc;
+}
+
+int ep_cmd_bench(int argc, char **argv) {
+  bench_opts_t o;
+  int rc = bench_parse(argc, argv, "epcomm bench", 0, &o);
+  if (rc) return rc == 1 << 8 ? 0 : rc;
+  if (o.backend_cuda) { /* the harness hands host memory to the calls: CPU backend only so far */
+    fprintf(stderr, "epcomm bench: --backend cuda is not wired into this harness yet; the GPU "
+            "benchmark is bin/cuda_bench (docs/PERFORMANCE.md, CUDA section)\n");
+    return 2;
+  }
+  ep_group_config_t gc = EP_GROUP_CONFIG_INIT;
+  gc.timeout_s = o.timeout_s;
+  ep_group_t g = NULL;
+  int R, me;
+  if (ep_group_create_from_env(&gc, &g)) return fail_group("ep_group_create_from_env", NULL);
+  ep_group_rank(g, &me);
+  ep_group_nranks(g, &R);
+  int changed = bench_fix_experts(&o, R);
+  if (me == 0 && changed && o.set_experts && !o.json)
+    printf("epcomm bench: --experts rounded to %d (a multiple of %d ranks)\n", o.experts, R);
+  rc = run(&o, g, R, me);
+  if (ep_group_destroy(g)) return fail_group("ep_group_destroy", g);
+  return rc;
+}

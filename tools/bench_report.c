@@ -1,0 +1,312 @@
+/* Rank 0's report: aggregates (per iteration the slowest rank's time, then median / p10 / p90
+ * over iterations), per-rank figures, the self-checks, the two ratios; a table and/or JSON. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+/* One measured phase: t[r * stride + i] seconds, bytes[r] per iteration. */
+typedef struct {
+  const char *key, *label;
+  int present;
+  double *t;         /* [R][iters], owned */
+  double *bytes;     /* [R] DeepEP's bytes (logical) */
+  double *wire;      /* [R] cross-rank bytes */
+  bench_stat_t time; /* of max-over-ranks per iteration, seconds */
+  bench_stat_t bw;   /* of mean bytes / that time, bytes/s */
+  double *rank_t;    /* [R] median of each rank's own times */
+} phase_t;
+
+enum { P_DISPATCH, P_COMBINE, P_TOTAL, P_MEMCPY, P_BDISPATCH, P_BCOMBINE, P_BTOTAL, P_BMEMCPY,
+       P_COUNT };
+
+static void aggregate(phase_t *p, int R, int iters) {
+  double *tmax = calloc((size_t)iters, sizeof *tmax), *bw = calloc((size_t)iters, sizeof *bw);
+  double mean = 0;
+  for (int r = 0; r < R; r++) mean += p->bytes[r] / R;
+  for (int i = 0; i < iters; i++) {
+    for (int r = 0; r < R; r++)
+      if (p->t[(size_t)r * iters + i] > tmax[i]) tmax[i] = p->t[(size_t)r * iters + i];
+    bw[i] = tmax[i] > 0 ? mean / tmax[i] : 0;
+  }
+  p->time = bench_stats(tmax, iters);
+  p->bw = bench_stats(bw, iters);
+  p->rank_t = calloc((size_t)R, sizeof *p->rank_t);
+  for (int r = 0; r < R; r++) p->rank_t[r] = bench_stats(p->t + (size_t)r * iters, iters).median;
+  free(tmax), free(bw);
+}
+
+static void build(const bench_opts_t *o, int R, bench_rank_t *const *rk, const bench_baseline_t *b,
+                  phase_t *ph) {
+  static const char *const keys[P_COUNT] = {"dispatch", "combine", "dispatch_combine", "memcpy",
+                                            "baseline_dispatch", "baseline_combine",
+                                            "baseline_dispatch_combine", "baseline_memcpy"};
+  static const char *const labels[P_COUNT] = {
+      "epcomm dispatch", "epcomm combine", "epcomm dispatch+combine", "memcpy ceiling",
+      "MPI baseline dispatch", "MPI baseline combine", "MPI baseline dispatch+combine",
+      "memcpy ceiling, MPI run"};
+  int I = o->iters;
+  for (int k = 0; k < P_COUNT; k++) {
+    phase_t *p = &ph[k];
+    p->key = keys[k], p->label = labels[k];
+    p->present = k < P_BDISPATCH || (b && b->ran);
+    p->t = calloc((size_t)R * I, sizeof *p->t);
+    p->bytes = calloc((size_t)R, sizeof *p->bytes);
+    p->wire = calloc((size_t)R, sizeof *p->wire);
+    for (int r = 0; r < R && p->present; r++) {
+      const bench_rank_t *f = rk[r];
+      const double *t = bench_rank_times((bench_rank_t *)f);
+      const double *bd = b && b->ran ? b->t_dispatch + (size_t)r * I : NULL;
+      const double *bc = b && b->ran ? b->t_combine + (size_t)r * I : NULL;
+      const double *bm = b && b->ran ? b->t_memcpy + (size_t)r * I : NULL;
+      double db = f->d_bytes, cb = f->c_bytes;
+      p->bytes[r] = k == P_DISPATCH || k == P_BDISPATCH ? db
+                    : k == P_COMBINE || k == P_BCOMBINE ? cb
+                    : k == P_MEMCPY                     ? f->m_bytes
+                    : k == P_BMEMCPY                    ? b->copy_bytes
+                                                        : db + cb;
+      p->wire[r] = k == P_DISPATCH || k == P_BDISPATCH ? f->d_wire
+                   : k == P_COMBINE || k == P_BCOMBINE ? f->c_wire
+                   : k == P_MEMCPY || k == P_BMEMCPY   ? 0
+                                                       : f->d_wire + f->c_wire;
+      for (int i = 0; i < I; i++) {
+        double v = k == P_DISPATCH ? t[i] : k == P_COMBINE ? t[I + i] : k == P_TOTAL ? t[i] + t[I + i]
+                 : k == P_MEMCPY ? t[2 * I + i] : k == P_BDISPATCH ? bd[i] : k == P_BCOMBINE ? bc[i]
+                 : k == P_BMEMCPY ? bm[i] : bd[i] + bc[i];
+        p->t[(size_t)r * I + i] = v;
+      }
+    }
+    if (p->present) aggregate(p, R, I);
+  }
+}
+
+typedef struct {
+  double d_ceiling, c_ceiling, d_base, c_base, t_base;
+  double t_base_norm; /* t_base with each run's time scaled by its own memcpy ceiling */
+  int have_base;
+} ratios_t;
+
+static ratios_t ratios(const phase_t *ph) {
+  ratios_t q = {0, 0, 0, 0, 0, 0, ph[P_BDISPATCH].present};
+  double m = ph[P_MEMCPY].bw.median;
+  q.d_ceiling = m > 0 ? ph[P_DISPATCH].bw.median / m : 0;
+  q.c_ceiling = m > 0 ? ph[P_COMBINE].bw.median / m : 0;
+  if (q.have_base) {
+    q.d_base = ph[P_BDISPATCH].time.median / ph[P_DISPATCH].time.median;
+    q.c_base = ph[P_BCOMBINE].time.median / ph[P_COMBINE].time.median;
+    q.t_base = ph[P_BTOTAL].time.median / ph[P_TOTAL].time.median;
+    /* The baseline runs after epcomm; on a shared machine the two may see different speeds.
+     * Each time over its own run's memcpy time cancels that drift. */
+    double me = ph[P_MEMCPY].time.median, mb = ph[P_BMEMCPY].time.median;
+    if (me > 0 && mb > 0 && ph[P_BMEMCPY].bytes[0] == ph[P_MEMCPY].bytes[0])
+      q.t_base_norm = (ph[P_BTOTAL].time.median / mb) / (ph[P_TOTAL].time.median / me);
+  }
+  return q;
+}
+
+/* ------------------------------------------------------------------ checks */
+typedef struct {
+  int epcomm_ok, base_ok, agree;
+  char msg[512];
+} verdict_t;
+
+static verdict_t verdict(int R, bench_rank_t *const *rk, const bench_baseline_t *b) {
+  verdict_t v = {1, -1, -1, ""};
+  for (int r = 0; r < R; r++)
+    if (rk[r]->dispatch_bad || rk[r]->combine_bad) {
+      if (v.epcomm_ok) snprintf(v.msg, sizeof v.msg, "epcomm: %s", rk[r]->msg);
+      v.epcomm_ok = 0;
+    }
+  if (!b || !b->ran) return v;
+  v.base_ok = b->ok;
+  if (!b->ok && !v.msg[0]) snprintf(v.msg, sizeof v.msg, "baseline: %s", b->why);
+  v.agree = 1;
+  for (int r = 0; r < R; r++)
+    if (b->recv_rows[r] != rk[r]->recv_rows || b->digest_x[r] != rk[r]->digest_x ||
+        b->digest_out[r] != rk[r]->digest_out) {
+      if (v.agree && !v.msg[0])
+        snprintf(v.msg, sizeof v.msg, "rank %d: the baseline's outputs differ from epcomm's "
+                 "(rows %d vs %d, digests %s)", r, b->recv_rows[r], rk[r]->recv_rows,
+                 b->digest_x[r] != rk[r]->digest_x ? "of recv_x differ" : "of the combine differ");
+      v.agree = 0;
+    }
+  return v;
+}
+
+/* ------------------------------------------------------------------ table */
+
+static void print_config(FILE *f, const bench_opts_t *o, int R) {
+  fprintf(f, "epcomm bench: %s mode, %s backend, %d ranks x %d thread%s; per rank %d tokens, "
+          "hidden %d %s, topk %d, %d experts, %s routing; %d warm-up + %d timed iterations\n",
+          o->mode == BENCH_LL ? "low-latency" : "normal", o->backend_cuda ? "cuda" : "cpu", R, o->threads, o->threads > 1 ? "s" : "", o->tokens,
+          o->hidden, o->dtype == BENCH_FP8 ? "fp8 (+ fp32 scales)" : "bf16", o->topk, o->experts,
+          bench_routing_name(o->routing), o->warmup, o->iters);
+}
+
+static void print_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t *const *rk,
+                        const bench_baseline_t *b, ratios_t q, verdict_t v) {
+  int ll = o->mode == BENCH_LL;
+  double sc = ll ? 1e6 : 1e3; /* low-latency calls in microseconds */
+  const char *u = ll ? "us" : "ms";
+  print_config(stdout, o, R);
+  printf("\n%-30s %22s%s%s %27s %9s %9s\n", "", "time ", u, ": median [p10 p90]",
+         "GB/s/rank: median [p10 p90]", "logical", "x-rank");
+  for (int k = 0; k < P_COUNT; k++) {
+    phase_t *p = &ph[k];
+    if (!p->present) continue;
+    double mb = 0, wb = 0;
+    for (int r = 0; r < R; r++) mb += p->bytes[r] / R / 1e6, wb += p->wire[r] / R / 1e6;
+    printf("%-30s %9.2f [%7.2f %7.2f] %9.2f [%7.2f %7.2f] %7.1fMB %7.1fMB\n", p->label,
+           p->time.median * sc, p->time.p10 * sc, p->time.p90 * sc, p->bw.median / 1e9,
+           p->bw.p10 / 1e9, p->bw.p90 / 1e9, mb, wb);
+  }
+  printf("\nper rank (median of its own iterations):\n");
+  printf("rank  recv_rows  self_rows  dispatch_%s  GB/s cpu%% csw  combine_%s  GB/s cpu%% csw  "
+         "memcpy_GB/s%s\n", u, u,
+         q.have_base ? "  mpi_dispatch_ms  mpi_combine_ms" : "");
+  for (int r = 0; r < R; r++) {
+    const bench_rank_t *f = rk[r];
+    double dt = ph[P_DISPATCH].rank_t[r], ct = ph[P_COMBINE].rank_t[r];
+    printf("%4d  %9d  %9d  %11.2f %5.2f %4.0f %3.0f  %10.2f %5.2f %4.0f %3.0f  %11.2f", r,
+           f->recv_rows, f->self_rows, dt * sc, ph[P_DISPATCH].bytes[r] / dt / 1e9,
+           100 * f->d_cpu / dt, f->d_csw, ct * sc, ph[P_COMBINE].bytes[r] / ct / 1e9,
+           100 * f->c_cpu / ct, f->c_csw, ph[P_MEMCPY].bytes[r] / ph[P_MEMCPY].rank_t[r] / 1e9);
+    if (q.have_base)
+      printf("  %15.2f  %14.2f", ph[P_BDISPATCH].rank_t[r] * 1e3, ph[P_BCOMBINE].rank_t[r] * 1e3);
+    printf("\n");
+  }
+  if (ll)
+    printf("\nGB/s as DeepEP's low-latency test counts it: selections of the rank's tokens x row "
+           "bytes (fp8:\nH + H/128 x 4 bytes of scales; combine: bf16 rows) per second, per "
+           "rank; one-phase calls.\nrecv_rows: rows the rank's experts received. ");
+  printf("%sGB/s as DeepEP counts it: rows received x row bytes (fp8: + scales) per second, per "
+         "rank;\ncombine: the same rows sent back as bf16. Time: the slowest rank per iteration. "
+         "memcpy: bytes\ncopied per second per rank, all ranks copying at once with %d thread%s "
+         "each. logical: DeepEP's\nbytes per rank; x-rank: bytes that left the rank (payload + "
+         "index/topk metadata of the rows\nfrom other ranks). cpu%%: CPU time of the rank's process over its time (all\nits threads; 4 ranks on 2 cores share 200%%); csw: context switches per call.\n\n",
+         ll ? "Normal mode: " : "\n", o->threads,
+         o->threads > 1 ? "s" : "");
+  printf("ratio epcomm/ceiling:  dispatch %.2f, combine %.2f (GB/s over memcpy GB/s)\n",
+         q.d_ceiling, q.c_ceiling);
+  if (q.have_base)
+    printf("ratio epcomm/baseline: dispatch %.2fx, combine %.2fx, dispatch+combine %.2fx "
+           "(baseline time over epcomm time);\n                       dispatch+combine %.2fx "
+           "with each time over its own run's memcpy time\n", q.d_base, q.c_base, q.t_base,
+           q.t_base_norm);
+  else
+    printf("ratio epcomm/baseline: n/a (baseline not run: %s)\n",
+           b && b->why[0] ? b->why : "--baseline off");
+  printf("check: epcomm %s", v.epcomm_ok ? "matches the reference on every rank" : "MISMATCH");
+  if (v.base_ok >= 0)
+    printf("; baseline %s; outputs %s", v.base_ok ? "matches the reference" : "MISMATCH",
+           v.agree ? "identical to epcomm's" : "DIFFER from epcomm's");
+  printf("\n");
+  if (v.msg[0]) printf("first mismatch: %s\n", v.msg);
+}
+
+/* ------------------------------------------------------------------ JSON */
+
+static void json_stat(FILE *f, const char *k, bench_stat_t s, double scale, const char *end) {
+  fprintf(f, "\"%s\": {\"median\": %.6g, \"p10\": %.6g, \"p90\": %.6g}%s", k, s.median * scale,
+          s.p10 * scale, s.p90 * scale, end);
+}
+
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') fputc('\\', f);
+    if ((unsigned char)*s >= 0x20) fputc(*s, f);
+  }
+  fputc('"', f);
+}
+
+static void print_json(FILE *f, const bench_opts_t *o, int R, phase_t *ph, bench_rank_t *const *rk,
+                       const bench_baseline_t *b, ratios_t q, verdict_t v) {
+  fprintf(f, "{\n\"tool\": \"epcomm bench\",\n\"version\": \"%s\",\n", ep_version_string());
+  /* One scalar per line: bench/plot reads this block with awk. */
+  fprintf(f, "\"summary\": {\n");
+  fprintf(f, "  \"ranks\": %d,\n  \"threads\": %d,\n  \"tokens\": %d,\n  \"hidden\": %d,\n", R,
+          o->threads, o->tokens, o->hidden);
+  fprintf(f, "  \"dispatch_gbps\": %.4f,\n  \"combine_gbps\": %.4f,\n  \"memcpy_gbps\": %.4f,\n",
+          ph[P_DISPATCH].bw.median / 1e9, ph[P_COMBINE].bw.median / 1e9,
+          ph[P_MEMCPY].bw.median / 1e9);
+  if (q.have_base)
+    fprintf(f, "  \"baseline_dispatch_gbps\": %.4f,\n  \"baseline_combine_gbps\": %.4f,\n",
+            ph[P_BDISPATCH].bw.median / 1e9, ph[P_BCOMBINE].bw.median / 1e9);
+  fprintf(f, "  \"ratio_dispatch_ceiling\": %.4f,\n  \"ratio_combine_ceiling\": %.4f,\n",
+          q.d_ceiling, q.c_ceiling);
+  if (q.have_base)
+    fprintf(f, "  \"ratio_dispatch_baseline\": %.4f,\n  \"ratio_combine_baseline\": %.4f,\n"
+            "  \"ratio_total_baseline\": %.4f,\n  \"ratio_total_baseline_normalised\": %.4f,\n",
+            q.d_base, q.c_base, q.t_base, q.t_base_norm);
+  fprintf(f, "  \"check\": \"%s\"\n},\n", v.epcomm_ok && v.base_ok != 0 && v.agree != 0 ? "pass" : "fail");
+  fprintf(f, "\"config\": {\"mode\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, "
+          "\"threads\": %d, \"tokens\": %d, \"hidden\": %d, \"topk\": %d, \"experts\": %d, "
+          "\"dtype\": \"%s\", \"routing\": \"%s\", \"warmup\": %d, \"iters\": %d, \"seed\": %llu},\n",
+          o->mode == BENCH_LL ? "ll" : "normal", o->backend_cuda ? "cuda" : "cpu", R, o->threads,
+          o->tokens, o->hidden, o->topk,
+          o->experts, o->dtype == BENCH_FP8 ? "fp8" : "bf16", bench_routing_name(o->routing),
+          o->warmup, o->iters, (unsigned long long)o->seed);
+  fprintf(f, "\"units\": {\"time\": \"ms, slowest rank per iteration\", \"gbps\": \"1e9 bytes/s "
+          "per rank: mean bytes over ranks / that time\", \"bytes\": \"logical = DeepEP's "
+          "received rows x row bytes (fp8 with scales); cross_rank = payload + metadata of rows "
+          "from other ranks\", \"memcpy\": \"bytes copied\"},\n");
+  fprintf(f, "\"phases\": {\n");
+  int first = 1;
+  for (int k = 0; k < P_COUNT; k++) {
+    phase_t *p = &ph[k];
+    if (!p->present) continue;
+    fprintf(f, "%s  \"%s\": {", first ? "" : ",\n", p->key);
+    first = 0;
+    json_stat(f, "time_ms", p->time, 1e3, ", ");
+    json_stat(f, "gbps", p->bw, 1e-9, ",\n    \"per_rank\": [");
+    for (int r = 0; r < R; r++) {
+      fprintf(f, "%s{\"rank\": %d, \"time_ms\": %.6g, \"gbps\": %.6g, \"logical_bytes\": %.0f, "
+              "\"cross_rank_bytes\": %.0f", r ? ",\n      " : "", r, p->rank_t[r] * 1e3,
+              p->bytes[r] / p->rank_t[r] / 1e9, p->bytes[r], p->wire[r]);
+      if (k == P_DISPATCH || k == P_COMBINE)
+        fprintf(f, ", \"cpu_ms\": %.6g, \"context_switches\": %.1f",
+                1e3 * (k == P_DISPATCH ? rk[r]->d_cpu : rk[r]->c_cpu),
+                k == P_DISPATCH ? rk[r]->d_csw : rk[r]->c_csw);
+      fprintf(f, "}");
+    }
+    fprintf(f, "]}");
+  }
+  fprintf(f, "\n},\n\"ranks\": [");
+  for (int r = 0; r < R; r++)
+    fprintf(f, "%s{\"rank\": %d, \"recv_rows\": %d, \"self_rows\": %d}", r ? ", " : "", r,
+            rk[r]->recv_rows, rk[r]->self_rows);
+  fprintf(f, "],\n\"baseline\": {\"ran\": %s, \"note\": ", b && b->ran ? "true" : "false");
+  json_str(f, b ? b->why : "--baseline off");
+  fprintf(f, "},\n\"check\": {\"epcomm\": %s, \"baseline\": %s, \"agree\": %s, \"first_mismatch\": ",
+          v.epcomm_ok ? "true" : "false", v.base_ok < 0 ? "null" : v.base_ok ? "true" : "false",
+          v.agree < 0 ? "null" : v.agree ? "true" : "false");
+  json_str(f, v.msg);
+  fprintf(f, "}\n}\n");
+}
+
+int bench_report(const bench_opts_t *o, int R, bench_rank_t *const *ranks,
+                 const bench_baseline_t *b) {
+  phase_t ph[P_COUNT];
+  memset(ph, 0, sizeof ph);
+  build(o, R, ranks, b, ph);
+  ratios_t q = ratios(ph);
+  verdict_t v = verdict(R, ranks, b);
+  int rc = 0;
+  if (!o->json || strcmp(o->json, "-")) print_table(o, R, ph, ranks, b, q, v);
+  if (o->json) {
+    FILE *f = strcmp(o->json, "-") ? fopen(o->json, "we") : stdout;
+    if (!f) {
+      fprintf(stderr, "epcomm bench: cannot write %s\n", o->json);
+      rc = 2;
+    } else {
+      print_json(f, o, R, ph, ranks, b, q, v);
+      if (f != stdout) fclose(f);
+    }
+  }
+  fflush(stdout);
+  for (int k = 0; k < P_COUNT; k++) free(ph[k].t), free(ph[k].bytes), free(ph[k].wire), free(ph[k].rank_t);
+  if (!v.epcomm_ok || v.base_ok == 0 || v.agree == 0) rc = 1;
+  return rc;
+}
