@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
-#   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]     steps: build quick suite sanitize bench
+#   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
+#   steps: build quick suite sanitize bench epbench doctor scan
 # WITH_MPS: path of shared/gpu/with-mps (ranks sharing one GPU run concurrently under MPS).
 # Every step is bounded by `timeout`; logs go to OUT_DIR; a one-line summary per step to stdout.
 set -u -o pipefail
@@ -48,6 +49,17 @@ for s in $steps; do
         echo "bench R=$R: exit $?"
         grep -v '^\[[1-9]' "$out/bench-r$R.log" | sed 's/^\[0\] //' | tail -14
       done ;;
+    epbench)
+      # The same GPU benchmark through the public command, at DeepEP's SMs per rank.
+      for rs in "2 24" "4 24" "8 16"; do
+        set -- $rs
+        timeout 150 "$mps" $b/bin/epcomm launch -n $1 $b/bin/epcomm bench --backend cuda \
+          --threads $2 >"$out/epbench-r$1.log" 2>&1
+        echo "epcomm bench --backend cuda, R=$1, $2 SMs per rank: exit $?"
+        grep -v '^\[[1-9]' "$out/epbench-r$1.log" | sed 's/^\[0\] //' | tail -16
+      done ;;
+    doctor)
+      $b/bin/epcomm doctor env 2>&1 | tee "$out/doctor-env.txt" | tail -30 ;;
     scan)
       # Where the time goes: the same sizes with more SMs per rank.
       for rs in "2 32" "2 48" "4 32"; do
