@@ -6,6 +6,17 @@
 #include "bench_common.h"
 #include "epcomm.h"
 
+/* An epcomm call inside a bench phase: on failure, say which and jump to the phase's cleanup. */
+#define TRY(call)                                                                    \
+  do {                                                                               \
+    ep_status_t st_ = (call);                                                        \
+    if (st_) {                                                                       \
+      fprintf(stderr, "epcomm bench: %s: %s: %s\n", #call, ep_status_name(st_),      \
+              ep_last_error());                                                      \
+      goto fail;                                                                     \
+    }                                                                                \
+  } while (0)
+
 #define BENCH_MSG 240
 
 /* What one rank measured, gathered on rank 0. The header is followed by 3 x iters doubles:

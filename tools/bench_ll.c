@@ -12,16 +12,6 @@
 #include "bench.h"
 #include "ref.h"
 
-#define TRY(call)                                                                    \
-  do {                                                                               \
-    ep_status_t st_ = (call);                                                        \
-    if (st_) {                                                                       \
-      fprintf(stderr, "epcomm bench: %s: %s: %s\n", #call, ep_status_name(st_),      \
-              ep_last_error());                                                      \
-      goto fail;                                                                     \
-    }                                                                                \
-  } while (0)
-
 /* The expert output for token t of rank src at expert e (a row per (token, expert)). */
 static void y_row(const bench_opts_t *o, int e, int src, int t, uint16_t *row) {
   bench_gen_y_row(o, 1 << 20 | e, src, t, row);

@@ -19,16 +19,6 @@ typedef struct {
   int32_t *src_idx, *prefix, *tpe;
 } outs_t;
 
-#define TRY(call)                                                                    \
-  do {                                                                               \
-    ep_status_t st_ = (call);                                                        \
-    if (st_) {                                                                       \
-      fprintf(stderr, "epcomm bench: %s: %s: %s\n", #call, ep_status_name(st_),      \
-              ep_last_error());                                                      \
-      goto fail;                                                                     \
-    }                                                                                \
-  } while (0)
-
 bench_usage_t bench_rusage(void) {
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);

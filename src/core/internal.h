@@ -64,5 +64,7 @@ static inline ep_id_t ep_ptr_to_id(const void *p) { return (ep_id_t)(uintptr_t)p
  * smaller struct overwrites only the fields it has. */
 ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *argname,
                           bool has_magic);
+/* The args struct of a call: NULL, or a bad size, fails naming the call ("ep_dispatch: args"). */
+ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op);
 
 #endif

@@ -105,8 +105,7 @@ ep_status_t ep_ll_dispatch(ep_buffer_t buffer, const ep_ll_dispatch_args_t *args
   ep_ll_dispatch_args_t a;
   memset(&a, 0, sizeof a);
   if (!(st = ll_enabled(b, op))) { /* disabled: the same on every rank, nobody waits */
-    if (!args) st = ep_err(EP_ERR_NULL_ARG, "%s: args is NULL", op);
-    else if (!(st = ep_struct_load(&a, sizeof a, args, "args", false)))
+    if (!(st = ep_args_load(&a, sizeof a, args, op)))
       st = check_dispatch(b, &a, op);
     if (st) {
       b->ops->ll_reject(b->state, false);
@@ -199,8 +198,7 @@ ep_status_t ep_ll_combine(ep_buffer_t buffer, const ep_ll_combine_args_t *args) 
   memset(&a, 0, sizeof a);
   ep_handle *h = NULL;
   if (!(st = ll_enabled(b, op))) {
-    if (!args) st = ep_err(EP_ERR_NULL_ARG, "%s: args is NULL", op);
-    else if (!(st = ep_struct_load(&a, sizeof a, args, "args", false)) &&
+    if (!(st = ep_args_load(&a, sizeof a, args, op)) &&
              !(st = ep_handle_get(b, a.handle, op, "handle", EP_HANDLE_LL, &h)))
       st = check_combine(&a, &h->info, op);
     a.two_phase = !!a.two_phase;

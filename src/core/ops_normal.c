@@ -171,8 +171,7 @@ ep_status_t ep_dispatch(ep_buffer_t buffer, ep_dispatch_args_t *args) {
   ep_dispatch_args_t a;
   memset(&a, 0, sizeof a);
   ep_handle *cached = NULL;
-  if (!args) st = ep_err(EP_ERR_NULL_ARG, "%s: args is NULL", op);
-  else if (!(st = ep_struct_load(&a, sizeof a, args, "args", false)))
+  if (!(st = ep_args_load(&a, sizeof a, args, op)))
     st = validate_dispatch(b, &a, &cached, op);
   if (st) {
     /* Peers must not wait for a call this rank will not make. */
@@ -209,8 +208,7 @@ ep_status_t ep_combine(ep_buffer_t buffer, const ep_combine_args_t *args) {
   ep_combine_args_t a;
   memset(&a, 0, sizeof a);
   ep_handle *h = NULL;
-  if (!args) st = ep_err(EP_ERR_NULL_ARG, "%s: args is NULL", op);
-  else if (!(st = ep_struct_load(&a, sizeof a, args, "args", false)))
+  if (!(st = ep_args_load(&a, sizeof a, args, op)))
     st = ep_handle_get(b, a.handle, op, "handle", EP_HANDLE_NORMAL, &h);
   if (!st) st = validate_combine(&a, &h->info, op);
   if (st) {

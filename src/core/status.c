@@ -90,3 +90,14 @@ ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *
   ((struct { size_t size; } *)dst)->size = full;
   return EP_OK;
 }
+
+ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op) {
+  if (!args) return ep_err(EP_ERR_NULL_ARG, "%s: args is NULL", op);
+  ep_status_t st = ep_struct_load(dst, full, args, "args", false);
+  if (st) {
+    char msg[EP_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
+    ep_err_set_msg(msg);
+  }
+  return st;
+}
