@@ -31,6 +31,8 @@ typedef struct {
   double m_bytes;                    /* bytes one memcpy iteration copies */
   double d_cpu, c_cpu;               /* CPU seconds (user + system, all threads) per iteration */
   double d_csw, c_csw;               /* context switches (voluntary + not) per iteration */
+  double ll_phases[4];               /* low-latency two-phase form, median seconds of this rank:
+                                        dispatch send, dispatch receive, combine send, receive */
   char msg[BENCH_MSG];               /* first self-check mismatch, "" if none */
 } bench_rank_t;
 

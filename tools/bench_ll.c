@@ -142,6 +142,62 @@ static void figures(const bench_opts_t *o, int R, int me, const int64_t *idx,
   f->c_wire = (double)remote * o->hidden * 2.0;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The two-phase form (SPEC §4 hook): each call only sends; ep_ll_recv completes it. Timed apart,
+ * with a barrier between send and receive so that the receive measures the wait for the data of
+ * the slowest sender, not the sender's own skew. Medians of this rank into f->ll_phases. */
+static int two_phase(const bench_opts_t *o, ep_group_t g, ep_buffer_t buf, const uint16_t *x,
+                     const int64_t *idx, const float *w, const uint16_t *y, uint16_t *out,
+                     bench_rank_t *f) {
+  int n = o->iters;
+  double *t = calloc(4 * (size_t)n, sizeof *t);
+  ep_handle_t h = NULL;
+  if (!t) return 1;
+  for (int it = -o->warmup; it < n; it++) {
+    ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = o->tokens, .topk_idx = idx,
+                               .topk = o->topk, .use_fp8 = o->dtype == BENCH_FP8,
+                               .two_phase = 1, .handle = &h};
+    ep_ll_combine_args_t c = {.size = sizeof c, .y = y, .topk_idx = idx, .topk_weights = w,
+                              .two_phase = 1, .out = out};
+    double s[6];
+    TRY(ep_group_barrier(g));
+    s[0] = bench_now();
+    TRY(ep_ll_dispatch(buf, &a));
+    s[1] = bench_now();
+    TRY(ep_group_barrier(g));
+    s[2] = bench_now();
+    TRY(ep_ll_recv(buf, h));
+    s[3] = bench_now();
+    c.handle = h;
+    TRY(ep_group_barrier(g));
+    s[4] = bench_now();
+    TRY(ep_ll_combine(buf, &c));
+    double s5 = bench_now();
+    TRY(ep_group_barrier(g));
+    double s6 = bench_now();
+    TRY(ep_ll_recv(buf, h));
+    double s7 = bench_now();
+    TRY(ep_handle_destroy(h));
+    h = NULL;
+    if (it < 0) continue;
+    t[it] = s[1] - s[0], t[n + it] = s[3] - s[2], t[2 * n + it] = s5 - s[4], t[3 * n + it] = s7 - s6;
+  }
+  for (int k = 0; k < 4; k++) {
+    qsort(t + k * n, (size_t)n, sizeof *t, cmp_double);
+    f->ll_phases[k] = t[k * n + n / 2];
+  }
+  free(t);
+  return 0;
+fail:
+  if (h) ep_handle_destroy(h);
+  free(t);
+  return 1;
+}
+
 int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   int R, me, rc = 1;
   ep_group_nranks(g, &R);
@@ -210,6 +266,7 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   }
   char m2[BENCH_MSG] = "";
   f->combine_bad = check_out(o, R, me, out, m2, sizeof m2);
+  if (two_phase(o, g, buf, x, idx, w, y, out, f)) goto fail;
   if (!f->dispatch_bad && f->combine_bad) snprintf(f->msg, sizeof f->msg, "%s", m2);
   f->digest_out = bench_digest(out, N * H * 2, 1469598103934665603ull);
   f->m_bytes = bench_ceiling_bytes(ceil);

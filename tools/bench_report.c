@@ -144,6 +144,17 @@ static void print_config(FILE *f, const bench_opts_t *o, int R) {
           bench_routing_name(o->routing), o->warmup, o->iters);
 }
 
+/* Low-latency two-phase form: the slowest rank's median of each phase. */
+static void print_two_phase(const bench_opts_t *o, int R, bench_rank_t *const *rk) {
+  double m[4] = {0, 0, 0, 0};
+  for (int r = 0; r < R; r++)
+    for (int k = 0; k < 4; k++)
+      if (rk[r]->ll_phases[k] > m[k]) m[k] = rk[r]->ll_phases[k];
+  printf("two-phase form (ep_ll_* with two_phase = 1, then ep_ll_recv; slowest rank's median of "
+         "%d):\n  dispatch: send %.1f us, receive %.1f us;  combine: send %.1f us, receive %.1f "
+         "us\n\n", o->iters, m[0] * 1e6, m[1] * 1e6, m[2] * 1e6, m[3] * 1e6);
+}
+
 static void print_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t *const *rk,
                         const bench_baseline_t *b, ratios_t q, verdict_t v) {
   int ll = o->mode == BENCH_LL;
@@ -187,6 +198,7 @@ static void print_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t 
          "index/topk metadata of the rows\nfrom other ranks). cpu%%: CPU time of the rank's process over its time (all\nits threads; 4 ranks on 2 cores share 200%%); csw: context switches per call.\n\n",
          ll ? "Normal mode: " : "\n", o->threads,
          o->threads > 1 ? "s" : "");
+  if (ll) print_two_phase(o, R, rk);
   printf("ratio epcomm/ceiling:  dispatch %.2f, combine %.2f (GB/s over memcpy GB/s)\n",
          q.d_ceiling, q.c_ceiling);
   if (q.have_base)
@@ -274,9 +286,15 @@ static void print_json(FILE *f, const bench_opts_t *o, int R, phase_t *ph, bench
     fprintf(f, "]}");
   }
   fprintf(f, "\n},\n\"ranks\": [");
-  for (int r = 0; r < R; r++)
-    fprintf(f, "%s{\"rank\": %d, \"recv_rows\": %d, \"self_rows\": %d}", r ? ", " : "", r,
+  for (int r = 0; r < R; r++) {
+    fprintf(f, "%s{\"rank\": %d, \"recv_rows\": %d, \"self_rows\": %d", r ? ", " : "", r,
             rk[r]->recv_rows, rk[r]->self_rows);
+    if (o->mode == BENCH_LL) /* two-phase form: medians of this rank, microseconds */
+      fprintf(f, ", \"two_phase_us\": {\"dispatch_send\": %.2f, \"dispatch_recv\": %.2f, "
+              "\"combine_send\": %.2f, \"combine_recv\": %.2f}", rk[r]->ll_phases[0] * 1e6,
+              rk[r]->ll_phases[1] * 1e6, rk[r]->ll_phases[2] * 1e6, rk[r]->ll_phases[3] * 1e6);
+    fprintf(f, "}");
+  }
   fprintf(f, "],\n\"baseline\": {\"ran\": %s, \"note\": ", b && b->ran ? "true" : "false");
   json_str(f, b ? b->why : "--baseline off");
   fprintf(f, "},\n\"check\": {\"epcomm\": %s, \"baseline\": %s, \"agree\": %s, \"first_mismatch\": ",
