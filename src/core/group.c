@@ -127,10 +127,15 @@ static ep_status_t load_group_config(const ep_group_config_t *cfg, ep_group_conf
   return cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
 }
 
+/* EP_* names go through the registry (src/core/env.c); the launchers' own names do not. */
+static const char *env_get(const char *name) {
+  return strncmp(name, "EP_", 3) ? getenv(name) : ep_env_str(name);
+}
+
 /* Rank and size from epcomm launch, mpirun (OpenMPI, PMI) or srun. */
 static int env_int(const char *const *names, int *out) {
   for (; *names; names++) {
-    const char *s = getenv(*names);
+    const char *s = env_get(*names);
     if (s && *s) {
       char *end;
       long v = strtol(s, &end, 10);
@@ -147,7 +152,7 @@ static const char *env_job_id(void) {
   static const char *const names[] = {"EP_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE",
                                       "SLURM_STEP_ID", NULL};
   for (const char *const *n = names; *n; n++) {
-    const char *s = getenv(*n);
+    const char *s = env_get(*n);
     if (s && *s) return s;
   }
   return NULL;
