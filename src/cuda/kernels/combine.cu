@@ -6,9 +6,18 @@
  * rounds over chunks of source tokens; each round: stage -> "staged" -> pull -> "done". */
 #include "cuda/kernels/common.cuh"
 
-/* 8 warps: the reduction keeps 14 vectors per lane in flight (246 registers, no spills). */
-#define CT 256
+/* Shapes (tools/kernel_variants.sh times others, through -D): 12 warps; the reduction keeps
+ * EPK_HG holders x EPK_RU vectors per lane in flight; staging copies EPK_SU vectors deep. At
+ * 384/4/2/8: 168 registers, no spills. 256 threads with 7 x 2 vectors (246 registers) pulled as
+ * fast at R=2 but staged 40% slower (fewer warps); deeper staging spills at 384 threads. */
+#ifndef EPK_CT
+#define EPK_CT 384
+#endif
+#define CT EPK_CT
 #define CWARPS (CT / 32)
+#ifndef EPK_SU
+#define EPK_SU 8
+#endif
 
 namespace {
 
@@ -96,7 +105,7 @@ __device__ void stage(const epk_buf_t &b, const epk_combine_t &a, const cstate &
     const int64_t row = c.pre[s] + c.lo[s] + (i - c.so[s]);
     if (row >= a.x_rows) continue;
     if (!a.direct)
-      epk_warp_copy<false, 16>(reinterpret_cast<int4 *>(pool + sx + (uint64_t)i * xrow),
+      epk_warp_copy<false, EPK_SU>(reinterpret_cast<int4 *>(pool + sx + (uint64_t)i * xrow),
                                reinterpret_cast<const int4 *>(static_cast<const uint8_t *>(a.x) + row * xrow),
                                (int)(xrow / 16));
     float *wd = reinterpret_cast<float *>(pool + sw) + (int64_t)i * a.topk;
@@ -169,8 +178,14 @@ __device__ __forceinline__ int4 pack8(const float *acc) {
 /* out[t] and out_w[t] from every holder's row of t (ascending rank). The loads set the pace, so
  * each lane keeps RU vectors of 8 channels of HG holders in flight at once (their adds then go in
  * ascending rank order, as the reference's). */
-#define RU 7
-#define HG 2
+#ifndef EPK_RU
+#define EPK_RU 4
+#endif
+#ifndef EPK_HG
+#define EPK_HG 2
+#endif
+#define RU EPK_RU
+#define HG EPK_HG
 __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int t,
                              const uint8_t **sx, const float **sw) {
   const int lane = threadIdx.x & 31, R = b.nranks, nv = a.hidden / 8;
