@@ -6,8 +6,18 @@
  * rounds over chunks of source tokens; each round: stage -> "staged" -> pull -> "done". */
 #include "cuda/kernels/common.cuh"
 
-#define CT 384
+/* Shapes (tools/kernel_variants.sh times others, through -D): 12 warps; the reduction keeps
+ * EPK_HG holders x EPK_RU vectors per lane in flight; staging copies EPK_SU vectors deep. At
+ * 384/4/2/8: 168 registers, no spills. 256 threads with 7 x 2 vectors (246 registers) pulled as
+ * fast at R=2 but staged 40% slower (fewer warps); deeper staging spills at 384 threads. */
+#ifndef EPK_CT
+#define EPK_CT 384
+#endif
+#define CT EPK_CT
 #define CWARPS (CT / 32)
+#ifndef EPK_SU
+#define EPK_SU 8
+#endif
 
 namespace {
 
@@ -95,9 +105,9 @@ __device__ void stage(const epk_buf_t &b, const epk_combine_t &a, const cstate &
     const int64_t row = c.pre[s] + c.lo[s] + (i - c.so[s]);
     if (row >= a.x_rows) continue;
     if (!a.direct)
-      epk_warp_copy<false>(reinterpret_cast<int4 *>(pool + sx + (uint64_t)i * xrow),
-                           reinterpret_cast<const int4 *>(static_cast<const uint8_t *>(a.x) + row * xrow),
-                           (int)(xrow / 16));
+      epk_warp_copy<false, EPK_SU>(reinterpret_cast<int4 *>(pool + sx + (uint64_t)i * xrow),
+                               reinterpret_cast<const int4 *>(static_cast<const uint8_t *>(a.x) + row * xrow),
+                               (int)(xrow / 16));
     float *wd = reinterpret_cast<float *>(pool + sw) + (int64_t)i * a.topk;
     for (int j = lane; a.has_w && j < a.topk; j += 32) wd[j] = a.w[row * a.topk + j];
   }
@@ -165,9 +175,17 @@ __device__ __forceinline__ int4 pack8(const float *acc) {
   return make_int4((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
 }
 
-/* out[t] and out_w[t] from every holder's row of t (ascending rank). Each lane keeps RU
- * vectors of 8 channels in flight per holder: the loads, not the adds, set the pace. */
-#define RU 4
+/* out[t] and out_w[t] from every holder's row of t (ascending rank). The loads set the pace, so
+ * each lane keeps RU vectors of 8 channels of HG holders in flight at once (their adds then go in
+ * ascending rank order, as the reference's). */
+#ifndef EPK_RU
+#define EPK_RU 4
+#endif
+#ifndef EPK_HG
+#define EPK_HG 2
+#endif
+#define RU EPK_RU
+#define HG EPK_HG
 __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int t,
                              const uint8_t **sx, const float **sw) {
   const int lane = threadIdx.x & 31, R = b.nranks, nv = a.hidden / 8;
@@ -183,15 +201,24 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
       if (i0 + 32 * u + lane < nv) init8(acc[u], b0, b1, i0 + 32 * u + lane);
     for (int g = 0; g < R; g += 32) {
       if (R > 32 || i0 == 0) mask = load_group(b, a, c, t, g, sx, sw);
-      for (unsigned m = mask; m; m &= m - 1) {
-        const int4 *src = reinterpret_cast<const int4 *>(sx[__ffs(m) - 1]);
-        int4 v[RU];
+      for (unsigned m = mask; m;) {
+        const int4 *src[HG];
 #pragma unroll
-        for (int u = 0; u < RU; u++)
-          if (i0 + 32 * u + lane < nv) v[u] = __ldcg(src + i0 + 32 * u + lane);
+        for (int h = 0; h < HG; h++) {
+          src[h] = m ? reinterpret_cast<const int4 *>(sx[__ffs(m) - 1]) + i0 + lane : nullptr;
+          m &= m - 1;
+        }
+        int4 v[HG][RU];
 #pragma unroll
-        for (int u = 0; u < RU; u++)
-          if (i0 + 32 * u + lane < nv) add8(acc[u], v[u]);
+        for (int h = 0; h < HG; h++)
+#pragma unroll
+          for (int u = 0; u < RU; u++)
+            if (src[h] && i0 + 32 * u + lane < nv) v[h][u] = __ldcg(src[h] + 32 * u);
+#pragma unroll
+        for (int h = 0; h < HG; h++)
+#pragma unroll
+          for (int u = 0; u < RU; u++)
+            if (src[h] && i0 + 32 * u + lane < nv) add8(acc[u], v[h][u]);
       }
     }
 #pragma unroll

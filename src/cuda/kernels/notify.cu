@@ -5,7 +5,9 @@
  * (status REJECTED) so that its peers fail at once instead of timing out. */
 #include "cuda/kernels/common.cuh"
 
-#define NT 512
+#define NT 1024
+#define NW (NT / 32)
+static_assert(NW <= 32, "one warp scans the per-warp counts");
 
 namespace {
 
@@ -58,6 +60,76 @@ __device__ void plan_rows(const epk_buf_t &b, const epk_notify_t &a, int32_t *cn
     if (threadIdx.x == 0) cnt_me[d] = total;
   }
   __syncthreads();
+}
+
+/* The same plan for R <= 32 in one pass over the ids, NT tokens at a time in token order: each
+ * thread reads its token's ids (checking them, counting experts) into a mask of destinations;
+ * ballots turn the masks into rows per destination. Returns the first bad slot (an id < -1 or
+ * >= E), or INT64_MAX; when there is one the plan is not used (the call is rejected). */
+__shared__ int32_t s_wcnt[32][33]; /* [warp][d]: rows of the warp's tokens to d, then its first */
+__shared__ int32_t s_base[32];     /* [d]: rows to d of the passes before */
+__shared__ unsigned long long s_bad;
+
+__device__ long long plan_fast(const epk_buf_t &b, const epk_notify_t &a, int32_t *cnt_me) {
+  const int R = b.nranks, n = a.num_tokens, topk = a.topk, E = a.num_experts, L = E / R;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int32_t *pos = epk_plan_pos(a.plan, R), *ec = ecount(b, a);
+  for (int e = threadIdx.x; e < E; e += NT) ec[e] = 0;
+  if (threadIdx.x < 32) s_base[threadIdx.x] = 0;
+  if (threadIdx.x == 0) s_bad = ~0ull;
+  __syncthreads();
+  for (int t0 = 0; t0 < n; t0 += NT) {
+    const int t = t0 + (int)threadIdx.x;
+    uint32_t mask = 0;
+    if (t < n) {
+      const int64_t *ids = a.topk_idx + (int64_t)t * topk;
+      for (int k0 = 0; k0 < topk; k0 += 8) {
+        int64_t e[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) e[u] = k0 + u < topk ? __ldg(ids + k0 + u) : -1;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+          if (e[u] < -1 || e[u] >= E) {
+            atomicMin(&s_bad, (unsigned long long)((int64_t)t * topk + k0 + u));
+          } else if (e[u] >= 0) {
+            mask |= 1u << (int)(e[u] / L);
+            atomicAdd(&ec[e[u]], 1);
+          }
+        }
+      }
+    }
+    for (int d = 0; d < R; d++) {
+      unsigned m = __ballot_sync(EPK_FULL, (mask >> d) & 1u);
+      if (lane == 0) s_wcnt[warp][d] = __popc(m);
+    }
+    __syncthreads();
+    if (warp < R) { /* warp d: exclusive scan of the per-warp counts to d, plus the base */
+      const int d = warp;
+      const int v = lane < NW ? s_wcnt[lane][d] : 0;
+      int x = v;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(EPK_FULL, x, o);
+        if (lane >= o) x += y;
+      }
+      const int base = s_base[d];
+      __syncwarp();
+      if (lane < NW) s_wcnt[lane][d] = base + x - v;
+      if (lane == 31) s_base[d] = base + x;
+    }
+    __syncthreads();
+    for (int d = 0; d < R; d++) {
+      const bool in = (mask >> d) & 1u;
+      unsigned m = __ballot_sync(EPK_FULL, in);
+      if (t < n)
+        pos[(int64_t)t * R + d] = in ? s_wcnt[warp][d] + __popc(m & ((1u << lane) - 1u)) : -1;
+    }
+    __syncthreads(); /* s_wcnt is rewritten by the next pass */
+  }
+  if (threadIdx.x < R) cnt_me[threadIdx.x] = s_base[threadIdx.x];
+  const unsigned long long bad = s_bad;
+  __syncthreads();
+  return bad == ~0ull ? INT64_MAX : (long long)bad;
 }
 
 __device__ void fill_header(epk_hello_t *h, const epk_notify_t &a, int status) {
@@ -226,14 +298,16 @@ __global__ void __launch_bounds__(NT, 1) epk_notify_kernel(epk_buf_t b, epk_noti
   int32_t *cnt_me = a.kind == EPK_NOTIFY_DISPATCH ? epk_plan_cnt(a.plan) + b.rank * b.nranks
                                                   : nullptr;
   if (a.kind == EPK_NOTIFY_DISPATCH) {
-    long long bad = epk_first_bad(a.topk_idx, a.num_tokens, a.topk, a.num_experts);
+    const bool fast = b.nranks <= 32;
+    long long bad = fast ? plan_fast(b, a, cnt_me)
+                         : epk_first_bad(a.topk_idx, a.num_tokens, a.topk, a.num_experts);
     if (bad != INT64_MAX) {
       status = EPK_HELLO_REJECTED;
       if (threadIdx.x == 0) {
         b.host->bad_value = a.topk_idx[bad];
         epk_fail(b, EP_ERR_OUT_OF_RANGE, EPK_PH_CHECK, -1, (uint32_t)bad, true);
       }
-    } else {
+    } else if (!fast) {
       plan_rows(b, a, cnt_me);
     }
   }
