@@ -35,7 +35,7 @@ for s in $steps; do
         shift 3
         EP_TIMEOUT_S=120 timeout 200 $b/bin/epcomm launch -n "$n" compute-sanitizer --tool "$tool" \
           --error-exitcode 9 "$@" >"$out/$log" 2>&1
-        echo "compute-sanitizer $tool, R=$n $*: exit $? ($(grep -h 'ERROR SUMMARY' "$out/$log" |
+        echo "compute-sanitizer $tool, R=$n $*: exit $? ($(grep -hE '(ERROR|RACECHECK) SUMMARY' "$out/$log" |
           sort | uniq -c | tr -s ' ' | tr '\n' ';'))"
       }
       san memcheck san-memcheck-graph.log 2 $b/tests/test_cuda graph 1
