@@ -29,16 +29,7 @@
 
 #include "cli.h"
 
-#define MAX_RANKS 4096
-#define DEFAULT_GRACE_S 10.0
-#define TERM_WAIT_S 3.0        /* SIGTERM -> SIGKILL once the grace period is over */
-#define KILL_WAIT_S 5.0        /* SIGKILL -> give up: only a process stuck in the kernel stays */
-#define DRAIN_WAIT_S 1.0       /* all ranks reaped but descendants still hold their pipes */
-#define MAX_SECONDS 1e9        /* keeps deadline arithmetic far from overflow */
-#define LINE_MAX_BUF (1 << 20) /* a longer line is relayed in pieces, tagged once */
-#define EXIT_TIMEOUT 124
-#define EXIT_USAGE 2
-#define EXIT_INTERNAL 1
+#include "launch.h"
 
 static const char usage_text[] =
     "usage: epcomm launch -n R [--timeout S] [--grace S] [--no-tag] PROGRAM ARGS...";
@@ -46,67 +37,20 @@ static const char usage_text[] =
 /* Signals we catch. The first four are forwarded to the ranks; SIGPIPE is ignored so that a closed
  * stdout or a dead rank's notify socket returns EPIPE instead of killing the launcher (and
  * orphaning the ranks). */
-static const int handled_sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE};
-#define N_HANDLED (int)(sizeof handled_sigs / sizeof handled_sigs[0])
+const int launch_handled_sigs[N_HANDLED] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD, SIGPIPE};
 
 /* The only global: a signal handler can reach state only through a static. It holds the write end
  * of the self-pipe, so the handler does nothing but one write(), which is async-signal-safe. */
 static volatile sig_atomic_t sig_wr_fd = -1;
 
-enum phase { PH_RUN, PH_GRACE, PH_TERM, PH_KILL };
-
-struct stream {
-  int fd;       /* read end of the rank's pipe; -1 after EOF */
-  int out;      /* 0: relayed to stdout, 1: to stderr */
-  int rank;     /* for the tag */
-  bool midline; /* a piece of an over-long line went out already, with its tag */
-  char *buf;    /* incomplete last line */
-  size_t len, cap;
-};
-
-struct rank {
-  pid_t pid;      /* also its process group id */
-  bool live;      /* started, not yet reaped: only then can -pid not name someone else's group */
-  bool notify_ok; /* false after a short write: a torn line must not be followed by another */
-  int notify_fd;  /* launcher's end of the socketpair; open until the rank is reaped */
-  struct stream s[2];
-};
-
-struct outbuf {
-  int fd;
-  size_t len;
-  char data[1 << 15]; /* one write() per batch keeps tagged lines whole in the output */
-};
-
-struct launch {
-  int nranks, started, live, open_streams;
-  double timeout, grace; /* timeout 0: none */
-  bool tag;
-  char **prog; /* PROGRAM ARGS..., NULL-terminated (points into argv) */
-  char job_id[48];
-  struct rank *rk;
-  struct pollfd *pfd;
-  struct stream **pstream; /* pstream[i] is what pfd[i] reads; NULL for the self-pipe */
-  struct outbuf ob[2];
-  enum phase phase;
-  double timeout_at, phase_at, drain_at;
-  int status;     /* first non-zero rank status, in reaping order */
-  int got_signal; /* first forwarded signal */
-  bool timed_out, gave_up;
-  int sigpipe[2];
-  struct sigaction old_act[N_HANDLED];
-  sigset_t handled, old_mask; /* the signals in handled_sigs; the caller's mask */
-  struct rlimit old_nofile;
-};
-
-static double now_s(void) {
+double launch_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* Blocks until everything is written; a vanished reader (EPIPE) just drops the output. */
-static void write_all(int fd, const char *p, size_t n) {
+void launch_write_all(int fd, const char *p, size_t n) {
   while (n > 0) {
     ssize_t w = write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
@@ -120,31 +64,31 @@ static void write_all(int fd, const char *p, size_t n) {
   }
 }
 
-__attribute__((format(printf, 1, 2))) static void say(const char *fmt, ...) {
+void launch_say(const char *fmt, ...) {
   char b[512];
   va_list ap;
   va_start(ap, fmt);
   int n = vsnprintf(b, sizeof b, fmt, ap);
   va_end(ap);
-  if (n > 0) write_all(2, b, (size_t)n < sizeof b ? (size_t)n : sizeof b - 1);
+  if (n > 0) launch_write_all(2, b, (size_t)n < sizeof b ? (size_t)n : sizeof b - 1);
 }
 
 static void ob_flush(struct outbuf *o) {
-  write_all(o->fd, o->data, o->len);
+  launch_write_all(o->fd, o->data, o->len);
   o->len = 0;
 }
 
 static void ob_put(struct outbuf *o, const char *p, size_t n) {
   if (o->len + n > sizeof o->data) ob_flush(o);
   if (n > sizeof o->data) {
-    write_all(o->fd, p, n);
+    launch_write_all(o->fd, p, n);
     return;
   }
   memcpy(o->data + o->len, p, n);
   o->len += n;
 }
 
-static void close_fd(int *fd) {
+void launch_close_fd(int *fd) {
   if (*fd >= 0) close(*fd);
   *fd = -1;
 }
@@ -155,7 +99,7 @@ __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ..
   va_start(ap, fmt);
   vsnprintf(b, sizeof b, fmt, ap);
   va_end(ap);
-  say("epcomm launch: %s; %s\n", b, usage_text);
+  launch_say("epcomm launch: %s; %s\n", b, usage_text);
   return EXIT_USAGE;
 }
 
@@ -272,7 +216,7 @@ static void relay(struct launch *l, struct stream *s, bool eof) {
 static void stream_close(struct launch *l, struct stream *s) {
   if (s->fd < 0) return;
   relay(l, s, true);
-  close_fd(&s->fd);
+  launch_close_fd(&s->fd);
   free(s->buf);
   s->buf = NULL;
   s->len = s->cap = 0;
@@ -292,7 +236,7 @@ static bool stream_grow(struct stream *s) {
 /* Reads once. Returns 1: got data, 0: nothing now, -1: closed. */
 static int stream_read(struct launch *l, struct stream *s) {
   if (!stream_grow(s)) {
-    say("epcomm launch: out of memory relaying rank %d's output\n", s->rank);
+    launch_say("epcomm launch: out of memory relaying rank %d's output\n", s->rank);
     stream_close(l, s);
     return -1;
   }
@@ -319,11 +263,11 @@ static void signal_all(struct launch *l, int sig) {
 static void escalate(struct launch *l, int sig, enum phase next, double wait_s) {
   if (sig) signal_all(l, sig);
   l->phase = next;
-  l->phase_at = now_s() + wait_s;
+  l->phase_at = launch_now_s() + wait_s;
 }
 
 static void on_timeout(struct launch *l) {
-  say("epcomm launch: timeout after %g s; terminating ranks\n", l->timeout);
+  launch_say("epcomm launch: timeout after %g s; terminating ranks\n", l->timeout);
   l->timed_out = true;
   escalate(l, SIGTERM, PH_TERM, l->grace);
 }
@@ -331,7 +275,7 @@ static void on_timeout(struct launch *l) {
 static void report_stuck(struct launch *l) {
   for (int r = 0; r < l->started; r++)
     if (l->rk[r].live)
-      say("epcomm launch: rank %d (pid %d) still alive after SIGKILL; giving up\n", r,
+      launch_say("epcomm launch: rank %d (pid %d) still alive after SIGKILL; giving up\n", r,
           (int)l->rk[r].pid);
   l->gave_up = true;
 }
@@ -351,7 +295,7 @@ static bool timeout_armed(const struct launch *l) {
 
 static void check_deadlines(struct launch *l) {
   if (l->live == 0) return;
-  double t = now_s();
+  double t = launch_now_s();
   if (timeout_armed(l) && t >= l->timeout_at)
     on_timeout(l);
   else if (l->phase != PH_RUN && t >= l->phase_at)
@@ -363,7 +307,7 @@ static int poll_timeout_ms(const struct launch *l) {
   double at = l->live == 0 ? l->drain_at : l->phase != PH_RUN ? l->phase_at : -1;
   if (l->live > 0 && timeout_armed(l) && (at < 0 || l->timeout_at < at)) at = l->timeout_at;
   if (at < 0) return -1;
-  double ms = (at - now_s()) * 1e3 + 1.0;
+  double ms = (at - launch_now_s()) * 1e3 + 1.0;
   return ms <= 0 ? 0 : ms >= INT_MAX ? INT_MAX : (int)ms;
 }
 
@@ -393,8 +337,8 @@ static void notify_peers(struct launch *l, int dead, const char *how) {
 static void rank_exited(struct launch *l, int r, int st) {
   struct rank *p = &l->rk[r];
   p->live = false;
-  close_fd(&p->notify_fd);
-  if (--l->live == 0) l->drain_at = now_s() + DRAIN_WAIT_S;
+  launch_close_fd(&p->notify_fd);
+  if (--l->live == 0) l->drain_at = launch_now_s() + DRAIN_WAIT_S;
   /* What it wrote is in its pipes already: relay that before announcing its death. Bounded, for
    * a descendant holding the pipe may keep writing. */
   for (int k = 0, i = 0; k < 2; k++, i = 0)
@@ -402,7 +346,7 @@ static void rank_exited(struct launch *l, int r, int st) {
   if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return;
   char how[96];
   describe(st, how, sizeof how);
-  say("epcomm launch: rank %d (pid %d) %s\n", r, (int)p->pid, how);
+  launch_say("epcomm launch: rank %d (pid %d) %s\n", r, (int)p->pid, how);
   if (l->status == 0) l->status = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
   notify_peers(l, r, how);
   if (l->phase == PH_RUN) escalate(l, 0, PH_GRACE, l->grace);
@@ -459,11 +403,11 @@ static int build_pollfds(struct launch *l) {
 
 static void run_loop(struct launch *l) {
   while ((l->live > 0 || l->open_streams > 0) && !l->gave_up) {
-    if (l->live == 0 && now_s() >= l->drain_at) break;
+    if (l->live == 0 && launch_now_s() >= l->drain_at) break;
     int n = build_pollfds(l);
     int rc = poll(l->pfd, (nfds_t)n, poll_timeout_ms(l));
     if (rc < 0 && errno != EINTR && errno != EAGAIN) {
-      say("epcomm launch: poll: %s; killing ranks\n", strerror(errno));
+      launch_say("epcomm launch: poll: %s; killing ranks\n", strerror(errno));
       escalate(l, SIGKILL, PH_KILL, KILL_WAIT_S);
       if (l->status == 0) l->status = EXIT_INTERNAL;
       rc = 0;
@@ -477,111 +421,16 @@ static void run_loop(struct launch *l) {
     for (int k = 0; k < 2; k++) stream_close(l, &l->rk[r].s[k]);
 }
 
-static bool is_own_var(const char *e) {
-  static const char *const own[] = {
-      "EP_RANK=", "EP_NRANKS=", "EP_LOCAL_RANK=", "EP_LOCAL_SIZE=", "EP_JOB_ID=", "EP_NOTIFY_FD="};
-  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
-    if (!strncmp(e, own[i], strlen(own[i]))) return true;
-  return false;
-}
-
-/* The rank's environment: ours minus stale EP_* rank variables, plus this rank's. Built before
- * fork() so that the child does no allocation (the caller's env strings are shared, not copied). */
-static char **build_env(const struct launch *l, int r, int notify_fd) {
-  extern char **environ;
-  size_t n = 0, k = 0;
-  while (environ[n]) n++;
-  size_t ptrs = (n + 7) * sizeof(char *), room = 320;
-  char **env = malloc(ptrs + room);
-  if (!env) return NULL;
-  for (size_t i = 0; i < n; i++)
-    if (!is_own_var(environ[i])) env[k++] = environ[i];
-  char *p = (char *)env + ptrs;
-  int len = snprintf(p, room,
-                     "EP_RANK=%d%cEP_NRANKS=%d%cEP_LOCAL_RANK=%d%cEP_LOCAL_SIZE=%d%c"
-                     "EP_JOB_ID=%s%cEP_NOTIFY_FD=%d",
-                     r, 0, l->nranks, 0, r, 0, l->nranks, 0, l->job_id, 0, notify_fd);
-  for (int v = 0; v < 6 && len > 0; v++, p += strlen(p) + 1) env[k++] = p;
-  env[k] = NULL;
-  return env;
-}
-
-static _Noreturn void child_fail(const char *prog, int err) {
-  const char *e = strerror(err);
-  write_all(2, "epcomm launch: cannot run '", 27);
-  write_all(2, prog, strlen(prog));
-  write_all(2, "': ", 3);
-  write_all(2, e, strlen(e));
-  write_all(2, "\n", 1);
-  _exit(127);
-}
-
-/* In the child, between fork() and exec: async-signal-safe calls, and strerror() (the launcher is
- * single-threaded, so no lock can be held). Every launcher fd has FD_CLOEXEC: exec closes all but
- * the three we dup2() and the notify end we un-flag. */
-static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int notify, char **env) {
-  setpgid(0, 0);
-  for (int i = 0; i < N_HANDLED; i++) sigaction(handled_sigs[i], &l->old_act[i], NULL);
-  sigprocmask(SIG_SETMASK, &l->old_mask, NULL);
-  setrlimit(RLIMIT_NOFILE, &l->old_nofile);
-  /* stdin: /dev/null. A rank in its own (background) process group that read the terminal would
-   * be stopped by SIGTTIN, and R ranks sharing one stdin would split its input at random. */
-  int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (nul >= 0) dup2(nul, 0);
-  if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0 || fcntl(notify, F_SETFD, 0) < 0)
-    child_fail(l->prog[0], errno);
-  execvpe(l->prog[0], l->prog, env);
-  child_fail(l->prog[0], errno);
-}
-
-/* Forks rank r. Signals stay blocked across fork() so that the child never runs our handler (it
- * would write into the launcher's self-pipe) before it restores the original dispositions. */
-static int fork_rank(struct launch *l, int r, int fds[6], char **env) {
-  sigset_t run_mask;
-  sigprocmask(SIG_BLOCK, &l->handled, &run_mask);
-  pid_t pid = fork();
-  if (pid == 0) child_exec(l, fds[1], fds[3], fds[5], env);
-  int err = errno;
-  sigprocmask(SIG_SETMASK, &run_mask, NULL);
-  if (pid < 0) return err;
-  setpgid(pid, pid); /* also here: a signal sent right after fork() must reach the group */
-  struct rank *p = &l->rk[r];
-  *p = (struct rank){.pid = pid, .live = true, .notify_ok = true, .notify_fd = fds[4]};
-  for (int k = 0; k < 2; k++) {
-    p->s[k] = (struct stream){.fd = fds[2 * k], .out = k, .rank = r};
-    fcntl(fds[2 * k], F_SETFL, O_NONBLOCK); /* a fresh pipe has no other status flags */
-  }
-  return 0;
-}
-
-/* fds: stdout pipe (read, write), stderr pipe (read, write), socketpair (launcher, rank). */
-static int start_rank(struct launch *l, int r) {
-  int fds[6] = {-1, -1, -1, -1, -1, -1}, err = 0;
-  char **env = NULL;
-  if (pipe2(fds, O_CLOEXEC) || pipe2(fds + 2, O_CLOEXEC) ||
-      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds + 4))
-    err = errno;
-  if (!err && !(env = build_env(l, r, fds[5]))) err = ENOMEM;
-  if (!err) err = fork_rank(l, r, fds, env);
-  free(env);
-  for (int i = err ? 0 : 1; i < 6; i += err ? 1 : 2) close_fd(&fds[i]); /* child ends, or all */
-  if (err) return err;
-  l->started++;
-  l->live++;
-  l->open_streams += 2;
-  return 0;
-}
-
 static void start_ranks(struct launch *l) {
   for (int r = 0; r < l->nranks; r++) {
-    int err = start_rank(l, r);
+    int err = launch_start_rank(l, r);
     if (!err) continue;
-    say("epcomm launch: cannot start rank %d: %s; terminating ranks\n", r, strerror(err));
+    launch_say("epcomm launch: cannot start rank %d: %s; terminating ranks\n", r, strerror(err));
     l->status = EXIT_INTERNAL;
     escalate(l, SIGTERM, PH_TERM, TERM_WAIT_S);
     return;
   }
-  if (l->timeout > 0) l->timeout_at = now_s() + l->timeout;
+  if (l->timeout > 0) l->timeout_at = launch_now_s() + l->timeout;
 }
 
 static void on_signal(int sig) {
@@ -596,10 +445,10 @@ static void on_signal(int sig) {
  * One blocked when we started is unblocked: a blocked SIGCHLD would leave ranks unreaped. */
 static void install_signals(struct launch *l) {
   sigemptyset(&l->handled);
-  for (int i = 0; i < N_HANDLED; i++) sigaddset(&l->handled, handled_sigs[i]);
+  for (int i = 0; i < N_HANDLED; i++) sigaddset(&l->handled, launch_handled_sigs[i]);
   sigprocmask(SIG_UNBLOCK, &l->handled, &l->old_mask);
   for (int i = 0; i < N_HANDLED; i++) {
-    int sig = handled_sigs[i];
+    int sig = launch_handled_sigs[i];
     struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
     sigemptyset(&sa.sa_mask);
     sigaction(sig, NULL, &l->old_act[i]);
@@ -611,7 +460,7 @@ static void install_signals(struct launch *l) {
 }
 
 static void restore_signals(struct launch *l) {
-  for (int i = 0; i < N_HANDLED; i++) sigaction(handled_sigs[i], &l->old_act[i], NULL);
+  for (int i = 0; i < N_HANDLED; i++) sigaction(launch_handled_sigs[i], &l->old_act[i], NULL);
   sigprocmask(SIG_SETMASK, &l->old_mask, NULL);
   sig_wr_fd = -1;
 }
@@ -652,7 +501,7 @@ static int setup(struct launch *l) {
   l->pfd = calloc((size_t)l->nranks * 2 + 1, sizeof *l->pfd);
   l->pstream = calloc((size_t)l->nranks * 2 + 1, sizeof *l->pstream);
   if (!l->rk || !l->pfd || !l->pstream || pipe2(l->sigpipe, O_CLOEXEC | O_NONBLOCK)) {
-    say("epcomm launch: cannot set up: %s\n", strerror(errno));
+    launch_say("epcomm launch: cannot set up: %s\n", strerror(errno));
     return -1;
   }
   sig_wr_fd = l->sigpipe[1];
@@ -665,10 +514,10 @@ static void teardown(struct launch *l) {
   if (sig_wr_fd >= 0) {
     restore_signals(l);
     setrlimit(RLIMIT_NOFILE, &l->old_nofile);
-    close_fd(&l->sigpipe[0]);
-    close_fd(&l->sigpipe[1]);
+    launch_close_fd(&l->sigpipe[0]);
+    launch_close_fd(&l->sigpipe[1]);
   }
-  for (int r = 0; r < l->started; r++) close_fd(&l->rk[r].notify_fd);
+  for (int r = 0; r < l->started; r++) launch_close_fd(&l->rk[r].notify_fd);
   free(l->rk);
   free(l->pfd);
   free(l->pstream);

@@ -1,0 +1,106 @@
+/* Starting one rank of `epcomm launch`: its environment, pipes and notify socket, fork, exec. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "launch.h"
+
+static bool is_own_var(const char *e) {
+  static const char *const own[] = {
+      "EP_RANK=", "EP_NRANKS=", "EP_LOCAL_RANK=", "EP_LOCAL_SIZE=", "EP_JOB_ID=", "EP_NOTIFY_FD="};
+  for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+    if (!strncmp(e, own[i], strlen(own[i]))) return true;
+  return false;
+}
+
+/* The rank's environment: ours minus stale EP_* rank variables, plus this rank's. Built before
+ * fork() so that the child does no allocation (the caller's env strings are shared, not copied). */
+static char **build_env(const struct launch *l, int r, int notify_fd) {
+  extern char **environ;
+  size_t n = 0, k = 0;
+  while (environ[n]) n++;
+  size_t ptrs = (n + 7) * sizeof(char *), room = 320;
+  char **env = malloc(ptrs + room);
+  if (!env) return NULL;
+  for (size_t i = 0; i < n; i++)
+    if (!is_own_var(environ[i])) env[k++] = environ[i];
+  char *p = (char *)env + ptrs;
+  int len = snprintf(p, room,
+                     "EP_RANK=%d%cEP_NRANKS=%d%cEP_LOCAL_RANK=%d%cEP_LOCAL_SIZE=%d%c"
+                     "EP_JOB_ID=%s%cEP_NOTIFY_FD=%d",
+                     r, 0, l->nranks, 0, r, 0, l->nranks, 0, l->job_id, 0, notify_fd);
+  for (int v = 0; v < 6 && len > 0; v++, p += strlen(p) + 1) env[k++] = p;
+  env[k] = NULL;
+  return env;
+}
+
+static _Noreturn void child_fail(const char *prog, int err) {
+  const char *e = strerror(err);
+  launch_write_all(2, "epcomm launch: cannot run '", 27);
+  launch_write_all(2, prog, strlen(prog));
+  launch_write_all(2, "': ", 3);
+  launch_write_all(2, e, strlen(e));
+  launch_write_all(2, "\n", 1);
+  _exit(127);
+}
+
+/* In the child, between fork() and exec: async-signal-safe calls, and strerror() (the launcher is
+ * single-threaded, so no lock can be held). Every launcher fd has FD_CLOEXEC: exec closes all but
+ * the three we dup2() and the notify end we un-flag. */
+static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int notify, char **env) {
+  setpgid(0, 0);
+  for (int i = 0; i < N_HANDLED; i++) sigaction(launch_handled_sigs[i], &l->old_act[i], NULL);
+  sigprocmask(SIG_SETMASK, &l->old_mask, NULL);
+  setrlimit(RLIMIT_NOFILE, &l->old_nofile);
+  /* stdin: /dev/null. A rank in its own (background) process group that read the terminal would
+   * be stopped by SIGTTIN, and R ranks sharing one stdin would split its input at random. */
+  int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (nul >= 0) dup2(nul, 0);
+  if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0 || fcntl(notify, F_SETFD, 0) < 0)
+    child_fail(l->prog[0], errno);
+  execvpe(l->prog[0], l->prog, env);
+  child_fail(l->prog[0], errno);
+}
+
+/* Forks rank r. Signals stay blocked across fork() so that the child never runs our handler (it
+ * would write into the launcher's self-pipe) before it restores the original dispositions. */
+static int fork_rank(struct launch *l, int r, int fds[6], char **env) {
+  sigset_t run_mask;
+  sigprocmask(SIG_BLOCK, &l->handled, &run_mask);
+  pid_t pid = fork();
+  if (pid == 0) child_exec(l, fds[1], fds[3], fds[5], env);
+  int err = errno;
+  sigprocmask(SIG_SETMASK, &run_mask, NULL);
+  if (pid < 0) return err;
+  setpgid(pid, pid); /* also here: a signal sent right after fork() must reach the group */
+  struct rank *p = &l->rk[r];
+  *p = (struct rank){.pid = pid, .live = true, .notify_ok = true, .notify_fd = fds[4]};
+  for (int k = 0; k < 2; k++) {
+    p->s[k] = (struct stream){.fd = fds[2 * k], .out = k, .rank = r};
+    fcntl(fds[2 * k], F_SETFL, O_NONBLOCK); /* a fresh pipe has no other status flags */
+  }
+  return 0;
+}
+
+/* fds: stdout pipe (read, write), stderr pipe (read, write), socketpair (launcher, rank). */
+int launch_start_rank(struct launch *l, int r) {
+  int fds[6] = {-1, -1, -1, -1, -1, -1}, err = 0;
+  char **env = NULL;
+  if (pipe2(fds, O_CLOEXEC) || pipe2(fds + 2, O_CLOEXEC) ||
+      socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds + 4))
+    err = errno;
+  if (!err && !(env = build_env(l, r, fds[5]))) err = ENOMEM;
+  if (!err) err = fork_rank(l, r, fds, env);
+  free(env);
+  for (int i = err ? 0 : 1; i < 6; i += err ? 1 : 2) launch_close_fd(&fds[i]); /* child ends, or all */
+  if (err) return err;
+  l->started++;
+  l->live++;
+  l->open_streams += 2;
+  return 0;
+}
+
