@@ -38,6 +38,7 @@ function(ep_cuda_configure target)
     add_library(epcomm_kernels OBJECT ${EP_CUDA_KERNEL_SRC})
     target_include_directories(epcomm_kernels PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src)
     set_target_properties(epcomm_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON
+                          CUDA_VISIBILITY_PRESET hidden
                           CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
     target_compile_options(epcomm_kernels PRIVATE
                            $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-unused-parameter,-Werror -Werror=all-warnings>)

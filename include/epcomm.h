@@ -56,6 +56,14 @@
 extern "C" {
 #endif
 
+/* Every public function carries EP_API: the library is built with hidden visibility, so these
+ * are the only symbols it exports. */
+#if defined(__GNUC__) || defined(__clang__)
+#define EP_API __attribute__((visibility("default")))
+#else
+#define EP_API
+#endif
+
 /* ---------------------------------------------------------------- version */
 #define EP_VERSION_MAJOR 0
 #define EP_VERSION_MINOR 1
@@ -63,8 +71,8 @@ extern "C" {
 #define EP_VERSION_CODE (EP_VERSION_MAJOR * 10000 + EP_VERSION_MINOR * 100 + EP_VERSION_PATCH)
 
 /* Version of the library actually loaded (compare with EP_VERSION_CODE to detect mismatches). */
-int ep_version(void);
-const char *ep_version_string(void);
+EP_API int ep_version(void);
+EP_API const char *ep_version_string(void);
 
 /* ---------------------------------------------------------------- status
  * X-macro: code, name, message. The one table of status codes. */
@@ -97,12 +105,12 @@ typedef enum {
   EP_STATUS_COUNT_
 } ep_status_t;
 
-const char *ep_status_name(ep_status_t s);   /* "EP_ERR_TIMEOUT" */
-const char *ep_status_string(ep_status_t s); /* "deadline passed while waiting for a peer" */
+EP_API const char *ep_status_name(ep_status_t s);   /* "EP_ERR_TIMEOUT" */
+EP_API const char *ep_status_string(ep_status_t s); /* "deadline passed while waiting for a peer" */
 
 /* Message of the last failing epcomm call on this thread ("" if none): successful calls leave it
  * alone (like errno). Valid until the next failing epcomm call on this thread. */
-const char *ep_last_error(void);
+EP_API const char *ep_last_error(void);
 
 /* ---------------------------------------------------------------- types */
 typedef struct ep_group_s *ep_group_t;
@@ -149,29 +157,29 @@ typedef struct {
  * job id in the environment, rendezvous taken), EP_ERR_OUT_OF_RANGE (rank >= size),
  * EP_ERR_MISMATCH (ranks disagree on the size), EP_ERR_TIMEOUT (a rank never arrived: named),
  * EP_ERR_PEER_FAILED (a rank died during creation: named). */
-ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *group);
+EP_API ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *group);
 /* Collective over the ranks the callbacks connect (the user's allgather carries a rendezvous name
  * chosen by rank 0; the callbacks are not kept). Errors as above, plus EP_ERR_NULL_ARG naming
  * boot or boot->allgather, EP_ERR_OUT_OF_RANGE naming boot->rank / boot->nranks,
  * EP_ERR_BOOTSTRAP when a callback returns non-zero. */
-ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t *cfg,
+EP_API ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t *cfg,
                             ep_group_t *group);
 /* Collective, bounded by the deadline. EP_ERR_BUSY (and nothing destroyed) while buffers of this
  * group are alive. NULL is a no-op. */
-ep_status_t ep_group_destroy(ep_group_t group);
+EP_API ep_status_t ep_group_destroy(ep_group_t group);
 /* Local: frees this rank's resources without talking to peers (crash paths). Live buffers of the
  * group are released too. NULL is a no-op. */
-ep_status_t ep_group_release(ep_group_t group);
+EP_API ep_status_t ep_group_release(ep_group_t group);
 /* Local, thread safe. EP_ERR_NULL_ARG, EP_ERR_DESTROYED, EP_ERR_INVALID_ARG (not a group). */
-ep_status_t ep_group_rank(ep_group_t group, int *rank);
-ep_status_t ep_group_nranks(ep_group_t group, int *nranks);
+EP_API ep_status_t ep_group_rank(ep_group_t group, int *rank);
+EP_API ep_status_t ep_group_nranks(ep_group_t group, int *nranks);
 /* Collective barrier with the group's deadline. EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED name the rank
  * (and break the group: only destroy/release remain), EP_ERR_BROKEN after an earlier failure. */
-ep_status_t ep_group_barrier(ep_group_t group);
+EP_API ep_status_t ep_group_barrier(ep_group_t group);
 /* Collective: recv[r * bytes ...] receives rank r's `bytes` bytes (small setup data, figures). */
-ep_status_t ep_group_allgather(ep_group_t group, const void *send, void *recv, size_t bytes);
+EP_API ep_status_t ep_group_allgather(ep_group_t group, const void *send, void *recv, size_t bytes);
 /* Last error recorded on this group (operation, phase, peer); "" if none. */
-const char *ep_group_last_error(ep_group_t group);
+EP_API const char *ep_group_last_error(ep_group_t group);
 
 /* ---------------------------------------------------------------- buffer */
 typedef struct {
@@ -209,7 +217,7 @@ typedef struct {
 
 /* Bytes of shared memory (CUDA: device memory) one rank's buffer takes for this config and
  * group size. Local. */
-ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes);
+EP_API ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes);
 /* Collective: allocate this rank's region, exchange it with peers, map theirs. Buffers of one
  * group may be created from different threads (their exchanges are serialised). Errors:
  * EP_ERR_NULL_ARG (buf), EP_ERR_CONFIG (cfg size/magic), EP_ERR_OUT_OF_RANGE / EP_ERR_INVALID_ARG
@@ -217,19 +225,19 @@ ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks, size_
  * (configs differ across ranks: field and rank named), EP_ERR_NO_MEMORY, EP_ERR_PEER_INVALID (a
  * peer failed to create its part), EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED (rank named),
  * EP_ERR_BROKEN (group broken). */
-ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf);
+EP_API ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf);
 /* Collective, bounded by the deadline: quiesce, unmap peers, free. Always frees: a broken buffer
  * skips the barrier (EP_OK); a barrier that fails still frees and returns the failure. Live
  * handles stay valid memory for ep_handle_destroy but can no longer be used with any buffer.
  * NULL is a no-op. EP_ERR_BUSY (nothing freed) while a call on the buffer is in flight;
  * EP_ERR_DESTROYED when already destroyed. */
-ep_status_t ep_buffer_destroy(ep_buffer_t buf);
+EP_API ep_status_t ep_buffer_destroy(ep_buffer_t buf);
 /* Local, never waits for peers (crash paths, after EP_ERR_PEER_FAILED). NULL is a no-op. */
-ep_status_t ep_buffer_release(ep_buffer_t buf);
+EP_API ep_status_t ep_buffer_release(ep_buffer_t buf);
 /* Last failure recorded on this buffer ("op: phase: message (peer rank r, STATUS)"); "" if none.
  * Thread safe; the string is a per-thread copy. */
-const char *ep_buffer_last_error(ep_buffer_t buf);
-ep_status_t ep_buffer_backend(ep_buffer_t buf, ep_backend_t *backend);
+EP_API const char *ep_buffer_last_error(ep_buffer_t buf);
+EP_API ep_status_t ep_buffer_backend(ep_buffer_t buf, ep_backend_t *backend);
 
 /* ---------------------------------------------------------------- layout
  * Local. topk_idx[num_tokens][topk] int64, -1 = unused slot. Outputs (each may be NULL):
@@ -238,7 +246,7 @@ ep_status_t ep_buffer_backend(ep_buffer_t buf, ep_backend_t *backend);
  * On the CUDA backend pointers are device pointers and the call is ordered on `stream`; it waits
  * for its (small) kernel so that it can report a bad id, except during a graph capture, where
  * a bad id leaves the outputs untouched and is not reported. */
-ep_status_t ep_get_dispatch_layout(ep_buffer_t buf, const int64_t *topk_idx, int num_tokens,
+EP_API ep_status_t ep_get_dispatch_layout(ep_buffer_t buf, const int64_t *topk_idx, int num_tokens,
                                    int topk, int num_experts, int32_t *tokens_per_rank,
                                    int32_t *tokens_per_expert, uint8_t *is_token_in_rank,
                                    void *stream);
@@ -308,7 +316,7 @@ struct ep_dispatch_args_s {
  * EP_ERR_PEER_INVALID. After the count exchange: EP_ERR_TOO_LARGE when the receive count exceeds
  * recv_capacity / worst_case_tokens (the rows are drained, outputs untouched, the buffer stays
  * usable). EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED name the rank and break the buffer. */
-ep_status_t ep_dispatch(ep_buffer_t buf, ep_dispatch_args_t *args);
+EP_API ep_status_t ep_dispatch(ep_buffer_t buf, ep_dispatch_args_t *args);
 
 /* ---------------------------------------------------------------- normal combine */
 typedef struct {
@@ -330,12 +338,12 @@ typedef struct {
  * zeros). out_topk_weights[t] = the sum, in the same order, of the topk_weights rows of t.
  * Errors as for ep_dispatch; EP_ERR_INVALID_ARG / EP_ERR_DESTROYED for a handle that is not a
  * live normal-mode handle of this buffer. */
-ep_status_t ep_combine(ep_buffer_t buf, const ep_combine_args_t *args);
+EP_API ep_status_t ep_combine(ep_buffer_t buf, const ep_combine_args_t *args);
 
 /* Handle queries and destroy (local, thread safe). Destroying a low-latency handle while a call
  * is in flight on its buffer returns EP_ERR_BUSY. */
-ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens);
-ep_status_t ep_handle_destroy(ep_handle_t h);
+EP_API ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens);
+EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
 
 /* ---------------------------------------------------------------- low-latency mode
  * SPEC.md §4; docs/LOW_LATENCY.md has an example. Shapes are fixed at buffer creation (T =
@@ -398,17 +406,17 @@ typedef struct {
  * (an expert twice in one token; flags; low-latency mode disabled), EP_ERR_SHAPE (fp8 with
  * H % 128 != 0), EP_ERR_BUSY (two ll handles alive), EP_ERR_MISMATCH (topk or fp8 flags differ
  * across ranks). Waits: EP_ERR_TIMEOUT, EP_ERR_PEER_FAILED (the buffer is then broken). */
-ep_status_t ep_ll_dispatch(ep_buffer_t buf, const ep_ll_dispatch_args_t *args);
+EP_API ep_status_t ep_ll_dispatch(ep_buffer_t buf, const ep_ll_dispatch_args_t *args);
 
 /* Completes the receive phase of the two-phase call last made with `handle` (dispatch: this
  * rank's rows have all arrived, the view is ready; combine: `out` is written). Waits, bounded by
  * the deadline, only for the peers' send phases of that call. EP_ERR_INVALID_ARG when the
  * handle has nothing to receive. */
-ep_status_t ep_ll_recv(ep_buffer_t buf, ep_handle_t handle);
+EP_API ep_status_t ep_ll_recv(ep_buffer_t buf, ep_handle_t handle);
 
 /* Local. The receive side of a completed dispatch. view->size must be set. EP_ERR_INVALID_ARG
  * before the receive is complete; EP_ERR_DESTROYED when the buffer is gone. */
-ep_status_t ep_ll_get_recv_view(ep_handle_t handle, ep_ll_recv_view_t *view);
+EP_API ep_status_t ep_ll_get_recv_view(ep_handle_t handle, ep_ll_recv_view_t *view);
 
 typedef struct {
   size_t size; /* sizeof(ep_ll_combine_args_t) */
@@ -428,7 +436,7 @@ typedef struct {
  * acc = fmaf(float(y row of (t, k)), topk_weights[t][k], acc): one rounding per step, as the
  * fused multiply-add of DeepEP's kernel, and one rounding to bf16 (nearest even) at the end.
  * Each rank sends its y rows back to their source ranks; the source reduces. */
-ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *args);
+EP_API ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *args);
 
 #ifdef __cplusplus
 }
