@@ -438,6 +438,51 @@ typedef struct {
  * Each rank sends its y rows back to their source ranks; the source reduces. */
 EP_API ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *args);
 
+/* ================================================================ introspection
+ * What this library was built with and which environment variables it reads, for tools
+ * (`epcomm info`, `epcomm doctor env`) and for programs that check a job's setup before they
+ * create a group. Local calls: no group needed, thread safe. */
+
+/* "auto", "cpu" or "cuda"; NULL for a value that is not an ep_backend_t. */
+EP_API const char *ep_backend_name(ep_backend_t backend);
+
+/* 1 when buffers of this backend can be created here: it is built into this library and usable
+ * on this machine (cuda: a CUDA device is visible). 0 otherwise, and ep_last_error() says why
+ * ("the cuda backend is not built into this library", "no CUDA device (...)").
+ * EP_BACKEND_AUTO asks about the backend AUTO resolves to (EP_BACKEND, else cpu). Asking about
+ * cuda initialises the CUDA runtime in this process. */
+EP_API int ep_backend_available(ep_backend_t backend);
+
+/* One environment variable the library reads. Every string is static and non-NULL. */
+typedef struct {
+  const char *name;          /* "EP_QUEUE_BYTES" */
+  const char *module;        /* the part of the library that reads it: "core", "cpu", "cuda" */
+  const char *type;          /* "int", "float", "size", "enum", "string" or "path" */
+  const char *default_value; /* what an unset (or empty) variable means; "" when derived */
+  const char *accepted;      /* the values accepted: "N[K|M|G] bytes in [4K, 16G]" */
+  const char *description;   /* one line */
+} ep_env_var_t;
+
+/* The registry: rows 0 .. ep_env_var_count() - 1, fixed for the life of the process.
+ * ep_env_var returns NULL for an index out of range, ep_env_var_find for a name the library
+ * does not read. */
+EP_API int ep_env_var_count(void);
+EP_API const ep_env_var_t *ep_env_var(int index);
+EP_API const ep_env_var_t *ep_env_var_find(const char *name);
+
+/* Would the library accept `value` for the variable `name`? EP_OK, or EP_ERR_INVALID_ARG with
+ * ep_last_error() naming the variable, the value and the accepted form ("EP_QUEUE_BYTES=2X: not
+ * a size; accepted: N[K|M|G] bytes in [4K, 16G]"), or naming a variable the library does not
+ * read; EP_ERR_NULL_ARG for a NULL name or value. An empty value means unset: accepted. */
+EP_API ep_status_t ep_env_check_value(const char *name, const char *value);
+
+/* Checks every variable of the registry that is set in the environment, as group creation and
+ * buffer creation do (an invalid value fails them): EP_OK, or EP_ERR_INVALID_ARG naming the
+ * first invalid variable. EP_* names the library does not read are not errors here (the log
+ * warns about them once). */
+EP_API ep_status_t ep_env_check(void);
+/* ================================================================ end of introspection */
+
 #ifdef __cplusplus
 }
 #endif

@@ -153,6 +153,7 @@ static void child_exec(char **argv, int out[2], int err[2], int status_fd) {
   /* Python block-buffers a piped stdout, which would move the test summary after the warnings
    * printed at exit and hide the very ordering the doctor reads. */
   setenv("PYTHONUNBUFFERED", "1", 0);
+  unsetenv("EP_DOCTOR_RULES"); /* the doctor's own: the library would call it unknown */
   execvp(argv[0], argv);
   int e = errno;
   write_all(status_fd, (const char *)&e, sizeof e);

@@ -142,6 +142,7 @@ ep_status_t ep_buffer_resolve_config(const ep_buffer_config_t *cfg, double group
                                   ep_buffer_config_t *c, const struct ep_backend_ops **ops) {
   *c = (ep_buffer_config_t)EP_BUFFER_CONFIG_INIT;
   ep_status_t st = cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
+  if (!st) st = ep_env_check(); /* an invalid EP_* value fails here, named, never defaulted */
   if (st) return st;
   if (!c->queue_bytes) c->queue_bytes = (size_t)ep_env_long("EP_QUEUE_BYTES", 1 << 20);
   if (!c->num_channels) c->num_channels = (int)ep_env_long("EP_CHANNELS", 1);

@@ -57,9 +57,19 @@ static ep_status_t cuda_destroy(void *state, bool collective) {
   return st;
 }
 
+/* Buffers need a device: the same test pick_device (cuda_mem.c) makes at creation. */
+static ep_status_t cuda_available(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess && n > 0) return EP_OK;
+  return ep_err(EP_ERR_UNSUPPORTED, "no CUDA device (%s)",
+                e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+}
+
 static const struct ep_backend_ops cuda_ops = {
     .name = "cuda",
     .caps = EP_CAP_DISPATCH_VIEWS,
+    .available = cuda_available,
     .size_hint = cuda_size_hint,
     .create = cuda_create,
     .destroy = cuda_destroy,
