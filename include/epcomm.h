@@ -156,7 +156,8 @@ typedef struct {
  * Errors: EP_ERR_NULL_ARG (group), EP_ERR_CONFIG (cfg size/magic), EP_ERR_BOOTSTRAP (no rank or
  * job id in the environment, rendezvous taken), EP_ERR_OUT_OF_RANGE (rank >= size),
  * EP_ERR_MISMATCH (ranks disagree on the size), EP_ERR_TIMEOUT (a rank never arrived: named),
- * EP_ERR_PEER_FAILED (a rank died during creation: named). */
+ * EP_ERR_PEER_FAILED (a rank died during creation: named), EP_ERR_INVALID_ARG (a set EP_*
+ * variable has an invalid value: named with its accepted form, see ep_env_check). */
 EP_API ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *group);
 /* Collective over the ranks the callbacks connect (the user's allgather carries a rendezvous name
  * chosen by rank 0; the callbacks are not kept). Errors as above, plus EP_ERR_NULL_ARG naming
@@ -224,7 +225,8 @@ EP_API ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks
  * naming the cfg field, EP_ERR_UNSUPPORTED (backend not built, or no device), EP_ERR_MISMATCH
  * (configs differ across ranks: field and rank named), EP_ERR_NO_MEMORY, EP_ERR_PEER_INVALID (a
  * peer failed to create its part), EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED (rank named),
- * EP_ERR_BROKEN (group broken). */
+ * EP_ERR_BROKEN (group broken), EP_ERR_INVALID_ARG (an invalid EP_* value, as at group
+ * creation: the environment is read again here). */
 EP_API ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf);
 /* Collective, bounded by the deadline: quiesce, unmap peers, free. Always frees: a broken buffer
  * skips the barrier (EP_OK); a barrier that fails still frees and returns the failure. Live

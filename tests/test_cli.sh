@@ -166,5 +166,21 @@ else
   printf 'SKIP bench: progress on a terminal (no `script` to make a terminal)\n'
 fi
 
+# ---- the CLI uses the public API only: no src/ header, no library symbol that libepcomm.so does
+# not export (the tool links the static archive, where hidden symbols would still resolve)
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "$(dirname "$bin")/.." && pwd)
+why=""
+grep -lE '#include "(core|cpu|cuda)/' "$here"/../tools/*.[ch] >"$tmp/inc" && why="includes src/: $(cat "$tmp/inc")"
+objs=("$build"/tools/CMakeFiles/epcomm_cli.dir/*.o)
+if [ -f "$build/libepcomm.so" ] && [ -f "${objs[0]}" ] && command -v nm >/dev/null; then
+  nm -D --defined-only "$build/libepcomm.so" | awk '{ print $3 }' | sort -u >"$tmp/exported"
+  for o in "${objs[@]}"; do nm -u "$o"; done | awk '$2 ~ /^ep_/ && $2 !~ /^ep_cmd_/ { print $2 }' |
+    sort -u >"$tmp/used"
+  extra=$(comm -23 "$tmp/used" "$tmp/exported" | tr '\n' ' ')
+  [ -z "$extra" ] || why="$why; internal symbols used: $extra"
+fi
+check "CLI: public API only" "$why"
+
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]
