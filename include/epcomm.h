@@ -115,8 +115,9 @@ EP_API const char *ep_last_error(void);
 
 /* ---------------------------------------------------------------- call arguments
  * Every call takes a versioned args struct: set `size` with the struct's _INIT macro, then the
- * fields you need; fields left at zero take their documented defaults. Args structs are inputs
- * (const); results come back through a separate output struct or out-parameter. */
+ * fields you need; fields left at zero take their documented defaults. A size this library does
+ * not know is EP_ERR_CONFIG. Args structs are inputs (const); results come back through a
+ * separate output struct or out-parameter. */
 #ifdef __cplusplus
 #define EP_ARGS_INIT_(T) {sizeof(T)}
 #else
@@ -249,6 +250,10 @@ EP_API ep_status_t ep_buffer_release(ep_buffer_t buf);
  * Thread safe; the string is a per-thread copy. */
 EP_API const char *ep_buffer_last_error(ep_buffer_t buf);
 
+/* Local, thread safe. 1 when the backend is built into this library and can create buffers
+ * here (CUDA: a driver and a device); else 0, and ep_last_error() says why. */
+EP_API int ep_backend_available(ep_backend_t backend);
+
 /* What a buffer can do, and how long the memory it hands out stays valid. */
 typedef enum {
   EP_CAP_DISPATCH_VIEWS = 1u << 0, /* ep_dispatch with EP_OUTPUT_VIEWS */
@@ -302,7 +307,7 @@ EP_API ep_status_t ep_get_dispatch_layout(ep_buffer_t buf, const ep_layout_args_
 
 /* ---------------------------------------------------------------- normal dispatch
  * Inputs: one tensor of tokens x [num_tokens][hidden] (bf16, or fp8 e4m3 with float32 scales),
- * each sent once to every rank that owns one of its topk experts (docs/SEMANTICS.md has the
+ * each sent once to every rank that owns one of its topk experts (docs/SEMANTICS.md §3 has the
  * exact order of the rows). */
 typedef struct {
   size_t size;             /* sizeof(ep_dispatch_args_t): EP_DISPATCH_ARGS_INIT */
@@ -334,8 +339,10 @@ typedef enum {
    * than `capacity`: EP_ERR_TOO_LARGE on this rank, rows drained, outputs untouched. */
   EP_OUTPUT_CALLER = 1,
   /* The `alloc` callback is called once the receive count is known, on the calling thread,
-   * before any row is written; it sets the row arrays of `out` (and may read `args`). Non-zero
-   * from the callback, or a NULL recv_x for a non-zero count: EP_ERR_NO_MEMORY, rows drained. */
+   * before any row is written; it sets the row arrays of `out` (they start NULL). `args` is the
+   * call's resolved copy: num_scales and the scale strides defaulted; for a cached dispatch topk
+   * and num_experts are the handle's and topk_idx / topk_weights are NULL. Non-zero from the
+   * callback, or a NULL recv_x for a non-zero count: EP_ERR_NO_MEMORY, rows drained. */
   EP_OUTPUT_ALLOC = 2,
   /* The row arrays are set by the call to memory inside the buffer, where the senders wrote each
    * row at its final place (no copy); backends with EP_CAP_DISPATCH_VIEWS. Valid as the
@@ -372,8 +379,10 @@ struct ep_dispatch_out_s {
   int32_t *recv_tokens_per_expert; /* [E/R] (not for a cached dispatch) */
   /* Results, written on success only */
   int num_recv_tokens;        /* rows received; -1 when not known on return (see worst_case) */
-  ep_handle_t handle;         /* the dispatch's layout, for combine and cached dispatch; the
-                                 caller destroys it (ep_handle_destroy). NULL after a cached
+  ep_handle_t handle;         /* the dispatch's layout, for combine and cached dispatch. Every
+                                 non-cached dispatch makes one and the caller owns it: destroy it
+                                 (ep_handle_destroy) even when it is not used (on CUDA handles
+                                 hold device memory from a fixed arena). NULL after a cached
                                  dispatch (the cached handle stays valid). */
 };
 #define EP_DISPATCH_OUT_INIT EP_ARGS_INIT_(ep_dispatch_out_t)
@@ -408,7 +417,8 @@ typedef struct {
 } ep_combine_args_t;
 #define EP_COMBINE_ARGS_INIT EP_ARGS_INIT_(ep_combine_args_t)
 
-/* Collective. out[t] = bf16(bias0[t] + bias1[t] + sum over ranks r (ascending) of the x rows of
+/* Collective (docs/SEMANTICS.md §4.2). out[t] = bf16(bias0[t] + bias1[t] + sum over ranks r
+ * (ascending) of the x rows of
  * token t), accumulated in fp32 and rounded once (nearest even); a token sent nowhere gets its
  * biases (or zeros). out_topk_weights[t] = the sum, in the same order, of the topk_weights rows
  * of t. Errors as for ep_dispatch; EP_ERR_INVALID_ARG / EP_ERR_DESTROYED for a handle that is
@@ -420,7 +430,7 @@ EP_API ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens
 EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
 
 /* ---------------------------------------------------------------- low-latency mode
- * docs/LOW_LATENCY.md (with an example) and docs/SEMANTICS.md. Shapes are fixed at buffer
+ * docs/LOW_LATENCY.md (with an example) and docs/SEMANTICS.md §6. Shapes are fixed at buffer
  * creation (T = ll_max_tokens, H = ll_hidden, E = ll_num_experts, K = ll_max_topk; L = E/R local
  * experts).
  *
@@ -515,10 +525,11 @@ typedef struct {
 } ep_ll_combine_args_t;
 #define EP_LL_COMBINE_ARGS_INIT EP_ARGS_INIT_(ep_ll_combine_args_t)
 
-/* Collective. out[t] = bf16(acc), acc = 0.0f then, for k ascending with topk_idx[t][k] != -1,
- * acc = fmaf(float(y row of (t, k)), topk_weights[t][k], acc): one rounding per step, as the
- * fused multiply-add of DeepEP's kernel, and one rounding to bf16 (nearest even) at the end.
- * Each rank sends its y rows back to their source ranks; the source reduces. */
+/* Collective (docs/SEMANTICS.md §6.5). out[t] = bf16(acc), acc = 0.0f then, for k ascending
+ * with topk_idx[t][k] != -1, acc = fmaf(float(y row of (t, k)), topk_weights[t][k], acc): one
+ * rounding per step, as the fused multiply-add of DeepEP's kernel, and one rounding to bf16
+ * (nearest even) at the end. Each rank sends its y rows back to their source ranks; the source
+ * reduces. */
 EP_API ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *args);
 
 /* Local, thread safe: the number of rows the dispatch delivered to this rank (sum of
