@@ -1,4 +1,4 @@
-/* Bad input (SPEC §6, issue 3 item 6), table-driven: for every public function, each argument
+/* Bad input (SEMANTICS.md §8.3-8.4), table-driven: for every public function, each argument
  * that can be wrong gets its specific status, a message that names the argument, and no output
  * byte written (the caller's arrays, and ep_dispatch's out struct: num_recv_tokens, handle and
  * every other field stay as they were). Runs on any number of ranks (every rank makes the same

@@ -1,4 +1,4 @@
-/* Normal-mode dispatch on the GPU (docs/SEMANTICS.md). Two kernels on the caller's stream:
+/* Normal-mode dispatch on the GPU (SEMANTICS.md §3). Two kernels on the caller's stream:
  * notify (count exchange, checks) and dispatch (rows straight to their final place in each
  * destination's receive area). The core describes the call (src/core/call.c); paths:
  *   - synchronous: the host waits for notify through mapped memory, learns the receive count,
