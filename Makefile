@@ -5,8 +5,9 @@ FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 RANKS      ?= 4
+PREFIX     ?= /usr/local
 
-.PHONY: all demo test test-quick test-asan asan-build fuzz fuzz-build bench clean
+.PHONY: all demo test test-quick test-asan asan-build fuzz fuzz-build bench install clean
 
 all: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
@@ -53,6 +54,10 @@ fuzz: fuzz-build
 
 bench: all
 	$(BUILD)/bin/epcomm launch -n $(RANKS) $(BUILD)/bin/epcomm bench
+
+# The library, header, CLI, rulebook, epcomm.pc and CMake package under $(PREFIX).
+install: all
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)
