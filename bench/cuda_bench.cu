@@ -1,4 +1,4 @@
-/* GPU benchmark of normal mode (issue 6, item 6), run under `epcomm launch -n R`:
+/* GPU benchmark of normal mode (`epcomm bench --backend cuda`), run under `epcomm launch -n R`:
  *   cuda_bench [--tokens 4096] [--hidden 7168] [--topk 8] [--experts 256] [--sms S] [--iters 30]
  * DeepEP's sizes and method: random routing (topk distinct experts per token), time = mean of
  * `iters` calls after warm-up, each bracketed by CUDA events, the slowest rank's mean reported.
@@ -402,7 +402,8 @@ static void report(bench_t *b, const row_t *rows, int n, double ceiling, double 
          base8 / rows[2].t);
 }
 
-/* DeepEP V1 intranode on this machine (issue 6): R -> fp8 dispatch, bf16 dispatch, combine. */
+/* DeepEP V1 intranode, measured on this machine (docs/PERFORMANCE.md): R -> fp8 dispatch, bf16
+ * dispatch, combine. */
 static void deepep(int R, int sms, double *v) {
   v[0] = v[1] = v[2] = 0;
   if (R == 2 && sms == 24) v[0] = 298, v[1] = 411, v[2] = 480;

@@ -1,4 +1,4 @@
-/* Bad input (SPEC §6, issue 3 item 6), table-driven: for every public function, each argument
+/* Bad input (SEMANTICS.md §8.3-8.4), table-driven: for every public function, each argument
  * that can be wrong gets its specific status, a message that names the argument, and no output
  * byte written. Runs on any number of ranks (every rank makes the same bad call, so each rejects
  * it locally and the peers stay in step); with 2+ ranks it also checks that disagreements across

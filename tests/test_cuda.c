@@ -1,4 +1,5 @@
-/* CUDA backend only (SPEC §3, §5, §6 on the GPU); skipped with a visible reason without a GPU.
+/* CUDA backend only (SEMANTICS.md §3-4, §7, §8 on the GPU); skipped with a visible reason without
+ * a GPU.
  *   test_cuda graph N     worst-case dispatch + combine captured in a CUDA graph, replayed N times
  *                         with fresh inputs and routing, each replay checked against the reference
  *   test_cuda timeout     a peer that never calls: the synchronous dispatch returns

@@ -1,4 +1,5 @@
-/* Peer failure and timeouts (SPEC §6), run by tests/test_failure.sh under `epcomm launch`.
+/* Peer failure and timeouts (SEMANTICS.md §8.1-8.2), run by tests/test_failure.sh under
+ * `epcomm launch`.
  *   test_failure kill-dispatch FILE   the last rank SIGKILLs itself in the middle of a dispatch
  *   test_failure kill-combine FILE    ... of a combine
  *   test_failure kill-create FILE     ... while the others create a buffer (it never arrives)

@@ -1,6 +1,7 @@
-/* Lifecycle (SPEC §5): create/use/destroy cycles leave fds, threads and RSS flat; misuse gets a
- * specific status (double destroy, use after destroy, destroy with live children or with a call in
- * flight); the last epcomm call is the last thing the program does (the runner checks stderr).
+/* Lifecycle (SEMANTICS.md §7): create/use/destroy cycles leave fds, threads and RSS flat; misuse
+ * gets a specific status (double destroy, use after destroy, destroy with live children or with a
+ * call in flight); the last epcomm call is the last thing the program does (the runner checks
+ * stderr).
  *   test_lifecycle cycles N     N cycles of group + buffer + dispatch/combine + destroy
  *   test_lifecycle misuse       misuse statuses (any number of ranks)
  *   test_lifecycle inflight     destroy while a dispatch is in flight (2+ ranks)

@@ -1,10 +1,10 @@
-/* Low-latency mode against the reference (SPEC §4), for whatever number of ranks `epcomm launch
- * -n R` gives: dispatch in bf16 and the three fp8 formats (values, scales and exponent bytes bit
- * for bit), combine bit for bit with the reference's fused multiply-add chain, over a table of
- * buffer sizes, routings (random, skewed, masked, a rank nobody selects, all slots masked on
- * some ranks), token counts (N < T, N = T, N = 0 on some ranks) and topk up to 9; the two-phase
- * form with normal-mode calls on the same buffer between send and receive; and many consecutive
- * calls with two results alive (the buffer flip).
+/* Low-latency mode against the reference (SEMANTICS.md §6), for whatever number of ranks
+ * `epcomm launch -n R` gives: dispatch in bf16 and the three fp8 formats (values, scales and
+ * exponent bytes bit for bit), combine bit for bit with the reference's fused multiply-add chain,
+ * over a table of buffer sizes, routings (random, skewed, masked, a rank nobody selects, all slots
+ * masked on some ranks), token counts (N < T, N = T, N = 0 on some ranks) and topk up to 9; the
+ * two-phase form with normal-mode calls on the same buffer between send and receive; and many
+ * consecutive calls with two results alive (the buffer flip).
  *
  * Usage: tests/test_ll [matrix|flip|all] [iterations of flip]   (default: all 40)
  *        tests/test_ll time T H E TOPK ITERS [fp8]   microseconds per call (a measuring aid;

@@ -1,4 +1,4 @@
-/* A group bootstrapped by another framework's collectives (issue 2, item 3b): MPI_Allgather and
+/* A group bootstrapped by another framework's collectives (ep_group_create): MPI_Allgather and
  * MPI_Barrier as the user callbacks of ep_group_create, under mpirun. The group then runs a
  * dispatch/combine checked against the reference, and everything is torn down before
  * MPI_Finalize (epcomm's own threads and sockets are gone by then). */

@@ -1,7 +1,7 @@
-/* Normal mode against the reference (SPEC §2-3): layout, dispatch (sync, alloc and worst-case
- * paths, bf16 and fp8), cached dispatch and combine, on random routings, for whatever number of
- * ranks `epcomm launch -n R` gives. Every rank rebuilds all ranks' inputs from a seed, runs the
- * single-process reference for the whole group, and compares its own outputs bit for bit.
+/* Normal mode against the reference (SEMANTICS.md §2-4): layout, dispatch (sync, alloc and
+ * worst-case paths, bf16 and fp8), cached dispatch and combine, on random routings, for whatever
+ * number of ranks `epcomm launch -n R` gives. Every rank rebuilds all ranks' inputs from a seed,
+ * runs the single-process reference for the whole group, and compares its own outputs bit for bit.
  * The same body runs on either backend (EP_BACKEND=cuda: tensors in device memory, moved with the
  * t_d* helpers); the view paths (recv_x == NULL: outputs are views of the buffer) run where the
  * backend has them (cuda), and so does the zero-copy combine of a bf16 view written in place. */

@@ -1,4 +1,4 @@
-/* Threads (issue 3, item 7): two groups and two buffers in one process, driven by two threads at
+/* Threads (SEMANTICS.md §7.4): two groups and two buffers in one process, driven by two threads at
  * once, each doing dispatch/combine checked against the reference; and the rule that calls on
  * one buffer must not overlap, enforced (EP_ERR_BUSY) rather than corrupting state. */
 #include <pthread.h>

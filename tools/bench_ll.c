@@ -1,9 +1,9 @@
-/* Low-latency measurement (SPEC §4, §9): every iteration is barrier, memcpy ceiling, barrier,
- * ep_ll_dispatch (one phase: send and receive), barrier, ep_ll_combine (one phase), then the
- * handle is destroyed. Bytes as DeepEP's low-latency test counts them: selections of this rank's
- * tokens x row bytes (fp8: H + H/128 x 4 scale bytes; combine: bf16 rows). The expert outputs are
- * generated per (token, expert) once from the first dispatch's view; the last iteration's view and
- * output are checked against the generator and tests/ref.c's fp8 cast. */
+/* Low-latency measurement (SEMANTICS.md §6, §9): every iteration is barrier, memcpy ceiling,
+ * barrier, ep_ll_dispatch (one phase: send and receive), barrier, ep_ll_combine (one phase), then
+ * the handle is destroyed. Bytes as DeepEP's low-latency test counts them: selections of this
+ * rank's tokens x row bytes (fp8: H + H/128 x 4 scale bytes; combine: bf16 rows). The expert
+ * outputs are generated per (token, expert) once from the first dispatch's view; the last
+ * iteration's view and output are checked against the generator and tests/ref.c's fp8 cast. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,7 +95,7 @@ static long check_view(const bench_opts_t *o, int R, int me, const ep_ll_recv_vi
   return bad;
 }
 
-/* out[t] = bf16(fmaf chain over k ascending of y(t, k) x w[t][k]), SPEC §4. */
+/* out[t] = bf16(fmaf chain over k ascending of y(t, k) x w[t][k]), SEMANTICS.md §6.5. */
 static long check_out(const bench_opts_t *o, int R, int me, const uint16_t *out, char *msg,
                       size_t msg_len) {
   int K = o->topk, H = o->hidden;
@@ -147,9 +147,9 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* The two-phase form (SPEC §4 hook): each call only sends; ep_ll_recv completes it. Timed apart,
- * with a barrier between send and receive so that the receive measures the wait for the data of
- * the slowest sender, not the sender's own skew. Medians of this rank into f->ll_phases. */
+/* The two-phase form (SEMANTICS.md §6.7): each call only sends; ep_ll_recv completes it. Timed
+ * apart, with a barrier between send and receive so that the receive measures the wait for the data
+ * of the slowest sender, not the sender's own skew. Medians of this rank into f->ll_phases. */
 static int two_phase(const bench_opts_t *o, ep_group_t g, ep_buffer_t buf, const uint16_t *x,
                      const int64_t *idx, const float *w, const uint16_t *y, uint16_t *out,
                      bench_rank_t *f) {

@@ -1,6 +1,7 @@
 /* `epcomm demo` (run under `epcomm launch -n R`): one MoE layer's worth of traffic on the default
  * CPU backend. Every rank dispatches random tokens, "runs experts" (scales each row by 2), combines
- * them back, checks both steps bit for bit against the single-process reference of SPEC.md, and
+ * them back, checks both steps bit for bit against the single-process reference of
+ * docs/SEMANTICS.md, and
  * rank 0 prints a table of what moved and how fast. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* Public entry points of low-latency mode (SPEC §4). The core checks everything that can be
+/* Public entry points of low-latency mode (SEMANTICS.md §6). The core checks everything that can be
  * checked without reading tensor contents, enforces the two-live-handles rule, and hands over
  * to the backend. A collective call rejected here is announced to the peers (ops->ll_reject), so
  * that their matching call fails at once instead of waiting for this rank until the deadline. */

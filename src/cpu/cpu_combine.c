@@ -1,4 +1,4 @@
-/* Normal-mode combine (SPEC §3): every rank sends each received row back to its source; the
+/* Normal-mode combine (SEMANTICS.md §4): every rank sends each received row back to its source; the
  * source reduces, per token, bias0 + bias1 + the rows of every rank it went to (ascending rank),
  * in fp32, and rounds once to bf16. Rows arrive in token order per (rank, channel), so the
  * reduction streams: no fp32 staging tensor, one write of the output. */

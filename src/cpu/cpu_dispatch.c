@@ -1,4 +1,5 @@
-/* Normal-mode dispatch (SPEC §3): route, hello (counts + cross-rank checks), outputs, data. */
+/* Normal-mode dispatch (SEMANTICS.md §3): route, hello (counts + cross-rank checks), outputs,
+ * data. */
 #include "cpu_dispatch.h"
 
 #include <stdlib.h>

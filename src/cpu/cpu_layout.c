@@ -1,4 +1,5 @@
-/* Layout (SPEC §2): per-rank token counts, per-expert selection counts, token-in-rank flags. */
+/* Layout (SEMANTICS.md §2): per-rank token counts, per-expert selection counts, token-in-rank
+ * flags. */
 #include <stdlib.h>
 #include <string.h>
 

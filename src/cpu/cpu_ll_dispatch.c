@@ -1,6 +1,6 @@
-/* Low-latency dispatch (SPEC §4): one row per (token, selected expert), written by the sender
- * straight into the receiver's expert-major slab, in a deterministic order (source rank, then
- * source token). Protocol and layout: cpu_ll.h. */
+/* Low-latency dispatch (SEMANTICS.md §6.2-6.4): one row per (token, selected expert), written by
+ * the sender straight into the receiver's expert-major slab, in a deterministic order (source
+ * rank, then source token). Protocol and layout: cpu_ll.h. */
 #include <string.h>
 
 #include "cpu_ll.h"

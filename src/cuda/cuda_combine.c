@@ -1,5 +1,5 @@
-/* Normal-mode combine on the GPU (SPEC §3): a hello kernel (checks, rounds), then the combine
- * kernel; both on the caller's stream, no host synchronisation. When x lies in this rank's
+/* Normal-mode combine on the GPU (SEMANTICS.md §4): a hello kernel (checks, rounds), then the
+ * combine kernel; both on the caller's stream, no host synchronisation. When x lies in this rank's
  * receive area (for instance the bf16 dispatch view, overwritten in place by the expert),
  * peers read it where it is; otherwise the kernel stages it in the combine area first. */
 #include <stdint.h>

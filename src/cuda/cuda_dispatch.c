@@ -1,5 +1,5 @@
-/* Normal-mode dispatch on the GPU (SPEC §3). Two kernels on the caller's stream: notify (count
- * exchange, checks) and dispatch (rows straight to their final place in each destination's
+/* Normal-mode dispatch on the GPU (SEMANTICS.md §3). Two kernels on the caller's stream: notify
+ * (count exchange, checks) and dispatch (rows straight to their final place in each destination's
  * receive area). Paths:
  *   - synchronous: the host waits for notify through mapped memory, learns the receive count,
  *     sets up outputs (caller's, allocator's, or views), then launches the data kernel;

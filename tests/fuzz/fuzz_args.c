@@ -1,4 +1,4 @@
-/* libFuzzer target over the argument space of the public API (issue 3, item 6): the fuzzer's
+/* libFuzzer target over the argument space of the public API (SEMANTICS.md §8.3): the fuzzer's
  * bytes choose shapes, values (expert ids included), NULL pointers, struct sizes and which call
  * to make; buffers are always as large as the shapes they are declared with, so any crash or
  * sanitizer report is epcomm's fault. One rank (a group from callbacks), no launcher needed. */
