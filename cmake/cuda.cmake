@@ -57,7 +57,9 @@ function(ep_cuda_link target)
     if(type STREQUAL "SHARED_LIBRARY")
       target_link_libraries(${target} PRIVATE CUDA::cudart_static)
     else()
-      target_link_libraries(${target} PUBLIC CUDA::cudart_static)
+      # Its users may link with a C linker: the kernels' host stubs (compiled by nvcc's host
+      # compiler, g++) also need the C++ runtime.
+      target_link_libraries(${target} PUBLIC CUDA::cudart_static stdc++)
     endif()
   endif()
 endfunction()

@@ -5,12 +5,14 @@
 
 #include "internal.h"
 
-#ifndef EP_VERSION_STR
-#define EP_VERSION_STR "0.1.0"
-#endif
+/* The version string comes from the header's numbers, the only place the version is written. */
+#define EP_STR_(x) #x
+#define EP_XSTR_(x) EP_STR_(x)
 
 int ep_version(void) { return EP_VERSION_CODE; }
-const char *ep_version_string(void) { return EP_VERSION_STR; }
+const char *ep_version_string(void) {
+  return EP_XSTR_(EP_VERSION_MAJOR) "." EP_XSTR_(EP_VERSION_MINOR) "." EP_XSTR_(EP_VERSION_PATCH);
+}
 
 static const struct {
   const char *name, *msg;
