@@ -198,17 +198,14 @@ typedef struct {
   void *recv_x;       /* caller's outputs (NULL: views) */
   float *recv_sc;
   int cap;
-  ep_handle_t *keep;  /* receives the handle of the call (else not kept) */
-  ep_dispatch_args_t last;
+  ep_handle_t *keep;  /* receives the handle of the call (else it is destroyed at once) */
+  ep_dispatch_out_t last;
 } dctx_t;
 
 static void op_dispatch(bench_t *b, void *p) {
   dctx_t *c = (dctx_t *)p;
   const opts_t *o = &b->o;
-  int nr;
-  ep_dispatch_args_t a;
-  memset(&a, 0, sizeof a);
-  a.size = sizeof a;
+  ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
   a.dtype = c->dtype;
   a.x = c->dtype == EP_DTYPE_BF16 ? b->x16 : b->x8;
   a.x_scales = c->dtype == EP_DTYPE_BF16 ? NULL : b->sc;
@@ -216,11 +213,17 @@ static void op_dispatch(bench_t *b, void *p) {
   a.topk_idx = b->idx, a.topk = o->topk, a.num_experts = o->E;
   a.cached = c->cached;
   a.stream = b->st;
-  a.recv_x = c->recv_x, a.recv_x_scales = c->recv_sc, a.recv_capacity = c->cap;
-  a.num_recv_tokens = &nr;
-  a.handle = c->cached ? NULL : c->keep;
-  EP(ep_dispatch(c->buf, &a));
-  c->last = a;
+  ep_dispatch_out_t out = EP_DISPATCH_OUT_INIT;
+  if (c->recv_x) {
+    out.mode = EP_OUTPUT_CALLER, out.capacity = c->cap;
+    out.recv_x = c->recv_x, out.recv_x_scales = c->recv_sc;
+  } else {
+    out.mode = EP_OUTPUT_VIEWS;
+  }
+  EP(ep_dispatch(c->buf, &a, &out));
+  if (c->keep && !c->cached) *c->keep = out.handle;
+  else EP(ep_handle_destroy(out.handle)); /* NULL after a cached dispatch: a no-op */
+  c->last = out;
 }
 
 typedef struct {

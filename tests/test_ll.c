@@ -139,7 +139,7 @@ static void timed_call(ep_group_t g, ep_buffer_t buf, llw_round_t *rd, const voi
                             .topk_weights = rd->w[rd->me], .two_phase = two, .out = out};
   T_OK(ep_group_barrier(g));
   double t0 = now_us(), t1, t2, t3;
-  T_OK(ep_ll_dispatch(buf, &a));
+  T_OK(ep_ll_dispatch(buf, &a, &rd->h));
   t1 = now_us();
   if (two) T_OK(ep_ll_recv(buf, rd->h));
   t2 = now_us();
@@ -150,7 +150,7 @@ static void timed_call(ep_group_t g, ep_buffer_t buf, llw_round_t *rd, const voi
   double t4 = now_us();
   if (two) lap[DS] = t1 - t0, lap[DR] = t2 - t1, lap[CS] = t3 - t2, lap[CR] = t4 - t3;
   else lap[D1] = t2 - t0, lap[C1] = t4 - t2;
-  T_OK(ep_handle_destroy(rd->h));
+  T_OK(ep_ll_handle_destroy(rd->h));
   rd->h = NULL;
 }
 

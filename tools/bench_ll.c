@@ -155,18 +155,18 @@ static int two_phase(const bench_opts_t *o, ep_group_t g, ep_buffer_t buf, const
                      bench_rank_t *f) {
   int n = o->iters;
   double *t = calloc(4 * (size_t)n, sizeof *t);
-  ep_handle_t h = NULL;
+  ep_ll_handle_t h = NULL;
   if (!t) return 1;
   for (int it = -o->warmup; it < n; it++) {
     ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = o->tokens, .topk_idx = idx,
                                .topk = o->topk, .use_fp8 = o->dtype == BENCH_FP8,
-                               .two_phase = 1, .handle = &h};
+                               .two_phase = 1};
     ep_ll_combine_args_t c = {.size = sizeof c, .y = y, .topk_idx = idx, .topk_weights = w,
                               .two_phase = 1, .out = out};
     double s[6];
     TRY(ep_group_barrier(g));
     s[0] = bench_now();
-    TRY(ep_ll_dispatch(buf, &a));
+    TRY(ep_ll_dispatch(buf, &a, &h));
     s[1] = bench_now();
     TRY(ep_group_barrier(g));
     s[2] = bench_now();
@@ -181,7 +181,7 @@ static int two_phase(const bench_opts_t *o, ep_group_t g, ep_buffer_t buf, const
     double s6 = bench_now();
     TRY(ep_ll_recv(buf, h));
     double s7 = bench_now();
-    TRY(ep_handle_destroy(h));
+    TRY(ep_ll_handle_destroy(h));
     h = NULL;
     if (it < 0) continue;
     t[it] = s[1] - s[0], t[n + it] = s[3] - s[2], t[2 * n + it] = s5 - s[4], t[3 * n + it] = s7 - s6;
@@ -193,7 +193,7 @@ static int two_phase(const bench_opts_t *o, ep_group_t g, ep_buffer_t buf, const
   free(t);
   return 0;
 fail:
-  if (h) ep_handle_destroy(h);
+  if (h) ep_ll_handle_destroy(h);
   free(t);
   return 1;
 }
@@ -210,9 +210,9 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   int64_t *idx = malloc(N * K * 8 + 64);
   float *w = malloc(N * K * 4 + 64);
   ep_buffer_t buf = NULL;
-  ep_handle_t h = NULL;
+  ep_ll_handle_t h = NULL;
   bench_ceiling_t *ceil = bench_ceiling_new(o);
-  ep_ll_recv_view_t v = {.size = sizeof v};
+  ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
   if (!x || !out || !idx || !w || !ceil) {
     fprintf(stderr, "epcomm bench: out of memory\n");
     goto fail;
@@ -228,13 +228,13 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   double *t = bench_rank_times(f);
   for (int it = -o->warmup; it < o->iters; it++) {
     ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = o->tokens, .topk_idx = idx,
-                               .topk = o->topk, .use_fp8 = o->dtype == BENCH_FP8, .handle = &h};
+                               .topk = o->topk, .use_fp8 = o->dtype == BENCH_FP8};
     TRY(ep_group_barrier(g));
     double tm = bench_ceiling_copy(ceil);
     TRY(ep_group_barrier(g));
     bench_usage_t u0 = bench_rusage();
     double t0 = bench_now();
-    TRY(ep_ll_dispatch(buf, &a));
+    TRY(ep_ll_dispatch(buf, &a, &h));
     double t1 = bench_now();
     bench_usage_t u1 = bench_rusage();
     TRY(ep_ll_get_recv_view(h, &v));
@@ -257,7 +257,7 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
       figures(o, R, me, idx, &v, f);
       if (f->dispatch_bad) snprintf(f->msg, sizeof f->msg, "%s", m);
     }
-    TRY(ep_handle_destroy(h));
+    TRY(ep_ll_handle_destroy(h));
     h = NULL;
     if (it < 0) continue;
     t[it] = t1 - t0, t[o->iters + it] = t3 - t2, t[2 * o->iters + it] = tm;
@@ -273,7 +273,7 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   f->has_data = 1;
   rc = 0;
 fail:
-  if (h) ep_handle_destroy(h);
+  if (h) ep_ll_handle_destroy(h);
   if (buf && ep_buffer_destroy(buf))
     fprintf(stderr, "epcomm bench: ep_buffer_destroy: %s\n", ep_last_error()), rc = 1;
   bench_ceiling_free(ceil);

@@ -93,9 +93,17 @@ ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *
   return EP_OK;
 }
 
-ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op) {
-  if (!args) return ep_err(EP_ERR_NULL_ARG, "%s: args is NULL", op);
-  ep_status_t st = ep_struct_load(dst, full, args, "args", false);
+ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op,
+                         const char *argname) {
+  if (!args) return ep_err(EP_ERR_NULL_ARG, "%s: %s is NULL", op, argname);
+  /* Every args and out struct of API 0.2 is read and written whole: a smaller one would leave
+   * fields the call relies on (out->handle, args->cached) outside the caller's memory. When a
+   * struct grows in a later version, its 0.2 size becomes the smallest accepted here. */
+  size_t size = *(const size_t *)args;
+  if (size != full)
+    return ep_err(EP_ERR_CONFIG, "%s: %s: size field is %zu, this library needs %zu (set it with "
+                  "the struct's _INIT macro)", op, argname, size, full);
+  ep_status_t st = ep_struct_load(dst, full, args, argname, false);
   if (st) {
     char msg[EP_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());

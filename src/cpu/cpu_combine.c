@@ -165,11 +165,7 @@ ep_status_t cpu_combine(void *state, const ep_combine_args_t *a, const ep_handle
   j.rec = cpu_al16(j.row + (j.has_w ? (size_t)j.topk * 4 : 0));
   cpu_hello_t mine;
   memset(&mine, 0, sizeof mine);
-  mine.kind = OP_COMBINE;
-  mine.hidden = h->hidden;
-  mine.topk = j.has_w ? h->topk : 0;
-  mine.has_weights = j.has_w;
-  mine.num_tokens = h->num_tokens;
+  ep_call_combine_key(a, h, &mine.key);
   ep_status_t st = EP_OK;
   if (j.rec > s->queue_bytes / 2) {
     cpu_reject(s);

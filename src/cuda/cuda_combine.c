@@ -53,6 +53,8 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
   const int64_t xoff = direct_offset(s, a->x, h->recv_rows, row);
   epk_notify_t n;
   memset(&n, 0, sizeof n);
+  ep_call_combine_key(a, h, &n.key);
+  s->err_key = n.key;
   n.kind = EPK_NOTIFY_COMBINE;
   n.hidden = h->hidden;
   n.topk = h->topk;
