@@ -33,7 +33,10 @@ static struct {
 } reg = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, -1, 0};
 
 static const char *kind_name(int kind) {
-  return kind == EP_OBJ_GROUP ? "group" : kind == EP_OBJ_BUFFER ? "buffer" : "handle";
+  return kind == EP_OBJ_GROUP    ? "group"
+         : kind == EP_OBJ_BUFFER ? "buffer"
+         : kind == EP_OBJ_HANDLE ? "handle"
+                                 : "low-latency handle";
 }
 
 static int slot_alloc(void) {
@@ -155,7 +158,7 @@ __attribute__((destructor)) static void ep_reg_report_at_exit(void) {
   int live = 0;
   for (int i = 0; i < reg.used; i++) {
     slot_t *s = &reg.slots[i];
-    if (s->kind == EP_OBJ_HANDLE) live++;
+    if (s->kind == EP_OBJ_HANDLE || s->kind == EP_OBJ_LL_HANDLE) live++;
     if (s->kind != EP_OBJ_GROUP && s->kind != EP_OBJ_BUFFER) continue;
     unsigned long long id = (s->gen << SLOT_BITS) | (uint64_t)(i + 1);
     live++;
