@@ -11,7 +11,11 @@
 #include "cli.h"
 
 static int fail_group(const char *what, ep_group_t g) {
-  fprintf(stderr, "epcomm bench: %s: %s\n", what, ep_last_error());
+  const char *m = ep_last_error(); /* the library's messages already start with their call */
+  if (strncmp(m, what, strlen(what)) == 0)
+    fprintf(stderr, "epcomm bench: %s\n", m);
+  else
+    fprintf(stderr, "epcomm bench: %s: %s\n", what, m);
   if (g) ep_group_release(g);
   return 1;
 }
