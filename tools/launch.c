@@ -32,7 +32,29 @@
 #include "launch.h"
 
 static const char usage_text[] =
-    "usage: epcomm launch -n R [--timeout S] [--grace S] [--no-tag] PROGRAM ARGS...";
+    "usage: epcomm launch -n R [--timeout S] [--grace S] [--no-tag] [--] PROGRAM ARGS...";
+
+/* --help: what each option does, and the two things users ask about: which deadline is which,
+ * and where stdin goes. */
+static const char help_text[] =
+    "Starts R ranks of PROGRAM on this host, each with EP_RANK, EP_NRANKS, EP_LOCAL_RANK,\n"
+    "EP_LOCAL_SIZE, EP_JOB_ID and EP_NOTIFY_FD set; relays their output line by line, tagged\n"
+    "\"[r] \"; exits with the first failing rank's status (0 when all succeed).\n"
+    "  -n R          number of ranks, 1 to 4096\n"
+    "  --timeout S   wall-clock limit of the whole job in seconds (default: none); when it\n"
+    "                passes, the ranks get SIGTERM, then SIGKILL after the grace period, and\n"
+    "                the exit status is 124. Not to be confused with EP_TIMEOUT_S, the\n"
+    "                library's deadline for each wait inside one epcomm call (default 100 s):\n"
+    "                a rank waiting for a dead or stuck peer fails with EP_ERR_TIMEOUT naming\n"
+    "                it, long before a generous --timeout ends the job.\n"
+    "  --grace S     seconds the other ranks get to finish after one fails or a signal is\n"
+    "                forwarded, and between SIGTERM and SIGKILL after --timeout (default 10)\n"
+    "  --no-tag      relay the output without the \"[r] \" tags\n"
+    "  --            ends the options: everything after it is PROGRAM and its arguments\n"
+    "stdin: rank 0 reads the launcher's stdin when that is a pipe or a file (`cmd | epcomm\n"
+    "launch ...`, `< file`), as mpirun forwards it; the other ranks read /dev/null, and so does\n"
+    "rank 0 when stdin is a terminal (a rank runs in its own process group, and reading the\n"
+    "terminal from there would stop it). Signals (Ctrl-C, SIGTERM) reach every rank.\n";
 
 /* Signals we catch. The first four are forwarded to the ranks; SIGPIPE is ignored so that a closed
  * stdout or a dead rank's notify socket returns EPIPE instead of killing the launcher (and
@@ -140,7 +162,7 @@ static int parse_option(struct launch *l, int argc, char **argv, int *i) {
   double x;
   int m;
   if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-    printf("%s\n", usage_text);
+    printf("%s\n%s", usage_text, help_text);
     return 0;
   }
   if (!strcmp(a, "--no-tag")) {

@@ -51,14 +51,16 @@ static _Noreturn void child_fail(const char *prog, int err) {
 /* In the child, between fork() and exec: async-signal-safe calls, and strerror() (the launcher is
  * single-threaded, so no lock can be held). Every launcher fd has FD_CLOEXEC: exec closes all but
  * the three we dup2() and the notify end we un-flag. */
-static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int notify, char **env) {
+static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int notify, char **env,
+                                 bool keep_stdin) {
   setpgid(0, 0);
   for (int i = 0; i < N_HANDLED; i++) sigaction(launch_handled_sigs[i], &l->old_act[i], NULL);
   sigprocmask(SIG_SETMASK, &l->old_mask, NULL);
   setrlimit(RLIMIT_NOFILE, &l->old_nofile);
-  /* stdin: /dev/null. A rank in its own (background) process group that read the terminal would
-   * be stopped by SIGTTIN, and R ranks sharing one stdin would split its input at random. */
-  int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  /* stdin: rank 0 keeps a pipe or file (as mpirun forwards stdin to rank 0); everyone else gets
+   * /dev/null: R ranks sharing one stdin would split its input at random, and a rank in its own
+   * (background) process group that read the terminal would be stopped by SIGTTIN. */
+  int nul = keep_stdin ? -1 : open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (nul >= 0) dup2(nul, 0);
   if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0 || fcntl(notify, F_SETFD, 0) < 0)
     child_fail(l->prog[0], errno);
@@ -70,9 +72,10 @@ static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int not
  * would write into the launcher's self-pipe) before it restores the original dispositions. */
 static int fork_rank(struct launch *l, int r, int fds[6], char **env) {
   sigset_t run_mask;
+  bool keep_stdin = r == 0 && !isatty(STDIN_FILENO);
   sigprocmask(SIG_BLOCK, &l->handled, &run_mask);
   pid_t pid = fork();
-  if (pid == 0) child_exec(l, fds[1], fds[3], fds[5], env);
+  if (pid == 0) child_exec(l, fds[1], fds[3], fds[5], env, keep_stdin);
   int err = errno;
   sigprocmask(SIG_SETMASK, &run_mask, NULL);
   if (pid < 0) return err;

@@ -142,9 +142,14 @@ ep_status_t ep_buffer_query(ep_buffer_t buffer, ep_buffer_info_t *info) {
 /* The public enum's spelling (EP_BACKEND=cuda); whether a backend is built is the table's say. */
 static const char *const backend_names[] = {"auto", "cpu", "cuda"};
 
-static const char *backend_name(ep_backend_t id) {
+const char *ep_backend_name(ep_backend_t id) {
   return id >= 0 && id < (int)(sizeof backend_names / sizeof *backend_names) ? backend_names[id]
-                                                                             : "unknown";
+                                                                             : NULL;
+}
+
+static const char *backend_name(ep_backend_t id) {
+  const char *n = ep_backend_name(id);
+  return n ? n : "unknown";
 }
 
 const struct ep_backend_ops *ep_backend_find(ep_backend_t id) {
@@ -153,15 +158,6 @@ const struct ep_backend_ops *ep_backend_find(ep_backend_t id) {
     if (o && o->id == id) return o;
   }
   return NULL;
-}
-
-int ep_backend_available(ep_backend_t id) {
-  const struct ep_backend_ops *o = ep_backend_find(id);
-  if (!o) {
-    ep_err(EP_ERR_UNSUPPORTED, "the %s backend is not built into this library", backend_name(id));
-    return 0;
-  }
-  return o->available() == EP_OK;
 }
 
 static ep_status_t backend_from_env(ep_backend_t *id) {
@@ -173,7 +169,22 @@ static ep_status_t backend_from_env(ep_backend_t *id) {
       *id = (ep_backend_t)i;
       return EP_OK;
     }
-  return ep_err(EP_ERR_INVALID_ARG, "EP_BACKEND=%s: not a backend; accepted: cpu, cuda", e);
+  return ep_env_check_value("EP_BACKEND", e); /* names the value and the accepted form */
+}
+
+/* AUTO asks about the backend a buffer with AUTO would get (EP_BACKEND, else cpu). */
+int ep_backend_available(ep_backend_t id) {
+  if (id == EP_BACKEND_AUTO && backend_from_env(&id)) return 0;
+  if (!ep_backend_name(id)) {
+    ep_err(EP_ERR_INVALID_ARG, "ep_backend_available: %d is not an ep_backend_t", (int)id);
+    return 0;
+  }
+  const struct ep_backend_ops *o = ep_backend_find(id);
+  if (!o) {
+    ep_err(EP_ERR_UNSUPPORTED, "the %s backend is not built into this library", backend_name(id));
+    return 0;
+  }
+  return o->available() == EP_OK;
 }
 
 static ep_status_t resolve_backend(ep_buffer_config_t *c, const struct ep_backend_ops **ops) {
@@ -193,6 +204,7 @@ ep_status_t ep_buffer_resolve_config(const ep_buffer_config_t *cfg, double group
                                   ep_buffer_config_t *c, const struct ep_backend_ops **ops) {
   *c = (ep_buffer_config_t)EP_BUFFER_CONFIG_INIT;
   ep_status_t st = cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
+  if (!st) st = ep_env_check(); /* an invalid EP_* value fails here, named, never defaulted */
   if (st) return st;
   if (!c->queue_bytes) c->queue_bytes = (size_t)ep_env_long("EP_QUEUE_BYTES", 1 << 20);
   if (!c->num_channels) c->num_channels = (int)ep_env_long("EP_CHANNELS", 1);

@@ -120,9 +120,18 @@ static ep_status_t group_finish(ep_group *g, const char *name, int notify_fd, ep
   return EP_OK;
 }
 
-static ep_status_t load_group_config(const ep_group_config_t *cfg, ep_group_config_t *c) {
+/* Also the first read of the environment: an invalid EP_* value fails the creation, named,
+ * rather than being replaced by its default. */
+static ep_status_t load_group_config(const ep_group_config_t *cfg, ep_group_config_t *c,
+                                     const char *op) {
   *c = (ep_group_config_t)EP_GROUP_CONFIG_INIT;
-  return cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
+  ep_status_t st = cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
+  if (!st && (st = ep_env_check())) {
+    char msg[EP_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
+    ep_err_set_msg(msg);
+  }
+  return st;
 }
 
 /* EP_* names go through the registry (src/core/env.c); the launchers' own names do not. */
@@ -159,7 +168,7 @@ static const char *env_job_id(void) {
 ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *group) {
   if (!group) return ep_err(EP_ERR_NULL_ARG, "ep_group_create_from_env: group is NULL");
   ep_group_config_t c;
-  ep_status_t st = load_group_config(cfg, &c);
+  ep_status_t st = load_group_config(cfg, &c, "ep_group_create_from_env");
   if (st) return st;
   static const char *const rank_names[] = {"EP_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
                                            "SLURM_PROCID", NULL};
@@ -201,7 +210,7 @@ ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t 
   if (st) return st;
   if (!group) return ep_err(EP_ERR_NULL_ARG, "ep_group_create: group is NULL");
   ep_group_config_t c;
-  if ((st = load_group_config(cfg, &c))) return st;
+  if ((st = load_group_config(cfg, &c, "ep_group_create"))) return st;
   /* Rank 0 picks a random rendezvous name; the user's allgather carries it to everyone. */
   char mine[RENDEZVOUS_MAX] = "", *all = calloc((size_t)boot->nranks, RENDEZVOUS_MAX);
   if (!all) return ep_err(EP_ERR_NO_MEMORY, "out of memory");

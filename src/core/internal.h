@@ -40,7 +40,6 @@ void ep_log_raw(int level, int rank, const char *phase, const char *fmt, va_list
 const char *ep_env_str(const char *name);            /* NULL if unset; name must be registered */
 double ep_env_double(const char *name, double dflt);
 long ep_env_long(const char *name, long dflt);
-void ep_env_print(FILE *f);                          /* the whole registry, for `epcomm info` */
 void ep_env_check_unknown(void);                     /* warn once about unknown EP_* (typos) */
 
 /* ---- object registry (registry.c): opaque ids with generations, so that a stale or doubled
