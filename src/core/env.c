@@ -31,6 +31,8 @@ static const struct ep_env_var {
     {"EP_CUDA_SMS", "int", "0", "blocks (SMs) per rank of the CUDA kernels; 0: 24 (config "
      "num_sms overrides); never more than the GPU's SMs shared among its ranks"},
     {"EP_CUDA_ARENA_MB", "int", "64", "device memory per CUDA buffer for dispatch handles"},
+    {"EP_JOB_SECRET", "secret", "", "shared by the ranks of one job, proven when they connect "
+     "(set by epcomm launch; without it: derived from the job's ids)"},
 };
 #define ENV_COUNT (sizeof env_table / sizeof env_table[0])
 
@@ -67,6 +69,7 @@ void ep_env_print(FILE *f) {
   fprintf(f, "%-16s %-7s %-9s %-22s %s\n", "variable", "type", "default", "value", "meaning");
   for (size_t i = 0; i < ENV_COUNT; i++) {
     const char *v = getenv(env_table[i].name);
+    if (v && !strcmp(env_table[i].type, "secret")) v = "(set, not shown)";
     fprintf(f, "%-16s %-7s %-9s %-22s %s\n", env_table[i].name, env_table[i].type,
             *env_table[i].dflt ? env_table[i].dflt : "-", v ? v : "(unset)", env_table[i].help);
   }
@@ -82,6 +85,7 @@ void ep_env_check_unknown(void) {
       ep_log_at(EP_LOG_WARN, -1, "init", "unknown variable %.*s is set; `epcomm info` lists the "
                 "EP_* variables epcomm reads", (int)len, *e);
     else if (ep_log_enabled(EP_LOG_INFO))
-      ep_log_at(EP_LOG_INFO, -1, "init", "%s set by environment", *e);
+      ep_log_at(EP_LOG_INFO, -1, "init", "%.*s set by environment to %s", (int)len, *e,
+                !eq ? "" : strcmp(env_find(*e, len)->type, "secret") ? eq + 1 : "(not shown)");
   }
 }
