@@ -5,8 +5,10 @@ FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 RANKS      ?= 4
+FUZZ_SECS  ?= 60
+PREFIX     ?= /usr/local
 
-.PHONY: all demo test test-quick test-asan asan-build fuzz fuzz-build bench clean
+.PHONY: all demo test test-quick test-asan asan-build fuzz fuzz-build bench install clean
 
 all: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
@@ -18,8 +20,8 @@ $(BUILD)/CMakeCache.txt:
 demo: all
 	$(BUILD)/bin/epcomm launch -n $(RANKS) $(BUILD)/bin/epcomm demo
 
-# The whole suite, twice: the normal build and the ASan+UBSan build (plus the libFuzzer target,
-# run once for a bounded time). One runner, one total line at the end:
+# The whole suite, twice: the normal build and the ASan+UBSan build (plus a short run of the
+# libFuzzer target; `make fuzz` is the long one). One runner, one total line at the end:
 # "N passed, N failed, N skipped".
 test: all asan-build fuzz-build
 	$(SAN_ENV) tests/run.sh $(BUILD) $(ASAN_BUILD)
@@ -49,10 +51,14 @@ fuzz-build: $(FUZZ_BUILD)/CMakeCache.txt
 	@if [ -f $(FUZZ_BUILD)/CMakeCache.txt ]; then cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_args; fi
 
 fuzz: fuzz-build
-	tests/fuzz/run.sh $(FUZZ_BUILD) 60
+	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECS)
 
 bench: all
 	$(BUILD)/bin/epcomm launch -n $(RANKS) $(BUILD)/bin/epcomm bench
+
+# The library, header, CLI, rulebook, epcomm.pc and CMake package under $(PREFIX).
+install: all
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

@@ -1,4 +1,4 @@
-/* GPU benchmark of normal mode (issue 6, item 6), run under `epcomm launch -n R`:
+/* GPU benchmark of normal mode (`epcomm bench --backend cuda`), run under `epcomm launch -n R`:
  *   cuda_bench [--tokens 4096] [--hidden 7168] [--topk 8] [--experts 256] [--sms S] [--iters 30]
  * DeepEP's sizes and method: random routing (topk distinct experts per token), time = mean of
  * `iters` calls after warm-up, each bracketed by CUDA events, the slowest rank's mean reported.
@@ -198,17 +198,14 @@ typedef struct {
   void *recv_x;       /* caller's outputs (NULL: views) */
   float *recv_sc;
   int cap;
-  ep_handle_t *keep;  /* receives the handle of the call (else not kept) */
-  ep_dispatch_args_t last;
+  ep_handle_t *keep;  /* receives the handle of the call (else it is destroyed at once) */
+  ep_dispatch_out_t last;
 } dctx_t;
 
 static void op_dispatch(bench_t *b, void *p) {
   dctx_t *c = (dctx_t *)p;
   const opts_t *o = &b->o;
-  int nr;
-  ep_dispatch_args_t a;
-  memset(&a, 0, sizeof a);
-  a.size = sizeof a;
+  ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
   a.dtype = c->dtype;
   a.x = c->dtype == EP_DTYPE_BF16 ? b->x16 : b->x8;
   a.x_scales = c->dtype == EP_DTYPE_BF16 ? NULL : b->sc;
@@ -216,11 +213,17 @@ static void op_dispatch(bench_t *b, void *p) {
   a.topk_idx = b->idx, a.topk = o->topk, a.num_experts = o->E;
   a.cached = c->cached;
   a.stream = b->st;
-  a.recv_x = c->recv_x, a.recv_x_scales = c->recv_sc, a.recv_capacity = c->cap;
-  a.num_recv_tokens = &nr;
-  a.handle = c->cached ? NULL : c->keep;
-  EP(ep_dispatch(c->buf, &a));
-  c->last = a;
+  ep_dispatch_out_t out = EP_DISPATCH_OUT_INIT;
+  if (c->recv_x) {
+    out.mode = EP_OUTPUT_CALLER, out.capacity = c->cap;
+    out.recv_x = c->recv_x, out.recv_x_scales = c->recv_sc;
+  } else {
+    out.mode = EP_OUTPUT_VIEWS;
+  }
+  EP(ep_dispatch(c->buf, &a, &out));
+  if (c->keep && !c->cached) *c->keep = out.handle;
+  else EP(ep_handle_destroy(out.handle)); /* NULL after a cached dispatch: a no-op */
+  c->last = out;
 }
 
 typedef struct {
@@ -402,7 +405,8 @@ static void report(bench_t *b, const row_t *rows, int n, double ceiling, double 
          base8 / rows[2].t);
 }
 
-/* DeepEP V1 intranode on this machine (issue 6): R -> fp8 dispatch, bf16 dispatch, combine. */
+/* DeepEP V1 intranode, measured on this machine (docs/PERFORMANCE.md): R -> fp8 dispatch, bf16
+ * dispatch, combine. */
 static void deepep(int R, int sms, double *v) {
   v[0] = v[1] = v[2] = 0;
   if (R == 2 && sms == 24) v[0] = 298, v[1] = 411, v[2] = 480;

@@ -1,5 +1,6 @@
 /*
- * epcomm-bench-mpi: the dispatch/combine a CPU user would write without epcomm, on MPI (SPEC §9),
+ * epcomm-bench-mpi: the dispatch/combine a CPU user would write without epcomm, on MPI
+ * (docs/SEMANTICS.md §9),
  * with the same options, data and checks as `epcomm bench` (tools/bench_common.c).
  *
  * dispatch: route (which ranks each token goes to, once per rank), count exchange
@@ -9,7 +10,7 @@
  *   metadata (local expert ids, weights, tokens per expert). The rows land grouped by source rank
  *   in token order: epcomm's layout, no further permutation.
  * combine: MPI_Alltoallv of the expert outputs back, then per token the sum in fp32 of its rows in
- *   ascending rank order, rounded once to bf16 (SPEC §3).
+ *   ascending rank order, rounded once to bf16 (docs/SEMANTICS.md §4.2).
  *
  * Built with -O3 -march=native (see bench/CMakeLists.txt) so that its plain reduction loops
  * vectorise for this machine, as a tuned user's would: the comparison is about moving data, not

@@ -1,5 +1,5 @@
 # CUDA backend: host side in C (src/cuda/*.c), kernels in CUDA C (src/cuda/kernels/*.cu).
-# The core never knows whether it was built; ep_backend_cuda() returns NULL when it was not.
+# The core never knows whether it was built: the generated backend table lists it or not.
 #
 # Linking: only the CUDA runtime, statically (CUDA::cudart_static). It loads the driver
 # (libcuda.so.1) when first used, so a CPU-only machine links and runs everything, and a CUDA
@@ -16,8 +16,8 @@ if(NOT EP_CUDA STREQUAL "OFF")
   endif()
 endif()
 
-# Without CUDA, a stub makes ep_backend_cuda() return NULL (and buffers say "not built").
-set(EP_CUDA_HOST_SRC ${CMAKE_SOURCE_DIR}/src/cuda/absent/cuda_absent.c)
+# Without CUDA the backend table (src/core/backends.c.in) simply does not list it.
+set(EP_CUDA_HOST_SRC "")
 if(EP_HAVE_CUDA)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES 90)
@@ -26,10 +26,6 @@ if(EP_HAVE_CUDA)
   find_package(CUDAToolkit REQUIRED)
   file(GLOB EP_CUDA_HOST_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/*.c)
   file(GLOB EP_CUDA_KERNEL_SRC CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/cuda/kernels/*.cu)
-  if(NOT EP_CUDA_HOST_SRC)  # backend sources not there yet
-    set(EP_HAVE_CUDA OFF)
-    set(EP_CUDA_HOST_SRC ${CMAKE_SOURCE_DIR}/src/cuda/absent/cuda_absent.c)
-  endif()
 endif()
 message(STATUS "epcomm: CUDA backend ${EP_HAVE_CUDA}")
 
@@ -61,7 +57,9 @@ function(ep_cuda_link target)
     if(type STREQUAL "SHARED_LIBRARY")
       target_link_libraries(${target} PRIVATE CUDA::cudart_static)
     else()
-      target_link_libraries(${target} PUBLIC CUDA::cudart_static)
+      # Its users may link with a C linker: the kernels' host stubs (compiled by nvcc's host
+      # compiler, g++) also need the C++ runtime.
+      target_link_libraries(${target} PUBLIC CUDA::cudart_static stdc++)
     endif()
   endif()
 endfunction()

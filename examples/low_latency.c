@@ -40,26 +40,26 @@ int main(void) {
       w[t * TOPK + k] = 1.0f / TOPK;
     }
 
-  ep_handle_t h;
-  ep_ll_dispatch_args_t d = {.size = sizeof d, .x = x, .num_tokens = n, .topk_idx = idx,
-                             .topk = TOPK, .two_phase = 1, .handle = &h};
-  CHECK(ep_ll_dispatch(buf, &d)); /* sends this rank's rows and returns */
+  ep_ll_handle_t h;
+  ep_ll_dispatch_args_t d = EP_LL_DISPATCH_ARGS_INIT;
+  d.x = x, d.num_tokens = n, d.topk_idx = idx, d.topk = TOPK, d.two_phase = 1;
+  CHECK(ep_ll_dispatch(buf, &d, &h)); /* sends this rank's rows and returns */
   /* ... other work here: epcomm does nothing in between (no thread, no spinning) ... */
   CHECK(ep_ll_recv(buf, h)); /* every row for this rank's experts has arrived */
 
-  ep_ll_recv_view_t v = {.size = sizeof v};
+  ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
   CHECK(ep_ll_get_recv_view(h, &v));
   for (int l = 0; l < v.num_local_experts; l++) { /* expert l: rows 0 .. recv_count[l] */
     uint16_t *rows = (uint16_t *)v.recv_x + (size_t)l * v.max_rows * H;
     for (int i = 0; i < v.recv_count[l] * H; i++) rows[i] = 0x4000; /* the "expert": 2.0 */
   }
-  ep_ll_combine_args_t c = {.size = sizeof c, .handle = h, .y = v.recv_x, .topk_idx = idx,
-                            .topk_weights = w, .out = out};
+  ep_ll_combine_args_t c = EP_LL_COMBINE_ARGS_INIT;
+  c.handle = h, c.y = v.recv_x, c.topk_idx = idx, c.topk_weights = w, c.out = out;
   CHECK(ep_ll_combine(buf, &c)); /* one phase: out[t] = sum_k w[t][k] * y(t, k) */
   int bad = 0;
   for (int i = 0; i < n * H; i++) bad += out[i] != 0x4000;
 
-  CHECK(ep_handle_destroy(h)); /* gives the result slot back */
+  CHECK(ep_ll_handle_destroy(h)); /* gives the result slot back */
   CHECK(ep_buffer_destroy(buf));
   CHECK(ep_group_destroy(group));
   if (rank == 0) printf("rank 0: %d tokens combined, %d values differ from 2.0\n", n, bad);

@@ -30,18 +30,21 @@ int main(void) {
   for (int i = 0; i < n * hidden; i++) x[i] = 0x3f80; /* bf16 1.0 */
   for (int i = 0; i < n * topk; i++) topk_idx[i] = (rank + i * 3) % E;
 
-  int nr;
-  ep_handle_t h;
-  ep_dispatch_args_t d = {.size = sizeof d, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = n,
-                          .hidden = hidden, .topk_idx = topk_idx, .topk = topk,
-                          .num_experts = E, .recv_x = recv_x, .recv_capacity = cap,
-                          .num_recv_tokens = &nr, .handle = &h};
-  CHECK(ep_dispatch(buf, &d));
+  /* Inputs: x [n][hidden] bf16, topk_idx [n][topk] int64 (-1 = unused slot). */
+  ep_dispatch_args_t d = EP_DISPATCH_ARGS_INIT;
+  d.x = x, d.dtype = EP_DTYPE_BF16, d.num_tokens = n, d.hidden = hidden;
+  d.topk_idx = topk_idx, d.topk = topk, d.num_experts = E;
+  /* Outputs: the received rows go into our array of `cap` rows. */
+  ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
+  o.mode = EP_OUTPUT_CALLER, o.recv_x = recv_x, o.capacity = cap;
+  CHECK(ep_dispatch(buf, &d, &o));
+  int nr = o.num_recv_tokens;
   for (int i = 0; i < nr * hidden; i++) y[i] = 0x4000; /* the "expert": every value becomes 2.0 */
-  ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = y, .out = out};
+  ep_combine_args_t c = EP_COMBINE_ARGS_INIT;
+  c.handle = o.handle, c.x = y, c.out = out;
   CHECK(ep_combine(buf, &c)); /* out[t] = 2.0 x (number of ranks token t went to) */
 
-  CHECK(ep_handle_destroy(h)); /* destroy in reverse order of creation */
+  CHECK(ep_handle_destroy(o.handle)); /* destroy in reverse order of creation */
   CHECK(ep_buffer_destroy(buf));
   CHECK(ep_group_destroy(group));
   if (rank == 0) printf("rank 0 received %d tokens; out[0][0] = 0x%04x\n", nr, out[0]);

@@ -5,7 +5,8 @@
  *
  *     ep_group_t  (the ranks of one job, bootstrap)
  *       └─ ep_buffer_t  (registered communication memory of this rank, mapped by peers)
- *            └─ ep_handle_t  (layout of one dispatch, consumed by combine / cached dispatch)
+ *            ├─ ep_handle_t     (layout of one normal dispatch: combine, cached dispatch)
+ *            └─ ep_ll_handle_t  (one low-latency result slot: its view, its combine)
  *
  * Create top-down, destroy bottom-up. Every create has exactly one destroy that frees what it
  * made. Handles are opaque identifiers, not addresses: using or destroying an object twice is
@@ -66,7 +67,7 @@ extern "C" {
 
 /* ---------------------------------------------------------------- version */
 #define EP_VERSION_MAJOR 0
-#define EP_VERSION_MINOR 1
+#define EP_VERSION_MINOR 2
 #define EP_VERSION_PATCH 0
 #define EP_VERSION_CODE (EP_VERSION_MAJOR * 10000 + EP_VERSION_MINOR * 100 + EP_VERSION_PATCH)
 
@@ -112,6 +113,17 @@ EP_API const char *ep_status_string(ep_status_t s); /* "deadline passed while wa
 /* Message of the last failing epcomm call on this thread ("" if none): successful calls leave it
  * alone (like errno). Valid until the next failing epcomm call on this thread. */
 EP_API const char *ep_last_error(void);
+
+/* ---------------------------------------------------------------- call arguments
+ * Every call takes a versioned args struct: set `size` with the struct's _INIT macro, then the
+ * fields you need; fields left at zero take their documented defaults. A size this library does
+ * not know is EP_ERR_CONFIG. Args structs are inputs (const); results come back through a
+ * separate output struct or out-parameter. */
+#ifdef __cplusplus
+#define EP_ARGS_INIT_(T) {sizeof(T)}
+#else
+#define EP_ARGS_INIT_(T) {.size = sizeof(T)}
+#endif
 
 /* ---------------------------------------------------------------- types */
 typedef struct ep_group_s *ep_group_t;
@@ -238,122 +250,196 @@ EP_API ep_status_t ep_buffer_release(ep_buffer_t buf);
 /* Last failure recorded on this buffer ("op: phase: message (peer rank r, STATUS)"); "" if none.
  * Thread safe; the string is a per-thread copy. */
 EP_API const char *ep_buffer_last_error(ep_buffer_t buf);
-EP_API ep_status_t ep_buffer_backend(ep_buffer_t buf, ep_backend_t *backend);
 
-/* ---------------------------------------------------------------- layout
- * Local. topk_idx[num_tokens][topk] int64, -1 = unused slot. Outputs (each may be NULL):
- * tokens_per_rank[R] int32, tokens_per_expert[E] int32, is_token_in_rank[num_tokens][R] uint8.
- * Ids < -1 or >= num_experts: EP_ERR_OUT_OF_RANGE naming the first offending slot.
- * On the CUDA backend pointers are device pointers and the call is ordered on `stream`; it waits
- * for its (small) kernel so that it can report a bad id, except during a graph capture, where
- * a bad id leaves the outputs untouched and is not reported. */
-EP_API ep_status_t ep_get_dispatch_layout(ep_buffer_t buf, const int64_t *topk_idx, int num_tokens,
-                                   int topk, int num_experts, int32_t *tokens_per_rank,
-                                   int32_t *tokens_per_expert, uint8_t *is_token_in_rank,
-                                   void *stream);
+/* Local, thread safe. 1 when the backend is built into this library and can create buffers
+ * here (CUDA: a driver and a device); else 0, and ep_last_error() says why. */
+EP_API int ep_backend_available(ep_backend_t backend);
+
+/* What a buffer can do, and how long the memory it hands out stays valid. */
+typedef enum {
+  EP_CAP_DISPATCH_VIEWS = 1u << 0, /* ep_dispatch with EP_OUTPUT_VIEWS */
+  EP_CAP_LOW_LATENCY = 1u << 1,    /* ep_ll_* (and the buffer was created with ll sizes) */
+  EP_CAP_DEVICE_MEMORY = 1u << 2,  /* tensors are device pointers, calls are ordered on `stream` */
+  EP_CAP_GRAPH_CAPTURE = 1u << 3,  /* calls that never wait on the host can be captured in a
+                                      CUDA graph (worst-case and cached dispatch, combine) */
+} ep_cap_t;
+
+typedef enum {
+  EP_LIFETIME_NONE = 0,          /* the buffer hands out no such memory */
+  EP_LIFETIME_NEXT_DISPATCH = 1, /* valid until the next ep_dispatch on the buffer */
+  EP_LIFETIME_HANDLE = 2,        /* valid until the handle that carries it is destroyed */
+} ep_lifetime_t;
+
+typedef struct {
+  size_t size;            /* in: sizeof(ep_buffer_info_t) */
+  ep_backend_t backend;   /* resolved: never EP_BACKEND_AUTO */
+  unsigned caps;          /* EP_CAP_* */
+  int rank, nranks;
+  ep_lifetime_t dispatch_view_lifetime; /* views of EP_OUTPUT_VIEWS */
+  ep_lifetime_t ll_view_lifetime;       /* ep_ll_get_recv_view */
+  size_t bytes;           /* what ep_buffer_size_hint says for this buffer */
+  ep_buffer_config_t config; /* resolved: defaults and environment applied */
+} ep_buffer_info_t;
+#define EP_BUFFER_INFO_INIT EP_ARGS_INIT_(ep_buffer_info_t)
+
+/* Local, thread safe. info->size must be set (EP_BUFFER_INFO_INIT). */
+EP_API ep_status_t ep_buffer_query(ep_buffer_t buf, ep_buffer_info_t *info);
+
+/* ---------------------------------------------------------------- layout */
+typedef struct {
+  size_t size;             /* sizeof(ep_layout_args_t): EP_LAYOUT_ARGS_INIT */
+  const int64_t *topk_idx; /* [num_tokens][topk] int64, -1 = unused slot */
+  int num_tokens;
+  int topk;
+  int num_experts;
+  void *stream;            /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY */
+  /* outputs, caller memory, each optional (NULL: not computed) */
+  int32_t *tokens_per_rank;   /* [R] tokens that go to each rank (once per rank) */
+  int32_t *tokens_per_expert; /* [E] selections of each expert */
+  uint8_t *is_token_in_rank;  /* [num_tokens][R] 0/1 */
+} ep_layout_args_t;
+#define EP_LAYOUT_ARGS_INIT EP_ARGS_INIT_(ep_layout_args_t)
+
+/* Local. Ids < -1 or >= num_experts: EP_ERR_OUT_OF_RANGE naming the first offending slot
+ * ("topk_idx[3][1]"), outputs untouched. On the CUDA backend the call is ordered on `stream`
+ * and waits for its (small) kernel so that it can report a bad id, except during a graph
+ * capture, where a bad id leaves the outputs untouched and is not reported. */
+EP_API ep_status_t ep_get_dispatch_layout(ep_buffer_t buf, const ep_layout_args_t *args);
 
 /* ---------------------------------------------------------------- normal dispatch
- * Output allocator for the synchronous path: called once the receive count is known, on the
- * calling thread, before any output is written. Return 0 and fill the non-NULL output pointers of
- * `args` (through `out`), or non-zero to fail the call (the data are then drained). */
-typedef struct ep_dispatch_args_s ep_dispatch_args_t;
-typedef int (*ep_alloc_fn)(void *ctx, int num_recv_tokens, ep_dispatch_args_t *out);
-
-struct ep_dispatch_args_s {
-  size_t size; /* sizeof(ep_dispatch_args_t) */
-  /* inputs */
+ * Inputs: one tensor of tokens x [num_tokens][hidden] (bf16, or fp8 e4m3 with float32 scales),
+ * each sent once to every rank that owns one of its topk experts (docs/SEMANTICS.md §3 has the
+ * exact order of the rows). */
+typedef struct {
+  size_t size;             /* sizeof(ep_dispatch_args_t): EP_DISPATCH_ARGS_INIT */
   const void *x;           /* [num_tokens][hidden] of dtype */
-  ep_dtype_t dtype;
+  ep_dtype_t dtype;        /* required: EP_DTYPE_BF16 or EP_DTYPE_FP8_E4M3 */
   int num_tokens;
   int hidden;
   const float *x_scales;   /* fp8 only: [num_tokens][num_scales], strides in elements */
-  int num_scales;          /* 0: hidden / 128 */
+  int num_scales;          /* 0: ceil(hidden / 128) */
   int64_t scale_token_stride;  /* 0: num_scales */
   int64_t scale_hidden_stride; /* 0: 1 */
-  const int64_t *topk_idx; /* [num_tokens][topk], -1 = unused */
-  const float *topk_weights; /* [num_tokens][topk] or NULL */
+  const int64_t *topk_idx;   /* [num_tokens][topk], -1 = unused; ignored in a cached dispatch */
+  const float *topk_weights; /* [num_tokens][topk] or NULL; ignored in a cached dispatch */
   int topk;
   int num_experts;
-  int expert_alignment;    /* 0 or 1: no rounding */
-  /* Fixed-size path: outputs hold worst_case_tokens rows, no host synchronisation; rows past the
-   * receive count have topk ids -1 and weights 0. 0: synchronous path.
-   * On the CUDA backend the count is not known on the host when the call returns:
-   * *num_recv_tokens (and ep_handle_num_recv_tokens) say -1; rank_prefix[R-1][rank] has it. */
-  int worst_case_tokens;
-  ep_handle_t cached;      /* non-NULL: resend new x along this handle's layout (no count exchange;
-                              topk_idx / topk_weights are ignored and not returned) */
-  void *stream;            /* cudaStream_t on the CUDA backend */
-  /* outputs (caller memory, or filled by alloc)
-   * Views (backends that have them: cuda): recv_x == NULL and no alloc. The call then sets
-   * recv_x, recv_x_scales (fp8), recv_topk_idx, recv_topk_weights (if topk_weights given; not
-   * for a cached dispatch) and recv_src_idx to arrays inside the buffer's receive area, where
-   * the senders wrote every row straight at its final place (no copy). They hold Nr rows
-   * (worst_case_tokens on that path), stay valid until the next ep_dispatch on this buffer, and
-   * may be written (a bf16 recv_x overwritten in place by the expert is a zero-copy combine
-   * input). Views need every row at once: more rows than the receive area holds is
-   * EP_ERR_TOO_LARGE. On the CPU backend recv_x == NULL without alloc is EP_ERR_NULL_ARG. */
-  void *recv_x;               /* [cap][hidden] */
-  float *recv_x_scales;       /* [cap][num_scales], fp8 only */
-  int64_t *recv_topk_idx;     /* [cap][topk], optional */
-  float *recv_topk_weights;   /* [cap][topk], optional */
-  int32_t *recv_src_idx;      /* [cap], optional */
-  int32_t *rank_prefix;       /* [R][R], optional: [i][j] = tokens ranks 0..i send to rank j */
-  int32_t *recv_tokens_per_expert; /* [E/R], optional */
-  int recv_capacity;          /* rows the outputs hold (synchronous path without alloc) */
-  ep_alloc_fn alloc;          /* optional, synchronous path */
-  void *alloc_ctx;
-  int *num_recv_tokens;       /* out: rows received */
-  ep_handle_t *handle;        /* out: layout for combine / cached dispatch (NULL: not kept) */
-};
+  int expert_alignment;    /* recv_tokens_per_expert rounded up to a multiple; 0 or 1: none */
+  /* Cached dispatch: resend new x (and scales) along the layout of an earlier dispatch of this
+   * buffer (no count exchange). num_tokens, hidden, dtype and num_scales must be those of that
+   * dispatch; routing and weights are taken from the handle and not returned again. */
+  ep_handle_t cached;
+  void *stream;            /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY */
+} ep_dispatch_args_t;
+#define EP_DISPATCH_ARGS_INIT EP_ARGS_INIT_(ep_dispatch_args_t)
 
-/* Collective (SPEC §3). Sends each token once to every rank that owns one of its experts; rows
- * arrive grouped by source rank, each source's rows in its token order, each at its final row.
- * Outputs are written only on success. Errors found on this rank before any data moves (the
- * peers' matching call then fails with EP_ERR_PEER_INVALID, the buffer stays usable):
- * EP_ERR_NULL_ARG / EP_ERR_INVALID_ARG / EP_ERR_OUT_OF_RANGE / EP_ERR_SHAPE / EP_ERR_TOO_LARGE /
- * EP_ERR_CONFIG, each naming the argument (an out-of-range expert id by its slot,
- * "topk_idx[3][1]"). Detected collectively, on every rank alike: EP_ERR_MISMATCH (hidden, dtype,
- * topk, num_experts, num_scales or weights differ across ranks: field and rank named),
- * EP_ERR_PEER_INVALID. After the count exchange: EP_ERR_TOO_LARGE when the receive count exceeds
- * recv_capacity / worst_case_tokens (the rows are drained, outputs untouched, the buffer stays
- * usable). EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED name the rank and break the buffer. */
-EP_API ep_status_t ep_dispatch(ep_buffer_t buf, ep_dispatch_args_t *args);
+/* Where the received rows go. The mode is required (0 is an error). */
+typedef enum {
+  /* Caller arrays of `capacity` rows. The call learns the receive count before returning (on the
+   * CUDA backend the host waits for the count exchange, unless worst_case is set); more rows
+   * than `capacity`: EP_ERR_TOO_LARGE on this rank, rows drained, outputs untouched. */
+  EP_OUTPUT_CALLER = 1,
+  /* The `alloc` callback is called once the receive count is known, on the calling thread,
+   * before any row is written; it sets the row arrays of `out` (they start NULL). `args` is the
+   * call's resolved copy: num_scales and the scale strides defaulted; for a cached dispatch topk
+   * and num_experts are the handle's and topk_idx / topk_weights are NULL. Non-zero from the
+   * callback, or a NULL recv_x for a non-zero count: EP_ERR_NO_MEMORY, rows drained. */
+  EP_OUTPUT_ALLOC = 2,
+  /* The row arrays are set by the call to memory inside the buffer, where the senders wrote each
+   * row at its final place (no copy); backends with EP_CAP_DISPATCH_VIEWS. Valid as the
+   * buffer's dispatch_view_lifetime says (EP_LIFETIME_NEXT_DISPATCH), and writable: a bf16
+   * recv_x overwritten in place by the experts is a combine input that is not copied again. */
+  EP_OUTPUT_VIEWS = 3,
+} ep_output_mode_t;
+
+typedef struct ep_dispatch_out_s ep_dispatch_out_t;
+typedef int (*ep_alloc_fn)(void *ctx, const ep_dispatch_args_t *args, int num_recv_tokens,
+                           ep_dispatch_out_t *out);
+
+struct ep_dispatch_out_s {
+  size_t size;             /* sizeof(ep_dispatch_out_t): EP_DISPATCH_OUT_INIT */
+  ep_output_mode_t mode;   /* required */
+  /* Worst-case form (CALLER or VIEWS): the outputs always hold `capacity` rows and the call
+   * never waits on the host (capturable in a CUDA graph); rows past the receive count have topk
+   * ids -1, weights 0 and source index -1. On backends with device memory the count is then not
+   * known on return: num_recv_tokens says -1 and rank_prefix[R-1][rank] has it. */
+  int worst_case;
+  int capacity;            /* rows of the caller's arrays (CALLER), or worst-case rows */
+  ep_alloc_fn alloc;       /* EP_OUTPUT_ALLOC */
+  void *alloc_ctx;
+  /* Row arrays: given by the caller (CALLER: recv_x required, the others optional, NULL = not
+   * wanted), set by alloc (ALLOC), or set by the call (VIEWS: all of them, recv_x_scales for
+   * fp8, recv_topk_idx and recv_topk_weights for a non-cached dispatch with weights). */
+  void *recv_x;               /* [rows][hidden] of dtype */
+  float *recv_x_scales;       /* [rows][num_scales], fp8 only */
+  int64_t *recv_topk_idx;     /* [rows][topk]: local expert ids (0 .. E/R-1), -1 elsewhere */
+  float *recv_topk_weights;   /* [rows][topk] */
+  int32_t *recv_src_idx;      /* [rows]: the row's token index in its source rank */
+  /* Caller memory in every mode, optional */
+  int32_t *rank_prefix;       /* [R][R]: [i][j] = tokens ranks 0..i send to rank j */
+  int32_t *recv_tokens_per_expert; /* [E/R] (not for a cached dispatch) */
+  /* Results, written on success only */
+  int num_recv_tokens;        /* rows received; -1 when not known on return (see worst_case) */
+  ep_handle_t handle;         /* the dispatch's layout, for combine and cached dispatch. Every
+                                 non-cached dispatch makes one and the caller owns it: destroy it
+                                 (ep_handle_destroy) even when it is not used (on CUDA handles
+                                 hold device memory from a fixed arena). NULL after a cached
+                                 dispatch (the cached handle stays valid). */
+};
+#define EP_DISPATCH_OUT_INIT EP_ARGS_INIT_(ep_dispatch_out_t)
+
+/* Collective. Rows arrive grouped by source rank, each source's rows in its token order, each at
+ * its final row. Outputs and results are written only on success. Errors found on this rank
+ * before any data moves (the peers' matching call then fails with EP_ERR_PEER_INVALID, the
+ * buffer stays usable): EP_ERR_NULL_ARG / EP_ERR_INVALID_ARG / EP_ERR_OUT_OF_RANGE /
+ * EP_ERR_SHAPE / EP_ERR_TOO_LARGE / EP_ERR_CONFIG, each naming the argument (an out-of-range
+ * expert id by its slot, "topk_idx[3][1]"). Detected collectively, on every rank alike:
+ * EP_ERR_MISMATCH (hidden, dtype, topk, num_experts, num_scales or weights differ across ranks:
+ * field and rank named), EP_ERR_PEER_INVALID. After the count exchange: EP_ERR_TOO_LARGE when
+ * the rows exceed `capacity` (drained, outputs untouched, the buffer stays usable).
+ * EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED name the rank and break the buffer. */
+EP_API ep_status_t ep_dispatch(ep_buffer_t buf, const ep_dispatch_args_t *args,
+                               ep_dispatch_out_t *out);
 
 /* ---------------------------------------------------------------- normal combine */
 typedef struct {
-  size_t size; /* sizeof(ep_combine_args_t) */
-  ep_handle_t handle;       /* from this rank's matching dispatch */
-  const void *x;            /* bf16 [num_recv_tokens][hidden] (row order of the dispatch output);
-                               CUDA: when x lies in the buffer's receive area (a bf16 dispatch
-                               view written in place), peers read it where it is; otherwise it
-                               is first copied into the buffer (one more pass over the rows) */
-  const float *topk_weights; /* [num_recv_tokens][topk] or NULL */
-  const void *bias[2];      /* bf16 [num_tokens][hidden] each, or NULL */
+  size_t size; /* sizeof(ep_combine_args_t): EP_COMBINE_ARGS_INIT */
+  ep_handle_t handle;        /* from this rank's matching (non-cached) dispatch */
+  const void *x;             /* bf16 [rows][hidden] in the row order of the dispatch output;
+                                CUDA: when x lies in the buffer's receive area (a bf16 dispatch
+                                view written in place), peers read it where it is; otherwise it
+                                is first copied into the buffer (one more pass over the rows) */
+  const float *topk_weights; /* [rows][topk] or NULL */
+  const void *bias[2];       /* bf16 [num_tokens][hidden] each, or NULL */
   void *stream;
+  /* outputs, caller memory */
   void *out;                 /* bf16 [num_tokens][hidden] */
   float *out_topk_weights;   /* [num_tokens][topk], required iff topk_weights given */
 } ep_combine_args_t;
+#define EP_COMBINE_ARGS_INIT EP_ARGS_INIT_(ep_combine_args_t)
 
-/* Collective. out[t] = bf16(bias0[t] + bias1[t] + sum over ranks r (ascending) of x rows of t),
- * accumulated in fp32 and rounded once (nearest even); a token sent nowhere gets its biases (or
- * zeros). out_topk_weights[t] = the sum, in the same order, of the topk_weights rows of t.
- * Errors as for ep_dispatch; EP_ERR_INVALID_ARG / EP_ERR_DESTROYED for a handle that is not a
- * live normal-mode handle of this buffer. */
+/* Collective (docs/SEMANTICS.md §4.2). out[t] = bf16(bias0[t] + bias1[t] + sum over ranks r
+ * (ascending) of the x rows of
+ * token t), accumulated in fp32 and rounded once (nearest even); a token sent nowhere gets its
+ * biases (or zeros). out_topk_weights[t] = the sum, in the same order, of the topk_weights rows
+ * of t. Errors as for ep_dispatch; EP_ERR_INVALID_ARG / EP_ERR_DESTROYED for a handle that is
+ * not a live handle of this buffer. */
 EP_API ep_status_t ep_combine(ep_buffer_t buf, const ep_combine_args_t *args);
 
-/* Handle queries and destroy (local, thread safe). Destroying a low-latency handle while a call
- * is in flight on its buffer returns EP_ERR_BUSY. */
+/* Handle queries and destroy (local, thread safe). */
 EP_API ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens);
 EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
 
 /* ---------------------------------------------------------------- low-latency mode
- * SPEC.md §4; docs/LOW_LATENCY.md has an example. Shapes are fixed at buffer creation (T =
- * ll_max_tokens, H = ll_hidden, E = ll_num_experts, K = ll_max_topk; L = E/R local experts).
+ * docs/LOW_LATENCY.md (with an example) and docs/SEMANTICS.md §6. Shapes are fixed at buffer
+ * creation (T = ll_max_tokens, H = ll_hidden, E = ll_num_experts, K = ll_max_topk; L = E/R local
+ * experts).
  *
  * Results live in the buffer (zero copy: senders write rows straight into the receiver's slab)
- * and are double-buffered: each ll_dispatch takes one of two result slots and its handle keeps
- * it until ep_handle_destroy. With two low-latency handles alive, the next ep_ll_dispatch returns
- * EP_ERR_BUSY (and the peers' matching call EP_ERR_PEER_INVALID); nothing is overwritten.
+ * and are double-buffered: each ep_ll_dispatch takes one of two result slots and its handle
+ * (an ep_ll_handle_t, distinct from normal mode's) keeps it until ep_ll_handle_destroy. With two
+ * low-latency handles alive, the next ep_ll_dispatch returns EP_ERR_BUSY (and the peers'
+ * matching call EP_ERR_PEER_INVALID); nothing is overwritten.
  *
  * Every ll call (ep_ll_dispatch, ep_ll_combine) is collective: all ranks make the same sequence
  * of them on a buffer. Normal-mode calls may be interleaved freely (separate memory and signals).
@@ -367,8 +453,10 @@ EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
  * entering the same call (their counts fix where this rank's rows go; their entry says their
  * result slot is free). The send phase of a combine never waits. two_phase = 0 does both phases
  * in one call. */
+typedef struct ep_ll_handle_s *ep_ll_handle_t;
+
 typedef struct {
-  size_t size; /* sizeof(ep_ll_dispatch_args_t) */
+  size_t size; /* sizeof(ep_ll_dispatch_args_t): EP_LL_DISPATCH_ARGS_INIT */
   const void *x;           /* bf16 [num_tokens][H] */
   int num_tokens;          /* 0 <= num_tokens <= T; may differ across ranks */
   const int64_t *topk_idx; /* [num_tokens][topk]: expert ids in [0, E), or -1 (slot unused);
@@ -377,16 +465,17 @@ typedef struct {
   int use_fp8;     /* cast rows to fp8 e4m3 with one float32 scale per 128 channels (H % 128 == 0) */
   int round_scale; /* fp8 scales are powers of two (requires use_fp8) */
   int use_ue8m0;   /* store only the scales' exponent bytes (requires round_scale) */
-  int two_phase;   /* 1: only send; complete with ep_ll_recv(buf, *handle) */
-  void *stream;    /* cudaStream_t on the CUDA backend; ignored on the CPU backend */
-  ep_handle_t *handle; /* out, required: the result slot, the view, the layout for combine */
+  int two_phase;   /* 1: only send; complete with ep_ll_recv(buf, handle) */
+  void *stream;    /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY */
 } ep_ll_dispatch_args_t;
+#define EP_LL_DISPATCH_ARGS_INIT EP_ARGS_INIT_(ep_ll_dispatch_args_t)
 
-/* What a dispatch delivered to this rank: pointers into the buffer, valid until the handle (or
- * the buffer) is destroyed. Rows of local expert l are ordered by source rank, then by the
- * source's token order; rows past recv_count[l] are unspecified. */
+/* What a dispatch delivered to this rank: pointers into the buffer, valid as the buffer's
+ * ll_view_lifetime says (EP_LIFETIME_HANDLE: until the handle, or the buffer, is destroyed).
+ * Rows of local expert l are ordered by source rank, then by the source's token order; rows
+ * past recv_count[l] are unspecified. */
 typedef struct {
-  size_t size;               /* in: sizeof(ep_ll_recv_view_t) */
+  size_t size;               /* in: sizeof(ep_ll_recv_view_t): EP_LL_RECV_VIEW_INIT */
   int num_local_experts;     /* L = E/R */
   int max_rows;              /* R*T row slots per local expert */
   int hidden;                /* H */
@@ -399,29 +488,31 @@ typedef struct {
   const int32_t *recv_src_info;     /* [L][R*T] the row's token index in its source rank */
   const int64_t *recv_layout_range; /* [L][R]: (begin << 32) | count of the rows from rank r */
 } ep_ll_recv_view_t;
+#define EP_LL_RECV_VIEW_INIT EP_ARGS_INIT_(ep_ll_recv_view_t)
 
 /* Collective. Sends one row per (token, selected expert) to the rank that owns the expert; with
- * two_phase = 0 also waits for this rank's rows. Returns a handle (*args->handle) on success.
+ * two_phase = 0 also waits for this rank's rows. Sets *handle on success.
  * Errors (nothing written, peers fail with EP_ERR_PEER_INVALID): EP_ERR_NULL_ARG, EP_ERR_TOO_LARGE
  * (num_tokens > T, topk > K), EP_ERR_OUT_OF_RANGE (an expert id < -1 or >= E), EP_ERR_INVALID_ARG
  * (an expert twice in one token; flags; low-latency mode disabled), EP_ERR_SHAPE (fp8 with
  * H % 128 != 0), EP_ERR_BUSY (two ll handles alive), EP_ERR_MISMATCH (topk or fp8 flags differ
  * across ranks). Waits: EP_ERR_TIMEOUT, EP_ERR_PEER_FAILED (the buffer is then broken). */
-EP_API ep_status_t ep_ll_dispatch(ep_buffer_t buf, const ep_ll_dispatch_args_t *args);
+EP_API ep_status_t ep_ll_dispatch(ep_buffer_t buf, const ep_ll_dispatch_args_t *args,
+                                  ep_ll_handle_t *handle);
 
 /* Completes the receive phase of the two-phase call last made with `handle` (dispatch: this
  * rank's rows have all arrived, the view is ready; combine: `out` is written). Waits, bounded by
  * the deadline, only for the peers' send phases of that call. EP_ERR_INVALID_ARG when the
  * handle has nothing to receive. */
-EP_API ep_status_t ep_ll_recv(ep_buffer_t buf, ep_handle_t handle);
+EP_API ep_status_t ep_ll_recv(ep_buffer_t buf, ep_ll_handle_t handle);
 
 /* Local. The receive side of a completed dispatch. view->size must be set. EP_ERR_INVALID_ARG
  * before the receive is complete; EP_ERR_DESTROYED when the buffer is gone. */
-EP_API ep_status_t ep_ll_get_recv_view(ep_handle_t handle, ep_ll_recv_view_t *view);
+EP_API ep_status_t ep_ll_get_recv_view(ep_ll_handle_t handle, ep_ll_recv_view_t *view);
 
 typedef struct {
-  size_t size; /* sizeof(ep_ll_combine_args_t) */
-  ep_handle_t handle;        /* from ep_ll_dispatch, receive complete; one combine per handle */
+  size_t size; /* sizeof(ep_ll_combine_args_t): EP_LL_COMBINE_ARGS_INIT */
+  ep_ll_handle_t handle;     /* from ep_ll_dispatch, receive complete; one combine per handle */
   const void *y;             /* bf16 [L][R*T][H] expert outputs in the view's row order (caller
                                 memory; may be the view's recv_x after a bf16 dispatch) */
   const int64_t *topk_idx;   /* [num_tokens][topk] of the dispatch; a slot may be set to -1 to
@@ -429,15 +520,25 @@ typedef struct {
   const float *topk_weights; /* [num_tokens][topk] */
   int two_phase;             /* 1: only send; ep_ll_recv(buf, handle) reduces into out */
   void *stream;
-  void *out;                 /* bf16 [num_tokens][H]; with two_phase, must stay valid until
-                                ep_ll_recv (topk_idx and topk_weights are copied at the call) */
+  void *out;                 /* output, caller memory: bf16 [num_tokens][H]; with two_phase it
+                                must stay valid until ep_ll_recv (topk_idx and topk_weights are
+                                copied at the call) */
 } ep_ll_combine_args_t;
+#define EP_LL_COMBINE_ARGS_INIT EP_ARGS_INIT_(ep_ll_combine_args_t)
 
-/* Collective. out[t] = bf16(acc), acc = 0.0f then, for k ascending with topk_idx[t][k] != -1,
- * acc = fmaf(float(y row of (t, k)), topk_weights[t][k], acc): one rounding per step, as the
- * fused multiply-add of DeepEP's kernel, and one rounding to bf16 (nearest even) at the end.
- * Each rank sends its y rows back to their source ranks; the source reduces. */
+/* Collective (docs/SEMANTICS.md §6.5). out[t] = bf16(acc), acc = 0.0f then, for k ascending
+ * with topk_idx[t][k] != -1, acc = fmaf(float(y row of (t, k)), topk_weights[t][k], acc): one
+ * rounding per step, as the fused multiply-add of DeepEP's kernel, and one rounding to bf16
+ * (nearest even) at the end. Each rank sends its y rows back to their source ranks; the source
+ * reduces. */
 EP_API ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *args);
+
+/* Local, thread safe: the number of rows the dispatch delivered to this rank (sum of
+ * recv_count), once its receive is complete. */
+EP_API ep_status_t ep_ll_handle_num_recv_tokens(ep_ll_handle_t h, int *num_recv_tokens);
+/* Local. Gives the handle's result slot back. EP_ERR_BUSY while a call on its buffer is in
+ * flight (the handle survives; retry once the call has returned). NULL is a no-op. */
+EP_API ep_status_t ep_ll_handle_destroy(ep_ll_handle_t h);
 
 #ifdef __cplusplus
 }

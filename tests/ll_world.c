@@ -109,7 +109,7 @@ void llw_gen(llw_round_t *rd, int R, int me, const llw_cfg_t *c, const llw_case_
 }
 
 void llw_free(llw_round_t *rd) {
-  if (rd->h) T_OK(ep_handle_destroy(rd->h));
+  if (rd->h) T_OK(ep_ll_handle_destroy(rd->h));
   for (int s = 0; s < rd->R; s++) {
     free(rd->x[s]), free(rd->idx[s]), free(rd->w[s]);
     ref_ll_free(&rd->ref[s]);
@@ -121,8 +121,7 @@ void llw_free(llw_round_t *rd) {
 /* ------------------------------------------------------------------ dispatch */
 
 void llw_args(llw_round_t *rd, ep_ll_dispatch_args_t *a) {
-  memset(a, 0, sizeof *a);
-  a->size = sizeof *a;
+  *a = (ep_ll_dispatch_args_t)EP_LL_DISPATCH_ARGS_INIT;
   a->x = rd->x[rd->me];
   a->num_tokens = rd->in[rd->me].n;
   a->topk_idx = rd->idx[rd->me];
@@ -131,15 +130,14 @@ void llw_args(llw_round_t *rd, ep_ll_dispatch_args_t *a) {
   a->round_scale = rd->k.fmt >= F_FP8_ROUND;
   a->use_ue8m0 = rd->k.fmt == F_FP8_UE8M0;
   a->two_phase = rd->k.two_phase;
-  a->handle = &rd->h;
 }
 
 void llw_dispatch(llw_round_t *rd, ep_buffer_t buf, llw_between_fn between, void *arg) {
   ep_ll_dispatch_args_t a;
   llw_args(rd, &a);
-  T_OK(ep_ll_dispatch(buf, &a));
+  T_OK(ep_ll_dispatch(buf, &a, &rd->h));
   if (rd->k.two_phase) {
-    ep_ll_recv_view_t v = {.size = sizeof v};
+    ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
     T_STATUS(EP_ERR_INVALID_ARG, ep_ll_get_recv_view(rd->h, &v)); /* not received yet */
     if (between) between(arg);
     T_OK(ep_ll_recv(buf, rd->h));
@@ -165,7 +163,7 @@ static void check_rows(const llw_round_t *rd, const ep_ll_recv_view_t *v, int l,
 }
 
 void llw_check_view(const llw_round_t *rd) {
-  ep_ll_recv_view_t v = {.size = sizeof v};
+  ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
   T_OK(ep_ll_get_recv_view(rd->h, &v));
   const ref_ll_recv_t *w = &rd->ref[rd->me];
   int L = rd->c.E / rd->R, fp8 = rd->k.fmt != F_BF16;
@@ -178,7 +176,7 @@ void llw_check_view(const llw_round_t *rd) {
   llw_cmp(v.recv_layout_range, w->layout_range, (size_t)L * rd->R * 8, "recv_layout_range");
   int total = 0, nr = -1;
   for (int l = 0; l < L; l++) check_rows(rd, &v, l, w->count[l]), total += w->count[l];
-  T_OK(ep_handle_num_recv_tokens(rd->h, &nr));
+  T_OK(ep_ll_handle_num_recv_tokens(rd->h, &nr));
   T_CHECK(nr == total, "num_recv_tokens %d, reference %d", nr, total);
 }
 
@@ -229,11 +227,11 @@ void llw_combine(llw_round_t *rd, ep_buffer_t buf, uint64_t seed, llw_between_fn
   for (int s = 0; s < rd->R; s++) y[s] = rd->k.in_place ? rd->ref[s].x : cb.y[s];
   T_CHECK(ref_ll_combine(rd->R, rd->c.T, rd->c.E, rd->c.H, rd->k.topk, cb.in, y, 1, cb.out) == 0,
           "reference ll combine");
-  ep_ll_recv_view_t v = {.size = sizeof v};
+  ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
   T_OK(ep_ll_get_recv_view(rd->h, &v));
   int n = rd->in[rd->me].n;
   uint16_t *got = t_xmalloc((size_t)n * rd->c.H * 2 + 2);
-  ep_ll_combine_args_t a = {.size = sizeof a};
+  ep_ll_combine_args_t a = EP_LL_COMBINE_ARGS_INIT;
   a.handle = rd->h, a.y = rd->k.in_place ? v.recv_x : cb.y[rd->me];
   a.topk_idx = cb.idx, a.topk_weights = rd->w[rd->me];
   a.two_phase = rd->k.two_phase, a.out = got;
@@ -257,14 +255,16 @@ void llw_normal_round(ep_buffer_t buf, int R, int me, uint64_t seed) {
   llw_gen(&rd, R, me, &c, &k, seed);
   ref_recv_t *rr = t_xmalloc(sizeof *rr * (size_t)R);
   T_CHECK(ref_dispatch(R, E, topk, (size_t)H * 2, 0, 1, rd.in, rr) == 0, "reference dispatch");
-  int n = rd.in[me].n, nr = -1, cap = rr[me].nr;
+  int n = rd.in[me].n, cap = rr[me].nr;
   void *rx = t_xmalloc((size_t)cap * H * 2 + 2);
-  ep_handle_t h = NULL;
-  ep_dispatch_args_t a = {.size = sizeof a};
+  ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
   a.x = rd.x[me], a.dtype = EP_DTYPE_BF16, a.num_tokens = n, a.hidden = H;
   a.topk_idx = rd.idx[me], a.topk = topk, a.num_experts = E;
-  a.recv_x = rx, a.recv_capacity = cap, a.num_recv_tokens = &nr, a.handle = &h;
-  T_OK(ep_dispatch(buf, &a));
+  ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
+  o.mode = EP_OUTPUT_CALLER, o.recv_x = rx, o.capacity = cap;
+  T_OK(ep_dispatch(buf, &a, &o));
+  int nr = o.num_recv_tokens;
+  ep_handle_t h = o.handle;
   T_CHECK(nr == cap, "normal dispatch in between: %d rows, reference %d", nr, cap);
   llw_cmp(rx, rr[me].x, (size_t)nr * H * 2, "normal-mode recv_x in between");
   uint16_t **want = t_xmalloc(sizeof *want * (size_t)R), *got = t_xmalloc((size_t)n * H * 2 + 2);
@@ -272,7 +272,7 @@ void llw_normal_round(ep_buffer_t buf, int R, int me, uint64_t seed) {
   for (int s = 0; s < R; s++)
     want[s] = t_xmalloc((size_t)rd.in[s].n * H * 2 + 2), y[s] = (const uint16_t *)rr[s].x;
   T_CHECK(ref_combine(R, H, topk, rd.in, rr, y, NULL, NULL, NULL, want, NULL) == 0, "ref combine");
-  ep_combine_args_t ca = {.size = sizeof ca};
+  ep_combine_args_t ca = EP_COMBINE_ARGS_INIT;
   ca.handle = h, ca.x = rx, ca.out = got;
   T_OK(ep_combine(buf, &ca));
   llw_cmp(got, want[me], (size_t)n * H * 2, "normal-mode combine in between");

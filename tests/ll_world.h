@@ -31,7 +31,7 @@ typedef struct {
   int64_t **idx;
   float **w;
   ref_ll_recv_t *ref;   /* [R] */
-  ep_handle_t h;        /* this rank's handle, NULL before the dispatch / after destroy */
+  ep_ll_handle_t h;     /* this rank's handle, NULL before the dispatch / after destroy */
 } llw_round_t;
 
 /* Work done between the two phases of a two-phase call (collective when it uses the group). */
@@ -43,7 +43,8 @@ void llw_buffer(ep_group_t g, const llw_cfg_t *c, ep_buffer_t *buf);
 void llw_gen(llw_round_t *rd, int R, int me, const llw_cfg_t *c, const llw_case_t *k,
              uint64_t seed);
 void llw_free(llw_round_t *rd); /* destroys the handle too */
-/* This rank's (valid) arguments of the round's dispatch. */
+/* This rank's (valid) arguments of the round's dispatch (the handle is ep_ll_dispatch's
+ * third argument: &rd->h). */
 void llw_args(llw_round_t *rd, ep_ll_dispatch_args_t *a);
 /* Dispatch (and, two-phase, `between` then ep_ll_recv), then check the view. */
 void llw_dispatch(llw_round_t *rd, ep_buffer_t buf, llw_between_fn between, void *arg);

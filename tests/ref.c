@@ -1,4 +1,4 @@
-/* Reference implementation of SPEC.md §2-4; see ref.h. Simplicity over speed. */
+/* Reference implementation of docs/SEMANTICS.md §2-6; see ref.h. Simplicity over speed. */
 #include "ref.h"
 
 #include <math.h>
@@ -83,7 +83,7 @@ static int ids_valid(const int64_t *ids, size_t count, int E) {
   return 1;
 }
 
-/* ------------------------------------------------------------------ SPEC §2 layout */
+/* ------------------------------------------------------------ SEMANTICS.md §2 layout */
 
 int ref_layout(const int64_t *topk_idx, int n, int topk, int E, int R, int32_t *tokens_per_rank,
                int32_t *tokens_per_expert, uint8_t *is_token_in_rank) {
@@ -107,7 +107,7 @@ int ref_layout(const int64_t *topk_idx, int n, int topk, int E, int R, int32_t *
   return 0;
 }
 
-/* ------------------------------------------------------------------ SPEC §3 normal mode */
+/* ------------------------------------------------------ SEMANTICS.md §3-4 normal mode */
 
 void ref_free_recv(ref_recv_t *r) {
   if (!r) return;
@@ -259,7 +259,7 @@ bad:
   return -1;
 }
 
-/* ------------------------------------------------------------------ SPEC §4 low-latency mode */
+/* ------------------------------------------------ SEMANTICS.md §5-6 low-latency mode */
 
 static const float REF_INV448 = 1.0f / 448.0f; /* the float constant 1/448 */
 

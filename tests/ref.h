@@ -1,8 +1,9 @@
 /*
- * Reference implementation of SPEC.md §2-4 for the tests: single process, all R ranks simulated at
- * once, written to be obviously correct rather than fast. No dependency on the library.
+ * Reference implementation of docs/SEMANTICS.md §2-6 for the tests: single process, all R ranks
+ * simulated at once, written to be obviously correct rather than fast. No dependency on the
+ * library.
  *
- * Arithmetic follows DeepEP's kernels (see SPEC.md and the notes at each function):
+ * Arithmetic follows DeepEP's kernels (SEMANTICS.md §4.2, §5, §6.5; notes at each function):
  *   - normal combine: acc = float(bias0) + float(bias1) (absent = +0), then += float(row) for the
  *     ranks the token went to in ascending rank order; one RNE rounding to bf16 at the end.
  *     Combined topk weights: 0.0f, then += w of each such rank, ascending.
@@ -29,7 +30,7 @@ float ref_bf16_to_f32(uint16_t b); /* exact */
 uint8_t ref_f32_to_e4m3(float f);
 float ref_e4m3_to_f32(uint8_t v); /* exact; 0x7f / 0xff -> NaN */
 
-/* ------------------------------------------------------------------ SPEC §2 layout */
+/* ------------------------------------------------------------ SEMANTICS.md §2 layout */
 
 /* topk_idx[n*topk], -1 = unused slot. Returns 0, or -1 if an id is < -1 or >= E or the shape is
  * bad (n < 0, topk < 0, R <= 0, E % R != 0); outputs are untouched then. Outputs may be NULL.
@@ -39,7 +40,7 @@ float ref_e4m3_to_f32(uint8_t v); /* exact; 0x7f / 0xff -> NaN */
 int ref_layout(const int64_t *topk_idx, int n, int topk, int E, int R, int32_t *tokens_per_rank,
                int32_t *tokens_per_expert, uint8_t *is_token_in_rank);
 
-/* ------------------------------------------------------------------ SPEC §3 normal mode */
+/* ------------------------------------------------------ SEMANTICS.md §3-4 normal mode */
 
 /* Inputs of one source rank s. */
 typedef struct {
@@ -81,7 +82,7 @@ int ref_combine(int R, int H, int topk, const ref_rank_input_t *in, const ref_re
                 const uint16_t *const *y, const float *const *w, const uint16_t *const *bias0,
                 const uint16_t *const *bias1, uint16_t **out, float **out_w);
 
-/* ------------------------------------------------------------------ SPEC §4 low-latency mode */
+/* ------------------------------------------------ SEMANTICS.md §5-6 low-latency mode */
 
 /* fp8 cast of one bf16 row of H values (H a multiple of 128), per block of 128 channels:
  *   amax = max(1e-4f, max |x|)   (NaN inputs, quiet or signaling, do not raise amax: CUDA's
@@ -96,7 +97,8 @@ void ref_ll_cast_row(const uint16_t *x, int H, int round_scale, int use_ue8m0, u
 
 /* Low-latency receive side of one rank; L = E/R local experts, each with R*T row slots. Rows of
  * local expert l: source rank ascending, then source token order (one row per (token, slot)
- * selecting the expert). Rows past count[l] are zero (src_info -1): SPEC leaves them unspecified. */
+ * selecting the expert). Rows past count[l] are zero (src_info -1): SEMANTICS.md §6.3 leaves them
+ * unspecified. */
 typedef struct {
   int L, RT, H;               /* local experts, rows per expert (R*T), hidden */
   int fp8, ue8m0;             /* format of the rows */

@@ -49,20 +49,22 @@ ep_status_t t_round(ep_buffer_t buf, int R, int me, uint64_t seed, long *wrong) 
   int cap = 0, nr = -1;
   for (int s = 0; s < R; s++) cap += in[s].n; /* every token could come here */
   uint16_t *rx = t_xmalloc((size_t)cap * H * 2), *got = t_xmalloc((size_t)in[me].n * H * 2 + 2);
-  ep_handle_t h = NULL;
-  ep_dispatch_args_t a = {.size = sizeof a, .x = in[me].x, .dtype = EP_DTYPE_BF16,
-                          .num_tokens = in[me].n, .hidden = H, .topk_idx = in[me].idx,
-                          .topk = K, .num_experts = E, .recv_x = rx, .recv_capacity = cap,
-                          .num_recv_tokens = &nr, .handle = &h};
-  ep_status_t st = ep_dispatch(buf, &a);
+  ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
+  a.x = in[me].x, a.dtype = EP_DTYPE_BF16, a.num_tokens = in[me].n, a.hidden = H;
+  a.topk_idx = in[me].idx, a.topk = K, a.num_experts = E;
+  ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
+  o.mode = EP_OUTPUT_CALLER, o.recv_x = rx, o.capacity = cap;
+  ep_status_t st = ep_dispatch(buf, &a, &o);
   *wrong = 0;
   if (!st) {
+    nr = o.num_recv_tokens;
     *wrong += nr != want[me].nr ? labs((long)nr - want[me].nr) + 1 : 0;
     if (nr == want[me].nr) *wrong += diff16(rx, y[me], (size_t)nr * H);
-    ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = rx, .out = got};
+    ep_combine_args_t c = EP_COMBINE_ARGS_INIT;
+    c.handle = o.handle, c.x = rx, c.out = got;
     st = ep_combine(buf, &c);
     if (!st) *wrong += diff16(got, out[me], (size_t)in[me].n * H);
-    T_OK(ep_handle_destroy(h));
+    T_OK(ep_handle_destroy(o.handle));
   }
   for (int s = 0; s < R; s++) free(in[s].x), free(in[s].idx), free(out[s]), ref_free_recv(&want[s]);
   free(in), free(ri), free(want), free(y), free(out), free(rx), free(got);

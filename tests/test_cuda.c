@@ -1,4 +1,5 @@
-/* CUDA backend only (SPEC §3, §5, §6 on the GPU); skipped with a visible reason without a GPU.
+/* CUDA backend only (SEMANTICS.md §3-4, §7, §8 on the GPU); skipped with a visible reason without
+ * a GPU.
  *   test_cuda graph N     worst-case dispatch + combine captured in a CUDA graph, replayed N times
  *                         with fresh inputs and routing, each replay checked against the reference
  *   test_cuda timeout     a peer that never calls: the synchronous dispatch returns
@@ -124,6 +125,13 @@ static int graph(int replays) {
   ep_buffer_config_t cfg = cuda_cfg(0);
   ep_buffer_t b;
   T_OK(ep_buffer_create(g, &cfg, &b));
+  ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
+  T_OK(ep_buffer_query(b, &info));
+  unsigned want = EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE;
+  T_CHECK(info.backend == EP_BACKEND_CUDA && (info.caps & want) == want &&
+              info.dispatch_view_lifetime == EP_LIFETIME_NEXT_DISPATCH,
+          "ep_buffer_query: backend %d, caps %#x, view lifetime %d", (int)info.backend, info.caps,
+          (int)info.dispatch_view_lifetime);
   gbufs_t d;
   d.x = t_dalloc(NMAX * H * 2), d.idx = t_dalloc(NMAX * TOPK * 8), d.w = t_dalloc(NMAX * TOPK * 4);
   d.rx = t_dalloc((size_t)in.wct * H * 2), d.ridx = t_dalloc((size_t)in.wct * TOPK * 8);
@@ -135,19 +143,22 @@ static int graph(int replays) {
   CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   /* The graph always sends NMAX tokens; routing rows past a rank's count are all -1. */
   make_inputs(&in, 0);
-  int nr;
-  ep_handle_t h;
   ep_dispatch_args_t a = {.size = sizeof a, .x = d.x, .dtype = EP_DTYPE_BF16, .num_tokens = NMAX,
                           .hidden = H, .topk_idx = d.idx, .topk_weights = d.w, .topk = TOPK,
-                          .num_experts = in.E, .worst_case_tokens = in.wct, .stream = st,
-                          .recv_x = d.rx, .recv_topk_idx = d.ridx, .recv_topk_weights = d.rw,
-                          .recv_src_idx = d.rsrc, .rank_prefix = d.prefix,
-                          .num_recv_tokens = &nr, .handle = &h};
+                          .num_experts = in.E, .stream = st};
+  /* Worst case: the outputs hold in.wct rows, no host wait (capturable). */
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .worst_case = 1,
+                         .capacity = in.wct, .recv_x = d.rx, .recv_topk_idx = d.ridx,
+                         .recv_topk_weights = d.rw, .recv_src_idx = d.rsrc,
+                         .rank_prefix = d.prefix};
   ep_combine_args_t c = {.size = sizeof c, .x = d.y, .stream = st, .out = d.out};
   cudaGraph_t gr;
   cudaGraphExec_t ge;
   CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  T_OK(ep_dispatch(b, &a));
+  T_OK(ep_dispatch(b, &a, &o));
+  T_CHECK(o.num_recv_tokens == -1, "worst-case dispatch: num_recv_tokens %d, expected -1 (not "
+          "known on the host)", o.num_recv_tokens);
+  ep_handle_t h = o.handle;
   c.handle = h;
   T_OK(ep_combine(b, &c));
   CU(cudaStreamEndCapture(st, &gr));
@@ -185,13 +196,12 @@ static void round_trip(ep_buffer_t b, int R, int me) {
   make_inputs(&in, 7);
   void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
   void *out = t_dalloc(NMAX * H * 2);
-  int nr;
-  ep_handle_t h;
   ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = in.n[me],
-                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E,
-                          .num_recv_tokens = &nr, .handle = &h};
-  T_OK(ep_dispatch(b, &a));
-  ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = a.recv_x, .out = out};
+                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E};
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_VIEWS};
+  T_OK(ep_dispatch(b, &a, &o));
+  ep_handle_t h = o.handle;
+  ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = o.recv_x, .out = out};
   T_OK(ep_combine(b, &c)); /* x = the rows as received: out = row * (ranks the token went to) */
   uint16_t *got = t_to_host(out, (size_t)in.n[me] * H * 2);
   for (int t = 0; t < in.n[me]; t++) {
@@ -233,20 +243,24 @@ static int timeout(void) {
   T_OK(ep_buffer_create(g, &cfg, &b1));
   T_OK(ep_buffer_create(g, &cfg, &b2));
   void *x = t_dalloc(H * 2), *idx = t_to_dev((int64_t[TOPK]){0, -1, -1, -1}, TOPK * 8);
-  int nr;
   ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = 1,
-                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = R,
-                          .num_recv_tokens = &nr};
+                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = R};
   if (me == 0) {
     /* Rank 1 never comes: the synchronous path fails at the count exchange, naming it. */
-    expect_timeout(ep_dispatch(b1, &a), "synchronous dispatch");
+    ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_VIEWS};
+    expect_timeout(ep_dispatch(b1, &a, &o), "synchronous dispatch");
+    T_CHECK(o.handle == NULL, "a failed dispatch returned a handle");
     /* Asynchronous: the call returns; its kernel gives up; the next call says why. */
-    a.worst_case_tokens = 4;
-    a.recv_x = t_dalloc(4 * H * 2);
-    T_OK(ep_dispatch(b2, &a));
+    ep_dispatch_out_t w = {.size = sizeof w, .mode = EP_OUTPUT_CALLER, .worst_case = 1,
+                           .capacity = 4, .recv_x = t_dalloc(4 * H * 2)};
+    T_OK(ep_dispatch(b2, &a, &w));
+    ep_handle_t h = w.handle;
     t_dsync();
-    expect_timeout(ep_dispatch(b2, &a), "call after an asynchronous dispatch");
-    t_dfree(a.recv_x);
+    w.handle = NULL;
+    expect_timeout(ep_dispatch(b2, &a, &w), "call after an asynchronous dispatch");
+    T_CHECK(w.handle == NULL, "a failed dispatch returned a handle");
+    T_OK(ep_handle_destroy(h));
+    t_dfree(w.recv_x);
   }
   T_OK(ep_group_barrier(g));
   T_OK(ep_buffer_release(b1));
@@ -267,7 +281,7 @@ static int timeout(void) {
 static int overflow(void) {
   ep_group_t g;
   ep_buffer_t b;
-  int R, me, nr;
+  int R, me;
   t_init(&g, &me, &R);
   T_OK(ep_buffer_create(g, NULL, &b));
   inputs_t in = {.R = R, .me = me, .E = 2 * R};
@@ -281,16 +295,20 @@ static int overflow(void) {
   void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
   void *rx = t_dalloc((size_t)NMAX * R * H * 2);
   ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = in.n[me],
-                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E,
-                          .recv_x = rx, .recv_capacity = me == 0 ? 0 : NMAX * R,
-                          .num_recv_tokens = &nr};
-  ep_status_t st = ep_dispatch(b, &a);
+                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E};
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
+                         .capacity = me == 0 ? 0 : NMAX * R, .num_recv_tokens = -5};
+  ep_status_t st = ep_dispatch(b, &a, &o);
   if (me == 0) {
     T_CHECK(st == EP_ERR_TOO_LARGE, "rank 0: %s (%s), expected EP_ERR_TOO_LARGE",
             ep_status_name(st), ep_last_error());
+    T_CHECK(strstr(ep_last_error(), "out->capacity"), "the message does not name out->capacity: %s",
+            ep_last_error());
+    T_CHECK(o.num_recv_tokens == -5 && o.handle == NULL, "a failed dispatch wrote its results");
     printf("outputs too small: %s\n", ep_last_error());
   } else {
     T_OK(st);
+    T_OK(ep_handle_destroy(o.handle));
   }
   round_trip(b, R, me);
   T_OK(ep_buffer_destroy(b));

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The doctor end to end (issue 7, item 4): a real epcomm program that skips its destroy is run
+# The doctor end to end (docs/DOCTOR.md): a real epcomm program that skips its destroy is run
 # under `epcomm doctor run`; the doctor must find the exit-phase warnings and name the missing
 # ep_buffer_destroy / ep_group_destroy with their fix. The fixed program then passes
 # `epcomm doctor verify` against the first run: clean, same exit status, time within noise.

@@ -1,4 +1,5 @@
-/* Peer failure and timeouts (SPEC §6), run by tests/test_failure.sh under `epcomm launch`.
+/* Peer failure and timeouts (SEMANTICS.md §8.1-8.2), run by tests/test_failure.sh under
+ * `epcomm launch`.
  *   test_failure kill-dispatch FILE   the last rank SIGKILLs itself in the middle of a dispatch
  *   test_failure kill-combine FILE    ... of a combine
  *   test_failure kill-create FILE     ... while the others create a buffer (it never arrives)
@@ -79,9 +80,12 @@ static void big_init(big_t *b, int R, int me) {
 static ep_status_t big_dispatch(ep_buffer_t buf, big_t *b, int R) {
   ep_dispatch_args_t a = {.size = sizeof a, .x = b->x, .dtype = EP_DTYPE_BF16,
                           .num_tokens = b->n, .hidden = b->H, .topk_idx = b->idx, .topk = b->K,
-                          .num_experts = b->E, .recv_x = b->rx, .recv_capacity = b->n * R,
-                          .num_recv_tokens = &b->nr, .handle = &b->h};
-  return ep_dispatch(buf, &a);
+                          .num_experts = b->E};
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = b->rx,
+                         .capacity = b->n * R};
+  ep_status_t st = ep_dispatch(buf, &a, &o);
+  if (!st) b->nr = o.num_recv_tokens, b->h = o.handle;
+  return st;
 }
 
 static ep_status_t big_combine(ep_buffer_t buf, big_t *b) {
@@ -152,16 +156,16 @@ static int kill_in_ll(void) {
   if (me == victim) pthread_create(&th, NULL, killer, (void *)(uintptr_t)30);
   ep_status_t st = EP_OK;
   for (int i = 0; i < 100000 && st == EP_OK; i++) {
-    ep_handle_t h = NULL;
+    ep_ll_handle_t h = NULL;
     ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = T, .topk_idx = idx,
-                               .topk = K, .handle = &h};
-    st = ep_ll_dispatch(buf, &a);
+                               .topk = K};
+    st = ep_ll_dispatch(buf, &a, &h);
     ep_ll_recv_view_t v = {.size = sizeof v};
     if (!st) st = ep_ll_get_recv_view(h, &v);
     ep_ll_combine_args_t c = {.size = sizeof c, .handle = h, .y = v.recv_x, .topk_idx = idx,
                               .topk_weights = w, .out = out};
     if (!st) st = ep_ll_combine(buf, &c);
-    if (h) T_OK(ep_handle_destroy(h));
+    if (h) T_OK(ep_ll_handle_destroy(h));
   }
   if (me == victim) pause();
   survivor_report(st, "low-latency", victim);

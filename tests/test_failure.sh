@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peer failure and timeouts end to end (issue 3, items 4-5): for each scenario, run
+# Peer failure and timeouts end to end (docs/SEMANTICS.md §8.1-8.2): for each scenario, run
 # test_failure under `epcomm launch -n R` and check that the survivors detected the failure in
 # time and exited 0, that the launcher named the dead rank and how, and that /dev/shm is clean.
 # Usage: tests/test_failure.sh BUILD_DIR        (exit 0 pass, 1 fail; silent when passing)

@@ -23,13 +23,12 @@ static void expect_forked(ep_status_t st, const char *call, pid_t parent) {
 static _Noreturn void child(ep_group_t g, ep_buffer_t b, pid_t parent) {
   uint16_t x[128] = {0}, rx[128 * 64];
   int64_t idx[1] = {0};
-  int nr;
-  ep_handle_t h = NULL;
-  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = 1,
-                          .hidden = 128, .topk_idx = idx, .topk = 1, .num_experts = 2,
-                          .recv_x = rx, .recv_capacity = 64, .num_recv_tokens = &nr,
-                          .handle = &h};
-  expect_forked(ep_dispatch(b, &a), "ep_dispatch", parent);
+  ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
+  a.x = x, a.dtype = EP_DTYPE_BF16, a.num_tokens = 1, a.hidden = 128, a.topk_idx = idx;
+  a.topk = 1, a.num_experts = 2;
+  ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
+  o.mode = EP_OUTPUT_CALLER, o.recv_x = rx, o.capacity = 64;
+  expect_forked(ep_dispatch(b, &a, &o), "ep_dispatch", parent);
   printf("child: ep_dispatch -> EP_ERR_FORKED: %s\n", ep_last_error());
   expect_forked(ep_group_barrier(g), "ep_group_barrier", parent);
   expect_forked(ep_buffer_destroy(b), "ep_buffer_destroy", parent);

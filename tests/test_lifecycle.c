@@ -1,6 +1,7 @@
-/* Lifecycle (SPEC §5): create/use/destroy cycles leave fds, threads and RSS flat; misuse gets a
- * specific status (double destroy, use after destroy, destroy with live children or with a call in
- * flight); the last epcomm call is the last thing the program does (the runner checks stderr).
+/* Lifecycle (SEMANTICS.md §7): create/use/destroy cycles leave fds, threads and RSS flat; misuse
+ * gets a specific status (double destroy, use after destroy, destroy with live children or with a
+ * call in flight); the last epcomm call is the last thing the program does (the runner checks
+ * stderr).
  *   test_lifecycle cycles N     N cycles of group + buffer + dispatch/combine + destroy
  *   test_lifecycle misuse       misuse statuses (any number of ranks)
  *   test_lifecycle inflight     destroy while a dispatch is in flight (2+ ranks)
@@ -39,13 +40,12 @@ static void use_buffer(ep_buffer_t b, int R, int me) {
   int64_t idx[N * K];
   for (int i = 0; i < N * H; i++) x[i] = (uint16_t)(0x3f80 + (i + me) % 64);
   for (int i = 0; i < N * K; i++) idx[i] = (i * 7 + me) % E;
-  int nr;
-  ep_handle_t h;
   ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = N,
-                          .hidden = H, .topk_idx = idx, .topk = K, .num_experts = E,
-                          .recv_x = rx, .recv_capacity = N * R, .num_recv_tokens = &nr,
-                          .handle = &h};
-  T_OK(ep_dispatch(b, &a));
+                          .hidden = H, .topk_idx = idx, .topk = K, .num_experts = E};
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
+                         .capacity = N * R};
+  T_OK(ep_dispatch(b, &a, &o));
+  ep_handle_t h = o.handle;
   ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = rx, .out = out};
   T_OK(ep_combine(b, &c));
   T_OK(ep_handle_destroy(h));
@@ -103,22 +103,21 @@ static int misuse(void) {
           ep_last_error());
   use_buffer(b, R, me);
   /* A handle of one buffer cannot be used with another. */
-  int nr;
-  ep_handle_t h;
   uint16_t x[64] = {0}, rx[64 * 64], out[64];
   int64_t idx[1] = {0};
   ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = 1,
-                          .hidden = 64, .topk_idx = idx, .topk = 1, .num_experts = R,
-                          .recv_x = rx, .recv_capacity = 64, .num_recv_tokens = &nr,
-                          .handle = &h};
-  T_OK(ep_dispatch(b, &a));
+                          .hidden = 64, .topk_idx = idx, .topk = 1, .num_experts = R};
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
+                         .capacity = 64};
+  T_OK(ep_dispatch(b, &a, &o));
+  ep_handle_t h = o.handle;
   ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = rx, .out = out};
   T_STATUS(EP_ERR_INVALID_ARG, ep_combine(b2, &c));
   T_OK(ep_combine(b, &c)); /* the rejected call did not desynchronise the peers */
   T_OK(ep_buffer_destroy(b2));
   /* Use after destroy, double destroy: reported, not undefined. */
   T_STATUS(EP_ERR_DESTROYED, ep_buffer_destroy(b2));
-  T_STATUS(EP_ERR_DESTROYED, ep_dispatch(b2, &a));
+  T_STATUS(EP_ERR_DESTROYED, ep_dispatch(b2, &a, &o));
   T_STATUS(EP_ERR_DESTROYED, ep_buffer_release(b2));
   T_OK(ep_handle_destroy(h));
   T_STATUS(EP_ERR_DESTROYED, ep_handle_destroy(h));

@@ -1,10 +1,10 @@
-/* Low-latency mode against the reference (SPEC §4), for whatever number of ranks `epcomm launch
- * -n R` gives: dispatch in bf16 and the three fp8 formats (values, scales and exponent bytes bit
- * for bit), combine bit for bit with the reference's fused multiply-add chain, over a table of
- * buffer sizes, routings (random, skewed, masked, a rank nobody selects, all slots masked on
- * some ranks), token counts (N < T, N = T, N = 0 on some ranks) and topk up to 9; the two-phase
- * form with normal-mode calls on the same buffer between send and receive; and many consecutive
- * calls with two results alive (the buffer flip).
+/* Low-latency mode against the reference (SEMANTICS.md §6), for whatever number of ranks
+ * `epcomm launch -n R` gives: dispatch in bf16 and the three fp8 formats (values, scales and
+ * exponent bytes bit for bit), combine bit for bit with the reference's fused multiply-add chain,
+ * over a table of buffer sizes, routings (random, skewed, masked, a rank nobody selects, all slots
+ * masked on some ranks), token counts (N < T, N = T, N = 0 on some ranks) and topk up to 9; the
+ * two-phase form with normal-mode calls on the same buffer between send and receive; and many
+ * consecutive calls with two results alive (the buffer flip).
  *
  * Usage: tests/test_ll [matrix|flip|all] [iterations of flip]   (default: all 40)
  *        tests/test_ll time T H E TOPK ITERS [fp8]   microseconds per call (a measuring aid;
@@ -139,7 +139,7 @@ static void timed_call(ep_group_t g, ep_buffer_t buf, llw_round_t *rd, const voi
                             .topk_weights = rd->w[rd->me], .two_phase = two, .out = out};
   T_OK(ep_group_barrier(g));
   double t0 = now_us(), t1, t2, t3;
-  T_OK(ep_ll_dispatch(buf, &a));
+  T_OK(ep_ll_dispatch(buf, &a, &rd->h));
   t1 = now_us();
   if (two) T_OK(ep_ll_recv(buf, rd->h));
   t2 = now_us();
@@ -150,7 +150,7 @@ static void timed_call(ep_group_t g, ep_buffer_t buf, llw_round_t *rd, const voi
   double t4 = now_us();
   if (two) lap[DS] = t1 - t0, lap[DR] = t2 - t1, lap[CS] = t3 - t2, lap[CR] = t4 - t3;
   else lap[D1] = t2 - t0, lap[C1] = t4 - t2;
-  T_OK(ep_handle_destroy(rd->h));
+  T_OK(ep_ll_handle_destroy(rd->h));
   rd->h = NULL;
 }
 

@@ -61,7 +61,7 @@ static void check_e4m3_sample(void) {
   }
 }
 
-/* SPEC §4's reduction, written out as the reference does it. */
+/* The reduction of SEMANTICS.md §6.5, written out as the reference does it. */
 static void reduce_ref(const uint16_t *const *rows, const float *w, int n, int h0, int len,
                        uint16_t *out) {
   for (int h = h0; h < h0 + len; h++) {

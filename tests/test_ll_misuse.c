@@ -6,7 +6,10 @@
  *   - a third live handle: EP_ERR_BUSY (on one rank or on all), results untouched;
  *   - calls in the wrong state (view or combine before the receive, two combines, a receive with
  *     nothing pending), a disabled low-latency mode, bad low-latency configs, a view after the
- *     buffer is gone. */
+ *     buffer is gone;
+ *   - the two kinds of handle kept apart: a low-latency handle cast to ep_handle_t (or a normal
+ *     one cast to ep_ll_handle_t) is refused by every call of the other kind, destroy included,
+ *     with EP_ERR_INVALID_ARG, and survives it. */
 #include "ll_world.h"
 
 static const llw_cfg_t cfg = {8, 256, 48, 8};
@@ -27,7 +30,10 @@ static void new_round(ctx_t *x, llw_round_t *rd, const llw_case_t *k) {
 
 /* ------------------------------------------------------------------ one rank's bad arguments */
 
-enum { B_TOO_MANY, B_ID_HIGH, B_ID_LOW, B_DUP, B_UE8M0, B_ROUND, B_TOPK, B_HANDLE, B_X, B_COUNT };
+enum {
+  B_TOO_MANY, B_ID_HIGH, B_ID_LOW, B_DUP, B_UE8M0, B_ROUND, B_TOPK, B_HANDLE, B_X, B_SIZE,
+  B_ARGS, B_COUNT
+};
 static const struct {
   ep_status_t st;
   const char *needle;
@@ -36,10 +42,13 @@ static const struct {
     {EP_ERR_OUT_OF_RANGE, "topk_idx[0][1]"}, {EP_ERR_INVALID_ARG, "twice"},
     {EP_ERR_INVALID_ARG, "round_scale"}, {EP_ERR_INVALID_ARG, "use_fp8"},
     {EP_ERR_TOO_LARGE, "topk"},        {EP_ERR_NULL_ARG, "handle"},
-    {EP_ERR_NULL_ARG, "x is NULL"},
+    {EP_ERR_NULL_ARG, "x is NULL"},    {EP_ERR_CONFIG, "args: size"},
+    {EP_ERR_NULL_ARG, "args is NULL"},
 };
 
-static void spoil(ep_ll_dispatch_args_t *a, int64_t *idx, int kind) {
+/* Spoils the call's arguments (args, or the handle out-parameter). */
+static void spoil(const ep_ll_dispatch_args_t **ap, ep_ll_dispatch_args_t *a, int64_t *idx,
+                  ep_ll_handle_t **hp, int kind) {
   switch (kind) {
     case B_TOO_MANY: a->num_tokens = cfg.T + 1; break;
     case B_ID_HIGH: idx[0] = cfg.E; break;
@@ -48,8 +57,10 @@ static void spoil(ep_ll_dispatch_args_t *a, int64_t *idx, int kind) {
     case B_UE8M0: a->use_fp8 = 1, a->use_ue8m0 = 1; break;
     case B_ROUND: a->round_scale = 1; break;
     case B_TOPK: a->topk = cfg.K + 1; break;
-    case B_HANDLE: a->handle = NULL; break;
-    default: a->x = NULL; break;
+    case B_HANDLE: *hp = NULL; break;
+    case B_X: a->x = NULL; break;
+    case B_SIZE: a->size = 12; break;
+    default: *ap = NULL; break;
   }
 }
 
@@ -61,17 +72,19 @@ static void bad_dispatch(ctx_t *x, int kind) {
   new_round(x, &rd, NULL);
   ep_ll_dispatch_args_t a;
   llw_args(&rd, &a);
+  const ep_ll_dispatch_args_t *ap = &a;
+  ep_ll_handle_t got = (ep_ll_handle_t)(uintptr_t)0x5a5a, *hp = &got; /* must stay untouched */
   int culprit = kind % x->R;
   if (x->me == culprit) {
-    spoil(&a, rd.idx[x->me], kind);
-    T_STATUS(bad_want[kind].st, ep_ll_dispatch(x->buf, &a));
+    spoil(&ap, &a, rd.idx[x->me], &hp, kind);
+    T_STATUS(bad_want[kind].st, ep_ll_dispatch(x->buf, ap, hp));
     T_CHECK(strstr(ep_last_error(), bad_want[kind].needle), "message '%s' does not name '%s'",
             ep_last_error(), bad_want[kind].needle);
     T_CHECK(!strcmp(ep_buffer_last_error(x->buf), ep_last_error()), "buffer's last error differs");
   } else {
-    T_STATUS(EP_ERR_PEER_INVALID, ep_ll_dispatch(x->buf, &a));
+    T_STATUS(EP_ERR_PEER_INVALID, ep_ll_dispatch(x->buf, ap, hp));
   }
-  T_CHECK(rd.h == NULL, "a failed dispatch returned a handle");
+  T_CHECK(got == (ep_ll_handle_t)(uintptr_t)0x5a5a, "a failed dispatch wrote the handle");
   llw_check_view(&x->keep);
   llw_free(&rd);
 }
@@ -86,7 +99,8 @@ static void disagree(ctx_t *x, int what) {
   new_round(x, &rd, &k);
   ep_ll_dispatch_args_t a;
   llw_args(&rd, &a);
-  T_STATUS(EP_ERR_MISMATCH, ep_ll_dispatch(x->buf, &a));
+  T_STATUS(EP_ERR_MISMATCH, ep_ll_dispatch(x->buf, &a, &rd.h));
+  T_CHECK(rd.h == NULL, "a failed dispatch returned a handle");
   llw_check_view(&x->keep);
   llw_free(&rd);
 }
@@ -103,7 +117,7 @@ static void bad_combine(ctx_t *x) {
   int64_t *idx = t_xmalloc((size_t)n * base.topk * 8);
   memcpy(idx, rd.idx[x->me], (size_t)n * base.topk * 8);
   if (x->me == culprit) idx[0] = (idx[0] + 1) % cfg.E == idx[1] ? (idx[0] + 2) % cfg.E : (idx[0] + 1) % cfg.E;
-  ep_ll_combine_args_t a = {.size = sizeof a};
+  ep_ll_combine_args_t a = EP_LL_COMBINE_ARGS_INIT;
   a.handle = rd.h, a.y = t_xmalloc((size_t)cfg.E / x->R * x->R * cfg.T * cfg.H * 2);
   a.topk_idx = idx, a.topk_weights = rd.w[x->me], a.out = out;
   if (x->me == culprit) {
@@ -125,8 +139,8 @@ static void wrong_state(ctx_t *x) {
   new_round(x, &rd, &k);
   ep_ll_dispatch_args_t a;
   llw_args(&rd, &a);
-  T_OK(ep_ll_dispatch(x->buf, &a));
-  ep_ll_combine_args_t c = {.size = sizeof c};
+  T_OK(ep_ll_dispatch(x->buf, &a, &rd.h));
+  ep_ll_combine_args_t c = EP_LL_COMBINE_ARGS_INIT;
   c.handle = rd.h, c.y = rd.x[x->me], c.topk_idx = rd.idx[x->me], c.topk_weights = rd.w[x->me];
   c.out = rd.x[x->me];
   T_STATUS(EP_ERR_INVALID_ARG, ep_ll_combine(x->buf, &c)); /* before the receive: all ranks */
@@ -151,25 +165,93 @@ static void third_handle(ctx_t *x) {
   new_round(x, &third, NULL);
   ep_ll_dispatch_args_t a;
   llw_args(&third, &a);
-  T_STATUS(EP_ERR_BUSY, ep_ll_dispatch(x->buf, &a));
-  T_CHECK(strstr(ep_last_error(), "ep_handle_destroy"), "message: %s", ep_last_error());
+  T_STATUS(EP_ERR_BUSY, ep_ll_dispatch(x->buf, &a, &third.h));
+  T_CHECK(strstr(ep_last_error(), "ep_ll_handle_destroy"), "message: %s", ep_last_error());
+  T_CHECK(third.h == NULL, "a refused dispatch returned a handle");
   llw_check_view(&x->keep), llw_check_view(&two);
   if (x->R > 1) { /* BUSY on rank 0 only: the others fail with PEER_INVALID */
     if (x->me != 0) {
-      T_OK(ep_handle_destroy(two.h));
+      T_OK(ep_ll_handle_destroy(two.h));
       two.h = NULL;
     }
-    T_STATUS(x->me == 0 ? EP_ERR_BUSY : EP_ERR_PEER_INVALID, ep_ll_dispatch(x->buf, &a));
+    T_STATUS(x->me == 0 ? EP_ERR_BUSY : EP_ERR_PEER_INVALID,
+             ep_ll_dispatch(x->buf, &a, &third.h));
+    T_CHECK(third.h == NULL, "a refused dispatch returned a handle");
     llw_check_view(&x->keep);
     if (x->me == 0) llw_check_view(&two);
   }
   if (two.h) {
-    T_OK(ep_handle_destroy(two.h));
+    T_OK(ep_ll_handle_destroy(two.h));
     two.h = NULL;
   }
   llw_dispatch(&third, x->buf, NULL, NULL); /* a slot is free again everywhere */
   llw_combine(&third, x->buf, 5, NULL, NULL);
   llw_free(&third), llw_free(&two);
+}
+
+/* ------------------------------------------------------------------ the two kinds of handle */
+
+static void expect_kind(ep_status_t got, const char *call, const char *arg) {
+  T_CHECK(got == EP_ERR_INVALID_ARG, "%s: got %s, expected EP_ERR_INVALID_ARG (%s)", call,
+          ep_status_name(got), ep_last_error());
+  T_CHECK(strstr(ep_last_error(), arg), "%s: message does not name '%s': %s", call, arg,
+          ep_last_error());
+}
+
+/* A normal-mode handle and a low-latency one are distinct registry objects: a cast (the C
+ * compiler cannot stop it) is refused by every call of the other kind, and both handles stay
+ * alive and usable. Every rank makes the same bad calls. */
+static void handle_kinds(ctx_t *x) {
+  t_case = "handle kinds kept apart";
+  enum { N = 3, H = 128, K = 2 };
+  int E = 2 * x->R, R = x->R;
+  uint16_t xs[N * H], *rx = t_xmalloc((size_t)N * R * H * 2), out[N * H];
+  int64_t idx[N * K];
+  for (int i = 0; i < N * H; i++) xs[i] = (uint16_t)(0x3f80 + i % 5);
+  for (int t = 0; t < N; t++) idx[t * K] = (t + x->me) % E, idx[t * K + 1] = -1;
+  ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
+  a.x = xs, a.dtype = EP_DTYPE_BF16, a.num_tokens = N, a.hidden = H;
+  a.topk_idx = idx, a.topk = K, a.num_experts = E;
+  ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
+  o.mode = EP_OUTPUT_CALLER, o.recv_x = rx, o.capacity = N * R;
+  T_OK(ep_dispatch(x->buf, &a, &o));
+  ep_handle_t hn = o.handle;
+  ep_ll_handle_t hl = x->keep.h;
+  int nr = -7;
+  ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
+  /* A low-latency handle where a normal one is expected. */
+  expect_kind(ep_handle_destroy((ep_handle_t)hl), "ep_handle_destroy(ll handle)", "handle");
+  expect_kind(ep_handle_num_recv_tokens((ep_handle_t)hl, &nr), "ep_handle_num_recv_tokens",
+              "handle");
+  ep_combine_args_t c = EP_COMBINE_ARGS_INIT;
+  c.handle = (ep_handle_t)hl, c.x = rx, c.out = out;
+  expect_kind(ep_combine(x->buf, &c), "ep_combine(ll handle)", "args->handle");
+  ep_dispatch_args_t ca = a;
+  ep_dispatch_out_t co = EP_DISPATCH_OUT_INIT;
+  ca.cached = (ep_handle_t)hl;
+  co.mode = EP_OUTPUT_CALLER, co.recv_x = rx, co.capacity = N * R;
+  expect_kind(ep_dispatch(x->buf, &ca, &co), "ep_dispatch(cached = ll handle)", "args->cached");
+  /* A normal handle where a low-latency one is expected. */
+  expect_kind(ep_ll_handle_destroy((ep_ll_handle_t)hn), "ep_ll_handle_destroy(normal handle)",
+              "handle");
+  expect_kind(ep_ll_handle_num_recv_tokens((ep_ll_handle_t)hn, &nr),
+              "ep_ll_handle_num_recv_tokens", "handle");
+  expect_kind(ep_ll_get_recv_view((ep_ll_handle_t)hn, &v), "ep_ll_get_recv_view", "handle");
+  expect_kind(ep_ll_recv(x->buf, (ep_ll_handle_t)hn), "ep_ll_recv", "handle");
+  ep_ll_combine_args_t lc = EP_LL_COMBINE_ARGS_INIT;
+  lc.handle = (ep_ll_handle_t)hn, lc.y = rx, lc.topk_idx = idx;
+  lc.topk_weights = x->keep.w[x->me], lc.out = out;
+  expect_kind(ep_ll_combine(x->buf, &lc), "ep_ll_combine(normal handle)", "args->handle");
+  T_CHECK(nr == -7, "a refused query wrote num_recv_tokens");
+  /* Both survived and still work. */
+  T_OK(ep_handle_num_recv_tokens(hn, &nr));
+  T_CHECK(nr == o.num_recv_tokens, "normal handle: %d rows, the dispatch said %d", nr,
+          o.num_recv_tokens);
+  c.handle = hn;
+  T_OK(ep_combine(x->buf, &c));
+  T_OK(ep_handle_destroy(hn));
+  llw_check_view(&x->keep);
+  free(rx);
 }
 
 /* ------------------------------------------------------------------ configs */
@@ -201,13 +283,15 @@ static void configs(ctx_t *x) {
   ep_ll_dispatch_args_t a;
   llw_args(&rd, &a);
   a.use_fp8 = 1;
-  T_STATUS(EP_ERR_SHAPE, ep_ll_dispatch(b, &a));
+  T_STATUS(EP_ERR_SHAPE, ep_ll_dispatch(b, &a, &rd.h));
   llw_free(&rd);
   T_OK(ep_buffer_destroy(b));
   ep_buffer_config_t plain = EP_BUFFER_CONFIG_INIT; /* low-latency mode disabled */
   T_OK(ep_buffer_create(x->g, &plain, &b));
-  T_STATUS(EP_ERR_INVALID_ARG, ep_ll_dispatch(b, &a));
+  ep_ll_handle_t none = NULL;
+  T_STATUS(EP_ERR_INVALID_ARG, ep_ll_dispatch(b, &a, &none));
   T_CHECK(strstr(ep_last_error(), "disabled"), "message: %s", ep_last_error());
+  T_CHECK(none == NULL, "a refused dispatch returned a handle");
   T_OK(ep_buffer_destroy(b));
 }
 
@@ -241,6 +325,7 @@ int main(void) {
   bad_combine(&x);
   wrong_state(&x);
   third_handle(&x);
+  handle_kinds(&x);
   t_case = "after the failures";
   llw_combine(&x.keep, x.buf, 3, NULL, NULL);
   llw_free(&x.keep);

@@ -1,4 +1,4 @@
-/* A group bootstrapped by another framework's collectives (issue 2, item 3b): MPI_Allgather and
+/* A group bootstrapped by another framework's collectives (ep_group_create): MPI_Allgather and
  * MPI_Barrier as the user callbacks of ep_group_create, under mpirun. The group then runs a
  * dispatch/combine checked against the reference, and everything is torn down before
  * MPI_Finalize (epcomm's own threads and sockets are gone by then). */
@@ -43,13 +43,14 @@ int main(int argc, char **argv) {
   }
   ref_recv_t *rr = calloc((size_t)R, sizeof *rr);
   T_CHECK(ref_dispatch(R, E, K, H * 2, 0, 1, in, rr) == 0, "reference");
-  int nr;
-  ep_handle_t h;
   ep_dispatch_args_t a = {.size = sizeof a, .x = in[me].x, .dtype = EP_DTYPE_BF16,
                           .num_tokens = N, .hidden = H, .topk_idx = in[me].topk_idx, .topk = K,
-                          .num_experts = E, .recv_x = rx, .recv_capacity = R * N,
-                          .num_recv_tokens = &nr, .handle = &h};
-  T_OK(ep_dispatch(b, &a));
+                          .num_experts = E};
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
+                         .capacity = R * N};
+  T_OK(ep_dispatch(b, &a, &o));
+  int nr = o.num_recv_tokens;
+  ep_handle_t h = o.handle;
   T_CHECK(nr == rr[me].nr && !memcmp(rx, rr[me].x, (size_t)nr * H * 2),
           "dispatch differs from the reference");
   uint16_t *out = t_xmalloc((size_t)N * H * 2);

@@ -1,7 +1,7 @@
-/* Normal mode against the reference (SPEC §2-3): layout, dispatch (sync, alloc and worst-case
- * paths, bf16 and fp8), cached dispatch and combine, on random routings, for whatever number of
- * ranks `epcomm launch -n R` gives. Every rank rebuilds all ranks' inputs from a seed, runs the
- * single-process reference for the whole group, and compares its own outputs bit for bit.
+/* Normal mode against the reference (SEMANTICS.md §2-4): layout, dispatch (sync, alloc and
+ * worst-case paths, bf16 and fp8), cached dispatch and combine, on random routings, for whatever
+ * number of ranks `epcomm launch -n R` gives. Every rank rebuilds all ranks' inputs from a seed,
+ * runs the single-process reference for the whole group, and compares its own outputs bit for bit.
  * The same body runs on either backend (EP_BACKEND=cuda: tensors in device memory, moved with the
  * t_d* helpers); the view paths (recv_x == NULL: outputs are views of the buffer) run where the
  * backend has them (cuda), and so does the zero-copy combine of a bf16 view written in place. */
@@ -147,7 +147,10 @@ static void check_layout(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d
   int32_t *wr = t_xmalloc((size_t)R * 4), *we = t_xmalloc((size_t)E * 4);
   uint8_t *ir = t_dalloc((size_t)n * R), *wi = t_xmalloc((size_t)n * R);
   T_CHECK(ref_layout(d->idx, n, c->topk, E, R, wr, we, wi) == 0, "reference layout failed");
-  T_OK(ep_get_dispatch_layout(x->buf, dv->idx, n, c->topk, E, pr, pe, ir, NULL));
+  ep_layout_args_t l = EP_LAYOUT_ARGS_INIT;
+  l.topk_idx = dv->idx, l.num_tokens = n, l.topk = c->topk, l.num_experts = E;
+  l.tokens_per_rank = pr, l.tokens_per_expert = pe, l.is_token_in_rank = ir;
+  T_OK(ep_get_dispatch_layout(x->buf, &l));
   void *hr = t_to_host(pr, (size_t)R * 4), *he = t_to_host(pe, (size_t)E * 4);
   void *hi = t_to_host(ir, (size_t)n * R);
   cmp_bytes(hr, wr, (size_t)R * 4, "tokens_per_rank");
@@ -161,15 +164,15 @@ typedef struct {
   void *blocks[5];
 } alloc_ctx_t;
 
-static int alloc_outputs(void *ctx, int nr, ep_dispatch_args_t *a) {
+static int alloc_outputs(void *ctx, const ep_dispatch_args_t *a, int nr, ep_dispatch_out_t *o) {
   alloc_ctx_t *ac = ctx;
   size_t rows = (size_t)nr + 1;
-  ac->blocks[0] = a->recv_x = t_dalloc(rows * (size_t)a->hidden * (a->dtype == EP_DTYPE_BF16 ? 2 : 1));
+  ac->blocks[0] = o->recv_x = t_dalloc(rows * (size_t)a->hidden * (a->dtype == EP_DTYPE_BF16 ? 2 : 1));
   if (a->dtype != EP_DTYPE_BF16)
-    ac->blocks[1] = a->recv_x_scales = t_dalloc(rows * (size_t)a->num_scales * 4);
-  ac->blocks[2] = a->recv_topk_idx = t_dalloc(rows * (size_t)a->topk * 8);
-  if (a->topk_weights) ac->blocks[3] = a->recv_topk_weights = t_dalloc(rows * (size_t)a->topk * 4);
-  ac->blocks[4] = a->recv_src_idx = t_dalloc(rows * 4);
+    ac->blocks[1] = o->recv_x_scales = t_dalloc(rows * (size_t)a->num_scales * 4);
+  ac->blocks[2] = o->recv_topk_idx = t_dalloc(rows * (size_t)a->topk * 8);
+  if (a->topk_weights) ac->blocks[3] = o->recv_topk_weights = t_dalloc(rows * (size_t)a->topk * 4);
+  ac->blocks[4] = o->recv_src_idx = t_dalloc(rows * 4);
   return 0;
 }
 
@@ -188,7 +191,7 @@ typedef struct {
 } got_t;
 
 static void fetch_outputs(ctx_t *x, const tcase_t *c, int E, int rows,
-                          const ep_dispatch_args_t *a, got_t *g) {
+                          const ep_dispatch_out_t *a, got_t *g) {
   int R = x->R, ns = num_scales(c);
   t_dsync();
   g->prefix = t_to_host(g->dev[5], (size_t)R * R * 4);
@@ -205,28 +208,34 @@ static void run_dispatch(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d
                          const dev_in_t *dv, int rows, got_t *g, ep_buffer_t buf) {
   int R = x->R, ns = num_scales(c);
   memset(g, 0, sizeof *g);
-  ep_dispatch_args_t a = {.size = sizeof a};
+  ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
   a.x = dv->x, a.dtype = c->dtype, a.num_tokens = d->in.n, a.hidden = c->H;
   a.x_scales = dv->scales, a.num_scales = ns;
   a.topk_idx = dv->idx, a.topk_weights = dv->w, a.topk = c->topk, a.num_experts = E;
   a.expert_alignment = c->align;
-  a.rank_prefix = g->dev[5] = t_dalloc((size_t)R * R * 4);
-  a.recv_tokens_per_expert = g->dev[6] = t_dalloc((size_t)(E / R) * 4);
-  a.num_recv_tokens = &g->nr, a.handle = &g->h;
+  ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
+  o.rank_prefix = g->dev[5] = t_dalloc((size_t)R * R * 4);
+  o.recv_tokens_per_expert = g->dev[6] = t_dalloc((size_t)(E / R) * 4);
+  o.num_recv_tokens = -2; /* must be overwritten */
   if (c->path == P_ALLOC) {
-    a.alloc = alloc_outputs, a.alloc_ctx = &g->ac;
-  } else if (!view(c)) {
-    a.recv_x = g->dev[0] = t_dalloc((size_t)rows * row_bytes(c));
-    a.recv_x_scales = g->dev[1] = ns ? t_dalloc((size_t)rows * ns * 4) : NULL;
-    a.recv_topk_idx = g->dev[2] = t_dalloc((size_t)rows * c->topk * 8);
-    a.recv_topk_weights = g->dev[3] = c->weights ? t_dalloc((size_t)rows * c->topk * 4) : NULL;
-    a.recv_src_idx = g->dev[4] = t_dalloc((size_t)rows * 4);
-    a.recv_capacity = rows;
+    o.mode = EP_OUTPUT_ALLOC, o.alloc = alloc_outputs, o.alloc_ctx = &g->ac;
+  } else if (view(c)) {
+    o.mode = EP_OUTPUT_VIEWS;
+  } else {
+    o.mode = EP_OUTPUT_CALLER;
+    o.recv_x = g->dev[0] = t_dalloc((size_t)rows * row_bytes(c));
+    o.recv_x_scales = g->dev[1] = ns ? t_dalloc((size_t)rows * ns * 4) : NULL;
+    o.recv_topk_idx = g->dev[2] = t_dalloc((size_t)rows * c->topk * 8);
+    o.recv_topk_weights = g->dev[3] = c->weights ? t_dalloc((size_t)rows * c->topk * 4) : NULL;
+    o.recv_src_idx = g->dev[4] = t_dalloc((size_t)rows * 4);
+    o.capacity = rows;
   }
-  if (worst(c)) a.worst_case_tokens = rows, a.recv_capacity = 0;
-  T_OK(ep_dispatch(buf, &a));
-  T_CHECK(!view(c) || a.recv_x, "view path: recv_x is still NULL after the dispatch");
-  fetch_outputs(x, c, E, rows, &a, g);
+  if (worst(c)) o.worst_case = 1, o.capacity = rows;
+  T_OK(ep_dispatch(buf, &a, &o));
+  T_CHECK(!view(c) || o.recv_x, "view path: recv_x is still NULL after the dispatch");
+  T_CHECK(o.handle, "no handle after a dispatch");
+  g->nr = o.num_recv_tokens, g->h = o.handle;
+  fetch_outputs(x, c, E, rows, &o, g);
 }
 
 static void check_dispatch(ctx_t *x, const tcase_t *c, int E, const ref_recv_t *want,
@@ -277,19 +286,21 @@ static void check_cached(ctx_t *x, const tcase_t *c, int E, rank_data_t *all, ui
   to_dev(c, &all[me], &dv);
   void *rx = view(c) ? NULL : t_dalloc((size_t)rows * row_bytes(c));
   float *rs = ns && !view(c) ? t_dalloc((size_t)rows * ns * 4) : NULL;
-  int nr = -1;
-  ep_dispatch_args_t a = {.size = sizeof a};
+  ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
   a.x = dv.x, a.dtype = c->dtype, a.num_tokens = all[me].in.n, a.hidden = c->H;
   a.x_scales = dv.scales, a.num_scales = ns, a.cached = g->h;
-  a.recv_x = rx, a.recv_x_scales = rs, a.num_recv_tokens = &nr;
-  if (worst(c)) a.worst_case_tokens = rows;
-  else a.recv_capacity = rows;
-  T_OK(ep_dispatch(buf, &a));
+  ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
+  o.mode = view(c) ? EP_OUTPUT_VIEWS : EP_OUTPUT_CALLER;
+  o.recv_x = rx, o.recv_x_scales = rs, o.capacity = rows, o.worst_case = worst(c);
+  o.handle = (ep_handle_t)(uintptr_t)1; /* a cached dispatch leaves no handle: set to NULL */
+  T_OK(ep_dispatch(buf, &a, &o));
+  T_CHECK(!o.handle, "a cached dispatch returned a handle");
+  int nr = o.num_recv_tokens;
   T_CHECK(nr == want[me].nr || (nr == -1 && g->nr == -1), "cached dispatch: %d rows, reference %d",
           nr, want[me].nr);
   nr = want[me].nr;
-  void *hx = t_to_host(a.recv_x, (size_t)nr * row_bytes(c));
-  float *hs = ns ? t_to_host(a.recv_x_scales, (size_t)nr * ns * 4) : NULL;
+  void *hx = t_to_host(o.recv_x, (size_t)nr * row_bytes(c));
+  float *hs = ns ? t_to_host(o.recv_x_scales, (size_t)nr * ns * 4) : NULL;
   cmp_bytes(hx, want[me].x, (size_t)nr * row_bytes(c), "cached recv_x");
   if (ns) cmp_bytes(hs, want[me].scales, (size_t)nr * ns * 4, "cached recv_x_scales");
   free(hx), free(hs), free_dev(&dv);
@@ -345,9 +356,12 @@ static void check_combine(ctx_t *x, const tcase_t *c, rank_data_t *all, ref_recv
 }
 
 static bool has_views(ctx_t *x) {
-  ep_backend_t b;
-  T_OK(ep_buffer_backend(x->buf, &b));
-  return b == EP_BACKEND_CUDA;
+  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
+  T_OK(ep_buffer_query(x->buf, &i));
+  T_CHECK(i.dispatch_view_lifetime == ((i.caps & EP_CAP_DISPATCH_VIEWS) ? EP_LIFETIME_NEXT_DISPATCH
+                                                                        : EP_LIFETIME_NONE),
+          "view lifetime %d does not match the capability", (int)i.dispatch_view_lifetime);
+  return (i.caps & EP_CAP_DISPATCH_VIEWS) != 0;
 }
 
 static void run_case(ctx_t *x, const tcase_t *c, int idx) {

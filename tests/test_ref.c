@@ -256,7 +256,7 @@ static void test_e4m3_encode(int full) {
   CHECK(bad == 0, "%ld e4m3 encode mismatches", bad);
 }
 
-/* ================================================================== SPEC §2 layout */
+/* ============================================================ SEMANTICS.md §2 layout */
 
 /* The shared small case: R = 2, E = 4 (2 experts per rank: rank 0 has 0,1; rank 1 has 2,3),
  * topk = 2.
@@ -296,7 +296,7 @@ static void test_layout(void) {
   CHECK(ref_layout(ids0, 3, 2, 3, 2, tpr, tpe, in) == -1, "E %% R != 0 rejected");
 }
 
-/* ================================================================== SPEC §3 dispatch */
+/* ============================================================ SEMANTICS.md §3 dispatch */
 
 static void fill_rows(uint8_t *x, int s, int n) { /* byte i of token t: s<<6 | t<<4 | i */
   for (int t = 0; t < n; t++)
@@ -380,7 +380,7 @@ static void test_dispatch(void) {
   CHECK(ref_dispatch(2, 4, 2, 16, 1, 1, in2, out) == -1, "missing scales rejected");
 }
 
-/* ================================================================== SPEC §3 combine */
+/* ============================================================= SEMANTICS.md §4 combine */
 
 static void test_combine(void) {
   uint8_t x0[3 * 16], x1[2 * 16];
@@ -462,7 +462,7 @@ static void test_combine(void) {
   for (int r = 0; r < 3; r++) ref_free_recv(&rv3[r]);
 }
 
-/* ================================================================== SPEC §4 fp8 cast */
+/* ============================================================ SEMANTICS.md §5 fp8 cast */
 
 static void test_ll_cast(void) {
   /* 4 blocks of 128 */
@@ -530,7 +530,7 @@ static void test_ll_cast(void) {
   CHECK(f2u(sc[0]) == 0x3b14924au && q[0] == 0x7e, "scale_inv 0x%08x", f2u(sc[0]));
 }
 
-/* ================================================================== SPEC §4 ll dispatch/combine */
+/* ================================================== SEMANTICS.md §6 ll dispatch/combine */
 
 /* R = 2, E = 4 (L = 2), T = 3, topk = 2, H = 128. Every channel of token (s,t) holds v(s,t):
  *   rank 0: t0 {1, 2} v 1,  t1 {2, -1} v 2

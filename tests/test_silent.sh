@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Silent exit and logging (issue 3, item 1):
+# Silent exit and logging (docs/SEMANTICS.md §7.3, §7.6):
 #  - every example and a clean test program, under the launcher at the default log level, print
 #    nothing on stderr, and nothing at all after their last epcomm call (test_lifecycle prints
 #    LAST right after its final destroy; it must be the last line of every rank);

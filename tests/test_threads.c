@@ -1,4 +1,4 @@
-/* Threads (issue 3, item 7): two groups and two buffers in one process, driven by two threads at
+/* Threads (SEMANTICS.md §7.4): two groups and two buffers in one process, driven by two threads at
  * once, each doing dispatch/combine checked against the reference; and the rule that calls on
  * one buffer must not overlap, enforced (EP_ERR_BUSY) rather than corrupting state. */
 #include <pthread.h>
@@ -35,13 +35,14 @@ static const char *one_iter(worker_t *w, int it) {
     in[r] = (ref_rank_input_t){N, xs + (size_t)r * N * H, NULL, idx + (size_t)r * N * K, NULL};
   }
   const char *err = NULL;
-  int nr;
-  ep_handle_t h;
   ep_dispatch_args_t a = {.size = sizeof a, .x = in[me].x, .dtype = EP_DTYPE_BF16,
                           .num_tokens = N, .hidden = H, .topk_idx = in[me].topk_idx, .topk = K,
-                          .num_experts = E, .recv_x = rx, .recv_capacity = R * N,
-                          .num_recv_tokens = &nr, .handle = &h};
-  if (ep_dispatch(w->b, &a) != EP_OK) err = "dispatch failed";
+                          .num_experts = E};
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
+                         .capacity = R * N};
+  if (ep_dispatch(w->b, &a, &o) != EP_OK) err = "dispatch failed";
+  int nr = o.num_recv_tokens;
+  ep_handle_t h = o.handle;
   ref_dispatch(R, E, K, H * 2, 0, 1, in, rr);
   if (!err && (nr != rr[me].nr || memcmp(rx, rr[me].x, (size_t)nr * H * 2)))
     err = "dispatch differs from the reference";
@@ -70,7 +71,9 @@ static void *overlap(void *arg) {
   nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
   int64_t idx[1] = {0};
   int32_t pr[64];
-  o->st = ep_get_dispatch_layout(o->b, idx, 1, 1, 64, pr, NULL, NULL, NULL);
+  ep_layout_args_t l = {.size = sizeof l, .topk_idx = idx, .num_tokens = 1, .topk = 1,
+                        .num_experts = 64, .tokens_per_rank = pr};
+  o->st = ep_get_dispatch_layout(o->b, &l);
   return NULL;
 }
 

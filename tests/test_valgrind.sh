@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The lifecycle tests under valgrind memcheck (issue 3, item 2): no invalid access, no definite
-# or indirect leak, in every rank. valgrind 3.19 does not know pidfd_open and says so; epcomm
-# then probes pids instead, and that one notice is filtered out here.
+# The lifecycle tests under valgrind memcheck (docs/SEMANTICS.md §7.3): no invalid access, no
+# definite or indirect leak, in every rank. valgrind 3.19 does not know pidfd_open and says so;
+# epcomm then probes pids instead, and that one notice is filtered out here.
 # Usage: tests/test_valgrind.sh BUILD_DIR
 set -u
 b=${1:?usage: test_valgrind.sh BUILD_DIR}

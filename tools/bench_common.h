@@ -62,7 +62,7 @@ typedef struct {
   const int32_t *rank_prefix;    /* [R][R] or NULL */
   const int32_t *tokens_per_expert; /* [E/R] or NULL */
 } bench_recv_t;
-/* Dispatch outputs of rank `me` of `R` against the generator and SPEC §3. */
+/* Dispatch outputs of rank `me` of `R` against the generator and SEMANTICS.md §3. */
 long bench_check_dispatch(const bench_opts_t *o, int R, int me, const bench_recv_t *rv, char *msg,
                           size_t msg_len);
 /* Combine output out [tokens][hidden] bf16 of rank `me`, for expert outputs from

@@ -1,9 +1,9 @@
-/* Low-latency measurement (SPEC §4, §9): every iteration is barrier, memcpy ceiling, barrier,
- * ep_ll_dispatch (one phase: send and receive), barrier, ep_ll_combine (one phase), then the
- * handle is destroyed. Bytes as DeepEP's low-latency test counts them: selections of this rank's
- * tokens x row bytes (fp8: H + H/128 x 4 scale bytes; combine: bf16 rows). The expert outputs are
- * generated per (token, expert) once from the first dispatch's view; the last iteration's view and
- * output are checked against the generator and tests/ref.c's fp8 cast. */
+/* Low-latency measurement (SEMANTICS.md §6, §9): every iteration is barrier, memcpy ceiling,
+ * barrier, ep_ll_dispatch (one phase: send and receive), barrier, ep_ll_combine (one phase), then
+ * the handle is destroyed. Bytes as DeepEP's low-latency test counts them: selections of this
+ * rank's tokens x row bytes (fp8: H + H/128 x 4 scale bytes; combine: bf16 rows). The expert
+ * outputs are generated per (token, expert) once from the first dispatch's view; the last
+ * iteration's view and output are checked against the generator and tests/ref.c's fp8 cast. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,7 +95,7 @@ static long check_view(const bench_opts_t *o, int R, int me, const ep_ll_recv_vi
   return bad;
 }
 
-/* out[t] = bf16(fmaf chain over k ascending of y(t, k) x w[t][k]), SPEC §4. */
+/* out[t] = bf16(fmaf chain over k ascending of y(t, k) x w[t][k]), SEMANTICS.md §6.5. */
 static long check_out(const bench_opts_t *o, int R, int me, const uint16_t *out, char *msg,
                       size_t msg_len) {
   int K = o->topk, H = o->hidden;
@@ -147,26 +147,26 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* The two-phase form (SPEC §4 hook): each call only sends; ep_ll_recv completes it. Timed apart,
- * with a barrier between send and receive so that the receive measures the wait for the data of
- * the slowest sender, not the sender's own skew. Medians of this rank into f->ll_phases. */
+/* The two-phase form (SEMANTICS.md §6.7): each call only sends; ep_ll_recv completes it. Timed
+ * apart, with a barrier between send and receive so that the receive measures the wait for the data
+ * of the slowest sender, not the sender's own skew. Medians of this rank into f->ll_phases. */
 static int two_phase(const bench_opts_t *o, ep_group_t g, ep_buffer_t buf, const uint16_t *x,
                      const int64_t *idx, const float *w, const uint16_t *y, uint16_t *out,
                      bench_rank_t *f) {
   int n = o->iters;
   double *t = calloc(4 * (size_t)n, sizeof *t);
-  ep_handle_t h = NULL;
+  ep_ll_handle_t h = NULL;
   if (!t) return 1;
   for (int it = -o->warmup; it < n; it++) {
     ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = o->tokens, .topk_idx = idx,
                                .topk = o->topk, .use_fp8 = o->dtype == BENCH_FP8,
-                               .two_phase = 1, .handle = &h};
+                               .two_phase = 1};
     ep_ll_combine_args_t c = {.size = sizeof c, .y = y, .topk_idx = idx, .topk_weights = w,
                               .two_phase = 1, .out = out};
     double s[6];
     TRY(ep_group_barrier(g));
     s[0] = bench_now();
-    TRY(ep_ll_dispatch(buf, &a));
+    TRY(ep_ll_dispatch(buf, &a, &h));
     s[1] = bench_now();
     TRY(ep_group_barrier(g));
     s[2] = bench_now();
@@ -181,7 +181,7 @@ static int two_phase(const bench_opts_t *o, ep_group_t g, ep_buffer_t buf, const
     double s6 = bench_now();
     TRY(ep_ll_recv(buf, h));
     double s7 = bench_now();
-    TRY(ep_handle_destroy(h));
+    TRY(ep_ll_handle_destroy(h));
     h = NULL;
     if (it < 0) continue;
     t[it] = s[1] - s[0], t[n + it] = s[3] - s[2], t[2 * n + it] = s5 - s[4], t[3 * n + it] = s7 - s6;
@@ -193,7 +193,7 @@ static int two_phase(const bench_opts_t *o, ep_group_t g, ep_buffer_t buf, const
   free(t);
   return 0;
 fail:
-  if (h) ep_handle_destroy(h);
+  if (h) ep_ll_handle_destroy(h);
   free(t);
   return 1;
 }
@@ -210,9 +210,9 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   int64_t *idx = malloc(N * K * 8 + 64);
   float *w = malloc(N * K * 4 + 64);
   ep_buffer_t buf = NULL;
-  ep_handle_t h = NULL;
+  ep_ll_handle_t h = NULL;
   bench_ceiling_t *ceil = bench_ceiling_new(o);
-  ep_ll_recv_view_t v = {.size = sizeof v};
+  ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
   if (!x || !out || !idx || !w || !ceil) {
     fprintf(stderr, "epcomm bench: out of memory\n");
     goto fail;
@@ -228,13 +228,13 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   double *t = bench_rank_times(f);
   for (int it = -o->warmup; it < o->iters; it++) {
     ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = o->tokens, .topk_idx = idx,
-                               .topk = o->topk, .use_fp8 = o->dtype == BENCH_FP8, .handle = &h};
+                               .topk = o->topk, .use_fp8 = o->dtype == BENCH_FP8};
     TRY(ep_group_barrier(g));
     double tm = bench_ceiling_copy(ceil);
     TRY(ep_group_barrier(g));
     bench_usage_t u0 = bench_rusage();
     double t0 = bench_now();
-    TRY(ep_ll_dispatch(buf, &a));
+    TRY(ep_ll_dispatch(buf, &a, &h));
     double t1 = bench_now();
     bench_usage_t u1 = bench_rusage();
     TRY(ep_ll_get_recv_view(h, &v));
@@ -257,7 +257,7 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
       figures(o, R, me, idx, &v, f);
       if (f->dispatch_bad) snprintf(f->msg, sizeof f->msg, "%s", m);
     }
-    TRY(ep_handle_destroy(h));
+    TRY(ep_ll_handle_destroy(h));
     h = NULL;
     if (it < 0) continue;
     t[it] = t1 - t0, t[o->iters + it] = t3 - t2, t[2 * o->iters + it] = tm;
@@ -273,7 +273,7 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   f->has_data = 1;
   rc = 0;
 fail:
-  if (h) ep_handle_destroy(h);
+  if (h) ep_ll_handle_destroy(h);
   if (buf && ep_buffer_destroy(buf))
     fprintf(stderr, "epcomm bench: ep_buffer_destroy: %s\n", ep_last_error()), rc = 1;
   bench_ceiling_free(ceil);

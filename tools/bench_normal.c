@@ -51,14 +51,15 @@ static int grow(outs_t *u, int n) {
   return 0;
 }
 
-static int alloc_cb(void *ctx, int n, ep_dispatch_args_t *a) {
+static int alloc_cb(void *ctx, const ep_dispatch_args_t *a, int n, ep_dispatch_out_t *out) {
   outs_t *u = ctx;
+  (void)a;
   if (grow(u, n)) return -1;
-  a->recv_x = u->x;
-  a->recv_x_scales = u->o->dtype == BENCH_FP8 ? u->scales : NULL;
-  a->recv_topk_idx = u->idx;
-  a->recv_topk_weights = u->w;
-  a->recv_src_idx = u->src_idx;
+  out->recv_x = u->x;
+  out->recv_x_scales = u->o->dtype == BENCH_FP8 ? u->scales : NULL;
+  out->recv_topk_idx = u->idx;
+  out->recv_topk_weights = u->w;
+  out->recv_src_idx = u->src_idx;
   return 0;
 }
 
@@ -131,18 +132,19 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
     ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = (ep_dtype_t)o->dtype,
                             .num_tokens = o->tokens, .hidden = o->hidden,
                             .x_scales = o->dtype == BENCH_FP8 ? xs : NULL, .topk_idx = idx,
-                            .topk_weights = w, .topk = o->topk, .num_experts = o->experts,
-                            .rank_prefix = u.prefix, .recv_tokens_per_expert = u.tpe,
-                            .alloc = alloc_cb, .alloc_ctx = &u, .num_recv_tokens = &nr,
-                            .handle = &h};
+                            .topk_weights = w, .topk = o->topk, .num_experts = o->experts};
+    ep_dispatch_out_t dout = {.size = sizeof dout, .mode = EP_OUTPUT_ALLOC, .alloc = alloc_cb,
+                              .alloc_ctx = &u, .rank_prefix = u.prefix,
+                              .recv_tokens_per_expert = u.tpe};
     TRY(ep_group_barrier(g));
     double tm = bench_ceiling_copy(ceil);
     TRY(ep_group_barrier(g));
     bench_usage_t u0 = bench_rusage();
     double t0 = bench_now();
-    TRY(ep_dispatch(buf, &a));
+    TRY(ep_dispatch(buf, &a, &dout));
     double t1 = bench_now();
     bench_usage_t u1 = bench_rusage();
+    nr = dout.num_recv_tokens, h = dout.handle;
     if (!y) {
       y = alloc64((size_t)(nr ? nr : 1) * o->hidden * 2);
       if (!y) goto fail;

@@ -1,6 +1,7 @@
 /* `epcomm demo` (run under `epcomm launch -n R`): one MoE layer's worth of traffic on the default
  * CPU backend. Every rank dispatches random tokens, "runs experts" (scales each row by 2), combines
- * them back, checks both steps bit for bit against the single-process reference of SPEC.md, and
+ * them back, checks both steps bit for bit against the single-process reference of
+ * docs/SEMANTICS.md, and
  * rank 0 prints a table of what moved and how fast. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,15 +123,16 @@ static void run_iters(ep_buffer_t buf, const demo_opts_t *o, const uint16_t *x,
                       figures_t *f) {
   f->dispatch_s = f->combine_s = 1e30;
   for (int it = 0; it < o->iters; it++) {
-    int nr = 0;
-    ep_handle_t h = NULL;
-    ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16,
-                            .num_tokens = o->tokens, .hidden = o->hidden, .topk_idx = idx,
-                            .topk = o->topk, .num_experts = o->experts, .recv_x = rx,
-                            .recv_capacity = cap, .num_recv_tokens = &nr, .handle = &h};
+    ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
+    a.x = x, a.dtype = EP_DTYPE_BF16, a.num_tokens = o->tokens, a.hidden = o->hidden;
+    a.topk_idx = idx, a.topk = o->topk, a.num_experts = o->experts;
+    ep_dispatch_out_t d = EP_DISPATCH_OUT_INIT;
+    d.mode = EP_OUTPUT_CALLER, d.recv_x = rx, d.capacity = cap;
     double t0 = now_s();
-    CHECK(ep_dispatch(buf, &a));
+    CHECK(ep_dispatch(buf, &a, &d));
     double t1 = now_s();
+    int nr = d.num_recv_tokens;
+    ep_handle_t h = d.handle;
     for (size_t i = 0; i < (size_t)nr * o->hidden; i++)
       y[i] = ref_f32_to_bf16(2.0f * ref_bf16_to_f32(rx[i]));
     ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = y, .out = out};

@@ -21,7 +21,8 @@ static int usage(FILE *f) {
           "is stdin)\n"
           "       epcomm doctor rules                                 (the rulebook in use)\n"
           "run and verify exit with the command's status (verify: 0 when clean, 1 otherwise).\n"
-          "The rulebook is $EP_DOCTOR_RULES, else share/doctor-rules.txt. See docs/DOCTOR.md.\n");
+          "The rulebook is $EP_DOCTOR_RULES, else ../share/epcomm/doctor-rules.txt from the epcomm\n"
+          "binary. See docs/DOCTOR.md.\n");
   return f == stdout ? 0 : 2;
 }
 

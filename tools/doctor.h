@@ -35,9 +35,9 @@ typedef struct {
   char path[4096];
 } dr_rulebook_t;
 
-/* Finds the rulebook: $EP_DOCTOR_RULES, EP_SOURCE_DIR/share/doctor-rules.txt, then
- * <dir of executable>/../share/epcomm/doctor-rules.txt. Returns 0 and the path in buf, or -1 and
- * the list of places tried in buf. */
+/* Finds the rulebook: $EP_DOCTOR_RULES, else <dir of executable>/../share/epcomm/doctor-rules.txt
+ * (build tree and installed tree alike). Returns 0 and the path in buf, or -1 and the list of
+ * places tried in buf. */
 int dr_rules_locate(char *buf, size_t len);
 /* 0 on success; on a syntax error prints "file:line: message" to err and returns -1. */
 int dr_rules_load(dr_rulebook_t *rb, const char *path, FILE *err);

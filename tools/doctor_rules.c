@@ -10,8 +10,10 @@
 
 #include "doctor.h"
 
-#ifndef EP_SOURCE_DIR
-#define EP_SOURCE_DIR ""
+/* Where the rulebook is, relative to the directory of the epcomm executable: the same in the
+ * build tree and in an installed tree (cmake/install.cmake sets it from the install dirs). */
+#ifndef EP_RULES_FROM_BIN
+#define EP_RULES_FROM_BIN "../share/epcomm/doctor-rules.txt"
 #endif
 
 const char *dr_phase_name(int phase) {
@@ -25,18 +27,16 @@ static int readable(const char *path) {
 
 int dr_rules_locate(char *buf, size_t len) {
   const char *env = getenv("EP_DOCTOR_RULES");
-  char cand[3][4096] = {{0}};
+  char cand[2][4096] = {{0}};
   if (env && *env) snprintf(cand[0], sizeof cand[0], "%s", env);
-  if (EP_SOURCE_DIR[0])
-    snprintf(cand[1], sizeof cand[1], "%s/share/doctor-rules.txt", EP_SOURCE_DIR);
   char exe[4096];
   ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (k > 0) {
     exe[k] = '\0';
-    snprintf(cand[2], sizeof cand[2], "%s/../share/epcomm/doctor-rules.txt", dirname(exe));
+    snprintf(cand[1], sizeof cand[1], "%s/%s", dirname(exe), EP_RULES_FROM_BIN);
   }
   /* An explicit $EP_DOCTOR_RULES that is wrong is an error, not a reason to use another file. */
-  int last = env && *env ? 1 : 3;
+  int last = env && *env ? 1 : 2;
   for (int i = 0; i < last; i++)
     if (readable(cand[i])) return snprintf(buf, len, "%s", cand[i]), 0;
   size_t used = 0;

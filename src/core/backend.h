@@ -84,7 +84,7 @@ typedef struct {
   enum ep_handle_kind kind;
   int num_tokens;      /* N of this rank */
   int num_recv_tokens; /* Nr */
-  int recv_rows;       /* rows of the dispatch outputs (Nr, or worst_case_tokens) */
+  int recv_rows;       /* rows of the dispatch outputs (Nr, or the worst-case rows) */
   int hidden;
   int topk;
   int num_experts;
@@ -94,26 +94,61 @@ typedef struct {
   void (*free_priv)(void *priv);
 } ep_handle_info_t;
 
-/* ------------------------------------------------------------------ the ops table */
+/* ------------------------------------------------------------------ one normal-mode call
+ * The core turns the caller's arguments into this description; backends move the data. */
+
+#include "core/call_key.h"
+
+/* First field in which `theirs` differs from `mine` (EP_CF_REJECTED when the peer rejected its
+ * arguments), or -1. */
+int ep_call_key_diff(const ep_call_key_t *mine, const ep_call_key_t *theirs);
+/* Records the failure for field `f` (from ep_call_key_diff, or a kernel) against `peer` and
+ * returns its status: EP_ERR_PEER_INVALID or EP_ERR_MISMATCH. `theirs` may be NULL when only the
+ * field is known. */
+ep_status_t ep_call_key_fail(ep_ctx_t *ctx, const char *op, const char *phase, int f,
+                             const ep_call_key_t *mine, const ep_call_key_t *theirs, int peer);
+
+/* The key of a combine along handle `h`. */
+void ep_call_combine_key(const ep_combine_args_t *a, const ep_handle_info_t *h,
+                         ep_call_key_t *key);
+
+/* An expert id out of range, named by its slot (every backend and every check says it so). */
+ep_status_t ep_call_bad_expert(ep_ctx_t *ctx, const char *op, int64_t token, int k,
+                               int64_t value, int num_experts);
 
 typedef struct {
-  const int64_t *topk_idx;
-  int num_tokens, topk, num_experts;
-  int32_t *tokens_per_rank, *tokens_per_expert;
-  uint8_t *is_token_in_rank;
-  void *stream;
-} ep_layout_args_t;
+  ep_dispatch_args_t in;   /* the caller's arguments, defaults applied */
+  ep_dispatch_out_t out;   /* the caller's output description; the call sets its row arrays
+                              (ALLOC: through the callback, VIEWS: the backend) and results */
+  const ep_handle_info_t *cached; /* a cached dispatch: the layout it follows */
+  ep_call_key_t key;
+  int topk, num_experts, num_local; /* of the layout (the cached handle's for a cached call) */
+  bool has_w;              /* topk weights travel with the rows */
+  bool sync;               /* the count is learnt before returning (not the worst-case form) */
+  bool views;              /* EP_OUTPUT_VIEWS */
+  size_t row_bytes, scale_bytes;
+} ep_dispatch_call_t;
 
-/* Optional abilities of a backend (ep_backend_ops.caps). */
-enum {
-  /* ep_dispatch with recv_x == NULL and no alloc: the outputs are views of the backend's own
-   * receive memory, returned through the args (valid until the next dispatch on the buffer). */
-  EP_CAP_DISPATCH_VIEWS = 1u << 0,
-};
+/* Rows the outputs hold before the count is known: the capacity (caller arrays, worst case),
+ * `view_rows` (views: what the backend's receive memory holds), -1 (allocator: no bound). */
+int64_t ep_call_out_rows(const ep_dispatch_call_t *c, int64_t view_rows);
+/* Once this rank's receive count is known: EP_OK when the outputs take `nr` rows (the allocator
+ * is called here), else the recorded error; the backend then drains the rows and keeps the
+ * queues consistent. */
+ep_status_t ep_call_outputs_ready(ep_ctx_t *ctx, ep_dispatch_call_t *c, int nr, int64_t view_rows);
+/* The handle a successful non-cached dispatch leaves. */
+ep_handle_info_t ep_call_handle_info(const ep_dispatch_call_t *c, int nr, void *priv,
+                                     void (*free_priv)(void *));
+
+/* ------------------------------------------------------------------ the ops table */
 
 struct ep_backend_ops {
-  const char *name;
-  unsigned caps; /* EP_CAP_* */
+  const char *name;    /* as EP_BACKEND spells it */
+  ep_backend_t id;
+  unsigned caps;       /* EP_CAP_* of epcomm.h that every buffer of this backend has */
+  ep_lifetime_t dispatch_view_lifetime, ll_view_lifetime;
+  /* Local: can this backend create buffers here (a device exists...)? EP_OK, or the reason. */
+  ep_status_t (*available)(void);
   /* Local: bytes of memory one rank's buffer takes for `cfg` (already resolved) and R ranks. */
   ep_status_t (*size_hint)(const ep_buffer_config_t *cfg, int nranks, size_t *bytes);
   /* Collective. Builds the backend state of one buffer. */
@@ -121,10 +156,9 @@ struct ep_backend_ops {
   /* collective=true: quiesce with peers first (bounded); false: local release. Always frees. */
   ep_status_t (*destroy)(void *state, bool collective);
   ep_status_t (*layout)(void *state, const ep_layout_args_t *a);
-  /* Collective. `cached` is non-NULL for a cached dispatch. On success fills `out` (kind, counts,
-   * priv). On failure `out` is left for the core to discard. */
-  ep_status_t (*dispatch)(void *state, ep_dispatch_args_t *a, const ep_handle_info_t *cached,
-                          ep_handle_info_t *out);
+  /* Collective. On success fills `out` (a non-cached call: kind, counts, priv) and c->out's
+   * results. On failure `out` is left for the core to discard. */
+  ep_status_t (*dispatch)(void *state, ep_dispatch_call_t *c, ep_handle_info_t *out);
   ep_status_t (*combine)(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
   /* This rank rejected its arguments for the next normal-mode collective call: tell the peers so
    * that their matching call fails at once (EP_ERR_PEER_INVALID) instead of timing out. */
@@ -141,8 +175,10 @@ struct ep_backend_ops {
   void (*ll_reject)(void *state, bool combine);
 };
 
-/* Backends compiled into this library (NULL where not built). */
-const struct ep_backend_ops *ep_backend_cpu(void);
-const struct ep_backend_ops *ep_backend_cuda(void);
+/* Every backend module defines one `const struct ep_backend_ops *ep_backend_<name>(void)`; the
+ * build lists those it compiled in a generated table (src/core/backends.c.in), which is how the
+ * core finds them without naming any. */
+typedef const struct ep_backend_ops *(*ep_backend_getter_t)(void);
+extern const ep_backend_getter_t ep_backend_table[];
 
 #endif

@@ -130,29 +130,85 @@ const char *ep_buffer_last_error(ep_buffer_t buffer) {
   return m;
 }
 
-ep_status_t ep_buffer_backend(ep_buffer_t buffer, ep_backend_t *backend) {
-  if (!backend) return ep_err(EP_ERR_NULL_ARG, "ep_buffer_backend: backend is NULL");
+ep_status_t ep_buffer_query(ep_buffer_t buffer, ep_buffer_info_t *info) {
+  static const char op[] = "ep_buffer_query";
+  if (!info) return ep_err(EP_ERR_NULL_ARG, "%s: info is NULL", op);
+  ep_buffer_info_t i;
+  memset(&i, 0, sizeof i);
+  if (info->size < sizeof(size_t) || info->size > sizeof i || info->size % sizeof(void *))
+    return ep_err(EP_ERR_CONFIG, "%s: info->size is %zu, this library accepts %zu..%zu (use "
+                  "EP_BUFFER_INFO_INIT)", op, info->size, sizeof(size_t), sizeof i);
   ep_buffer *b;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, false, (void **)&b);
-  if (st) return st;
-  *backend = b->cfg.backend;
+  if (st) {
+    char msg[EP_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s: buf: %s", op, ep_last_error());
+    ep_err_set_msg(msg);
+    return st;
+  }
+  i.size = info->size;
+  i.backend = b->cfg.backend;
+  i.caps = b->ops->caps | (b->ops->ll_dispatch && b->cfg.ll_max_tokens ? EP_CAP_LOW_LATENCY : 0);
+  i.rank = b->group->rank;
+  i.nranks = b->group->nranks;
+  i.dispatch_view_lifetime = b->ops->dispatch_view_lifetime;
+  i.ll_view_lifetime = i.caps & EP_CAP_LOW_LATENCY ? b->ops->ll_view_lifetime : EP_LIFETIME_NONE;
+  i.bytes = b->bytes;
+  i.config = b->cfg;
   ep_reg_release(b->id);
+  memcpy(info, &i, info->size); /* an older caller's smaller struct gets the fields it has */
   return EP_OK;
 }
 
 /* ------------------------------------------------------------------ config */
 
+/* The public enum's spelling (EP_BACKEND=cuda); whether a backend is built is the table's say. */
+static const char *const backend_names[] = {"auto", "cpu", "cuda"};
+
+static const char *backend_name(ep_backend_t id) {
+  return id >= 0 && id < (int)(sizeof backend_names / sizeof *backend_names) ? backend_names[id]
+                                                                             : "unknown";
+}
+
+const struct ep_backend_ops *ep_backend_find(ep_backend_t id) {
+  for (int i = 0; ep_backend_table[i]; i++) {
+    const struct ep_backend_ops *o = ep_backend_table[i]();
+    if (o && o->id == id) return o;
+  }
+  return NULL;
+}
+
+int ep_backend_available(ep_backend_t id) {
+  const struct ep_backend_ops *o = ep_backend_find(id);
+  if (!o) {
+    ep_err(EP_ERR_UNSUPPORTED, "the %s backend is not built into this library", backend_name(id));
+    return 0;
+  }
+  return o->available() == EP_OK;
+}
+
+static ep_status_t backend_from_env(ep_backend_t *id) {
+  const char *e = ep_env_str("EP_BACKEND");
+  *id = EP_BACKEND_CPU;
+  if (!e || !*e) return EP_OK;
+  for (int i = EP_BACKEND_CPU; i < (int)(sizeof backend_names / sizeof *backend_names); i++)
+    if (!strcasecmp(e, backend_names[i])) {
+      *id = (ep_backend_t)i;
+      return EP_OK;
+    }
+  return ep_err(EP_ERR_INVALID_ARG, "EP_BACKEND=%s: not a backend; accepted: cpu, cuda", e);
+}
+
 static ep_status_t resolve_backend(ep_buffer_config_t *c, const struct ep_backend_ops **ops) {
   if (c->backend == EP_BACKEND_AUTO) {
-    const char *e = ep_env_str("EP_BACKEND");
-    c->backend = (e && !strcasecmp(e, "cuda")) ? EP_BACKEND_CUDA : EP_BACKEND_CPU;
+    ep_status_t st = backend_from_env(&c->backend);
+    if (st) return st;
   }
-  if (c->backend == EP_BACKEND_CPU) *ops = ep_backend_cpu();
-  else if (c->backend == EP_BACKEND_CUDA) *ops = ep_backend_cuda();
-  else return ep_err(EP_ERR_INVALID_ARG, "cfg->backend: %d is not an ep_backend_t", c->backend);
-  if (!*ops)
+  if (c->backend != EP_BACKEND_CPU && c->backend != EP_BACKEND_CUDA)
+    return ep_err(EP_ERR_INVALID_ARG, "cfg->backend: %d is not an ep_backend_t", c->backend);
+  if (!(*ops = ep_backend_find(c->backend)))
     return ep_err(EP_ERR_UNSUPPORTED, "cfg->backend: the %s backend is not built into this "
-                  "library", c->backend == EP_BACKEND_CUDA ? "cuda" : "cpu");
+                  "library", backend_name(c->backend));
   return EP_OK;
 }
 

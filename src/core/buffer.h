@@ -18,6 +18,7 @@ struct ep_buffer_s {
   double timeout_s;
   bool broken; /* a collective failed mid-way: only destroy/release remain */
   int ll_live; /* low-latency handles alive (at most 2) */
+  size_t bytes; /* the backend's size hint for this buffer */
   struct ep_ctx ctx;
   ep_errbox_t err;
 };
@@ -45,13 +46,16 @@ ep_status_t ep_buffer_resolve_config(const ep_buffer_config_t *cfg, double group
                                      ep_buffer_config_t *c, const struct ep_backend_ops **ops);
 /* Local: the low-latency sizes of a resolved config are usable with `nranks` ranks (ops_ll.c). */
 ep_status_t ep_ll_check_config(const ep_buffer_config_t *c, int nranks);
+/* The backend built with this id, or NULL. */
+const struct ep_backend_ops *ep_backend_find(ep_backend_t id);
 /* Collective: every rank's config must be the same. */
 ep_status_t ep_buffer_agree_config(ep_buffer *b);
 /* Resolve a handle of this buffer. */
-ep_status_t ep_handle_get(ep_buffer *b, ep_handle_t h, const char *op, const char *arg,
+ep_status_t ep_handle_get(ep_buffer *b, const void *h, const char *op, const char *arg,
                           enum ep_handle_kind kind, ep_handle **out);
 void ep_handle_put(ep_handle *h);
-/* Wrap filled info into a new handle object (frees info.priv on failure). */
-ep_status_t ep_handle_new(ep_buffer *b, ep_handle_info_t *info, ep_handle_t *out);
+/* Wrap filled info into a new handle object (frees info.priv on failure); `out` points to an
+ * ep_handle_t or an ep_ll_handle_t, as info->kind says. */
+ep_status_t ep_handle_new(ep_buffer *b, ep_handle_info_t *info, void *out);
 
 #endif

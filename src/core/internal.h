@@ -43,7 +43,7 @@ void ep_env_check_unknown(void);                     /* warn once about unknown 
 
 /* ---- object registry (registry.c): opaque ids with generations, so that a stale or doubled
  * handle is detected instead of dereferenced. */
-enum ep_obj_kind { EP_OBJ_GROUP = 1, EP_OBJ_BUFFER = 2, EP_OBJ_HANDLE = 3 };
+enum ep_obj_kind { EP_OBJ_GROUP = 1, EP_OBJ_BUFFER = 2, EP_OBJ_HANDLE = 3, EP_OBJ_LL_HANDLE = 4 };
 typedef uint64_t ep_id_t;
 ep_status_t ep_reg_add(enum ep_obj_kind kind, void *obj, int rank, ep_id_t *id);
 /* Look up and pin (in-flight count + 1). EP_ERR_DESTROYED / EP_ERR_INVALID_ARG / EP_ERR_BUSY
@@ -66,7 +66,9 @@ static inline ep_id_t ep_ptr_to_id(const void *p) { return (ep_id_t)(uintptr_t)p
  * smaller struct overwrites only the fields it has. */
 ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *argname,
                           bool has_magic);
-/* The args struct of a call: NULL, or a bad size, fails naming the call ("ep_dispatch: args"). */
-ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op);
+/* The args (or out) struct of a call: NULL, or a bad size, fails naming the call and the
+ * argument ("ep_dispatch: out"). */
+ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op,
+                         const char *argname);
 
 #endif

@@ -1,5 +1,5 @@
-/* Public entry points of low-latency mode (SPEC §4). The core checks everything that can be
- * checked without reading tensor contents, enforces the two-live-handles rule, and hands over
+/* Public entry points of low-latency mode (SEMANTICS.md §6). The core checks everything that
+ * can be checked without reading tensor contents, enforces the two-live-handles rule, and hands over
  * to the backend. A collective call rejected here is announced to the peers (ops->ll_reject), so
  * that their matching call fails at once instead of waiting for this rank until the deadline. */
 #include <stdio.h>
@@ -53,7 +53,6 @@ static ep_status_t ll_enabled(const ep_buffer *b, const char *op) {
 
 static ep_status_t check_dispatch(const ep_buffer *b, ep_ll_dispatch_args_t *a, const char *op) {
   const ep_buffer_config_t *c = &b->cfg;
-  NEED(a->handle, EP_ERR_NULL_ARG, "%s: handle is NULL (the result lives in a handle)", op);
   NEED(a->num_tokens >= 0, EP_ERR_OUT_OF_RANGE, "%s: num_tokens is %d, must be >= 0", op,
        a->num_tokens);
   NEED(a->num_tokens <= c->ll_max_tokens, EP_ERR_TOO_LARGE,
@@ -72,23 +71,24 @@ static ep_status_t check_dispatch(const ep_buffer *b, ep_ll_dispatch_args_t *a, 
   NEED(!a->use_fp8 || c->ll_hidden % 128 == 0, EP_ERR_SHAPE, "%s: use_fp8 needs ll_hidden to be "
        "a multiple of 128 (one scale per 128 channels); it is %d", op, c->ll_hidden);
   NEED(b->ll_live < LL_SLOTS, EP_ERR_BUSY, "%s: %d low-latency handles are alive and the buffer "
-       "holds %d results; destroy one (ep_handle_destroy) before the next ep_ll_dispatch", op,
+       "holds %d results; destroy one (ep_ll_handle_destroy) before the next ep_ll_dispatch", op,
        b->ll_live, LL_SLOTS);
   return EP_OK;
 }
 
-static ep_status_t run_dispatch(ep_buffer *b, const ep_ll_dispatch_args_t *a, const char *op) {
+static ep_status_t run_dispatch(ep_buffer *b, const ep_ll_dispatch_args_t *a,
+                                ep_ll_handle_t *handle, const char *op) {
   ep_handle_info_t info;
   memset(&info, 0, sizeof info);
   ep_status_t st = ep_buffer_after(b, b->ops->ll_dispatch(b->state, a, &info), op);
   if (st) return st; /* the backend gave its slot back */
-  ep_handle_t out = NULL;
+  ep_ll_handle_t out = NULL;
   if ((st = ep_handle_new(b, &info, &out))) {
     b->ops->ll_release(b->state, &info);
     return st;
   }
   b->ll_live++;
-  *a->handle = out;
+  *handle = out;
   if (ep_log_enabled(EP_LOG_DEBUG))
     ep_log_at(EP_LOG_DEBUG, b->group->rank, "run", "%s: %d tokens sent, %d rows received%s "
               "(%s, topk %d, %d results alive)", op, a->num_tokens, info.num_recv_tokens,
@@ -97,7 +97,8 @@ static ep_status_t run_dispatch(ep_buffer *b, const ep_ll_dispatch_args_t *a, co
   return EP_OK;
 }
 
-ep_status_t ep_ll_dispatch(ep_buffer_t buffer, const ep_ll_dispatch_args_t *args) {
+ep_status_t ep_ll_dispatch(ep_buffer_t buffer, const ep_ll_dispatch_args_t *args,
+                           ep_ll_handle_t *handle) {
   static const char op[] = "ep_ll_dispatch";
   ep_buffer *b;
   ep_status_t st = ep_buffer_get(buffer, op, &b);
@@ -105,13 +106,15 @@ ep_status_t ep_ll_dispatch(ep_buffer_t buffer, const ep_ll_dispatch_args_t *args
   ep_ll_dispatch_args_t a;
   memset(&a, 0, sizeof a);
   if (!(st = ll_enabled(b, op))) { /* disabled: the same on every rank, nobody waits */
-    if (!(st = ep_args_load(&a, sizeof a, args, op)))
+    if (!handle)
+      st = ep_err(EP_ERR_NULL_ARG, "%s: handle is NULL (the result lives in a handle)", op);
+    else if (!(st = ep_args_load(&a, sizeof a, args, op, "args")))
       st = check_dispatch(b, &a, op);
     if (st) {
       b->ops->ll_reject(b->state, false);
       ep_errbox_put(&b->err, ep_last_error());
     } else {
-      st = run_dispatch(b, &a, op);
+      st = run_dispatch(b, &a, handle, op);
     }
   }
   ep_buffer_put(b);
@@ -120,7 +123,7 @@ ep_status_t ep_ll_dispatch(ep_buffer_t buffer, const ep_ll_dispatch_args_t *args
 
 /* ------------------------------------------------------------------ receive, view */
 
-ep_status_t ep_ll_recv(ep_buffer_t buffer, ep_handle_t handle) {
+ep_status_t ep_ll_recv(ep_buffer_t buffer, ep_ll_handle_t handle) {
   static const char op[] = "ep_ll_recv";
   ep_buffer *b;
   ep_status_t st = ep_buffer_get(buffer, op, &b);
@@ -151,7 +154,7 @@ static ep_status_t view_from(ep_handle *h, ep_ll_recv_view_t *view, const char *
   return st;
 }
 
-ep_status_t ep_ll_get_recv_view(ep_handle_t handle, ep_ll_recv_view_t *view) {
+ep_status_t ep_ll_get_recv_view(ep_ll_handle_t handle, ep_ll_recv_view_t *view) {
   static const char op[] = "ep_ll_get_recv_view";
   NEED(view, EP_ERR_NULL_ARG, "%s: view is NULL", op);
   /* The rules of ep_struct_load, for an output struct: an older caller's smaller view gets the
@@ -161,18 +164,14 @@ ep_status_t ep_ll_get_recv_view(ep_handle_t handle, ep_ll_recv_view_t *view) {
        "accepts %zu..%zu (set it to sizeof(ep_ll_recv_view_t))", op, view->size, sizeof(size_t),
        sizeof(ep_ll_recv_view_t));
   ep_handle *h;
-  ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), EP_OBJ_HANDLE, false, (void **)&h);
+  ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), EP_OBJ_LL_HANDLE, false, (void **)&h);
   if (st) {
     char msg[EP_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s: handle: %s", op, ep_last_error());
     ep_err_set_msg(msg);
     return st;
   }
-  if (h->info.kind != EP_HANDLE_LL)
-    st = ep_err(EP_ERR_INVALID_ARG, "%s: handle comes from a normal dispatch, not a low-latency "
-                "one", op);
-  else
-    st = view_from(h, view, op);
+  st = view_from(h, view, op);
   ep_reg_release(h->id);
   return st;
 }
@@ -198,8 +197,8 @@ ep_status_t ep_ll_combine(ep_buffer_t buffer, const ep_ll_combine_args_t *args) 
   memset(&a, 0, sizeof a);
   ep_handle *h = NULL;
   if (!(st = ll_enabled(b, op))) {
-    if (!(st = ep_args_load(&a, sizeof a, args, op)) &&
-             !(st = ep_handle_get(b, a.handle, op, "handle", EP_HANDLE_LL, &h)))
+    if (!(st = ep_args_load(&a, sizeof a, args, op, "args")) &&
+        !(st = ep_handle_get(b, a.handle, op, "args->handle", EP_HANDLE_LL, &h)))
       st = check_combine(&a, &h->info, op);
     a.two_phase = !!a.two_phase;
     if (st) {

@@ -1,5 +1,6 @@
 /* Public entry points of normal mode: layout, dispatch, combine. The core checks everything
- * that can be checked without reading tensor contents, then hands over to the backend. */
+ * that can be checked without reading tensor contents, describes the call (src/core/call.c),
+ * then hands over to the backend. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,20 +28,16 @@ static ep_status_t check_routing(int R, const int64_t *topk_idx, int n, int topk
   return EP_OK;
 }
 
-ep_status_t ep_get_dispatch_layout(ep_buffer_t buffer, const int64_t *topk_idx, int num_tokens,
-                                   int topk, int num_experts, int32_t *tokens_per_rank,
-                                   int32_t *tokens_per_expert, uint8_t *is_token_in_rank,
-                                   void *stream) {
+ep_status_t ep_get_dispatch_layout(ep_buffer_t buffer, const ep_layout_args_t *args) {
   static const char op[] = "ep_get_dispatch_layout";
   ep_buffer *b;
   ep_status_t st = ep_buffer_get(buffer, op, &b);
   if (st) return st;
-  st = check_routing(b->group->nranks, topk_idx, num_tokens, topk, num_experts, op);
-  if (!st) {
-    ep_layout_args_t a = {topk_idx, num_tokens, topk, num_experts, tokens_per_rank,
-                          tokens_per_expert, is_token_in_rank, stream};
-    st = ep_buffer_after(b, b->ops->layout(b->state, &a), op);
-  }
+  ep_layout_args_t a;
+  memset(&a, 0, sizeof a);
+  if (!(st = ep_args_load(&a, sizeof a, args, op, "args")))
+    st = check_routing(b->group->nranks, a.topk_idx, a.num_tokens, a.topk, a.num_experts, op);
+  if (!st) st = ep_buffer_after(b, b->ops->layout(b->state, &a), op);
   ep_buffer_put(b);
   return st;
 }
@@ -49,7 +46,7 @@ ep_status_t ep_get_dispatch_layout(ep_buffer_t buffer, const int64_t *topk_idx, 
 
 static ep_status_t check_payload(const ep_dispatch_args_t *a, const char *op) {
   NEED(a->dtype == EP_DTYPE_BF16 || a->dtype == EP_DTYPE_FP8_E4M3, EP_ERR_INVALID_ARG,
-       "%s: dtype %d is not bf16 or fp8_e4m3", op, (int)a->dtype);
+       "%s: args->dtype is %d: set EP_DTYPE_BF16 or EP_DTYPE_FP8_E4M3", op, (int)a->dtype);
   NEED(a->num_tokens >= 0, EP_ERR_OUT_OF_RANGE, "%s: num_tokens is %d, must be >= 0", op,
        a->num_tokens);
   NEED(a->hidden >= 1, EP_ERR_OUT_OF_RANGE, "%s: hidden is %d, must be >= 1", op, a->hidden);
@@ -69,32 +66,53 @@ static ep_status_t check_payload(const ep_dispatch_args_t *a, const char *op) {
   return EP_OK;
 }
 
-static ep_status_t check_outputs(const ep_dispatch_args_t *a, bool cached, bool views,
-                                 const char *op) {
-  NEED(a->worst_case_tokens >= 0, EP_ERR_OUT_OF_RANGE, "%s: worst_case_tokens is %d", op,
-       a->worst_case_tokens);
-  NEED(a->recv_capacity >= 0, EP_ERR_OUT_OF_RANGE, "%s: recv_capacity is %d", op,
-       a->recv_capacity);
+/* The output mode and the arrays it needs. */
+static ep_status_t check_mode(const ep_buffer *b, const ep_dispatch_out_t *o, const char *op) {
+  NEED(o->mode >= EP_OUTPUT_CALLER && o->mode <= EP_OUTPUT_VIEWS, EP_ERR_INVALID_ARG,
+       "%s: out->mode is %d: set EP_OUTPUT_CALLER, EP_OUTPUT_ALLOC or EP_OUTPUT_VIEWS", op,
+       (int)o->mode);
+  NEED(o->mode != EP_OUTPUT_VIEWS || (b->ops->caps & EP_CAP_DISPATCH_VIEWS), EP_ERR_UNSUPPORTED,
+       "%s: out->mode is EP_OUTPUT_VIEWS but the %s backend has no dispatch views (see "
+       "ep_buffer_query); use EP_OUTPUT_CALLER or EP_OUTPUT_ALLOC", op, b->ops->name);
+  NEED(o->mode != EP_OUTPUT_ALLOC || o->alloc, EP_ERR_NULL_ARG,
+       "%s: out->alloc is NULL (out->mode is EP_OUTPUT_ALLOC)", op);
+  NEED(o->mode != EP_OUTPUT_ALLOC || !o->worst_case, EP_ERR_INVALID_ARG,
+       "%s: out->worst_case needs outputs of fixed size: EP_OUTPUT_CALLER or EP_OUTPUT_VIEWS, "
+       "not EP_OUTPUT_ALLOC", op);
+  NEED(o->worst_case == 0 || o->worst_case == 1, EP_ERR_INVALID_ARG,
+       "%s: out->worst_case is %d, must be 0 or 1", op, o->worst_case);
+  NEED(o->capacity >= 0, EP_ERR_OUT_OF_RANGE, "%s: out->capacity is %d, must be >= 0", op,
+       o->capacity);
+  NEED(!o->worst_case || o->capacity > 0, EP_ERR_OUT_OF_RANGE,
+       "%s: out->capacity is 0 with out->worst_case: give the worst-case rows", op);
+  return EP_OK;
+}
+
+static ep_status_t check_outputs(const ep_buffer *b, const ep_dispatch_args_t *a,
+                                 const ep_dispatch_out_t *o, const char *op) {
+  ep_status_t st = check_mode(b, o, op);
+  if (st) return st;
   NEED(a->expert_alignment >= 0, EP_ERR_OUT_OF_RANGE, "%s: expert_alignment is %d", op,
        a->expert_alignment);
-  NEED(!(a->alloc && a->worst_case_tokens), EP_ERR_INVALID_ARG,
-       "%s: alloc is for the synchronous path; the worst-case path takes fixed outputs", op);
-  NEED(a->num_recv_tokens, EP_ERR_NULL_ARG, "%s: num_recv_tokens is NULL", op);
-  if (!a->alloc && (a->recv_x || !views)) {
-    NEED(a->recv_x, EP_ERR_NULL_ARG, "%s: recv_x is NULL (give outputs or alloc)", op);
-    NEED(a->dtype != EP_DTYPE_FP8_E4M3 || a->recv_x_scales, EP_ERR_NULL_ARG,
-         "%s: recv_x_scales is NULL (fp8 x)", op);
+  if (o->mode == EP_OUTPUT_CALLER) {
+    NEED(o->recv_x, EP_ERR_NULL_ARG, "%s: out->recv_x is NULL (out->mode is EP_OUTPUT_CALLER)",
+         op);
+    NEED(a->dtype != EP_DTYPE_FP8_E4M3 || o->recv_x_scales, EP_ERR_NULL_ARG,
+         "%s: out->recv_x_scales is NULL (fp8 x)", op);
+    NEED(a->dtype == EP_DTYPE_FP8_E4M3 || !o->recv_x_scales, EP_ERR_INVALID_ARG,
+         "%s: out->recv_x_scales given with bf16 x", op);
+    NEED(a->topk_weights || a->cached || !o->recv_topk_weights, EP_ERR_INVALID_ARG,
+         "%s: out->recv_topk_weights requested but topk_weights is NULL", op);
   }
-  NEED(a->dtype == EP_DTYPE_FP8_E4M3 || !a->recv_x_scales, EP_ERR_INVALID_ARG,
-       "%s: recv_x_scales given with bf16 x", op);
-  if (cached) {
-    NEED(!a->handle, EP_ERR_INVALID_ARG, "%s: handle must be NULL in a cached dispatch (the "
-         "cached handle stays valid)", op);
-    return EP_OK;
-  }
-  NEED(a->topk_weights || !a->recv_topk_weights, EP_ERR_INVALID_ARG,
-       "%s: recv_topk_weights requested but topk_weights is NULL", op);
   return EP_OK;
+}
+
+/* Row arrays are the caller's only in EP_OUTPUT_CALLER: whatever a reused out struct still holds
+ * must not be written through when the allocator or the backend is to set them. */
+static void clear_rows(ep_dispatch_out_t *o) {
+  if (o->mode == EP_OUTPUT_CALLER) return;
+  o->recv_x = NULL, o->recv_x_scales = NULL, o->recv_topk_idx = NULL;
+  o->recv_topk_weights = NULL, o->recv_src_idx = NULL;
 }
 
 static void default_scales(ep_dispatch_args_t *a) {
@@ -104,9 +122,9 @@ static void default_scales(ep_dispatch_args_t *a) {
   if (!a->scale_hidden_stride) a->scale_hidden_stride = 1;
 }
 
-static ep_status_t check_cached(ep_buffer *b, ep_dispatch_args_t *a, ep_handle **h,
+static ep_status_t check_cached(ep_buffer *b, const ep_dispatch_args_t *a, ep_handle **h,
                                 const char *op) {
-  ep_status_t st = ep_handle_get(b, a->cached, op, "cached", EP_HANDLE_NORMAL, h);
+  ep_status_t st = ep_handle_get(b, a->cached, op, "args->cached", EP_HANDLE_NORMAL, h);
   if (st) return st;
   const ep_handle_info_t *i = &(*h)->info;
   if (a->num_tokens != i->num_tokens || a->hidden != i->hidden || a->dtype != i->dtype ||
@@ -121,64 +139,92 @@ static ep_status_t check_cached(ep_buffer *b, ep_dispatch_args_t *a, ep_handle *
   return EP_OK;
 }
 
-static ep_status_t validate_dispatch(ep_buffer *b, ep_dispatch_args_t *a, ep_handle **cached,
-                                     const char *op) {
-  default_scales(a);
-  ep_status_t st = check_payload(a, op);
-  bool views = (b->ops->caps & EP_CAP_DISPATCH_VIEWS) != 0;
-  if (!st) st = check_outputs(a, a->cached != NULL, views, op);
-  if (st) return st;
-  if (a->cached) return check_cached(b, a, cached, op);
-  return check_routing(b->group->nranks, a->topk_idx, a->num_tokens, a->topk, a->num_experts,
-                       op);
+/* The call as the backend sees it: layout facts, what ranks compare, where rows go. */
+static void describe(const ep_buffer *b, ep_dispatch_call_t *c, const ep_handle_info_t *h) {
+  ep_dispatch_args_t *a = &c->in;
+  c->cached = h;
+  c->topk = h ? h->topk : a->topk;
+  c->num_experts = h ? h->num_experts : a->num_experts;
+  c->num_local = c->num_experts / b->group->nranks;
+  c->has_w = !h && a->topk_weights != NULL;
+  c->sync = !c->out.worst_case;
+  c->views = c->out.mode == EP_OUTPUT_VIEWS;
+  c->row_bytes = (size_t)a->hidden * ep_dtype_size(a->dtype);
+  c->scale_bytes = a->dtype == EP_DTYPE_FP8_E4M3 ? (size_t)a->num_scales * sizeof(float) : 0;
+  int32_t *f = c->key.f;
+  f[EP_CF_KIND] = h ? EP_CALL_CACHED : EP_CALL_DISPATCH;
+  f[EP_CF_HIDDEN] = a->hidden;
+  f[EP_CF_DTYPE] = a->dtype;
+  f[EP_CF_TOPK] = h ? 0 : a->topk;
+  f[EP_CF_EXPERTS] = h ? 0 : a->num_experts;
+  f[EP_CF_SCALES] = a->dtype == EP_DTYPE_FP8_E4M3 ? a->num_scales : 0;
+  f[EP_CF_WEIGHTS] = c->has_w;
+  if (h) { /* the layout is the handle's: nothing of the caller's routing is read */
+    a->topk_idx = NULL, a->topk_weights = NULL, a->topk = h->topk, a->num_experts = h->num_experts;
+  }
 }
 
-static ep_status_t run_dispatch(ep_buffer *b, ep_dispatch_args_t *a, ep_handle *cached,
-                                ep_dispatch_args_t *user, const char *op) {
+static ep_status_t validate_dispatch(ep_buffer *b, ep_dispatch_call_t *c, ep_handle **cached,
+                                     const char *op) {
+  ep_dispatch_args_t *a = &c->in;
+  default_scales(a);
+  ep_status_t st = check_payload(a, op);
+  if (!st) st = check_outputs(b, a, &c->out, op);
+  if (!st) clear_rows(&c->out);
+  if (!st && a->cached) st = check_cached(b, a, cached, op);
+  else if (!st)
+    st = check_routing(b->group->nranks, a->topk_idx, a->num_tokens, a->topk, a->num_experts, op);
+  if (!st) describe(b, c, *cached ? &(*cached)->info : NULL);
+  return st;
+}
+
+/* What the caller gets back: the results and the row arrays (set by alloc or views). */
+static void report(const ep_dispatch_out_t *o, ep_dispatch_out_t *user) {
+  user->num_recv_tokens = o->num_recv_tokens;
+  user->handle = o->handle;
+  if (o->mode == EP_OUTPUT_CALLER) return;
+  user->recv_x = o->recv_x;
+  user->recv_x_scales = o->recv_x_scales;
+  user->recv_topk_idx = o->recv_topk_idx;
+  user->recv_topk_weights = o->recv_topk_weights;
+  user->recv_src_idx = o->recv_src_idx;
+}
+
+static ep_status_t run_dispatch(ep_buffer *b, ep_dispatch_call_t *c, ep_handle *cached,
+                                ep_dispatch_out_t *user, const char *op) {
   ep_handle_info_t info;
   memset(&info, 0, sizeof info);
-  ep_status_t st = b->ops->dispatch(b->state, a, cached ? &cached->info : NULL, &info);
-  st = ep_buffer_after(b, st, op);
-  if (st) {
-    if (info.free_priv) info.free_priv(info.priv);
-    return st;
-  }
-  ep_handle_t out = NULL;
-  if (!cached && a->handle) st = ep_handle_new(b, &info, &out);
+  c->out.handle = NULL;
+  ep_status_t st = ep_buffer_after(b, b->ops->dispatch(b->state, c, &info), op);
+  if (!st && !cached) st = ep_handle_new(b, &info, &c->out.handle);
   else if (info.free_priv) info.free_priv(info.priv);
   if (st) return st;
-  if (a->handle) *a->handle = out;
+  report(&c->out, user);
   if (ep_log_enabled(EP_LOG_DEBUG))
     ep_log_at(EP_LOG_DEBUG, b->group->rank, "run", "%s: %d tokens sent, %d received (hidden %d, "
-              "%s%s)", op, a->num_tokens, *a->num_recv_tokens, a->hidden,
-              a->dtype == EP_DTYPE_BF16 ? "bf16" : "fp8", cached ? ", cached" : "");
-  /* Outputs an allocator filled in, or views, are reported back through the caller's struct. */
-  if (a->alloc || !user->recv_x) {
-    user->recv_x = a->recv_x;
-    user->recv_x_scales = a->recv_x_scales;
-    user->recv_topk_idx = a->recv_topk_idx;
-    user->recv_topk_weights = a->recv_topk_weights;
-    user->recv_src_idx = a->recv_src_idx;
-  }
+              "%s%s)", op, c->in.num_tokens, c->out.num_recv_tokens, c->in.hidden,
+              c->in.dtype == EP_DTYPE_BF16 ? "bf16" : "fp8", cached ? ", cached" : "");
   return EP_OK;
 }
 
-ep_status_t ep_dispatch(ep_buffer_t buffer, ep_dispatch_args_t *args) {
+ep_status_t ep_dispatch(ep_buffer_t buffer, const ep_dispatch_args_t *args,
+                        ep_dispatch_out_t *out) {
   static const char op[] = "ep_dispatch";
   ep_buffer *b;
   ep_status_t st = ep_buffer_get(buffer, op, &b);
   if (st) return st;
-  ep_dispatch_args_t a;
-  memset(&a, 0, sizeof a);
+  ep_dispatch_call_t c;
+  memset(&c, 0, sizeof c);
   ep_handle *cached = NULL;
-  if (!(st = ep_args_load(&a, sizeof a, args, op)))
-    st = validate_dispatch(b, &a, &cached, op);
+  if (!(st = ep_args_load(&c.in, sizeof c.in, args, op, "args")) &&
+      !(st = ep_args_load(&c.out, sizeof c.out, out, op, "out")))
+    st = validate_dispatch(b, &c, &cached, op);
   if (st) {
     /* Peers must not wait for a call this rank will not make. */
-    if (b->ops->reject) b->ops->reject(b->state);
+    b->ops->reject(b->state);
     ep_errbox_put(&b->err, ep_last_error());
   } else {
-    st = run_dispatch(b, &a, cached, args, op);
+    st = run_dispatch(b, &c, cached, out, op);
   }
   if (cached) ep_handle_put(cached);
   ep_buffer_put(b);
@@ -208,11 +254,11 @@ ep_status_t ep_combine(ep_buffer_t buffer, const ep_combine_args_t *args) {
   ep_combine_args_t a;
   memset(&a, 0, sizeof a);
   ep_handle *h = NULL;
-  if (!(st = ep_args_load(&a, sizeof a, args, op)))
-    st = ep_handle_get(b, a.handle, op, "handle", EP_HANDLE_NORMAL, &h);
+  if (!(st = ep_args_load(&a, sizeof a, args, op, "args")))
+    st = ep_handle_get(b, a.handle, op, "args->handle", EP_HANDLE_NORMAL, &h);
   if (!st) st = validate_combine(&a, &h->info, op);
   if (st) {
-    if (b->ops->reject) b->ops->reject(b->state);
+    b->ops->reject(b->state);
     ep_errbox_put(&b->err, ep_last_error());
   } else {
     st = ep_buffer_after(b, b->ops->combine(b->state, &a, &h->info), op);

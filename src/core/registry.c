@@ -56,7 +56,10 @@ static void reg_init(void) {
 }
 
 static const char *kind_name(int kind) {
-  return kind == EP_OBJ_GROUP ? "group" : kind == EP_OBJ_BUFFER ? "buffer" : "handle";
+  return kind == EP_OBJ_GROUP    ? "group"
+         : kind == EP_OBJ_BUFFER ? "buffer"
+         : kind == EP_OBJ_HANDLE ? "handle"
+                                 : "low-latency handle";
 }
 
 static int slot_alloc(void) {
@@ -202,7 +205,7 @@ __attribute__((destructor)) static void ep_reg_report_at_exit(void) {
       live++; /* kept reachable all the same: a leak checker must not blame the child */
       continue;
     }
-    if (s->kind == EP_OBJ_HANDLE) live++;
+    if (s->kind == EP_OBJ_HANDLE || s->kind == EP_OBJ_LL_HANDLE) live++;
     if (s->kind != EP_OBJ_GROUP && s->kind != EP_OBJ_BUFFER) continue;
     unsigned long long id = (s->gen << SLOT_BITS) | (uint64_t)(i + 1);
     live++;

@@ -5,12 +5,14 @@
 
 #include "internal.h"
 
-#ifndef EP_VERSION_STR
-#define EP_VERSION_STR "0.1.0"
-#endif
+/* The version string comes from the header's numbers, the only place the version is written. */
+#define EP_STR_(x) #x
+#define EP_XSTR_(x) EP_STR_(x)
 
 int ep_version(void) { return EP_VERSION_CODE; }
-const char *ep_version_string(void) { return EP_VERSION_STR; }
+const char *ep_version_string(void) {
+  return EP_XSTR_(EP_VERSION_MAJOR) "." EP_XSTR_(EP_VERSION_MINOR) "." EP_XSTR_(EP_VERSION_PATCH);
+}
 
 static const struct {
   const char *name, *msg;
@@ -91,9 +93,17 @@ ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *
   return EP_OK;
 }
 
-ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op) {
-  if (!args) return ep_err(EP_ERR_NULL_ARG, "%s: args is NULL", op);
-  ep_status_t st = ep_struct_load(dst, full, args, "args", false);
+ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op,
+                         const char *argname) {
+  if (!args) return ep_err(EP_ERR_NULL_ARG, "%s: %s is NULL", op, argname);
+  /* Every args and out struct of API 0.2 is read and written whole: a smaller one would leave
+   * fields the call relies on (out->handle, args->cached) outside the caller's memory. When a
+   * struct grows in a later version, its 0.2 size becomes the smallest accepted here. */
+  size_t size = *(const size_t *)args;
+  if (size != full)
+    return ep_err(EP_ERR_CONFIG, "%s: %s: size field is %zu, this library needs %zu (set it with "
+                  "the struct's _INIT macro)", op, argname, size, full);
+  ep_status_t st = ep_struct_load(dst, full, args, argname, false);
   if (st) {
     char msg[EP_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());

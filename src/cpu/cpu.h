@@ -33,15 +33,11 @@ typedef struct {
   _Atomic uint32_t sleepers;
 } cpu_bell_t;
 
-enum { OP_DISPATCH = 1, OP_CACHED = 2, OP_COMBINE = 3 };
-enum { HELLO_OK = 0, HELLO_REJECTED = 1 };
-
-/* What every rank says about its call. Followed in the slot by the variable counts. */
+/* What every rank says about its call (the core's call key: what it is, what must agree).
+ * Followed in the slot by the variable counts. */
 typedef struct {
   _Alignas(CPU_CL) _Atomic uint64_t seq; /* call number + 1 once written */
-  int32_t kind, status;
-  int32_t hidden, dtype, topk, num_experts, num_scales;
-  int32_t has_weights, num_tokens, worst_case;
+  ep_call_key_t key;
   /* then: int32 to_rank[R] (tokens the writer sends to every rank),
    *       int32 chan[C] (tokens it sends to the slot's owner on each channel),
    *       int32 experts[E/R] (selections of the owner's local experts) */
@@ -195,8 +191,7 @@ ep_status_t cpu_run_channels(cpu_state_t *s, ep_status_t (*fn)(cpu_state_t *, vo
 
 /* ---- operations */
 ep_status_t cpu_layout(void *state, const ep_layout_args_t *a);
-ep_status_t cpu_dispatch(void *state, ep_dispatch_args_t *a, const ep_handle_info_t *cached,
-                         ep_handle_info_t *out);
+ep_status_t cpu_dispatch(void *state, ep_dispatch_call_t *c, ep_handle_info_t *out);
 ep_status_t cpu_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
 
 /* Validates expert ids and computes the layout of one call; nothing written on error. */

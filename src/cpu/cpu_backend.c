@@ -48,8 +48,15 @@ static ep_status_t cpu_destroy(void *state, bool collective) {
   return st;
 }
 
+static ep_status_t cpu_available(void) { return EP_OK; } /* shared memory: every Linux host */
+
 static const struct ep_backend_ops cpu_ops = {
     .name = "cpu",
+    .id = EP_BACKEND_CPU,
+    .caps = 0,
+    .dispatch_view_lifetime = EP_LIFETIME_NONE,
+    .ll_view_lifetime = EP_LIFETIME_HANDLE,
+    .available = cpu_available,
     .size_hint = cpu_size_hint,
     .create = cpu_create,
     .destroy = cpu_destroy,

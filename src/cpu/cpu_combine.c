@@ -1,4 +1,4 @@
-/* Normal-mode combine (SPEC §3): every rank sends each received row back to its source; the
+/* Normal-mode combine (SEMANTICS.md §4): every rank sends each received row back to its source; the
  * source reduces, per token, bias0 + bias1 + the rows of every rank it went to (ascending rank),
  * in fp32, and rounds once to bf16. Rows arrive in token order per (rank, channel), so the
  * reduction streams: no fp32 staging tensor, one write of the output. */
@@ -165,11 +165,7 @@ ep_status_t cpu_combine(void *state, const ep_combine_args_t *a, const ep_handle
   j.rec = cpu_al16(j.row + (j.has_w ? (size_t)j.topk * 4 : 0));
   cpu_hello_t mine;
   memset(&mine, 0, sizeof mine);
-  mine.kind = OP_COMBINE;
-  mine.hidden = h->hidden;
-  mine.topk = j.has_w ? h->topk : 0;
-  mine.has_weights = j.has_w;
-  mine.num_tokens = h->num_tokens;
+  ep_call_combine_key(a, h, &mine.key);
   ep_status_t st = EP_OK;
   if (j.rec > s->queue_bytes / 2) {
     cpu_reject(s);

@@ -1,4 +1,5 @@
-/* Normal-mode dispatch (SPEC §3): route, hello (counts + cross-rank checks), outputs, data. */
+/* Normal-mode dispatch (SEMANTICS.md §3): route, hello (counts + cross-rank checks), outputs,
+ * data. */
 #include "cpu_dispatch.h"
 
 #include <stdlib.h>
@@ -62,36 +63,14 @@ static void expert_counts(cpu_state_t *s, const cpu_dispatch_job_t *j, int align
   }
 }
 
-/* Outputs for Nr rows: caller's, allocator's, or none (drain). */
-static ep_status_t prepare_outputs(cpu_state_t *s, ep_dispatch_args_t *a, int Nr, bool *drain) {
-  *drain = false;
-  if (a->worst_case_tokens) {
-    if (Nr <= a->worst_case_tokens) return EP_OK;
-    *drain = true;
-    return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "outputs",
-                       "%d rows arrive but worst_case_tokens is %d", Nr, a->worst_case_tokens);
-  }
-  if (a->alloc) {
-    if (a->alloc(a->alloc_ctx, Nr, a) == 0 && (Nr == 0 || a->recv_x)) return EP_OK;
-    *drain = true;
-    return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "outputs",
-                       "the alloc callback failed for %d rows", Nr);
-  }
-  if (Nr <= a->recv_capacity) return EP_OK;
-  *drain = true;
-  return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "outputs",
-                     "%d rows arrive but recv_capacity is %d (num_recv_tokens says how many)", Nr,
-                     a->recv_capacity);
-}
-
-/* Rows past the receive count in the worst-case path: well defined, never garbage ids. */
-static void fill_worst_tail(const ep_dispatch_args_t *a, int Nr, int topk) {
-  for (int r = Nr; r < a->worst_case_tokens; r++) {
+/* Rows past the receive count in the worst-case form: well defined, never garbage ids. */
+static void fill_worst_tail(const ep_dispatch_out_t *o, int Nr, int topk) {
+  for (int r = Nr; r < o->capacity; r++) {
     for (int k = 0; k < topk; k++) {
-      if (a->recv_topk_idx) a->recv_topk_idx[(size_t)r * topk + k] = -1;
-      if (a->recv_topk_weights) a->recv_topk_weights[(size_t)r * topk + k] = 0.0f;
+      if (o->recv_topk_idx) o->recv_topk_idx[(size_t)r * topk + k] = -1;
+      if (o->recv_topk_weights) o->recv_topk_weights[(size_t)r * topk + k] = 0.0f;
     }
-    if (a->recv_src_idx) a->recv_src_idx[r] = -1;
+    if (o->recv_src_idx) o->recv_src_idx[r] = -1;
   }
 }
 
@@ -109,74 +88,70 @@ static ep_status_t build_plan(cpu_state_t *s, const ep_dispatch_args_t *a, cpu_p
   return EP_OK;
 }
 
-static ep_status_t hello(cpu_state_t *s, cpu_dispatch_job_t *j, const ep_dispatch_args_t *a) {
+static ep_status_t hello(cpu_state_t *s, cpu_dispatch_job_t *j, const ep_dispatch_call_t *c) {
   cpu_hello_t mine;
   memset(&mine, 0, sizeof mine);
-  mine.kind = j->cached ? OP_CACHED : OP_DISPATCH;
-  mine.hidden = a->hidden;
-  mine.dtype = a->dtype;
-  mine.topk = j->cached ? 0 : a->topk;
-  mine.num_experts = j->cached ? 0 : a->num_experts;
-  mine.num_scales = a->dtype == EP_DTYPE_FP8_E4M3 ? a->num_scales : 0;
-  mine.has_weights = j->has_w;
-  mine.num_tokens = a->num_tokens;
+  mine.key = c->key;
   cpu_hello_post(s, &mine, fill_counts, j);
   return cpu_hello_gather(s, &mine, OP);
 }
 
-static ep_status_t run(cpu_state_t *s, ep_dispatch_args_t *a, cpu_dispatch_job_t *j,
+static ep_status_t run(cpu_state_t *s, ep_dispatch_call_t *c, cpu_dispatch_job_t *j,
                        cpu_plan_t *p) {
-  ep_status_t st = hello(s, j, a);
+  ep_status_t st = hello(s, j, c);
   if (st) return st;
   if (!j->cached) plan_recv_side(s, p);
-  ep_status_t out_st = prepare_outputs(s, a, p->Nr, &j->drain);
+  /* Outputs for Nr rows (the allocator is called here); if they cannot take them, the rows are
+   * still received and dropped so that every queue stays consistent. */
+  ep_status_t out_st = ep_call_outputs_ready(s->ctx, c, p->Nr, 0);
+  j->drain = out_st != EP_OK;
   /* Past 32 MiB of rows the output cannot stay in cache anyway: stream it. */
   j->stream = (double)p->Nr * (double)j->row > 32.0 * 1024 * 1024;
   st = cpu_run_channels(s, cpu_dispatch_channel, j);
   if (st) return st;
   if (out_st) return out_st; /* data drained, queues consistent, outputs untouched */
-  if (a->worst_case_tokens) fill_worst_tail(a, p->Nr, j->topk);
-  if (a->rank_prefix)
-    memcpy(a->rank_prefix, p->rank_prefix, sizeof(int32_t) * (size_t)s->nranks * s->nranks);
-  if (a->recv_tokens_per_expert && !j->cached)
-    expert_counts(s, j, a->expert_alignment, a->recv_tokens_per_expert);
-  *a->num_recv_tokens = p->Nr;
+  ep_dispatch_out_t *o = &c->out;
+  if (o->worst_case) fill_worst_tail(o, p->Nr, j->topk);
+  if (o->rank_prefix)
+    memcpy(o->rank_prefix, p->rank_prefix, sizeof(int32_t) * (size_t)s->nranks * s->nranks);
+  if (o->recv_tokens_per_expert && !j->cached)
+    expert_counts(s, j, c->in.expert_alignment, o->recv_tokens_per_expert);
+  o->num_recv_tokens = p->Nr;
   return EP_OK;
 }
 
-ep_status_t cpu_dispatch(void *state, ep_dispatch_args_t *a, const ep_handle_info_t *cached,
-                         ep_handle_info_t *out) {
+ep_status_t cpu_dispatch(void *state, ep_dispatch_call_t *c, ep_handle_info_t *out) {
   cpu_state_t *s = state;
+  const ep_dispatch_args_t *a = &c->in;
   cpu_dispatch_job_t j;
   memset(&j, 0, sizeof j);
   j.a = a;
-  j.cached = cached != NULL;
-  j.has_w = !j.cached && a->topk_weights != NULL;
-  j.num_local = j.cached ? cached->num_experts / s->nranks : a->num_experts / s->nranks;
+  j.o = &c->out;
+  j.cached = c->cached != NULL;
+  j.has_w = c->has_w;
+  j.num_local = c->num_local;
   j.first_expert = s->rank * j.num_local;
-  record_layout(&j, a, j.cached ? cached->topk : a->topk);
+  record_layout(&j, a, c->topk);
   if (j.rec > s->queue_bytes / 2) {
     cpu_reject(s);
     return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
                        "one token takes %zu bytes; queue_bytes (%zu) must hold two: raise "
                        "queue_bytes", j.rec, s->queue_bytes);
   }
-  cpu_plan_t *p = cached ? cached->priv : NULL;
-  ep_status_t st = cached ? EP_OK : build_plan(s, a, &p);
+  cpu_plan_t *p = j.cached ? c->cached->priv : NULL;
+  ep_status_t st = j.cached ? EP_OK : build_plan(s, a, &p);
   if (st) {
     cpu_reject(s);
     return st;
   }
   j.p = p;
-  st = run(s, a, &j, p);
+  st = run(s, c, &j, p);
   s->seq++;
-  if (cached) return st;
+  if (j.cached) return st;
   if (st) {
     cpu_plan_free(p);
     return st;
   }
-  *out = (ep_handle_info_t){EP_HANDLE_NORMAL, a->num_tokens, p->Nr,
-                            a->worst_case_tokens ? a->worst_case_tokens : p->Nr, a->hidden,
-                            a->topk, a->num_experts, a->dtype, a->num_scales, p, cpu_plan_free};
+  *out = ep_call_handle_info(c, p->Nr, p, cpu_plan_free);
   return EP_OK;
 }

@@ -5,7 +5,8 @@
 #include "cpu_plan.h"
 
 typedef struct {
-  const ep_dispatch_args_t *a;
+  const ep_dispatch_args_t *a; /* inputs */
+  const ep_dispatch_out_t *o;  /* where rows go */
   const cpu_plan_t *p;
   bool cached, has_w, drain; /* drain: receive and drop (outputs too small or not allocated) */
   bool stream;               /* outputs far larger than the caches: non-temporal row stores */

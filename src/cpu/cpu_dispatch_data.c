@@ -57,13 +57,12 @@ static inline void put_row(const cpu_dispatch_job_t *j, void *dst, const void *s
 
 /* Local expert ids and weights of output row r from a token's global ids (w: NULL = none). */
 static void deliver_ids(const cpu_dispatch_job_t *j, int32_t r, const int64_t *ids, const float *w) {
-  const ep_dispatch_args_t *a = j->a;
   for (int k = 0; k < j->topk; k++) {
     int64_t e = ids[k] - j->first_expert;
     bool local = ids[k] >= 0 && e >= 0 && e < j->num_local;
-    if (a->recv_topk_idx) a->recv_topk_idx[(size_t)r * j->topk + k] = local ? e : -1;
-    if (a->recv_topk_weights)
-      a->recv_topk_weights[(size_t)r * j->topk + k] = local && w ? w[k] : 0.0f;
+    if (j->o->recv_topk_idx) j->o->recv_topk_idx[(size_t)r * j->topk + k] = local ? e : -1;
+    if (j->o->recv_topk_weights)
+      j->o->recv_topk_weights[(size_t)r * j->topk + k] = local && w ? w[k] : 0.0f;
   }
 }
 
@@ -71,10 +70,10 @@ static void deliver_ids(const cpu_dispatch_job_t *j, int32_t r, const int64_t *i
 static void unpack(const cpu_dispatch_job_t *j, const unsigned char *rec, int32_t r) {
   const ep_dispatch_args_t *a = j->a;
   if (j->drain) return;
-  put_row(j, (unsigned char *)a->recv_x + (size_t)r * j->row, rec + j->off_x);
+  put_row(j, (unsigned char *)j->o->recv_x + (size_t)r * j->row, rec + j->off_x);
   if (j->scales)
-    memcpy(a->recv_x_scales + (size_t)r * a->num_scales, rec + j->off_s, j->scales);
-  if (a->recv_src_idx) memcpy(&a->recv_src_idx[r], rec, sizeof(int32_t));
+    memcpy(j->o->recv_x_scales + (size_t)r * a->num_scales, rec + j->off_s, j->scales);
+  if (j->o->recv_src_idx) memcpy(&j->o->recv_src_idx[r], rec, sizeof(int32_t));
   if (j->cached) return;
   deliver_ids(j, r, (const int64_t *)(rec + j->off_i),
               j->has_w ? (const float *)(rec + j->off_w) : NULL);
@@ -90,12 +89,12 @@ static void copy_self(cpu_state_t *s, const cpu_dispatch_job_t *j, int c) {
   if (j->drain) return;
   for (int32_t i = chan[c]; i < chan[c + 1]; i++, row++) {
     int32_t t = p->send_idx[p->send_off[me] + i];
-    put_row(j, (unsigned char *)a->recv_x + (size_t)row * j->row,
+    put_row(j, (unsigned char *)j->o->recv_x + (size_t)row * j->row,
             (const unsigned char *)a->x + (size_t)t * j->row);
     for (int q = 0; j->scales && q < a->num_scales; q++)
-      a->recv_x_scales[(size_t)row * a->num_scales + q] =
+      j->o->recv_x_scales[(size_t)row * a->num_scales + q] =
           a->x_scales[t * a->scale_token_stride + q * a->scale_hidden_stride];
-    if (a->recv_src_idx) a->recv_src_idx[row] = t;
+    if (j->o->recv_src_idx) j->o->recv_src_idx[row] = t;
     if (!j->cached)
       deliver_ids(j, row, a->topk_idx + (size_t)t * j->topk,
                   j->has_w ? a->topk_weights + (size_t)t * j->topk : NULL);

@@ -1,5 +1,5 @@
-/* The hello phase that opens every normal-mode call: each rank posts what its call is (and, for a
- * dispatch, its counts) into every peer's segment, then waits for all peers' posts. Ranks that
+/* The hello phase that opens every normal-mode call: each rank posts what its call is (the core's
+ * call key) and, for a dispatch, its counts into every peer's segment, then waits for all peers' posts. Ranks that
  * disagree about the call, or a rank that rejected its arguments, make *every* rank fail the
  * call the same way, before any payload moves; the queues stay consistent and usable. */
 #include <stdio.h>
@@ -16,52 +16,15 @@ cpu_hello_t *cpu_hello_from(cpu_state_t *s, int src) {
 void cpu_hello_post(cpu_state_t *s, const cpu_hello_t *mine,
                     void (*fill)(cpu_state_t *s, cpu_hello_t *slot, int dest, void *arg),
                     void *arg) {
-  EP_LOG(s->ctx, EP_LOG_TRACE, "run", "call %llu: hello (kind %d, status %d)",
-         (unsigned long long)s->seq, mine->kind, mine->status);
+  EP_LOG(s->ctx, EP_LOG_TRACE, "run", "call %llu: hello (kind %d, rejected %d)",
+         (unsigned long long)s->seq, mine->key.f[EP_CF_KIND], mine->key.rejected);
   for (int d = 0; d < s->nranks; d++) {
     cpu_hello_t *h = cpu_hello(s, d, parity(s), s->rank);
-    h->kind = mine->kind;
-    h->status = mine->status;
-    h->hidden = mine->hidden;
-    h->dtype = mine->dtype;
-    h->topk = mine->topk;
-    h->num_experts = mine->num_experts;
-    h->num_scales = mine->num_scales;
-    h->has_weights = mine->has_weights;
-    h->num_tokens = mine->num_tokens;
-    h->worst_case = mine->worst_case;
+    h->key = mine->key;
     if (fill) fill(s, h, d, arg);
     atomic_store_explicit(&h->seq, s->seq + 1, memory_order_release);
     if (d != s->rank) cpu_ring_bell(s, d, 0);
   }
-}
-
-static const char *kind_name(int k) {
-  return k == OP_DISPATCH ? "dispatch" : k == OP_CACHED ? "cached dispatch" : "combine";
-}
-
-/* Every field that shapes the records must be the same on all ranks. */
-static ep_status_t compare(cpu_state_t *s, const cpu_hello_t *m, const cpu_hello_t *p, int r,
-                           const char *op) {
-  if (p->status == HELLO_REJECTED)
-    return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, r, op, "hello",
-                       "rank %d rejected its arguments for this call (see its error)", r);
-  if (p->kind != m->kind)
-    return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r, op, "hello",
-                       "this rank calls %s, rank %d calls %s", kind_name(m->kind), r,
-                       kind_name(p->kind));
-  static const char *names[] = {"hidden", "dtype", "topk", "num_experts", "num_scales",
-                                "topk_weights given"};
-  const int32_t a[] = {m->hidden, m->dtype, m->topk, m->num_experts, m->num_scales,
-                       m->has_weights},
-                b[] = {p->hidden, p->dtype, p->topk, p->num_experts, p->num_scales,
-                       p->has_weights};
-  for (int i = 0; i < 6; i++)
-    if (a[i] != b[i])
-      return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r, op, "hello",
-                         "%s is %d on this rank and %d on rank %d (must agree on all ranks)",
-                         names[i], a[i], b[i], r);
-  return EP_OK;
 }
 
 /* Ranks whose hello for this call has not arrived, as "2, 5" (for the timeout message). */
@@ -97,10 +60,12 @@ ep_status_t cpu_hello_gather(cpu_state_t *s, const cpu_hello_t *mine, const char
     }
   }
   /* Compare only once all have arrived, so that every rank fails the call the same way. */
-  ep_status_t first = EP_OK;
-  for (int r = 0; r < s->nranks && !first; r++)
-    if (r != s->rank) first = compare(s, mine, cpu_hello_from(s, r), r, op);
-  return first;
+  for (int r = 0; r < s->nranks; r++) {
+    const ep_call_key_t *theirs = &cpu_hello_from(s, r)->key;
+    int f = r == s->rank ? -1 : ep_call_key_diff(&mine->key, theirs);
+    if (f >= 0) return ep_call_key_fail(s->ctx, op, "hello", f, &mine->key, theirs, r);
+  }
+  return EP_OK;
 }
 
 /* A rejected call still takes part in the hello phase: it posts "rejected" and waits for the
@@ -111,7 +76,7 @@ void cpu_reject(void *state) {
   cpu_state_t *s = state;
   cpu_hello_t mine;
   memset(&mine, 0, sizeof mine);
-  mine.status = HELLO_REJECTED;
+  mine.key.rejected = 1;
   char saved[512];
   snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
   cpu_hello_post(s, &mine, NULL, NULL);

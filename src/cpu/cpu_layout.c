@@ -1,4 +1,5 @@
-/* Layout (SPEC §2): per-rank token counts, per-expert selection counts, token-in-rank flags. */
+/* Layout (SEMANTICS.md §2): per-rank token counts, per-expert selection counts, token-in-rank
+ * flags. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,9 +10,8 @@ static ep_status_t check_ids(cpu_state_t *s, const int64_t *idx, int n, int topk
                              const char *op) {
   for (size_t i = 0; i < (size_t)n * (size_t)topk; i++)
     if (idx[i] < -1 || idx[i] >= E)
-      return ep_ctx_fail(s->ctx, EP_ERR_OUT_OF_RANGE, -1, op, "layout",
-                         "topk_idx[%zu][%zu] is %lld, must be -1 or in [0, %d)", i / (size_t)topk,
-                         i % (size_t)topk, (long long)idx[i], E);
+      return ep_call_bad_expert(s->ctx, op, (int64_t)(i / (size_t)topk), (int)(i % (size_t)topk),
+                                idx[i], E);
   return EP_OK;
 }
 

@@ -1,5 +1,5 @@
 /*
- * Low-latency mode of the CPU backend (SPEC §4).
+ * Low-latency mode of the CPU backend (SEMANTICS.md §6).
  *
  * Region of every rank's segment (at layout.off_ll; L = E/R local experts, RT = R*T rows each):
  *
@@ -82,7 +82,7 @@ typedef struct {
 
 /* Row kernels (cpu_ll_kernels.c), chosen once per buffer by what the processor supports. */
 typedef struct {
-  /* fp8 cast of one bf16 row (SPEC §4): q[H], scales[H/128] float or ue8m0[H/128] bytes. */
+  /* fp8 cast of one bf16 row (SEMANTICS.md §5): q[H], scales[H/128] float or ue8m0[H/128] bytes. */
   void (*cast_row)(const uint16_t *x, int H, int round_scale, int ue8m0, uint8_t *q, void *sc);
   /* out[h] = bf16(fma chain over n rows): acc = 0; acc = fmaf(rows[i][h], w[i], acc). */
   void (*reduce)(const uint16_t *const *rows, const float *w, int n, int H, uint16_t *out);

@@ -1,4 +1,4 @@
-/* Low-latency combine (SPEC §4): every expert rank copies the rows it holds back to their
+/* Low-latency combine (SEMANTICS.md §6.5): every expert rank copies the rows it holds back to their
  * source, into the combine area of the slot the source used for the dispatch, at (token, k);
  * the source reduces them in k order with one fused multiply-add per step. The send never waits
  * (protocol: cpu_ll.h). */

@@ -1,6 +1,6 @@
-/* Low-latency dispatch (SPEC §4): one row per (token, selected expert), written by the sender
- * straight into the receiver's expert-major slab, in a deterministic order (source rank, then
- * source token). Protocol and layout: cpu_ll.h. */
+/* Low-latency dispatch (SEMANTICS.md §6.2-6.4): one row per (token, selected expert), written by
+ * the sender straight into the receiver's expert-major slab, in a deterministic order (source
+ * rank, then source token). Protocol and layout: cpu_ll.h. */
 #include <string.h>
 
 #include "cpu_ll.h"
@@ -22,8 +22,7 @@ static ep_status_t check_ids(const cpu_ll_t *ll, const ep_ll_dispatch_args_t *a,
     const int64_t *id = a->topk_idx + (size_t)t * (size_t)a->topk;
     for (int k = 0; k < a->topk; k++) {
       if (id[k] < -1 || id[k] >= ll->E)
-        return ep_err(EP_ERR_OUT_OF_RANGE, "%s: topk_idx[%d][%d] is %lld, must be -1 or in "
-                      "[0, %d)", OP, t, k, (long long)id[k], ll->E);
+        return ep_call_bad_expert(NULL, OP, t, k, id[k], ll->E);
       if (id[k] < 0) continue;
       /* The combine returns rows by (token, slot) and reduces them by slot: a token selecting an
        * expert twice would get one row for two slots. DeepEP leaves it undefined; we refuse. */

@@ -1,7 +1,7 @@
 /* Row kernels of low-latency mode: the fp8 cast of a bf16 row and the weighted reduction of the
- * combine. Both are bit-exact with SPEC §4 (and tests/ref.c), in a portable scalar form and an
- * AVX2 + FMA form picked at buffer creation when the processor has it. The scalar form uses
- * fmaf(): one rounding per step whatever the compiler's contraction flags. */
+ * combine. Both are bit-exact with SEMANTICS.md §5 and §6.5 (and tests/ref.c), in a portable
+ * scalar form and an AVX2 + FMA form picked at buffer creation when the processor has it. The
+ * scalar form uses fmaf(): one rounding per step whatever the compiler's contraction flags. */
 #include <math.h>
 #include <string.h>
 
@@ -43,8 +43,8 @@ static inline uint8_t f32_e4m3(float f) {
   return sign | (uint8_t)(r - (120u << 3)); /* exponent bias 127 -> 7 */
 }
 
-/* Scale of one block of 128 from its amax (SPEC §4). Returns the multiplier; *inv and *e get
- * the stored scale and, for round_scale, its exponent. */
+/* Scale of one block of 128 from its amax (SEMANTICS.md §5.3-5.5). Returns the multiplier; *inv
+ * and *e get the stored scale and, for round_scale, its exponent. */
 static inline float block_scale(float amax, int round_scale, float *inv, int *e) {
   const float inv448 = 1.0f / 448.0f;
   if (!round_scale) {

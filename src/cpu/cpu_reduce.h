@@ -1,10 +1,10 @@
-/* The reduction of normal-mode combine (SPEC §3) for one token: out = bf16(bias0 + bias1 +
- * rows[0] + ... + rows[n-1]), each sum in fp32 in that order, one round to nearest even at the end
- * (a NaN becomes the canonical 0x7fff, as cpu_f32_to_bf16, the reference and CUDA give). Absent biases count as +0.0f. Every
- * kernel computes exactly this, lane by lane, so they are bit-identical; the fastest one the CPU
- * supports is chosen once. H: a multiple of 8. stream: the output is far larger than the caches;
- * kernels that can write it with non-temporal stores do (the caller issues cpu_reduce_fence()
- * before anyone else may read it). */
+/* The reduction of normal-mode combine (SEMANTICS.md §4.2) for one token: out = bf16(bias0 + bias1
+ * + rows[0] + ... + rows[n-1]), each sum in fp32 in that order, one round to nearest even at the
+ * end (a NaN becomes the canonical 0x7fff, as cpu_f32_to_bf16, the reference and CUDA give). Absent
+ * biases count as +0.0f. Every kernel computes exactly this, lane by lane, so they are
+ * bit-identical; the fastest one the CPU supports is chosen once. H: a multiple of 8. stream: the
+ * output is far larger than the caches; kernels that can write it with non-temporal stores do (the
+ * caller issues cpu_reduce_fence() before anyone else may read it). */
 #ifndef EP_CPU_REDUCE_H
 #define EP_CPU_REDUCE_H
 

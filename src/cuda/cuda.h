@@ -41,7 +41,7 @@ typedef struct {
   bool last_valid;
   uint32_t ticket;         /* synchronous calls made (host side) */
   int prev_device;         /* the caller's current device, restored on leaving */
-  int err_topk;            /* topk of the last dispatch, to name a bad slot */
+  ep_call_key_t err_key;   /* key of the last call, to name a bad slot or field */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */
@@ -87,8 +87,7 @@ int cuda_set_device(int dev, int *prev);
 
 /* ---- operations */
 ep_status_t cuda_layout(void *state, const ep_layout_args_t *a);
-ep_status_t cuda_dispatch(void *state, ep_dispatch_args_t *a, const ep_handle_info_t *cached,
-                          ep_handle_info_t *out);
+ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *c, ep_handle_info_t *out);
 ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
 
 #endif

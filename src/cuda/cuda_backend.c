@@ -57,9 +57,24 @@ static ep_status_t cuda_destroy(void *state, bool collective) {
   return st;
 }
 
+/* Built in is not enough: the static runtime loads the driver on first use, and a machine
+ * without one (or without a device) says so here. */
+static ep_status_t cuda_available(void) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess)
+    return ep_err(EP_ERR_UNSUPPORTED, "no usable GPU: %s", cudaGetErrorString(e));
+  if (n < 1) return ep_err(EP_ERR_UNSUPPORTED, "no usable GPU: no CUDA device");
+  return EP_OK;
+}
+
 static const struct ep_backend_ops cuda_ops = {
     .name = "cuda",
-    .caps = EP_CAP_DISPATCH_VIEWS,
+    .id = EP_BACKEND_CUDA,
+    .caps = EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE,
+    .dispatch_view_lifetime = EP_LIFETIME_NEXT_DISPATCH,
+    .ll_view_lifetime = EP_LIFETIME_HANDLE,
+    .available = cuda_available,
     .size_hint = cuda_size_hint,
     .create = cuda_create,
     .destroy = cuda_destroy,

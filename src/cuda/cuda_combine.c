@@ -1,5 +1,5 @@
-/* Normal-mode combine on the GPU (SPEC §3): a hello kernel (checks, rounds), then the combine
- * kernel; both on the caller's stream, no host synchronisation. When x lies in this rank's
+/* Normal-mode combine on the GPU (SEMANTICS.md §4): a hello kernel (checks, rounds), then the
+ * combine kernel; both on the caller's stream, no host synchronisation. When x lies in this rank's
  * receive area (for instance the bf16 dispatch view, overwritten in place by the expert),
  * peers read it where it is; otherwise the kernel stages it in the combine area first. */
 #include <stdint.h>
@@ -53,6 +53,8 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
   const int64_t xoff = direct_offset(s, a->x, h->recv_rows, row);
   epk_notify_t n;
   memset(&n, 0, sizeof n);
+  ep_call_combine_key(a, h, &n.key);
+  s->err_key = n.key;
   n.kind = EPK_NOTIFY_COMBINE;
   n.hidden = h->hidden;
   n.topk = h->topk;

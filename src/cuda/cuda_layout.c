@@ -18,9 +18,8 @@ ep_status_t cuda_layout(void *state, const ep_layout_args_t *a) {
   int32_t bad = __atomic_load_n(&s->host->layout_bad, __ATOMIC_ACQUIRE);
   if (!rc && bad) {
     long long slot = bad - 1;
-    rc = ep_ctx_fail(s->ctx, EP_ERR_OUT_OF_RANGE, -1, OP, "layout",
-                     "topk_idx[%lld][%lld] is %lld, must be -1 or in [0, %d)", slot / a->topk,
-                     slot % a->topk, (long long)s->host->bad_value, a->num_experts);
+    rc = ep_call_bad_expert(s->ctx, OP, slot / a->topk, (int)(slot % a->topk),
+                            s->host->bad_value, a->num_experts);
   }
   cuda_leave(s, st, true);
   return rc;

@@ -50,12 +50,6 @@ static const char *waited_for(unsigned p) {
   }
 }
 
-static const char *field_name(unsigned f) {
-  static const char *n[] = {"the operation", "hidden", "dtype", "topk", "num_experts",
-                            "num_scales", "topk_weights given"};
-  return f < EPK_F_COUNT ? n[f] : "a field";
-}
-
 ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
   uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
   if (!v) return EP_OK;
@@ -72,18 +66,14 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
                          "rank %d did not arrive within %.3g s (waiting for %s)", peer,
                          ep_ctx_timeout(s->ctx), waited_for(phase));
     case EP_ERR_MISMATCH:
-      return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, peer, op, ph,
-                         "%s differs between this rank and rank %d (must agree on all ranks)",
-                         field_name(detail), peer);
-    case EP_ERR_PEER_INVALID:
-      return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, peer, op, ph,
-                         "rank %d rejected its arguments for this call (see its error)", peer);
-    case EP_ERR_OUT_OF_RANGE:
-      return ep_ctx_fail(s->ctx, EP_ERR_OUT_OF_RANGE, -1, op, "layout",
-                         "topk_idx[%u][%u] is %lld, must be -1 or in [0, num_experts)",
-                         detail / (unsigned)(s->err_topk > 0 ? s->err_topk : 1),
-                         detail % (unsigned)(s->err_topk > 0 ? s->err_topk : 1),
-                         (long long)s->host->bad_value);
+    case EP_ERR_PEER_INVALID: /* the kernel names the field of the call key (or "rejected") */
+      return ep_call_key_fail(s->ctx, op, ph, code == EP_ERR_PEER_INVALID ? EP_CF_REJECTED
+                              : (int)detail, &s->err_key, NULL, peer);
+    case EP_ERR_OUT_OF_RANGE: {
+      unsigned k = (unsigned)(s->err_key.f[EP_CF_TOPK] > 0 ? s->err_key.f[EP_CF_TOPK] : 1);
+      return ep_call_bad_expert(s->ctx, op, detail / k, (int)(detail % k), s->host->bad_value,
+                                s->err_key.f[EP_CF_EXPERTS]);
+    }
     case EP_ERR_TOO_LARGE:
       return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, peer, op, ph,
                          "%u rows arrive on rank %d, more than its outputs hold "

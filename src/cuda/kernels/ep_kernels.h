@@ -25,6 +25,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/call_key.h"
+
 #ifdef __CUDACC__
 #define EPK_HD __host__ __device__ __forceinline__
 #else
@@ -48,9 +50,6 @@ enum {
   EPK_PH_CDONE = 5,         /* combine: waiting for a peer to finish reading our rows */
   EPK_PH_CHECK = 6,         /* argument checks inside a kernel */
 };
-/* Fields of a hello compared across ranks (detail of an EP_ERR_MISMATCH). */
-enum { EPK_F_KIND, EPK_F_HIDDEN, EPK_F_DTYPE, EPK_F_TOPK, EPK_F_EXPERTS, EPK_F_SCALES,
-       EPK_F_WEIGHTS, EPK_F_COUNT, EPK_F_REJECTED = 15 };
 
 /* Error word: status code (8 bits) | phase (8) | peer + 1 (16, 0 = none) | detail (32). */
 EPK_HD uint64_t epk_err_pack(uint32_t code, uint32_t phase, int peer, uint32_t detail) {
@@ -61,10 +60,9 @@ EPK_HD uint64_t epk_err_pack(uint32_t code, uint32_t phase, int peer, uint32_t d
 /* What a source rank tells every destination at the start of a call. */
 typedef struct {
   uint32_t seq; /* the call's sequence number; stored last, with release semantics */
-  int32_t kind, status;
-  int32_t hidden, dtype, topk, num_experts, num_scales, has_w;
+  ep_call_key_t key; /* what the call is; compared field by field (detail of a mismatch) */
   int32_t num_tokens, direct, recv_rows;
-  int32_t pad[4];
+  int32_t pad[3];
   /* then int32 to_rank[R] (tokens this source sends to each rank) and
    *      int32 experts[E/R] (its selections of the slot owner's local experts) */
 } epk_hello_t;
@@ -154,7 +152,8 @@ typedef struct {
 } epk_layout_t;
 
 typedef struct {
-  int kind; /* EPK_NOTIFY_* */
+  ep_call_key_t key; /* the core's description of the call, posted as it is */
+  int kind; /* EPK_NOTIFY_*: what the kernel does */
   int hidden, dtype, topk, num_experts, num_scales, has_w, num_tokens, direct, recv_rows;
   int align, pad;
   const int64_t *topk_idx; /* DISPATCH */

@@ -1,5 +1,5 @@
-/* Layout (SPEC §2) in one block: validate every id first, so that nothing is written when one is
- * out of range, then count. Cheap next to a dispatch (N * topk ids), so one block is enough. */
+/* Layout (SEMANTICS.md §2) in one block: validate every id first, so that nothing is written when
+ * one is out of range, then count. Cheap next to a dispatch (N * topk ids): one block is enough. */
 #include "cuda/kernels/common.cuh"
 
 #define LT 1024

@@ -133,15 +133,8 @@ __device__ long long plan_fast(const epk_buf_t &b, const epk_notify_t &a, int32_
 }
 
 __device__ void fill_header(epk_hello_t *h, const epk_notify_t &a, int status) {
-  bool disp = a.kind == EPK_NOTIFY_DISPATCH, comb = a.kind == EPK_NOTIFY_COMBINE;
-  h->kind = a.kind;
-  h->status = status;
-  h->hidden = a.hidden;
-  h->dtype = comb ? 0 : a.dtype;
-  h->topk = disp || (comb && a.has_w) ? a.topk : 0;
-  h->num_experts = disp ? a.num_experts : 0;
-  h->num_scales = comb ? 0 : a.num_scales;
-  h->has_w = a.has_w;
+  h->key = a.key;
+  h->key.rejected = status == EPK_HELLO_REJECTED;
   h->num_tokens = a.num_tokens;
   h->direct = a.direct;
   h->recv_rows = a.recv_rows;
@@ -184,14 +177,11 @@ __device__ bool gather(const epk_buf_t &b, uint32_t seq) {
   return !__syncthreads_or(fail);
 }
 
+/* The core's ep_call_key_diff, on the device. */
 __device__ int first_difference(const epk_hello_t *m, const epk_hello_t *p) {
-  if (rd(&p->status) == EPK_HELLO_REJECTED) return EPK_F_REJECTED;
-  const int32_t *x[] = {&m->kind, &m->hidden, &m->dtype, &m->topk, &m->num_experts,
-                        &m->num_scales, &m->has_w};
-  const int32_t *y[] = {&p->kind, &p->hidden, &p->dtype, &p->topk, &p->num_experts,
-                        &p->num_scales, &p->has_w};
-  for (int f = 0; f < EPK_F_COUNT; f++)
-    if (rd(x[f]) != rd(y[f])) return f;
+  if (rd(&p->key.rejected)) return EP_CF_REJECTED;
+  for (int f = 0; f < EP_CF_COUNT; f++)
+    if (rd(&m->key.f[f]) != rd(&p->key.f[f])) return f;
   return -1;
 }
 
@@ -209,7 +199,7 @@ __device__ bool compare(const epk_buf_t &b, uint32_t seq) {
   __syncthreads();
   int w = worst;
   if (w != INT_MAX && threadIdx.x == 0)
-    epk_fail(b, (w & 15) == EPK_F_REJECTED ? EP_ERR_PEER_INVALID : EP_ERR_MISMATCH,
+    epk_fail(b, (w & 15) == EP_CF_REJECTED ? EP_ERR_PEER_INVALID : EP_ERR_MISMATCH,
              EPK_PH_NOTIFY, w / 16, (uint32_t)(w & 15), true);
   __syncthreads();
   return w == INT_MAX;
