@@ -39,6 +39,7 @@ static ep_status_t buffer_create(ep_group *g, const ep_buffer_config_t *cfg, ep_
   st = ep_buffer_agree_config(b);
   /* After the agreement: every rank checks the same config, so all fail alike or none does. */
   if (!st) st = ep_ll_check_config(&b->cfg, g->nranks);
+  if (!st && b->ops->check_config) st = b->ops->check_config(&b->cfg, g->nranks);
   if (!st && b->ops->size_hint(&b->cfg, g->nranks, &b->bytes)) b->bytes = 0; /* query only */
   if (!st) st = b->ops->create(&b->ctx, &b->cfg, &b->state);
   if (st) {
@@ -99,11 +100,7 @@ static ep_status_t buffer_teardown(ep_buffer_t buffer, bool collective, const ch
             collective && !quiesce ? " (broken: local release only)" : "");
   st = b->ops->destroy(b->state, quiesce);
   if (collective) ep_group_call_end(g);
-  if (st) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
-    ep_err_set_msg(msg);
-  }
+  if (st) ep_err_prefix(op);
   ep_group_remove_buffer(g, b->id);
   buffer_free(b);
   return st;

@@ -102,11 +102,7 @@ ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, s
 
 static ep_status_t group_get(ep_group_t group, bool exclusive, ep_group **g, const char *op) {
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(group), EP_OBJ_GROUP, exclusive, (void **)g);
-  if (st && op) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
-    ep_err_set_msg(msg);
-  }
+  if (st && op) ep_err_prefix(op);
   return st;
 }
 
