@@ -8,6 +8,8 @@
  *   test_failure stop                 the last rank SIGSTOPs itself between a dispatch and its
  *                                     combine and is resumed 4 s later (EP_TIMEOUT_S ~1.5 s):
  *                                     the others fail within one deadline, naming it
+ *   test_failure stop-barrier         the same in an ep_group_barrier, rank 0 entering it 0.3 s
+ *                                     after rank 1 (rank 1 must still name rank 2, not rank 0)
  *   test_failure early-exit1 FILE     the last rank exits 1 before creating its group
  *   test_failure early-kill FILE      ... is SIGKILLed before creating its group
  *   test_failure early-exit0 FILE     ... exits 0 before creating its group
@@ -231,7 +233,37 @@ static int timeout(void) {
 /* The last rank stops itself after the dispatch; a forked helper resumes it 4 s later. The
  * survivors' combine fails after one deadline naming it, and their destroys skip the collective
  * work: no second deadline. The resumed rank learns that it came too late. */
-static int stopped_rank(void) {
+static void stop_self(void) {
+  pid_t self = getpid();
+  if (fork() == 0) { /* touches nothing of epcomm's, and leaves through _exit */
+    nanosleep(&(struct timespec){4, 0}, NULL);
+    kill(self, SIGCONT);
+    _exit(0);
+  }
+  raise(SIGSTOP);
+}
+
+static void stopped_report(int me, int victim, ep_status_t st, const char *msg, double t_fail,
+                           double total, double T, const char *what) {
+  char want[32];
+  snprintf(want, sizeof want, "rank %d", victim);
+  if (me == victim) {
+    T_CHECK(st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED, "resumed rank: %s",
+            ep_status_name(st));
+    T_CHECK(strstr(msg, "too late"), "the resumed rank does not say it came too late: %s", msg);
+    printf("rank %d (resumed): %s: %s\n", me, ep_status_name(st), msg);
+    return;
+  }
+  T_CHECK(st == EP_ERR_TIMEOUT, "survivor: %s, expected EP_ERR_TIMEOUT (%s)", ep_status_name(st),
+          msg);
+  T_CHECK(strstr(msg, want), "survivor's error does not name the stopped %s: %s", want, msg);
+  T_CHECK(total < 2 * T, "survivor took %.2f s for %s + destroys, deadline %.1f s", total, what,
+          T);
+  printf("rank %d: %s failed after %.2f s, destroys done at %.2f s (deadline %.1f s): %s\n", me,
+         what, t_fail, total, T, msg);
+}
+
+static int stopped_rank(bool in_barrier) {
   int R, me;
   ep_group_t g;
   ep_buffer_t buf;
@@ -242,41 +274,20 @@ static int stopped_rank(void) {
   big_init(&b, R, me);
   b.n = 64;
   T_OK(big_dispatch(buf, &b, R));
+  T_OK(big_combine(buf, &b));
   int victim = R - 1;
-  char want[32];
-  snprintf(want, sizeof want, "rank %d", victim);
-  if (me == victim) {
-    pid_t self = getpid();
-    if (fork() == 0) { /* touches nothing of epcomm's, and leaves through _exit */
-      nanosleep(&(struct timespec){4, 0}, NULL);
-      kill(self, SIGCONT);
-      _exit(0);
-    }
-    raise(SIGSTOP);
-  }
+  if (in_barrier) T_OK(ep_buffer_destroy(buf)); /* the barrier is then the group's next call */
+  if (me == victim) stop_self();
+  if (in_barrier && me == 0) nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
   double t0 = mono();
-  ep_status_t st = big_combine(buf, &b);
+  ep_status_t st = in_barrier ? ep_group_barrier(g) : big_combine(buf, &b);
   double t_fail = mono() - t0;
   char msg[512];
   snprintf(msg, sizeof msg, "%s", ep_last_error());
   T_OK(ep_handle_destroy(b.h));
-  T_OK(ep_buffer_destroy(buf)); /* broken: local, EP_OK */
-  T_OK(ep_group_destroy(g));    /* broken by the timeout too: local, EP_OK */
-  double total = mono() - t0;
-  if (me == victim) {
-    T_CHECK(st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED, "resumed rank: %s",
-            ep_status_name(st));
-    T_CHECK(strstr(msg, "too late"), "the resumed rank does not say it came too late: %s", msg);
-    printf("rank %d (resumed): %s: %s\n", me, ep_status_name(st), msg);
-  } else {
-    T_CHECK(st == EP_ERR_TIMEOUT, "survivor: %s, expected EP_ERR_TIMEOUT (%s)",
-            ep_status_name(st), msg);
-    T_CHECK(strstr(msg, want), "survivor's error does not name the stopped %s: %s", want, msg);
-    T_CHECK(total < 2 * T, "survivor took %.2f s for combine + destroys, deadline %.1f s", total,
-            T);
-    printf("rank %d: combine failed after %.2f s, destroys done at %.2f s (deadline %.1f s): "
-           "%s\n", me, t_fail, total, T, msg);
-  }
+  if (!in_barrier) T_OK(ep_buffer_destroy(buf)); /* broken: local, EP_OK */
+  T_OK(ep_group_destroy(g));                     /* broken by the timeout too: local, EP_OK */
+  stopped_report(me, victim, st, msg, t_fail, mono() - t0, T, in_barrier ? "barrier" : "combine");
   free(b.x), free(b.rx), free(b.out), free(b.idx);
   return T_PASS;
 }
@@ -354,10 +365,11 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "kill-root")) return kill_in_create(0);
   if (!strcmp(mode, "kill-ll")) return kill_in_ll();
   if (!strcmp(mode, "timeout")) return timeout();
-  if (!strcmp(mode, "stop")) return stopped_rank();
+  if (!strcmp(mode, "stop")) return stopped_rank(false);
+  if (!strcmp(mode, "stop-barrier")) return stopped_rank(true);
   if (!strncmp(mode, "early-", 6)) return early_death(mode + 6);
   if (!strcmp(mode, "loop")) return loop(death_file);
   fprintf(stderr, "usage: test_failure kill-dispatch|kill-combine|kill-create|kill-root FILE | "
-          "timeout | stop | early-exit1|early-kill|early-exit0|early-during FILE | loop DIR\n");
+          "timeout | stop | stop-barrier | early-exit1|early-kill|early-exit0|early-during FILE | loop DIR\n");
   return T_FAIL;
 }

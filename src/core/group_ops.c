@@ -93,7 +93,8 @@ ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, s
                    : kind == EP_XCHG_FD  ? ep_boot_allgather_fd(&g->boot, fd, fds, deadline)
                                          : ep_boot_barrier(&g->boot, mine, deadline);
   if (st == mine || st == EP_ERR_PEER_INVALID) return st; /* the channel is in step */
-  st = ep_group_explain(g, st);
+  /* A verdict that this rank came too late stands, though the peers may have left since. */
+  if (ep_boot_failed_peer() != g->rank) st = ep_group_explain(g, st);
   g->broken = true; /* a peer may be gone, or in another call: no collective call is safe now */
   return st;
 }
