@@ -97,7 +97,8 @@ EP_API const char *ep_version_string(void);
   X(EP_ERR_BROKEN, 16, "object is unusable after an earlier collective failure; destroy it")     \
   X(EP_ERR_UNSUPPORTED, 17, "not supported by this build or backend")                            \
   X(EP_ERR_CUDA, 18, "CUDA call failed")                                                         \
-  X(EP_ERR_INTERNAL, 19, "internal error")
+  X(EP_ERR_INTERNAL, 19, "internal error")                                                      \
+  X(EP_ERR_FORKED, 20, "object used in a forked child")
 
 typedef enum {
 #define EP_STATUS_ENUM_(code, value, msg) code = value,

@@ -599,6 +599,7 @@ static void check_ep_variable(dr_checks_t *c, const char *name, const char *val)
   const char *fix = "";
   int st = v && !strcmp(name, "EP_TIMEOUT_S") && *val ? judge_timeout(val, &fix) : DR_INFO;
   if (!v) v = cli_env_var_find(name);
+  if (v && !strcmp(v->type, "secret")) val = "(set, not shown)"; /* never print the job key */
   if (v) {
     dr_check_add(c, name, st, st == DR_WARN ? fix : "", "=%s: %s (%s)", val, v->description,
                  v->module);

@@ -32,6 +32,7 @@ static void print_backends(void) {
  * value is invalid (library rows only: the tool's own are checked by the tool that reads them). */
 static int print_var(const ep_env_var_t *v, int library) {
   const char *val = getenv(v->name);
+  if (val && !strcmp(v->type, "secret")) val = "(set, not shown)"; /* never print the job key */
   int bad = library && val && ep_env_check_value(v->name, val) != EP_OK;
   printf("%-17s %-6s %-6s %-8s %s%s\n", v->name, v->module, v->type,
          *v->default_value ? v->default_value : "-", val ? val : "(unset)",

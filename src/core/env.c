@@ -187,6 +187,7 @@ void ep_env_check_unknown(void) {
       ep_log_at(EP_LOG_WARN, -1, "init", "unknown variable %.*s is set; `epcomm info` lists the "
                 "EP_* variables epcomm reads", (int)len, *e);
     else if (ep_log_enabled(EP_LOG_INFO))
-      ep_log_at(EP_LOG_INFO, -1, "init", "%s set by environment", *e);
+      ep_log_at(EP_LOG_INFO, -1, "init", "%.*s set by environment to %s", (int)len, *e,
+                !eq ? "" : strcmp(row_find(*e, len)->pub.type, "secret") ? eq + 1 : "(not shown)");
   }
 }

@@ -27,6 +27,9 @@ static const ep_env_row_t core_rows[] = {
                    "itself does not need it)"),
     EP_ENV_ROW_TEXT("core", "EP_JOB_ID", "string", "any text",
                     "rendezvous name shared by the ranks of one job (set by epcomm launch)"),
+    EP_ENV_ROW_TEXT("core", "EP_JOB_SECRET", "secret", "any text (never shown)",
+                    "shared by the ranks of one job and proven when they connect (set by epcomm "
+                    "launch; without it: derived from the job's ids)"),
     EP_ENV_ROW_INT("core", "EP_NOTIFY_FD", "", "0", "1048576",
                    "socket on which epcomm launch reports dead ranks (set by epcomm launch)"),
 };

@@ -55,6 +55,8 @@ void ep_reg_release(ep_id_t id);
 ep_status_t ep_reg_remove(ep_id_t id, enum ep_obj_kind kind, void **obj);
 /* Number of live objects of a kind (for leak reports). */
 int ep_reg_count(enum ep_obj_kind kind);
+/* The id of this process's only live object of a kind; 0 when there are none or several. */
+ep_id_t ep_reg_sole(enum ep_obj_kind kind);
 /* Per-process counter of groups created from the environment (rendezvous name suffix). */
 unsigned ep_reg_next_env_group(void);
 
