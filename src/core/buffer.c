@@ -40,6 +40,28 @@ ep_status_t ep_ctx_check_peers(ep_ctx_t *ctx, int *dead, const char **how) {
   return ep_group_check(ctx->buf->group, dead, how);
 }
 
+ep_status_t ep_ctx_liveness(void *ctx) { return ep_ctx_check_peers(ctx, NULL, NULL); }
+
+const ep_topo_t *ep_ctx_topo(const ep_ctx_t *ctx) { return &ctx->buf->group->topo; }
+
+static ep_status_t net_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
+  return ep_ctx_allgather(ctx, send, recv, bytes);
+}
+
+ep_status_t ep_ctx_net_open(ep_ctx_t *ctx, const char *engine, int device,
+                            const struct ep_net_engine **e, ep_net_t **n) {
+  ep_group *g = ctx->buf->group;
+  *n = NULL;
+  if (!(*e = ep_net_find(engine))) return EP_ERR_UNSUPPORTED;
+  ep_net_open_t how = {g->rank, g->nranks, device, ep_now() + ctx->buf->timeout_s, net_allgather,
+                       ctx};
+  ep_status_t st = (*e)->open(&how, n);
+  if (!st)
+    ep_log_at(EP_LOG_INFO, g->rank, "init", "network engine %s open: %d ranks on %d hosts",
+              engine, g->nranks, g->topo.nhosts);
+  return st;
+}
+
 ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char *op,
                         const char *phase, const char *fmt, ...) {
   char detail[EP_ERRMSG_MAX], msg[EP_ERRMSG_MAX];
@@ -150,6 +172,9 @@ ep_status_t ep_buffer_query(ep_buffer_t buffer, ep_buffer_info_t *info) {
   i.ll_view_lifetime = i.caps & EP_CAP_LOW_LATENCY ? b->ops->ll_view_lifetime : EP_LIFETIME_NONE;
   i.bytes = b->bytes;
   i.config = b->cfg;
+  const ep_topo_t *t = &b->group->topo;
+  i.nhosts = t->nhosts, i.host = t->host, i.local_rank = t->local_rank, i.local_size = t->local_size;
+  if (b->ops->traffic) b->ops->traffic(b->state, &i.net_bytes_sent, &i.local_bytes_sent);
   ep_reg_release(b->id);
   memcpy(info, &i, info->size); /* an older caller's smaller struct gets the fields it has */
   return EP_OK;

@@ -226,3 +226,58 @@ void cpu_reduce_rows(uint16_t *out, const uint16_t *const *rows, int n, const ui
   }
   f(out, rows, n, bias0, bias1, H, stream);
 }
+
+/* ---------------------------------------------------------------- across hosts (cpu_net.h) */
+
+/* A host's partial: out = rows[0] + rows[1] + ..., fp32, in order (SEMANTICS.md §4.6). */
+void cpu_reduce_partial(float *out, const uint16_t *const *rows, int n, int H) {
+  int h = 0;
+  for (; h + 8 <= H; h += 8) {
+    f32x8 acc = load8(rows[0] + h);
+    for (int i = 1; i < n; i++) acc += load8(rows[i] + h);
+    memcpy(out + h, &acc, sizeof acc);
+  }
+  for (; h < H; h++) {
+    float acc = widen(rows[0][h]);
+    for (int i = 1; i < n; i++) acc += widen(rows[i][h]);
+    out[h] = acc;
+  }
+}
+
+/* The source's reduction: ((bias0 + bias1) + p[0]) + p[1] ..., one rounding. The accumulator
+ * row lives in `scratch` (H floats) so that each part is read once, lane by lane, in order. */
+void cpu_reduce_final(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
+                      const uint16_t *b0, const uint16_t *b1, int H, float *acc) {
+  const f32x8 zero = {0};
+  int h = 0;
+  for (; h + 8 <= H; h += 8) {
+    f32x8 a = (b0 ? load8(b0 + h) : zero) + (b1 ? load8(b1 + h) : zero);
+    memcpy(acc + h, &a, sizeof a);
+  }
+  for (; h < H; h++) acc[h] = (b0 ? widen(b0[h]) : 0.0f) + (b1 ? widen(b1[h]) : 0.0f);
+  for (int i = 0; i < n; i++) {
+    if (f32[i]) {
+      const float *q = p[i];
+      for (h = 0; h < H; h++) acc[h] += q[h];
+    } else {
+      const uint16_t *q = p[i];
+      for (h = 0; h + 8 <= H; h += 8) {
+        f32x8 a;
+        memcpy(&a, acc + h, sizeof a);
+        a += load8(q + h);
+        memcpy(acc + h, &a, sizeof a);
+      }
+      for (; h < H; h++) acc[h] += widen(q[h]);
+    }
+  }
+  for (h = 0; h + 8 <= H; h += 8) {
+    f32x8 a;
+    memcpy(&a, acc + h, sizeof a);
+    store8(out + h, a);
+  }
+  for (; h < H; h++) {
+    uint32_t u;
+    memcpy(&u, &acc[h], sizeof u);
+    out[h] = round_bf16(u);
+  }
+}
