@@ -69,6 +69,8 @@ ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char 
 
 /* Mark the buffer unusable (collective state may be inconsistent after this failure). */
 void ep_ctx_mark_broken(ep_ctx_t *ctx);
+/* A rank of the group died or did not answer: closing engine endpoints must not wait for it. */
+bool ep_ctx_peer_lost(const ep_ctx_t *ctx);
 
 /* Integer from the environment registry (src/core/env.c), e.g. EP_SPIN_US; a size row's
  * N[K|M|G] is in bytes. Group and buffer creation have checked every set variable, so `dflt` is

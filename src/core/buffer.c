@@ -13,6 +13,7 @@ int ep_ctx_rank(const ep_ctx_t *ctx) { return ctx->buf->group->rank; }
 int ep_ctx_nranks(const ep_ctx_t *ctx) { return ctx->buf->group->nranks; }
 double ep_ctx_timeout(const ep_ctx_t *ctx) { return ctx->buf->timeout_s; }
 void ep_ctx_mark_broken(ep_ctx_t *ctx) { ctx->buf->broken = true; }
+bool ep_ctx_peer_lost(const ep_ctx_t *ctx) { return ctx->buf->group->peer_lost; }
 
 /* Bootstrap exchanges of a buffer: part of its group's current collective call (buffer create or
  * destroy, buffer_life.c), which holds the group's channel; a failure breaks the group too. */
@@ -131,7 +132,7 @@ ep_status_t ep_buffer_after(ep_buffer *b, ep_status_t st, const char *op) {
   if (status_breaks(st)) b->broken = true;
   /* A peer that timed out or died leaves every collective of the group in doubt: its destroys
    * must not wait a second deadline for the same peer. */
-  if (st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED) b->group->broken = true;
+  if (st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED) b->group->broken = b->group->peer_lost = true;
   /* Backends report through ep_ctx_fail; a bare status from them still gets the op name. */
   ep_err_prefix(op);
   ep_errbox_put(&b->err, ep_last_error());

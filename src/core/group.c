@@ -47,7 +47,7 @@ void ep_group_free(ep_group *g) {
   if (!g) return;
   ep_boot_close(&g->boot);
   /* The world engine goes last: closing it may finalize MPI (when epcomm initialized it). */
-  ep_world_close(g->world, !g->broken);
+  ep_world_close(g->world, !g->peer_lost);
   ep_live_fini(&g->live);
   ep_topo_free(&g->topo);
   free(g->hostkeys);

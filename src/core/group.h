@@ -25,6 +25,8 @@ struct ep_group_s {
   char remote_how[160];             /* what a notice from another host said */
   char (*hostkeys)[EP_HOSTKEY_MAX]; /* [nranks]: hostname + boot id */
   _Atomic bool broken;              /* a collective failed: destroys skip their exchanges */
+  _Atomic bool peer_lost;           /* a rank died or did not answer: the world engine must not
+                                       wait for it at the end (MPI_Finalize would) */
   pthread_mutex_t lock;             /* guards the buffer list */
   pthread_mutex_t boot_lock;        /* one collective call at a time on the bootstrap channel */
   pthread_t call_thread;            /* the thread whose call holds boot_lock */

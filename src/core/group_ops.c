@@ -15,6 +15,7 @@ static ep_status_t local_death(ep_group *g, int l, int *dead, const char **how) 
   if (dead) *dead = r;
   if (how) *how = g->live.how;
   g->broken = true;
+  g->peer_lost = true;
   if (l == g->topo.local_rank) /* the launcher is gone: nobody will report deaths now */
     return ep_err(EP_ERR_PEER_FAILED, "rank %d %s; giving up", r, g->live.how);
   if (!g->world)
@@ -36,6 +37,7 @@ ep_status_t ep_group_check(ep_group *g, int *dead, const char **how) {
   if (dead) *dead = r;
   if (how) *how = g->remote_how;
   g->broken = true;
+  g->peer_lost = true;
   return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, g->remote_how);
 }
 
@@ -135,6 +137,7 @@ ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, s
   /* A verdict that this rank came too late stands, though the peers may have left since. */
   if (g->world ? peer != g->rank : ep_boot_failed_peer() != g->rank) st = ep_group_explain(g, st);
   g->broken = true; /* a peer may be gone, or in another call: no collective call is safe now */
+  if (st != EP_ERR_MISMATCH) g->peer_lost = true;
   return st;
 }
 

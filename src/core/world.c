@@ -107,8 +107,10 @@ static ep_status_t all_to_all(const wait_t *wt, int tag, const void *mine, void 
   return EP_OK;
 }
 
-static void call_text(char *out, size_t n, const header_t *h) {
-  snprintf(out, n, "%s (#%u, exchange %u)", ep_boot_op_name(h->op), h->seq, h->step);
+/* As the local channel says it: the exchange only when the calls are the same. */
+static void call_text(char *out, size_t n, const header_t *h, bool with_step) {
+  if (with_step) snprintf(out, n, "%s (#%u, exchange %u)", ep_boot_op_name(h->op), h->seq, h->step);
+  else snprintf(out, n, "%s (#%u)", ep_boot_op_name(h->op), h->seq);
 }
 
 /* The same verdict on every rank, from the same headers. */
@@ -118,7 +120,8 @@ static ep_status_t judge(const header_t *all, int R, int me, ep_status_t mine, i
     const header_t *h = &all[r];
     if (h->op == m->op && h->seq == m->seq && h->step == m->step) continue;
     char a[96], b[96];
-    call_text(a, sizeof a, m), call_text(b, sizeof b, h);
+    bool steps = h->op == m->op && h->seq == m->seq;
+    call_text(a, sizeof a, m, steps), call_text(b, sizeof b, h, steps);
     *peer = r;
     return ep_err(EP_ERR_MISMATCH, "this rank calls %s, rank %d calls %s", a, r, b);
   }

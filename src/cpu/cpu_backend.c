@@ -57,7 +57,7 @@ static ep_status_t cpu_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void
   if (!st) st = cpu_ll_create(s, cfg);
   if (!st && s->topo->nhosts > 1) st = cpu_net_create(s);
   if (st) {
-    state_free(s, false);
+    state_free(s, !ep_ctx_peer_lost(ctx));
     return st;
   }
   *state = s;
@@ -70,7 +70,8 @@ static ep_status_t cpu_destroy(void *state, bool collective) {
   /* Quiesce: no peer may still be moving data through our segment when we unmap it (their own
    * mapping would survive, but their call would then wait for us in vain). */
   if (collective) st = ep_ctx_barrier(s->ctx);
-  state_free(s, collective && !st);
+  /* Engine endpoints close cleanly unless a peer is gone (MPI would wait for it). */
+  state_free(s, !ep_ctx_peer_lost(s->ctx));
   return st;
 }
 

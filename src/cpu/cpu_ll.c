@@ -95,9 +95,11 @@ void cpu_ll_run(cpu_state_t *s, size_t bytes, int *parts,
 }
 
 void cpu_ll_release(void *state, ep_handle_info_t *h) {
-  (void)state;
+  cpu_state_t *s = state;
   cpu_ll_slot_t *sl = h->priv;
-  if (sl) sl->state = LL_FREE;
+  if (!sl) return;
+  if (s->net) cpu_net_ll_settle(s, sl); /* a receive it never made still arrives */
+  sl->state = LL_FREE;
 }
 
 const char *cpu_ll_state_name(int st) {

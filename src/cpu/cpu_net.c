@@ -40,7 +40,7 @@ ep_status_t cpu_net_create(cpu_state_t *s) {
 void cpu_net_destroy(cpu_state_t *s, bool clean) {
   cpu_net_t *n = s->net;
   if (!n) return;
-  cpu_net_ll_destroy(s);
+  cpu_net_ll_destroy(s, clean);
   if (n->ll) n->e->close(n->ll, clean);
   if (n->normal) n->e->close(n->normal, clean);
   free(n->send.p), free(n->recv.p), free(n->part.p), free(n->counts);
@@ -93,9 +93,8 @@ ep_status_t cpu_net_wait(cpu_state_t *s, ep_net_t *n, ep_net_xfer_t *x, int coun
   return ep_ctx_fail(s->ctx, st, peer, op, phase, "%s (%s)", msg, cpu_net_who(s, peer, who, sizeof who));
 }
 
-/* Every rank's `bytes` into all[r * bytes] (own included), point to point. */
-static ep_status_t all_to_all(cpu_state_t *s, int tag, const void *mine, void *all, size_t bytes,
-                              const char *op, const char *phase) {
+ep_status_t cpu_net_all_to_all(cpu_state_t *s, ep_net_t *n, int tag, const void *mine, void *all,
+                               size_t bytes, const char *op, const char *phase) {
   int R = s->gnranks, k = 0;
   ep_net_xfer_t *x = calloc(2 * (size_t)R, sizeof *x);
   if (!x) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, phase, "out of memory");
@@ -105,9 +104,9 @@ static ep_status_t all_to_all(cpu_state_t *s, int tag, const void *mine, void *a
     x[k++] = (ep_net_xfer_t){r, 0, tag, (char *)all + bytes * (size_t)r, bytes, 0, 0, 0};
   }
   memcpy((char *)all + bytes * (size_t)s->grank, mine, bytes);
-  ep_status_t st = s->net->e->post(s->net->normal, x, k, NULL);
+  ep_status_t st = s->net->e->post(n, x, k, NULL);
   if (st) st = ep_ctx_fail(s->ctx, st, -1, op, phase, "%s", ep_last_error());
-  else st = cpu_net_wait(s, s->net->normal, x, k, op, phase);
+  else st = cpu_net_wait(s, n, x, k, op, phase);
   free(x);
   return st;
 }
@@ -116,7 +115,8 @@ ep_status_t cpu_net_counts(cpu_state_t *s, const int32_t *mine, const char *op) 
   cpu_net_t *n = s->net;
   cpu_call_begin(s);
   size_t bytes = (size_t)n->cw * sizeof *mine;
-  ep_status_t st = all_to_all(s, NET_TAG_COUNTS, mine, n->counts, bytes, op, "counts");
+  ep_status_t st =
+      cpu_net_all_to_all(s, n->normal, NET_TAG_COUNTS, mine, n->counts, bytes, op, "counts");
   if (st) return st;
   /* Compared once all have arrived, so that every rank fails the call the same way. */
   const ep_call_key_t *me = (const ep_call_key_t *)mine;

@@ -92,12 +92,15 @@ void cpu_net_reject(cpu_state_t *s);
 /* Waits for transfers with the buffer's deadline and liveness; names the rank and its host. */
 ep_status_t cpu_net_wait(cpu_state_t *s, ep_net_t *n, ep_net_xfer_t *x, int count,
                          const char *op, const char *phase);
+/* Every rank's `bytes` into all[r * bytes] (own included), point to point over endpoint n. */
+ep_status_t cpu_net_all_to_all(cpu_state_t *s, ep_net_t *n, int tag, const void *mine, void *all,
+                               size_t bytes, const char *op, const char *phase);
 /* "rank 3 (host 1)" */
 const char *cpu_net_who(const cpu_state_t *s, int rank, char *buf, size_t n);
 
 /* ---- cpu_net_ll.c: low-latency mode across hosts */
 ep_status_t cpu_net_ll_create(cpu_state_t *s);
-void cpu_net_ll_destroy(cpu_state_t *s);
+void cpu_net_ll_destroy(cpu_state_t *s, bool clean);
 
 /* ---- cpu_net_dispatch.c, cpu_net_combine.c */
 ep_status_t cpu_net_dispatch(cpu_state_t *s, ep_dispatch_call_t *c, ep_handle_info_t *out);
