@@ -322,15 +322,16 @@ ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t 
   int cb = boot->allgather(boot->ctx, &mine, all, sizeof mine);
   bool net = cb == 0 && spans_hosts(all, boot->nranks);
   rendezvous_t rv = all[0];
+  ep_ident_t ident = mine.ident; /* the secrets are wiped below, not who this rank is */
   explicit_bzero(all, (size_t)boot->nranks * sizeof *all);
   explicit_bzero(&mine, sizeof mine);
   free(all);
   if (cb != 0) return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create: the user allgather callback failed");
   rv.name[RENDEZVOUS_MAX - 1] = '\0';
-  if (net && (st = check_world_launcher(&mine.ident, "ep_group_create"))) return st;
+  if (net && (st = check_world_launcher(&ident, "ep_group_create"))) return st;
   ep_group *g;
   st = group_new(boot->rank, boot->nranks, &c, &g);
-  if (!st) st = group_finish(g, "ep_group_create", rv.name, rv.key, -1, &mine.ident, net, group);
+  if (!st) st = group_finish(g, "ep_group_create", rv.name, rv.key, -1, &ident, net, group);
   explicit_bzero(&rv, sizeof rv);
   /* The callbacks' own barrier keeps the user's framework in step with ours. */
   if (!st && boot->barrier && boot->barrier(boot->ctx) != 0) {

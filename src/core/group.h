@@ -23,6 +23,7 @@ struct ep_group_s {
   ep_boot_t boot;                   /* the ranks of this host (all ranks when on one host) */
   ep_live_t live;                   /* indexed like `boot`: local ranks */
   char remote_how[160];             /* what a notice from another host said */
+  char local_how[160];              /* across hosts: a death on this host, with host and pid */
   char (*hostkeys)[EP_HOSTKEY_MAX]; /* [nranks]: hostname + boot id */
   _Atomic bool broken;              /* a collective failed: destroys skip their exchanges */
   _Atomic bool peer_lost;           /* a rank died or did not answer: the world engine must not

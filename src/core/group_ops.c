@@ -20,19 +20,22 @@ static ep_status_t local_death(ep_group *g, int l, int *dead, const char **how) 
     return ep_err(EP_ERR_PEER_FAILED, "rank %d %s; giving up", r, g->live.how);
   if (!g->world)
     return ep_err(EP_ERR_PEER_FAILED, "rank %d (pid %d) %s", r, (int)g->live.pids[l], g->live.how);
-  char what[160];
-  snprintf(what, sizeof what, "(host %d, pid %d) %s", g->topo.host, (int)g->live.pids[l],
-           g->live.how);
-  ep_world_notify(g->world, r, what);
-  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, what);
+  snprintf(g->local_how, sizeof g->local_how, "(host %d, pid %d) %s", g->topo.host,
+           (int)g->live.pids[l], g->live.how);
+  if (how) *how = g->local_how;
+  ep_world_notify(g->world, r, g->local_how);
+  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, g->local_how);
 }
 
+/* A notice from another host first: it reports the first death, where a rank of this host may
+ * just have exited after hearing the same notice. */
 ep_status_t ep_group_check(ep_group *g, int *dead, const char **how) {
-  int l = ep_live_check(&g->live);
-  if (l >= 0) return local_death(g, l, dead, how);
   int r, reporter;
   char said[96];
-  if (!g->world || !ep_world_heard(g->world, &r, &reporter, said, sizeof said)) return EP_OK;
+  if (!g->world || !ep_world_heard(g->world, &r, &reporter, said, sizeof said)) {
+    int l = ep_live_check(&g->live);
+    return l >= 0 ? local_death(g, l, dead, how) : EP_OK;
+  }
   snprintf(g->remote_how, sizeof g->remote_how, "%s (reported by rank %d)", said, reporter);
   if (dead) *dead = r;
   if (how) *how = g->remote_how;

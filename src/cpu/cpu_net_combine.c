@@ -152,22 +152,25 @@ static ep_status_t plan_network(cpu_state_t *s, job_t *j) {
   return st ? ep_ctx_fail(s->ctx, st, -1, OP, "network", "%s", ep_last_error()) : EP_OK;
 }
 
-/* Channel 0: post the chunks of partials that are complete, see which partials arrived. */
+/* Channel 0: post the chunks of partials that are complete, each block's in order (the source
+ * matches them in the order they are sent, and channels may finish them in another), and see
+ * which partials arrived. */
 static int net_progress(cpu_state_t *s, job_t *j, ep_status_t *st) {
   int moved = 0, done;
   *st = EP_OK;
-  for (int k = 0; k < j->nx - j->nrx; k++) {
-    ep_net_xfer_t *x = &j->x[j->nrx + k];
-    if (atomic_load(&j->cposted[k])) {
-      if (!x->done && (*st = s->net->e->test(s->net->normal, x, 1, &done))) return 0;
-      continue;
+  for (int b = 0; b < j->Hn; b++)
+    for (int k = j->cx[b]; k < j->cx[b + 1]; k++) {
+      ep_net_xfer_t *x = &j->x[j->nrx + k];
+      if (atomic_load(&j->cposted[k])) {
+        if (!x->done && (*st = s->net->e->test(s->net->normal, x, 1, &done))) return 0;
+        continue;
+      }
+      if (atomic_load(&j->cleft[k])) break;
+      if ((*st = s->net->e->post(s->net->normal, x, 1, NULL))) return 0;
+      atomic_fetch_add(&s->net->net_bytes, x->bytes);
+      atomic_store(&j->cposted[k], 1);
+      j->sent_chunks++, moved++;
     }
-    if (atomic_load(&j->cleft[k])) continue;
-    if ((*st = s->net->e->post(s->net->normal, x, 1, NULL))) return 0;
-    atomic_fetch_add(&s->net->net_bytes, x->bytes);
-    atomic_store(&j->cposted[k], 1);
-    j->sent_chunks++, moved++;
-  }
   if ((*st = s->net->e->test(s->net->normal, j->x, j->nrx, &done))) return 0;
   const cpu_nplan_t *p = j->p;
   bool news = false;

@@ -103,9 +103,14 @@ static const char *mpi_strerror(int code, char *buf) {
   return buf;
 }
 
+/* A predefined handle is the address of a library global; a program that links MPI itself may
+ * hold a copy of that global (a copy relocation in the executable), which is then the one MPI
+ * uses: the process's global scope is asked first, this library's handle second. */
 static ep_status_t resolve(void *dl) {
   for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
-    void *p = dlsym(dl, symbols[i].sym);
+    bool data = strncmp(symbols[i].sym, "MPI_", 4) != 0;
+    void *p = data ? dlsym(RTLD_DEFAULT, symbols[i].sym) : NULL;
+    if (!p) p = dlsym(dl, symbols[i].sym);
     if (!p)
       return ep_err(EP_ERR_UNSUPPORTED, "%s has no symbol %s: the MPI engine needs Open MPI "
                     "(libmpi.so.40 ABI); set EP_MPI_LIB to an Open MPI library", rt.path,
