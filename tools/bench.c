@@ -107,6 +107,34 @@ static int run_cuda_bench(const bench_opts_t *o) {
   return 2;
 }
 
+/* --hosts H: pretend hosts through EP_HOSTS, which the group reads (the ranks must run under
+ * mpirun: `epcomm launch -n R --hosts H` sets both). */
+static int pretend_hosts(const bench_opts_t *o) {
+  if (o->hosts < 1) return 0;
+  const char *set = getenv("EP_HOSTS");
+  if (set && *set && atoi(set) != o->hosts) {
+    if (bench_env_rank() == 0)
+      fprintf(stderr, "epcomm bench: --hosts %d but EP_HOSTS=%s\n", o->hosts, set);
+    return 2;
+  }
+  char v[16];
+  snprintf(v, sizeof v, "%d", o->hosts);
+  setenv("EP_HOSTS", v, 1);
+  return 0;
+}
+
+/* The hosts of the group, for the combine's check and the traffic figures. */
+static int hosts_of(ep_group_t g, bench_opts_t *o, int R, int **host_of) {
+  ep_group_info_t i = EP_GROUP_INFO_INIT;
+  if (ep_group_query(g, &i)) return 1;
+  o->nhosts = i.nhosts;
+  if (i.nhosts < 2) return 0;
+  *host_of = malloc((size_t)R * sizeof **host_of);
+  if (!*host_of || ep_group_allgather(g, &i.host, *host_of, sizeof i.host)) return 1;
+  o->host_of = *host_of;
+  return 0;
+}
+
 int ep_cmd_bench(int argc, char **argv) {
   bench_opts_t o;
   int rc = bench_parse(argc, argv, "epcomm bench", 0, &o);
@@ -116,9 +144,12 @@ int ep_cmd_bench(int argc, char **argv) {
   gc.timeout_s = o.timeout_s;
   ep_group_t g = NULL;
   int R, me;
+  if ((rc = pretend_hosts(&o))) return rc;
   if (ep_group_create_from_env(&gc, &g)) return fail_group("ep_group_create_from_env", NULL);
   ep_group_rank(g, &me);
   ep_group_nranks(g, &R);
+  int *host_of = NULL;
+  if (hosts_of(g, &o, R, &host_of)) return fail_group("ep_group_query", g);
   char why[320];
   int changed = bench_fix_experts(&o, R, why, sizeof why);
   if (changed < 0) { /* every rank knows R now: all stop, rank 0 says why */
@@ -131,6 +162,7 @@ int ep_cmd_bench(int argc, char **argv) {
   bench_progress_init(&progress, &o, me);
   o.progress = &progress;
   rc = run(&o, g, R, me);
+  free(host_of);
   if (ep_group_destroy(g)) return fail_group("ep_group_destroy", g);
   return rc;
 }

@@ -33,6 +33,11 @@ typedef struct {
   double d_csw, c_csw;               /* context switches (voluntary + not) per iteration */
   double ll_phases[4];               /* low-latency two-phase form, median seconds of this rank:
                                         dispatch send, dispatch receive, combine send, receive */
+  /* Across hosts (nhosts > 1), per timed iteration: bytes this rank sent through the network
+   * engine and to ranks of its host (ep_buffer_query's counters); from its routing, the pairs
+   * (token, other host it goes to) and (token, rank of another / of this host it goes to). */
+  double net_d, net_c, local_d, local_c;
+  double host_pairs, remote_rank_rows, local_rank_rows;
   char msg[BENCH_MSG];               /* first self-check mismatch, "" if none */
 } bench_rank_t;
 

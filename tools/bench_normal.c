@@ -90,6 +90,32 @@ static void figures(const bench_opts_t *o, int R, int me, const outs_t *u, int n
     f->digest_x = bench_digest(u->scales, (size_t)nr * bench_num_scales(o) * 4, f->digest_x);
 }
 
+/* Across hosts: what crosses the network, from this rank's routing: (token, other host) pairs,
+ * and the rows a flat all-to-all would send to ranks of other hosts and of this host. */
+static void host_figures(const bench_opts_t *o, int R, int me, const int64_t *idx,
+                         bench_rank_t *f) {
+  int K = o->topk, per = o->experts / R, G = o->nhosts;
+  for (int t = 0; t < o->tokens; t++) {
+    uint8_t rank_seen[R], host_seen[G];
+    memset(rank_seen, 0, sizeof rank_seen), memset(host_seen, 0, sizeof host_seen);
+    for (int k = 0; k < K; k++)
+      if (idx[(size_t)t * K + k] >= 0) rank_seen[idx[(size_t)t * K + k] / per] = 1;
+    for (int r = 0; r < R; r++) {
+      if (!rank_seen[r]) continue;
+      int away = o->host_of[r] != o->host_of[me];
+      f->remote_rank_rows += away, f->local_rank_rows += !away && r != me;
+      if (away && !host_seen[o->host_of[r]]) host_seen[o->host_of[r]] = 1, f->host_pairs++;
+    }
+  }
+}
+
+/* The buffer's traffic counters (ep_buffer_info_t, API 0.3). */
+static void traffic(ep_buffer_t buf, double *net, double *local) {
+  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
+  *net = *local = 0;
+  if (ep_buffer_query(buf, &i) == EP_OK) *net = (double)i.net_bytes_sent, *local = (double)i.local_bytes_sent;
+}
+
 static void check(const bench_opts_t *o, int R, int me, const outs_t *u, int nr,
                   const uint16_t *out, bench_rank_t *f) {
   bench_recv_t rv = {nr, u->x, u->scales, u->idx, u->w, u->src_idx, u->prefix, u->tpe};
@@ -141,11 +167,14 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
     TRY(ep_group_barrier(g));
     double tm = bench_ceiling_copy(ceil);
     TRY(ep_group_barrier(g));
+    double n0, l0, n1, l1, n2, l2, n3, l3;
+    traffic(buf, &n0, &l0);
     bench_usage_t u0 = bench_rusage();
     double t0 = bench_now();
     TRY(ep_dispatch(buf, &a, &dout));
     double t1 = bench_now();
     bench_usage_t u1 = bench_rusage();
+    traffic(buf, &n1, &l1);
     nr = dout.num_recv_tokens, h = dout.handle;
     if (!y) {
       y = alloc64((size_t)(nr ? nr : 1) * o->hidden * 2);
@@ -154,19 +183,24 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
     }
     ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = y, .out = out};
     TRY(ep_group_barrier(g));
+    traffic(buf, &n2, &l2);
     bench_usage_t u2 = bench_rusage();
     double t2 = bench_now();
     TRY(ep_combine(buf, &c));
     double t3 = bench_now();
     bench_usage_t u3 = bench_rusage();
+    traffic(buf, &n3, &l3);
     TRY(ep_handle_destroy(h));
     h = NULL;
     if (it < 0) continue;
     t[it] = t1 - t0, t[o->iters + it] = t3 - t2, t[2 * o->iters + it] = tm;
     f->d_cpu += (u1.cpu - u0.cpu) / o->iters, f->d_csw += (u1.csw - u0.csw) / o->iters;
     f->c_cpu += (u3.cpu - u2.cpu) / o->iters, f->c_csw += (u3.csw - u2.csw) / o->iters;
+    f->net_d += (n1 - n0) / o->iters, f->local_d += (l1 - l0) / o->iters;
+    f->net_c += (n3 - n2) / o->iters, f->local_c += (l3 - l2) / o->iters;
   }
   figures(o, R, me, &u, nr, f);
+  if (o->nhosts > 1) host_figures(o, R, me, idx, f);
   f->m_bytes = bench_ceiling_bytes(ceil);
   bench_progress_stage(o->progress, "checking the outputs against the reference", 0);
   check(o, R, me, &u, nr, out, f);

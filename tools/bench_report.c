@@ -118,7 +118,8 @@ typedef struct {
   char msg[512];
 } verdict_t;
 
-static verdict_t verdict(int R, bench_rank_t *const *rk, const bench_baseline_t *b) {
+static verdict_t verdict(const bench_opts_t *o, int R, bench_rank_t *const *rk,
+                         const bench_baseline_t *b) {
   verdict_t v = {1, -1, -1, ""};
   for (int r = 0; r < R; r++)
     if (rk[r]->dispatch_bad || rk[r]->combine_bad) {
@@ -129,9 +130,12 @@ static verdict_t verdict(int R, bench_rank_t *const *rk, const bench_baseline_t 
   v.base_ok = b->ok;
   if (!b->ok && !v.msg[0]) snprintf(v.msg, sizeof v.msg, "baseline: %s", b->why);
   v.agree = 1;
+  /* Across hosts the combine adds each host's partial first (SEMANTICS.md §4.6), the flat
+   * baseline rank by rank: the dispatches must be identical, the combines each their own rule. */
+  int same_combine = o->nhosts < 2;
   for (int r = 0; r < R; r++)
     if (b->recv_rows[r] != rk[r]->recv_rows || b->digest_x[r] != rk[r]->digest_x ||
-        b->digest_out[r] != rk[r]->digest_out) {
+        (same_combine && b->digest_out[r] != rk[r]->digest_out)) {
       if (v.agree && !v.msg[0])
         snprintf(v.msg, sizeof v.msg, "rank %d: the baseline's outputs differ from epcomm's "
                  "(rows %d vs %d, digests %s)", r, b->recv_rows[r], rk[r]->recv_rows,
@@ -144,9 +148,11 @@ static verdict_t verdict(int R, bench_rank_t *const *rk, const bench_baseline_t 
 /* ------------------------------------------------------------------ table */
 
 static void print_config(FILE *f, const bench_opts_t *o, int R) {
-  fprintf(f, "epcomm bench: %s mode, %s backend, %d ranks x %d thread%s; per rank %d tokens, "
+  char hosts[32] = "";
+  if (o->nhosts > 1) snprintf(hosts, sizeof hosts, " on %d hosts", o->nhosts);
+  fprintf(f, "epcomm bench: %s mode, %s backend, %d ranks%s x %d thread%s; per rank %d tokens, "
           "hidden %d %s, topk %d, %d experts, %s routing; %d warm-up + %d timed iterations\n",
-          o->mode == BENCH_LL ? "low-latency" : "normal", o->backend_cuda ? "cuda" : "cpu", R, o->threads, o->threads > 1 ? "s" : "", o->tokens,
+          o->mode == BENCH_LL ? "low-latency" : "normal", o->backend_cuda ? "cuda" : "cpu", R, hosts, o->threads, o->threads > 1 ? "s" : "", o->tokens,
           o->hidden, o->dtype == BENCH_FP8 ? "fp8 (+ fp32 scales)" : "bf16", o->topk, o->experts,
           bench_routing_name(o->routing), o->warmup, o->iters);
 }
@@ -273,11 +279,51 @@ static void print_rank_table(const bench_opts_t *o, int R, phase_t *ph, bench_ra
   printf("\n");
 }
 
+/* Across hosts: what crossed the network and what stayed inside hosts, next to what the flat
+ * baseline (one row per (token, rank) through MPI_Alltoallv) moves between and inside hosts. */
+typedef struct {
+  double net_d, net_c, local_d, local_c, pairs, flat_net_d, flat_net_c, flat_local_d, flat_local_c;
+} traffic_t;
+
+static traffic_t traffic_means(const bench_opts_t *o, int R, bench_rank_t *const *rk) {
+  traffic_t m = {0};
+  double row = (double)bench_row_bytes(o) + bench_num_scales(o) * 4.0, meta = 4.0 + o->topk * 12.0;
+  for (int r = 0; r < R; r++) {
+    const bench_rank_t *f = rk[r];
+    m.net_d += f->net_d / R, m.net_c += f->net_c / R, m.pairs += f->host_pairs / R;
+    m.local_d += f->local_d / R, m.local_c += f->local_c / R;
+    m.flat_net_d += f->remote_rank_rows * (row + meta) / R;
+    m.flat_local_d += f->local_rank_rows * (row + meta) / R;
+    m.flat_net_c += f->remote_rank_rows * o->hidden * 2.0 / R;
+    m.flat_local_c += f->local_rank_rows * o->hidden * 2.0 / R;
+  }
+  return m;
+}
+
+static void print_hosts(const bench_opts_t *o, int R, bench_rank_t *const *rk) {
+  if (o->nhosts < 2 || o->mode != BENCH_NORMAL) return;
+  traffic_t m = traffic_means(o, R, rk);
+  double row = (double)bench_row_bytes(o) + bench_num_scales(o) * 4.0;
+  printf("across %d hosts of %d ranks, MB sent per rank per call (mean over ranks):\n", o->nhosts,
+         R / o->nhosts);
+  printf("  %-34s %12s %12s\n", "", "network", "inside host");
+  printf("  %-34s %12.2f %12.2f\n", "epcomm dispatch (measured)", m.net_d / 1e6, m.local_d / 1e6);
+  printf("  %-34s %12.2f %12.2f\n", "epcomm combine (measured)", m.net_c / 1e6, m.local_c / 1e6);
+  printf("  %-34s %12.2f %12.2f\n", "flat all-to-all dispatch (routing)", m.flat_net_d / 1e6,
+         m.flat_local_d / 1e6);
+  printf("  %-34s %12.2f %12.2f\n", "flat all-to-all combine (routing)", m.flat_net_c / 1e6,
+         m.flat_local_c / 1e6);
+  printf("  dispatch: %.0f bytes per (token, other host) pair (%.0f pairs per rank); a row is "
+         "%.0f bytes, the rest its index, expert ids and weights\n\n",
+         m.pairs > 0 ? m.net_d / m.pairs : 0, m.pairs, row);
+}
+
 static void print_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t *const *rk,
                         const bench_baseline_t *b, ratios_t q, verdict_t v) {
   print_config(stdout, o, R);
   print_phase_table(o, R, ph);
   print_rank_table(o, R, ph, rk, q);
+  print_hosts(o, R, rk);
   print_legend(o, R);
   if (o->mode == BENCH_LL) print_two_phase(o, R, rk);
   printf("ratio epcomm/ceiling:  dispatch %.2f, combine %.2f (GB/s over memcpy GB/s)\n",
@@ -333,6 +379,14 @@ static void print_json(FILE *f, const bench_opts_t *o, int R, phase_t *ph, bench
     fprintf(f, "  \"ratio_dispatch_baseline\": %.4f,\n  \"ratio_combine_baseline\": %.4f,\n"
             "  \"ratio_total_baseline\": %.4f,\n  \"ratio_total_baseline_normalised\": %.4f,\n",
             q.d_base, q.c_base, q.t_base, q.t_base_norm);
+  if (o->nhosts > 1 && o->mode == BENCH_NORMAL) {
+    traffic_t m = traffic_means(o, R, rk);
+    fprintf(f, "  \"hosts\": %d,\n  \"net_bytes_dispatch\": %.0f,\n  \"net_bytes_combine\": %.0f,\n"
+            "  \"host_bytes_dispatch\": %.0f,\n  \"host_bytes_combine\": %.0f,\n"
+            "  \"flat_net_bytes_dispatch\": %.0f,\n  \"flat_net_bytes_combine\": %.0f,\n"
+            "  \"token_host_pairs\": %.0f,\n", o->nhosts, m.net_d, m.net_c, m.local_d, m.local_c,
+            m.flat_net_d, m.flat_net_c, m.pairs);
+  }
   fprintf(f, "  \"check\": \"%s\"\n},\n", v.epcomm_ok && v.base_ok != 0 && v.agree != 0 ? "pass" : "fail");
   fprintf(f, "\"config\": {\"mode\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, "
           "\"threads\": %d, \"tokens\": %d, \"hidden\": %d, \"topk\": %d, \"experts\": %d, "
@@ -391,7 +445,7 @@ int bench_report(const bench_opts_t *o, int R, bench_rank_t *const *ranks,
   memset(ph, 0, sizeof ph);
   build(o, R, ranks, b, ph);
   ratios_t q = ratios(ph);
-  verdict_t v = verdict(R, ranks, b);
+  verdict_t v = verdict(o, R, ranks, b);
   int rc = 0;
   if (!o->json || strcmp(o->json, "-")) print_table(o, R, ph, ranks, b, q, v);
   if (o->json) {

@@ -2,6 +2,7 @@
  * paths are in cpu_net_dispatch.c, cpu_net_combine.c and cpu_net_ll.c (cpu_net.h). */
 #include "cpu_net.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,8 +21,18 @@ static ep_status_t agree_chunk(cpu_state_t *s) {
   return st;
 }
 
+/* More ranks on this host than CPUs they may use: a waiter that spins only takes the CPU from
+ * the rank it waits for (the hierarchical path waits often: forwarders in lockstep with the
+ * ranks they serve). Then waiters sleep at once, unless EP_SPIN_US says otherwise. */
+static void spin_policy(cpu_state_t *s) {
+  cpu_set_t set;
+  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (!ep_env_text("EP_SPIN_US") && cpus > 0 && s->nranks > cpus) s->spin_s = 0;
+}
+
 /* One engine endpoint per mode: their calls are independent sequences (SEMANTICS.md §1.4). */
 ep_status_t cpu_net_create(cpu_state_t *s) {
+  spin_policy(s);
   cpu_net_t *n = calloc(1, sizeof *n);
   if (!n) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
   s->net = n;

@@ -154,31 +154,31 @@ static ep_status_t plan_network(cpu_state_t *s, job_t *j) {
 
 /* Channel 0: post the chunks of partials that are complete, each block's in order (the source
  * matches them in the order they are sent, and channels may finish them in another), and see
- * which partials arrived. */
+ * which partials arrived. Chunks complete in order on each stream: only the next one of each is
+ * tested (every test runs MPI's progress engine). */
 static int net_progress(cpu_state_t *s, job_t *j, ep_status_t *st) {
   int moved = 0, done;
   *st = EP_OK;
   for (int b = 0; b < j->Hn; b++)
     for (int k = j->cx[b]; k < j->cx[b + 1]; k++) {
       ep_net_xfer_t *x = &j->x[j->nrx + k];
-      if (atomic_load(&j->cposted[k])) {
-        if (!x->done && (*st = s->net->e->test(s->net->normal, x, 1, &done))) return 0;
-        continue;
-      }
+      if (atomic_load(&j->cposted[k])) continue;
       if (atomic_load(&j->cleft[k])) break;
       if ((*st = s->net->e->post(s->net->normal, x, 1, NULL))) return 0;
       atomic_fetch_add(&s->net->net_bytes, x->bytes);
       atomic_store(&j->cposted[k], 1);
       j->sent_chunks++, moved++;
     }
-  if ((*st = s->net->e->test(s->net->normal, j->x, j->nrx, &done))) return 0;
   const cpu_nplan_t *p = j->p;
   bool news = false;
   for (int g = 0; g < j->Hn; g++) {
     if (g == j->me) continue;
     int32_t m = p->hsend_off[g + 1] - p->hsend_off[g], have = atomic_load(&j->ready[g]);
-    for (int i = j->rx[g] + have / j->ce; i < j->rx[g + 1] && j->x[i].done; i++)
+    for (int i = j->rx[g] + have / j->ce; i < j->rx[g + 1]; i++) {
+      if (!j->x[i].done && (*st = s->net->e->test(s->net->normal, &j->x[i], 1, &done))) return 0;
+      if (!j->x[i].done) break;
       have = (i - j->rx[g] + 1) * j->ce < m ? (i - j->rx[g] + 1) * j->ce : m;
+    }
     if (have != atomic_load(&j->ready[g])) news = true, moved++;
     atomic_store_explicit(&j->ready[g], have, memory_order_release);
   }
@@ -186,18 +186,31 @@ static int net_progress(cpu_state_t *s, job_t *j, ep_status_t *st) {
   return moved;
 }
 
+/* Sends are tested once everything else is done (their buffers live until the next call). */
+static ep_status_t sends_done(cpu_state_t *s, job_t *j, bool *all) {
+  int done = 0;
+  *all = j->sent_chunks == j->nx - j->nrx;
+  if (!*all) return EP_OK;
+  ep_status_t st = s->net->e->test(s->net->normal, j->x + j->nrx, j->nx - j->nrx, &done);
+  *all = done == j->nx - j->nrx;
+  return st;
+}
+
 /* Receives pending, chunks not yet posted, or posted sends not complete. */
-static bool net_busy(const job_t *j) {
-  for (int i = 0; i < j->nx; i++)
+static bool net_busy(cpu_state_t *s, job_t *j, ep_status_t *st) {
+  for (int i = 0; i < j->nrx; i++)
     if (!j->x[i].done) return true;
-  return false;
+  bool all;
+  *st = sends_done(s, j, &all);
+  return !all;
 }
 
 /* ------------------------------------------------------------------ one channel */
 
 typedef struct {
   cpu_q_t *out, *in;  /* [L] send-back queues to the forwarders; from the receivers */
-  int32_t row;        /* receiver: next row of x to send back */
+  int32_t *next;      /* [L] receiver: next row of x to consider for forwarder l */
+  bool *touched;      /* [L] forwarder: queues consumed from since their last release */
   int b, e, e_end;    /* forwarder: next entry (block, entry), end of this channel's range */
   int t, t_end;       /* source: next token to reduce */
   const unsigned char **rows; /* [L] forwarder: row of each receiver for the current entry */
@@ -212,27 +225,42 @@ static int chan_of(int32_t e, int32_t n, int C) {
   return chunk ? (int)(e / chunk) : 0;
 }
 
-static int send_back(cpu_state_t *s, const job_t *j, chan_t *ch, int c) {
+/* Is row r sent back by channel c to forwarder l (not this rank: it reads x itself)? */
+static bool back_to(const cpu_state_t *s, const job_t *j, int32_t r, int l, int c) {
   const cpu_nplan_t *p = j->p;
-  int moved = 0, Nr = p->flat->Nr, pushed[s->nranks];
-  memset(pushed, 0, sizeof pushed);
-  for (; ch->row < Nr; ch->row++) {
-    int src = p->row_src[ch->row], l = s->topo->local_of[src];
-    if (l == s->rank || chan_of(p->row_j[ch->row], p->hcnt[(size_t)src * j->Hn + j->me], s->channels) != c)
-      continue; /* its forwarder is this rank (it reads x), or another channel sends it */
-    unsigned char *rec = cpu_q_reserve(&ch->out[l], j->rec);
-    if (!rec) break;
-    memcpy(rec, (const unsigned char *)j->a->x + (size_t)ch->row * j->row, j->row);
-    if (j->has_w)
-      memcpy(rec + j->row, j->a->topk_weights + (size_t)ch->row * j->topk, (size_t)j->topk * 4);
-    cpu_q_commit(&ch->out[l], j->rec);
-    ch->bytes += j->rec;
-    if (++pushed[l] % BATCH == 0) cpu_q_publish(&ch->out[l]), cpu_ring_bell(s, l, c);
-    moved++;
+  int src = p->row_src[r];
+  return s->topo->local_of[src] == l &&
+         chan_of(p->row_j[r], p->hcnt[(size_t)src * j->Hn + j->me], s->channels) == c;
+}
+
+/* Receiver: rows back to their forwarders, one cursor per forwarder, so that a full queue to
+ * one never holds back the others (each forwarder reduces its own column's tokens). */
+static int send_back(cpu_state_t *s, const job_t *j, chan_t *ch, int c) {
+  int moved = 0, Nr = j->p->flat->Nr;
+  for (int l = 0; l < s->nranks; l++) {
+    if (l == s->rank) continue;
+    int n = 0;
+    for (int32_t *r = &ch->next[l]; *r < Nr; ++*r) {
+      if (!back_to(s, j, *r, l, c)) continue;
+      unsigned char *rec = cpu_q_reserve(&ch->out[l], j->rec);
+      if (!rec) break;
+      memcpy(rec, (const unsigned char *)j->a->x + (size_t)*r * j->row, j->row);
+      if (j->has_w)
+        memcpy(rec + j->row, j->a->topk_weights + (size_t)*r * j->topk, (size_t)j->topk * 4);
+      cpu_q_commit(&ch->out[l], j->rec);
+      ch->bytes += j->rec;
+      if (++n % BATCH == 0) cpu_q_publish(&ch->out[l]), cpu_ring_bell(s, l, c);
+    }
+    if (n % BATCH) cpu_q_publish(&ch->out[l]), cpu_ring_bell(s, l, c);
+    moved += n;
   }
-  for (int l = 0; l < s->nranks; l++)
-    if (pushed[l] % BATCH) cpu_q_publish(&ch->out[l]), cpu_ring_bell(s, l, c);
   return moved;
+}
+
+static bool sent_back(const cpu_state_t *s, const job_t *j, const chan_t *ch) {
+  for (int l = 0; l < s->nranks; l++)
+    if (l != s->rank && ch->next[l] < j->p->flat->Nr) return false;
+  return true;
 }
 
 /* The partial of one entry, once every row of it is at hand. */
@@ -254,8 +282,8 @@ static void make_partial(const job_t *j, chan_t *ch, int nrows, const float *con
 static int forward(cpu_state_t *s, job_t *j, chan_t *ch, int c) {
   const cpu_nplan_t *p = j->p;
   int moved = 0, L = s->nranks;
-  bool touched[L];
-  memset(touched, 0, sizeof touched);
+  bool *touched = ch->touched;
+  for (int l = 0; l < L; l++) touched[l] = false;
   while (ch->b < j->Hn) {
     if (ch->e >= ch->e_end) {
       if (++ch->b < j->Hn) cpu_chan_range(p->blk_base[ch->b + 1] - p->blk_base[ch->b], s->channels, c, &ch->e, &ch->e_end);
@@ -329,17 +357,30 @@ static int reduce_tokens(const job_t *j, chan_t *ch) {
   return moved;
 }
 
+/* MPI's progress costs microseconds a call: channel 0 runs it between rounds of local work no
+ * more often than this, and whenever there is nothing else to do. */
+#define NET_PERIOD_S 0.0001
+
 static ep_status_t loop(cpu_state_t *s, job_t *j, chan_t *ch, int c) {
   cpu_waiter_t w;
   cpu_waiter_init(&w, s, c, OP, "data");
+  double next_net = 0;
+  int moved = 0;
   for (;;) {
     uint32_t seen = cpu_bell_read(s, c);
     ep_status_t st = EP_OK;
-    int moved = c == 0 ? net_progress(s, j, &st) : 0;
+    bool net = false;
+    if (c == 0 && (!moved || ep_now() >= next_net)) {
+      moved = net_progress(s, j, &st);
+      net = !st && net_busy(s, j, &st);
+      next_net = ep_now() + NET_PERIOD_S;
+    } else {
+      moved = 0, net = c == 0;
+    }
     if (st) return ep_ctx_fail(s->ctx, st, -1, OP, "network", "%s", ep_last_error());
     moved += send_back(s, j, ch, c) + forward(s, j, ch, c) + reduce_tokens(j, ch);
-    bool net = c == 0 && net_busy(j);
-    if (ch->row >= j->p->flat->Nr && ch->b >= j->Hn && ch->t >= ch->t_end && !net) return EP_OK;
+    bool local_done = sent_back(s, j, ch) && ch->b >= j->Hn && ch->t >= ch->t_end;
+    if (local_done && !net) return EP_OK;
     if (moved) continue;
     w.sleep_cap = net ? NET_SLEEP_S : 0.010;
     if ((st = cpu_wait(&w, seen, -1, "rows or partials of this combine"))) return st;
@@ -352,9 +393,11 @@ static ep_status_t channel(cpu_state_t *s, void *arg, int c) {
   chan_t ch = {0};
   ch.out = calloc((size_t)L * 2, sizeof *ch.out);
   ch.rows = calloc((size_t)L + 1, sizeof *ch.rows);
+  ch.next = calloc((size_t)L, sizeof *ch.next);
+  ch.touched = calloc((size_t)L, sizeof *ch.touched);
   ch.acc = malloc((size_t)j->H * sizeof *ch.acc);
-  if (!ch.out || !ch.rows || !ch.acc) {
-    free(ch.out), free(ch.rows), free(ch.acc);
+  if (!ch.out || !ch.rows || !ch.acc || !ch.next || !ch.touched) {
+    free(ch.out), free(ch.rows), free(ch.acc), free(ch.next), free(ch.touched);
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "data", "out of memory");
   }
   ch.in = ch.out + L;
@@ -368,7 +411,7 @@ static ep_status_t channel(cpu_state_t *s, void *arg, int c) {
   ep_status_t st = loop(s, j, &ch, c);
   if (st && st != EP_ERR_INTERNAL) cpu_abort_peers(s, st);
   atomic_fetch_add(&s->net->local_bytes, ch.bytes);
-  free(ch.out), free(ch.rows), free(ch.acc);
+  free(ch.out), free(ch.rows), free(ch.acc), free(ch.next), free(ch.touched);
   return st;
 }
 

@@ -157,28 +157,36 @@ static ep_status_t start_network(cpu_state_t *s, job_t *j) {
 }
 
 /* Channel 0: transfers that completed; records of a block become ready in order, each with its
- * fan-out list (listed here, in entry order, from the expert ids the record carries). */
+ * fan-out list (listed here, in entry order, from the expert ids the record carries). Chunks of
+ * a block complete in order: only the next one is tested (every test runs MPI's progress
+ * engine); the sends are tested once every receive is done. */
 static int net_progress(cpu_state_t *s, job_t *j, ep_status_t *st) {
-  int done = 0, before = atomic_load(&j->net_left);
-  *st = s->net->e->test(s->net->normal, j->x, j->nx, &done);
-  if (*st) return 0;
-  atomic_store(&j->net_left, j->nx - done);
   cpu_nplan_t *p = j->p;
+  int done, left = 0;
   bool news = false;
+  *st = EP_OK;
   for (int b = 0; b < p->H; b++) {
     if (b == j->own) continue;
     int32_t n = p->blk_base[b + 1] - p->blk_base[b], have = j->arrived[b];
-    for (int i = j->blk_x[b] + have / j->crows; i < j->blk_x[b + 1] && j->x[i].done; i++)
+    for (int i = j->blk_x[b] + have / j->crows; i < j->blk_x[b + 1]; i++) {
+      if (!j->x[i].done && (*st = s->net->e->test(s->net->normal, &j->x[i], 1, &done))) return 0;
+      if (!j->x[i].done) break;
       have = (i - j->blk_x[b] + 1) * j->crows < n ? (i - j->blk_x[b] + 1) * j->crows : n;
+    }
     for (int32_t e = j->arrived[b]; !j->cached && e < have; e++)
       cpu_nplan_fan(s, p, b, e, (const int64_t *)(j->rbuf + j->blk_off[b] + block_bytes(j, e) + j->off_i),
                     j->topk, j->num_local, j->next + (size_t)b * p->L);
     if (have != j->arrived[b]) news = true;
     j->arrived[b] = have;
+    left += have < n;
     atomic_store_explicit(&j->ready[b], have, memory_order_release);
   }
   for (int c = 1; news && c < s->channels; c++) cpu_ring_bell(s, s->rank, c);
-  return before - (j->nx - done);
+  int sends = j->nx - j->blk_x[p->H];
+  if (!left && (*st = s->net->e->test(s->net->normal, j->x + j->blk_x[p->H], sends, &done))) return 0;
+  int was = atomic_load(&j->net_left);
+  atomic_store(&j->net_left, left ? left + 1 : sends - done);
+  return news || was != atomic_load(&j->net_left);
 }
 
 /* ------------------------------------------------------------------ one channel */
@@ -300,15 +308,25 @@ static int laggard(const cpu_state_t *s, const chan_t *ch, char *what, size_t n)
   return -1;
 }
 
+/* MPI's progress costs microseconds a call: channel 0 runs it between rounds of local work no
+ * more often than this, and whenever there is nothing else to do. */
+#define NET_PERIOD_S 0.0001
+
 static ep_status_t loop(cpu_state_t *s, job_t *j, chan_t *ch, int c) {
   cpu_waiter_t w;
   cpu_waiter_init(&w, s, c, OP, "data");
+  double next_net = 0;
+  int moved = 0;
   for (;;) {
     uint32_t seen = cpu_bell_read(s, c);
-    int moved = 0;
-    bool ended;
     ep_status_t st = EP_OK;
-    if (c == 0 && atomic_load(&j->net_left)) moved += net_progress(s, j, &st);
+    bool ended;
+    if (c == 0 && atomic_load(&j->net_left) && (!moved || ep_now() >= next_net)) {
+      moved = net_progress(s, j, &st);
+      next_net = ep_now() + NET_PERIOD_S;
+    } else {
+      moved = 0;
+    }
     if (st) return ep_ctx_fail(s->ctx, st, -1, OP, "network", "%s", ep_last_error());
     if (!ch->blocks_done) moved += push_blocks(s, j, ch, c);
     if (ch->blocks_done && !ch->ends_sent) moved += push_ends(s, j, ch, c);

@@ -228,9 +228,22 @@ void cpu_reduce_rows(uint16_t *out, const uint16_t *const *rows, int n, const ui
 }
 
 /* ---------------------------------------------------------------- across hosts (cpu_net.h) */
+/* Portable vectors, compiled twice (AVX2 and the baseline) and chosen by the CPU at load time:
+ * every lane does the same fp32 adds in the same order, so both give the same bits. */
+#if defined(EP_X86) && defined(__GNUC__) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
+static inline f32x8 loadf8(const float *p) {
+  f32x8 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
 
 /* A host's partial: out = rows[0] + rows[1] + ..., fp32, in order (SEMANTICS.md §4.6). */
-void cpu_reduce_partial(float *out, const uint16_t *const *rows, int n, int H) {
+CLONES void cpu_reduce_partial(float *out, const uint16_t *const *rows, int n, int H) {
   int h = 0;
   for (; h + 8 <= H; h += 8) {
     f32x8 acc = load8(rows[0] + h);
@@ -244,40 +257,25 @@ void cpu_reduce_partial(float *out, const uint16_t *const *rows, int n, int H) {
   }
 }
 
-/* The source's reduction: ((bias0 + bias1) + p[0]) + p[1] ..., one rounding. The accumulator
- * row lives in `scratch` (H floats) so that each part is read once, lane by lane, in order. */
-void cpu_reduce_final(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
-                      const uint16_t *b0, const uint16_t *b1, int H, float *acc) {
+/* The source's reduction: ((bias0 + bias1) + p[0]) + p[1] ..., one rounding; one pass, eight
+ * channels at a time, every part read once. */
+CLONES void cpu_reduce_final(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
+                             const uint16_t *b0, const uint16_t *b1, int H, float *scratch) {
+  (void)scratch;
   const f32x8 zero = {0};
   int h = 0;
   for (; h + 8 <= H; h += 8) {
     f32x8 a = (b0 ? load8(b0 + h) : zero) + (b1 ? load8(b1 + h) : zero);
-    memcpy(acc + h, &a, sizeof a);
-  }
-  for (; h < H; h++) acc[h] = (b0 ? widen(b0[h]) : 0.0f) + (b1 ? widen(b1[h]) : 0.0f);
-  for (int i = 0; i < n; i++) {
-    if (f32[i]) {
-      const float *q = p[i];
-      for (h = 0; h < H; h++) acc[h] += q[h];
-    } else {
-      const uint16_t *q = p[i];
-      for (h = 0; h + 8 <= H; h += 8) {
-        f32x8 a;
-        memcpy(&a, acc + h, sizeof a);
-        a += load8(q + h);
-        memcpy(acc + h, &a, sizeof a);
-      }
-      for (; h < H; h++) acc[h] += widen(q[h]);
-    }
-  }
-  for (h = 0; h + 8 <= H; h += 8) {
-    f32x8 a;
-    memcpy(&a, acc + h, sizeof a);
+    for (int i = 0; i < n; i++)
+      a += f32[i] ? loadf8((const float *)p[i] + h) : load8((const uint16_t *)p[i] + h);
     store8(out + h, a);
   }
   for (; h < H; h++) {
+    float a = (b0 ? widen(b0[h]) : 0.0f) + (b1 ? widen(b1[h]) : 0.0f);
+    for (int i = 0; i < n; i++)
+      a += f32[i] ? ((const float *)p[i])[h] : widen(((const uint16_t *)p[i])[h]);
     uint32_t u;
-    memcpy(&u, &acc[h], sizeof u);
+    memcpy(&u, &a, sizeof u);
     out[h] = round_bf16(u);
   }
 }
