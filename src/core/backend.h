@@ -69,6 +69,7 @@ void ep_log_at(int level, int rank, const char *phase, const char *fmt, ...)
   } while (0)
 
 /* Limits the core enforces before a backend sees a call. */
+#define EP_MAX_TOKENS (1 << 24) /* per rank and call: plans are int32-indexed [N][R] */
 #define EP_MAX_TOPK 128
 #define EP_MAX_LOCAL_EXPERTS 4096
 #define EP_MAX_SCALES 4096
@@ -151,6 +152,9 @@ struct ep_backend_ops {
   ep_status_t (*available)(void);
   /* Local: bytes of memory one rank's buffer takes for `cfg` (already resolved) and R ranks. */
   ep_status_t (*size_hint)(const ep_buffer_config_t *cfg, int nranks, size_t *bytes);
+  /* Local, optional: can this host hold a buffer of this config (memory)? Called on every rank
+   * after the configs agree, so all ranks fail alike before anything is allocated. */
+  ep_status_t (*check_config)(const ep_buffer_config_t *cfg, int nranks);
   /* Collective. Builds the backend state of one buffer. */
   ep_status_t (*create)(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state);
   /* collective=true: quiesce with peers first (bounded); false: local release. Always frees. */

@@ -93,12 +93,7 @@ ep_status_t ep_buffer_after(ep_buffer *b, ep_status_t st, const char *op) {
   if (st == EP_OK) return st;
   if (status_breaks(st)) b->broken = true;
   /* Backends report through ep_ctx_fail; a bare status from them still gets the op name. */
-  const char *m = ep_last_error();
-  if (strncmp(m, op, strlen(op)) != 0) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: %s", op, m);
-    ep_err_set_msg(msg);
-  }
+  ep_err_prefix(op);
   ep_errbox_put(&b->err, ep_last_error());
   return st;
 }

@@ -35,6 +35,7 @@ static ep_status_t buffer_create(ep_group *g, const ep_buffer_config_t *cfg, ep_
   st = ep_buffer_agree_config(b);
   /* After the agreement: every rank checks the same config, so all fail alike or none does. */
   if (!st) st = ep_ll_check_config(&b->cfg, g->nranks);
+  if (!st && b->ops->check_config) st = b->ops->check_config(&b->cfg, g->nranks);
   if (!st && b->ops->size_hint(&b->cfg, g->nranks, &b->bytes)) b->bytes = 0; /* query only */
   if (!st) st = b->ops->create(&b->ctx, &b->cfg, &b->state);
   if (st) {

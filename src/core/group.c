@@ -40,10 +40,8 @@ static double resolve_timeout(double cfg) {
 }
 
 ep_status_t ep_group_fail(ep_group *g, ep_status_t st, const char *op) {
-  char msg[EP_ERRMSG_MAX];
-  snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
-  ep_err_set_msg(msg);
-  ep_errbox_put(&g->err, msg);
+  ep_err_prefix(op);
+  ep_errbox_put(&g->err, ep_last_error());
   return st;
 }
 

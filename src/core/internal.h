@@ -19,6 +19,8 @@
 ep_status_t ep_err(ep_status_t s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Set the thread's last error from a preformatted message. */
 void ep_err_set_msg(const char *msg);
+/* Prefix the thread's last error with "op: " unless it already starts so. */
+void ep_err_prefix(const char *op);
 
 /* A per-object last error, written by the thread that failed and read by anyone. */
 typedef struct {

@@ -12,8 +12,13 @@
 
 #include "internal.h"
 
+/* An id: kind (3 bits) | generation (37 bits) | slot index + 1 (24 bits). The kind travels in
+ * the id so that a stale id of one kind passed where another is expected is named for what it
+ * was, even after its slot went to an object of another kind. */
 #define SLOT_BITS 24
 #define SLOT_MASK ((1ull << SLOT_BITS) - 1)
+#define KIND_SHIFT 61
+#define GEN_MASK ((1ull << (KIND_SHIFT - SLOT_BITS)) - 1)
 
 typedef struct {
   uint64_t gen; /* generation of the live object, or of the last one */
@@ -71,20 +76,27 @@ ep_status_t ep_reg_add(enum ep_obj_kind kind, void *obj, int rank, ep_id_t *id) 
   s->inflight = 0;
   s->exclusive = false;
   s->rank = rank;
-  *id = (s->gen << SLOT_BITS) | (uint64_t)(i + 1);
+  *id = ((uint64_t)kind << KIND_SHIFT) | ((s->gen & GEN_MASK) << SLOT_BITS) | (uint64_t)(i + 1);
   pthread_mutex_unlock(&reg.lock);
   return EP_OK;
 }
 
 /* Called with the lock held. */
 static ep_status_t slot_find(ep_id_t id, enum ep_obj_kind kind, slot_t **out) {
-  uint64_t idx = id & SLOT_MASK, gen = id >> SLOT_BITS;
+  uint64_t idx = id & SLOT_MASK, gen = (id >> SLOT_BITS) & GEN_MASK;
+  int idkind = (int)(id >> KIND_SHIFT);
   if (id == 0) return ep_err(EP_ERR_NULL_ARG, "%s is NULL", kind_name(kind));
-  if (idx == 0 || idx > (uint64_t)reg.used || gen == 0)
+  if (idx == 0 || idx > (uint64_t)reg.used || gen == 0 || idkind < EP_OBJ_GROUP ||
+      idkind > EP_OBJ_LL_HANDLE)
     return ep_err(EP_ERR_INVALID_ARG, "%s: not an epcomm %s", kind_name(kind), kind_name(kind));
   slot_t *s = &reg.slots[idx - 1];
-  if (s->gen != gen || s->kind == 0) {
-    if (s->gen >= gen) return ep_err(EP_ERR_DESTROYED, "%s was already destroyed", kind_name(kind));
+  if (idkind != (int)kind)
+    return ep_err(EP_ERR_INVALID_ARG, "%s: this is an epcomm %s%s, not a %s", kind_name(kind),
+                  s->gen == gen && s->kind ? "" : "destroyed ", kind_name(idkind),
+                  kind_name(kind));
+  if ((s->gen & GEN_MASK) != gen || s->kind == 0) {
+    if ((s->gen & GEN_MASK) >= gen)
+      return ep_err(EP_ERR_DESTROYED, "%s was already destroyed", kind_name(kind));
     return ep_err(EP_ERR_INVALID_ARG, "%s: not an epcomm %s", kind_name(kind), kind_name(kind));
   }
   if (s->kind != (int)kind)
@@ -160,7 +172,8 @@ __attribute__((destructor)) static void ep_reg_report_at_exit(void) {
     slot_t *s = &reg.slots[i];
     if (s->kind == EP_OBJ_HANDLE || s->kind == EP_OBJ_LL_HANDLE) live++;
     if (s->kind != EP_OBJ_GROUP && s->kind != EP_OBJ_BUFFER) continue;
-    unsigned long long id = (s->gen << SLOT_BITS) | (uint64_t)(i + 1);
+    unsigned long long id = ((uint64_t)s->kind << KIND_SHIFT) |
+                            ((s->gen & GEN_MASK) << SLOT_BITS) | (uint64_t)(i + 1);
     live++;
     if (s->kind == EP_OBJ_GROUP)
       ep_log_at(EP_LOG_WARN, s->rank, "exit", "group %#llx was not destroyed before exit; call "
