@@ -7,6 +7,7 @@ by the first low-latency call (collective, like the call itself). Tensors are ch
 torch.empty, and the C library gets their addresses.
 """
 
+import array
 import os
 import struct
 import warnings
@@ -63,6 +64,30 @@ def _group_of(group, comm, timeout_s):
     return Group.from_env(timeout_s), True
 
 
+class _Rows:
+    """The row outputs of one dispatch, allocated by the C library's callback once the receive
+    count is known (or up front for num_worst_tokens); returns their addresses."""
+
+    __slots__ = ("device", "H", "dtype", "S", "topk", "weights", "x", "scales", "idx", "w", "src")
+
+    def __init__(self, device, H, dtype, S, topk, weights):
+        self.device, self.H, self.dtype, self.S = device, H, dtype, S
+        self.topk, self.weights = topk, weights
+        self.x = self.scales = self.idx = self.w = self.src = None
+
+    def __call__(self, rows):
+        dev = self.device
+        self.x = torch.empty((rows, self.H), dtype=self.dtype, device=dev)
+        if self.S:
+            self.scales = torch.empty((rows, self.S), dtype=_F32, device=dev)
+        if self.topk:
+            self.idx = torch.empty((rows, self.topk), dtype=_I64, device=dev)
+        if self.weights:
+            self.w = torch.empty((rows, self.topk), dtype=_F32, device=dev)
+        self.src = torch.empty((rows,), dtype=_I32, device=dev)
+        return ptr(self.x), ptr(self.scales), ptr(self.idx), ptr(self.w), ptr(self.src)
+
+
 class Buffer(LowLatency):
     """DeepEP's Buffer on epcomm (README.md, "Python": what maps and what does not).
 
@@ -102,6 +127,7 @@ class Buffer(LowLatency):
         self._comm_stream = torch.cuda.Stream(self.device) if self._cuda else None
         self._opts = dict(queue_bytes=queue_bytes, num_channels=num_channels,
                           timeout_s=float(timeout_s))
+        self._rtpe = array.array("i")  # scratch of dispatch's per-expert counts (CPU)
         LowLatency.__init__(self)
         _lifecycle.track(self)
         try:
@@ -305,53 +331,51 @@ class Buffer(LowLatency):
         if W < 0:
             raise InvalidArgumentError(f"{op}: num_worst_tokens is {W}, must be >= 0")
         R, L = self.group_size, max(E // self.group_size, 1)
-        out = {}
+        rows = _Rows(self.device, H, x.dtype, 0 if scales is None else scales.size(1),
+                     0 if synthetic else topk, w is not None)
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         try:
-            rank_prefix, rtpe = self._empty((R, R), _I32), self._empty((L,), _I32)
-            alloc = self._row_allocator(out, H, x.dtype, scales, topk, w is not None, synthetic)
-            if W:
-                alloc(W)
+            rank_prefix = torch.empty((R, R), dtype=_I32, device=self.device)
+            rtpe, rtpe_ptr = self._per_expert_out(L)
+            sc = (0, 0, 0) if scales is None else (scales.size(1), scales.stride(0),
+                                                   scales.stride(1))
             nrecv, hid = _C.dispatch(
-                buf, ptr(x), dtype, n, H, ptr(scales), 0 if scales is None else scales.size(1),
-                0 if scales is None else scales.stride(0), 0 if scales is None else scales.stride(1),
-                ptr(idx), ptr(w), topk, E, int(expert_alignment), 0, launch.stream,
-                _C.OUTPUT_CALLER if W else _C.OUTPUT_ALLOC, 1 if W else 0, W, alloc,
-                *(self._row_ptrs(out) if W else (0,) * 5), ptr(rank_prefix), ptr(rtpe))
+                buf, ptr(x), dtype, n, H, ptr(scales), *sc, ptr(idx), ptr(w), topk, E,
+                int(expert_alignment), 0, launch.stream,
+                _C.OUTPUT_CALLER if W else _C.OUTPUT_ALLOC, 1 if W else 0, W, rows,
+                *(rows(W) if W else (0, 0, 0, 0, 0)), ptr(rank_prefix), rtpe_ptr)
         except BaseException:
             launch.abort()
             raise
-        info = Info(Ref(hid, False, self), self, num_tokens=n, hidden=H, topk=topk,
-                    num_recv_tokens=nrecv, capacity=W or nrecv, weights=w is not None)
-        h = DispatchHandle(rank_prefix, out["src"], is_token_in_rank, info)
+        info = Info(Ref(hid, False, self), self, n, H, topk, nrecv, W or nrecv, w is not None)
+        h = DispatchHandle(rank_prefix, rows.src, is_token_in_rank, info)
         if W:
             per_expert = []
         elif synthetic:
             per_expert = self._recv_per_expert(num_tokens_per_expert, expert_alignment)
         else:
-            per_expert = rtpe.tolist()
-        recv_x = out["x"] if scales is None else (out["x"], out["scales"])
-        event = launch.finish((x, scales, idx, w, rank_prefix, rtpe, *out.values()))
-        return (recv_x, None if synthetic else out["idx"], out.get("w"), per_expert, h, event)
+            per_expert = self._read_per_expert(launch, rtpe)
+        recv_x = rows.x if scales is None else (rows.x, rows.scales)
+        event = launch.finish((x, scales, idx, w, rank_prefix, rows.x, rows.scales, rows.idx,
+                               rows.w, rows.src))
+        return recv_x, rows.idx, rows.w, per_expert, h, event
 
-    def _row_allocator(self, out, H, dtype, scales, topk, weights, synthetic):
-        """The outputs of a dispatch, allocated when the receive count is known (or up front
-        with num_worst_tokens); returns their addresses for the C call."""
-        def alloc(rows):
-            out["x"] = self._empty((rows, H), dtype)
-            if scales is not None:
-                out["scales"] = self._empty((rows, scales.size(1)), _F32)
-            if not synthetic and topk:
-                out["idx"] = self._empty((rows, topk), _I64)
-            if weights:
-                out["w"] = self._empty((rows, topk), _F32)
-            out["src"] = self._empty((rows,), _I32)
-            return self._row_ptrs(out)
-        return alloc
+    def _read_per_expert(self, launch, rtpe):
+        if not self._cuda:
+            return rtpe.tolist()
+        with torch.cuda.stream(launch.launch):  # ordered after the kernel that wrote it
+            return rtpe.tolist()
 
-    @staticmethod
-    def _row_ptrs(out):
-        return tuple(ptr(out.get(k)) for k in ("x", "scales", "idx", "w", "src"))
+    def _per_expert_out(self, L):
+        """Where the C call writes the received selections per local expert, read right after:
+        a reused host array on CPU (no allocation), a tensor on CUDA (the kernel writes it)."""
+        if self._cuda:
+            t = torch.empty((L,), dtype=_I32, device=self.device)
+            return t, t.data_ptr()
+        a = self._rtpe
+        if len(a) != L:
+            a = self._rtpe = array.array("i", bytes(4 * L))
+        return a, a.buffer_info()[0]
 
     def _handle_info(self, handle, op, kind=DispatchHandle):
         info = getattr(handle, "_ep", None)
@@ -369,26 +393,25 @@ class Buffer(LowLatency):
         if n != info.num_tokens or H != info.hidden:
             raise InvalidArgumentError(f"{op}: x: shape {tuple(x.shape)}, but the handle's "
                                        f"dispatch had [{info.num_tokens}][{info.hidden}]")
-        out, R = {}, self.group_size
+        R = self.group_size
         # The original's row count, or its capacity when it was a worst-case dispatch whose
         # count is known only on the device.
-        rows = info.num_recv_tokens if info.num_recv_tokens >= 0 else info.capacity
+        nrows = info.num_recv_tokens if info.num_recv_tokens >= 0 else info.capacity
         worst = info.num_recv_tokens < 0
+        rows = _Rows(self.device, H, x.dtype, 0 if scales is None else scales.size(1), 0, False)
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         try:
             rank_prefix = self._empty((R, R), _I32)
-            self._row_allocator(out, H, x.dtype, scales, 0, False, True)(rows)
-            _C.dispatch(buf, ptr(x), dtype, n, H, ptr(scales),
-                        0 if scales is None else scales.size(1),
-                        0 if scales is None else scales.stride(0),
-                        0 if scales is None else scales.stride(1), 0, 0, 0, 0, 0,
-                        info.ref.id, launch.stream, _C.OUTPUT_CALLER, int(worst), rows, None,
-                        *self._row_ptrs(out), ptr(rank_prefix), 0)
+            sc = (0, 0, 0) if scales is None else (scales.size(1), scales.stride(0),
+                                                   scales.stride(1))
+            _C.dispatch(buf, ptr(x), dtype, n, H, ptr(scales), *sc, 0, 0, 0, 0, 0, info.ref.id,
+                        launch.stream, _C.OUTPUT_CALLER, int(worst), nrows, None, *rows(nrows),
+                        ptr(rank_prefix), 0)
         except BaseException:
             launch.abort()
             raise
-        recv_x = out["x"] if scales is None else (out["x"], out["scales"])
-        event = launch.finish((x, scales, rank_prefix, *out.values()))
+        recv_x = rows.x if scales is None else (rows.x, rows.scales)
+        event = launch.finish((x, scales, rank_prefix, rows.x, rows.scales, rows.src))
         return recv_x, None, None, None, None, event
 
     # ---------------------------------------------------------------- combine

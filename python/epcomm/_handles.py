@@ -35,12 +35,12 @@ class Info:
     __slots__ = ("ref", "buffer", "num_tokens", "hidden", "topk", "num_recv_tokens", "capacity",
                  "weights", "state", "topk_idx", "combine_buffer", "dims", "__weakref__")
 
-    def __init__(self, ref, buffer, **facts):
-        self.ref, self.buffer = ref, buffer
-        self.state = "received"
+    def __init__(self, ref, buffer, num_tokens=0, hidden=0, topk=0, num_recv_tokens=0,
+                 capacity=0, weights=False, topk_idx=None, dims=None, state="received"):
+        self.ref, self.buffer, self.num_tokens, self.hidden = ref, buffer, num_tokens, hidden
+        self.topk, self.num_recv_tokens, self.capacity = topk, num_recv_tokens, capacity
+        self.weights, self.topk_idx, self.dims, self.state = weights, topk_idx, dims, state
         self.combine_buffer = None
-        for k, v in facts.items():
-            setattr(self, k, v)
 
 
 class DispatchHandle(tuple):

@@ -37,9 +37,13 @@ class LowLatency:
     # ---------------------------------------------------------------- the buffer
     def _ll_create(self, sizes):
         T, H, E, K = sizes
-        self._llbuf = self._create(0, (T, H, E, K))
-        q = _C.buffer_query(self._llbuf)
-        self._ll_sizes = tuple(q[9:13])
+        bid = self._create(0, (T, H, E, K))
+        q = _C.buffer_query(bid)
+        if not q[1] & _C.CAP_LOW_LATENCY:  # the same on every rank: all destroy and raise alike
+            _C.buffer_destroy(bid)
+            raise UnsupportedError(f"Buffer: the {self.device.type} backend of this build of "
+                                   f"epcomm has no low-latency mode")
+        self._llbuf, self._ll_sizes = bid, tuple(q[9:13])
         self._ll_views = {}
 
     def _ll_buf(self, op, T, H, E, topk):

@@ -11,6 +11,10 @@ from ._errors import ArgumentTypeError, InvalidArgumentError
 def need_tensor(t, op, name, dtype, dims, device, contiguous=True):
     """``t`` must be a tensor of ``dtype`` with ``dims`` dimensions on ``device`` (a
     torch.device), contiguous unless said otherwise. Returns it."""
+    # One test for the good case (this runs several times per call); the reasons after it.
+    if (isinstance(t, torch.Tensor) and t.dtype == dtype and t.dim() == dims and
+            t.device == device and (not contiguous or t.is_contiguous())):
+        return t
     if not isinstance(t, torch.Tensor):
         raise ArgumentTypeError(f"{op}: {name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:

@@ -48,6 +48,21 @@ FMTS = {"bf16": (False, False, False), "fp8": (True, False, False),
         "fp8_round": (True, True, False), "ue8m0": (True, True, True)}
 
 
+def unsupported_ok(fn):
+    """A backend without low-latency mode (the CUDA backend of a build that has none) makes the
+    scenario return why, on every rank alike; the test then skips."""
+    def run(ctx, **kwargs):
+        try:
+            return fn(ctx, **kwargs)
+        except epcomm.UnsupportedError as e:
+            if "no low-latency mode" not in str(e):
+                raise
+            return f"unsupported: {e}"
+    run.__name__ = fn.__name__
+    return run
+
+
+@unsupported_ok
 def dispatch_combine(ctx, seed, sizes, T, H, E, topk, fmt="bf16", hook=False, rounds=2,
                      masked_combine=True, twice=True):
     """DeepEP's low-latency round: dispatch (stats, hook or event), check against the reference,
@@ -102,6 +117,7 @@ def dispatch_combine(ctx, seed, sizes, T, H, E, topk, fmt="bf16", hook=False, ro
     ck.done()
 
 
+@unsupported_ok
 def zero_copy(ctx, seed, sizes, T, H, E, topk, hook=False):
     """get_next_low_latency_combine_buffer + zero_copy=True, first on a fresh handle (the
     library's zero-copy area), then on a handle combined already (DeepEP's test order)."""
@@ -138,6 +154,7 @@ def zero_copy(ctx, seed, sizes, T, H, E, topk, hook=False):
     ck.done()
 
 
+@unsupported_ok
 def busy(ctx, T, H, E, topk):
     """Two results alive: the third dispatch fails with BusyError on every rank (DeepEP would
     overwrite one); dropping a handle frees its slot."""
@@ -157,6 +174,7 @@ def busy(ctx, T, H, E, topk):
         del b, c
 
 
+@unsupported_ok
 def sizes_change(ctx, H, E, topk):
     """A call with other sizes makes a new low-latency buffer (collectively); not while results
     of the old one are alive."""

@@ -10,7 +10,9 @@ def test_bad_tensors_and_unsupported_arguments(worlds, device, R):
 
 @pytest.mark.parametrize("R", [2])
 def test_low_latency_misuse(worlds, device, R):
-    worlds.get(R, device).run("scen_misuse.ll_checks")
+    r = worlds.get(R, device).run("scen_misuse.ll_checks")
+    if isinstance(r[0], str):
+        pytest.skip(f"skipped: {r[0]}")
 
 
 @pytest.mark.parametrize("R", [2, 3])
