@@ -347,7 +347,9 @@ class Buffer(LowLatency):
         except BaseException:
             launch.abort()
             raise
-        info = Info(Ref(hid, False, self), self, n, H, topk, nrecv, W or nrecv, w is not None)
+        # The routing is kept (not copied) for a cached dispatch in another format (below).
+        info = Info(Ref(hid, False, self), self, n, H, topk, nrecv, W or nrecv, w is not None,
+                    idx, (dtype, 0 if scales is None else scales.size(1), E))
         h = DispatchHandle(rank_prefix, rows.src, is_token_in_rank, info)
         if W:
             per_expert = []
@@ -400,13 +402,21 @@ class Buffer(LowLatency):
         worst = info.num_recv_tokens < 0
         rows = _Rows(self.device, H, x.dtype, 0 if scales is None else scales.size(1), 0, False)
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
+        # DeepEP resends a handle's layout in any format; epcomm's cached dispatch keeps the
+        # format of the dispatch that made the handle, so another one is a new dispatch along
+        # the handle's routing (the topk_idx it was given, unchanged since), its handle dropped.
+        same = (dtype, 0 if scales is None else scales.size(1)) == info.dims[:2]
         try:
             rank_prefix = self._empty((R, R), _I32)
             sc = (0, 0, 0) if scales is None else (scales.size(1), scales.stride(0),
                                                    scales.stride(1))
-            _C.dispatch(buf, ptr(x), dtype, n, H, ptr(scales), *sc, 0, 0, 0, 0, 0, info.ref.id,
-                        launch.stream, _C.OUTPUT_CALLER, int(worst), nrows, None, *rows(nrows),
-                        ptr(rank_prefix), 0)
+            routing = ((0, 0, 0, 0, 0, info.ref.id) if same else
+                       (ptr(info.topk_idx), 0, info.topk, info.dims[2], 0, 0))
+            _, hid = _C.dispatch(buf, ptr(x), dtype, n, H, ptr(scales), *sc, *routing,
+                                 launch.stream, _C.OUTPUT_CALLER, int(worst), nrows, None,
+                                 *rows(nrows), ptr(rank_prefix), 0)
+            if hid:
+                _C.handle_destroy(hid)
         except BaseException:
             launch.abort()
             raise
