@@ -172,3 +172,20 @@ def dispatch_odd_sizes(ctx, seed, H, E, topk):
     """A rank with no tokens, tokens going nowhere, hidden not a multiple of 128."""
     sizes = [0 if r == 1 else 5 + 3 * r for r in range(ctx.nranks)]
     return dispatch_combine(ctx, seed, sizes, H, E, topk, bias=1)
+
+
+def cached_other_format(ctx, seed, sizes, H, E, topk):
+    """DeepEP resends a bf16 dispatch's layout with fp8 tokens (its tuning loop does): the rows
+    are those of the same routing in the new format."""
+    R, me, dev = ctx.nranks, ctx.rank, ctx.device
+    xs, _, idxs, ws, _ = _world(R, seed, sizes, H, E, topk, False)
+    x8s, scs, _, _, _ = _world(R, seed + 1, sizes, H, E, topk, True)
+    want, st = ref.dispatch(x8s, idxs, None, E, 1, scs)
+    ck = Check(me, "cached dispatch in another format")
+    with deep_ep.Buffer(ctx.pg, device=dev) as buf:
+        _, _, _, _, handle, _ = buf.dispatch(xs[me].to(dev), topk_idx=idxs[me].to(dev),
+                                             topk_weights=ws[me].to(dev), num_experts=E)
+        recv, *_ = buf.dispatch(_x_arg(x8s, scs, me, dev), handle=handle)
+        _check_recv(ck, recv, True, want[me], "fp8 along a bf16 handle")
+    ref.free_dispatch(st)
+    ck.done()

@@ -57,3 +57,9 @@ def test_odd_sizes(worlds, device, R):
     worlds.get(R, device).run("scen_normal.dispatch_odd_sizes", seed=7, H=72, E=4 * R, topk=3)
     worlds.get(R, device).run("scen_normal.dispatch_combine", seed=8, sizes=sizes(R, 3), H=80,
                               E=2 * R, topk=2, fp8=True)
+
+
+@pytest.mark.parametrize("R", RANKS)
+def test_cached_dispatch_in_another_format(worlds, device, R):
+    worlds.get(R, device).run("scen_normal.cached_other_format", seed=9, sizes=sizes(R, 20),
+                              H=H, E=E, topk=TOPK)
