@@ -69,6 +69,17 @@ static PyObject *ll_handle_num_recv_tokens(PyObject *self, PyObject *args) {
   return st ? epb_raise(st) : PyLong_FromLong(n);
 }
 
+#ifdef EPB_HAVE_LL_COMBINE_BUFFER
+/* The zero-copy combine input of a received handle (ep_ll_get_combine_buffer): its address. */
+static PyObject *ll_get_combine_buffer(PyObject *self, PyObject *args) {
+  unsigned long long b, h;
+  if (!PyArg_ParseTuple(args, "KK", &b, &h)) return NULL;
+  void *y = NULL;
+  ep_status_t st = ep_ll_get_combine_buffer(epb_ptr(b), epb_ptr(h), &y);
+  return st ? epb_raise(st) : epb_from_ptr(y);
+}
+#endif
+
 PyMethodDef epb_ll_methods[] = {
     {"ll_dispatch", ll_dispatch, METH_VARARGS,
      "ll_dispatch(buf, x, num_tokens, topk_idx, topk, use_fp8, round_scale, use_ue8m0, "
@@ -79,5 +90,9 @@ PyMethodDef epb_ll_methods[] = {
      "ll_combine(buf, handle, y, topk_idx, topk_weights, two_phase, stream, out) (collective)"},
     {"ll_handle_destroy", ll_handle_destroy, METH_VARARGS, "local; gives the result slot back"},
     {"ll_handle_num_recv_tokens", ll_handle_num_recv_tokens, METH_VARARGS, "local"},
+#ifdef EPB_HAVE_LL_COMBINE_BUFFER
+    {"ll_get_combine_buffer", ll_get_combine_buffer, METH_VARARGS,
+     "ll_get_combine_buffer(buf, handle) -> address of the zero-copy combine input (local)"},
+#endif
     {NULL, NULL, 0, NULL},
 };
