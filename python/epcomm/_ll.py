@@ -172,12 +172,18 @@ class LowLatency:
         with torch.cuda.stream(launch.launch):
             return fn()
 
-    def _ll_dispatch_hook(self, info, buf, count, stats):
+    @staticmethod
+    def _ll_dispatch_hook(info, buf, count, stats):
+        # The hook holds the handle until it is called, and no longer: a hook kept in a variable
+        # must not keep a result slot.
+        pending = [info]
+
         def hook():
-            if info.state != "sent":
+            if not pending:
                 raise InvalidArgumentError("low_latency_dispatch hook: already called")
-            _C.ll_recv(buf, info.ref.id)
-            info.state = "received"
+            held = pending.pop()
+            _C.ll_recv(buf, held.ref.id)
+            held.state = "received"
             if stats is not None:
                 stats.add_(count)
         return hook
@@ -283,15 +289,15 @@ class LowLatency:
 
     @staticmethod
     def _ll_combine_hook(buf, target, temporary):
-        done = []
+        pending = [target]  # held until the hook is called, as the dispatch hook does
 
         def hook():
-            if done:
+            if not pending:
                 raise InvalidArgumentError("low_latency_combine hook: already called")
-            done.append(True)
-            _C.ll_recv(buf, target.ref.id)
+            held = pending.pop()
+            _C.ll_recv(buf, held.ref.id)
             if temporary:
-                target.ref.free()
+                held.ref.free()
         return hook
 
     # ---------------------------------------------------------------- shrink (not supported)

@@ -172,6 +172,16 @@ def busy(ctx, T, H, E, topk):
         del a
         c = buf.low_latency_dispatch(x, idx, T, E, use_fp8=False)
         del b, c
+        # Hooks kept in variables (as loops keep them) hold no slot once called.
+        w = torch.ones((T, topk), dtype=F32, device=dev)
+        y = torch.zeros((E // R, R * T, H), dtype=BF16, device=dev)
+        for _ in range(4):
+            _, _, handle, _, hook = buf.low_latency_dispatch(x, idx, T, E, use_fp8=False,
+                                                             return_recv_hook=True)
+            hook()
+            _, _, chook = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=True)
+            chook()
+            del handle
 
 
 @unsupported_ok
