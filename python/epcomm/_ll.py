@@ -248,7 +248,7 @@ class LowLatency:
         info.state = "combined"  # a next combine of this handle is re-sent
         hook = None
         if return_recv_hook:
-            hook = self._ll_combine_hook(buf, target, target is not info)
+            hook = self._ll_combine_hook(buf, target, target is not info, out)
         elif target is not info:
             target.ref.free()
         tensors = (x, y, topk_idx, topk_weights, out)
@@ -288,13 +288,15 @@ class LowLatency:
         return Info(Ref(hid, True, self), self, state="received")
 
     @staticmethod
-    def _ll_combine_hook(buf, target, temporary):
-        pending = [target]  # held until the hook is called, as the dispatch hook does
+    def _ll_combine_hook(buf, target, temporary, out):
+        # Held until the hook is called, as the dispatch hook does; `out` too: the receive
+        # writes it, even when the caller dropped the tensor the combine returned.
+        pending = [(target, out)]
 
         def hook():
             if not pending:
                 raise InvalidArgumentError("low_latency_combine hook: already called")
-            held = pending.pop()
+            held, _ = pending.pop()
             _C.ll_recv(buf, held.ref.id)
             if temporary:
                 held.ref.free()

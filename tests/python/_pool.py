@@ -53,7 +53,15 @@ class World:
             if time.monotonic() > deadline:
                 raise WorldError(f"rank {r}: no answer within {self.deadline_s} s"
                                  f"{self._stderr_tail(r)}")
-        return conn.recv()
+        try:
+            return conn.recv()
+        except EOFError:  # the rank died while answering: say how
+            try:
+                self.procs[r].wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            raise WorldError(f"rank {r} died (status {self.procs[r].poll()})"
+                             f"{self._stderr_tail(r)}") from None
 
     def _stderr_tail(self, r):
         try:
