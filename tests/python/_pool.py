@@ -24,8 +24,10 @@ class World:
         self.nranks, self.device, self.deadline_s = nranks, device, deadline_s
         self.tmp = tempfile.mkdtemp(prefix=f"epcomm-pytest-r{nranks}-")
         self.procs, self.conns, self.errs = [], [], []
+        # glibc fills freed memory: a write into a tensor freed too early shows up.
         env = dict(os.environ, EP_TIMEOUT_S=os.environ.get("EP_TIMEOUT_S", "60"),
-                   PYTHONUNBUFFERED="1")
+                   PYTHONUNBUFFERED="1",
+                   GLIBC_TUNABLES=os.environ.get("GLIBC_TUNABLES", "glibc.malloc.perturb=165"))
         from multiprocessing.connection import Connection
 
         for r in range(nranks):
