@@ -12,9 +12,16 @@
  * made. Handles are opaque identifiers, not addresses: using or destroying an object twice is
  * reported (EP_ERR_DESTROYED), never undefined behaviour.
  *
- * Collective calls must be made by every rank of the group, in the same order. Every wait inside
- * a collective call has a deadline (config timeout, default 100 s, EP_TIMEOUT_S overrides) and a
- * peer that dies makes the others fail within seconds (EP_ERR_PEER_FAILED).
+ * Collective calls must be made by every rank of the group, in the same order. Every exchange
+ * carries the operation and its call number: ranks that make different calls fail with
+ * EP_ERR_MISMATCH naming both; a call rejected on one rank (bad arguments) still takes part, so
+ * the peers fail at once with EP_ERR_PEER_INVALID. Every wait inside a collective call has a
+ * deadline (config timeout, default 100 s, EP_TIMEOUT_S overrides) and a peer that dies makes
+ * the others fail within seconds (EP_ERR_PEER_FAILED); after such a failure the group is broken
+ * and destroys are local.
+ *
+ * Processes: objects belong to the process that created them. After fork(), any use in the
+ * child returns EP_ERR_FORKED (and the child's exit says nothing about them).
  *
  * Thread safety:
  *   - Different objects may be used concurrently from different threads (two buffers driven by two
@@ -179,7 +186,8 @@ EP_API ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_gro
 EP_API ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t *cfg,
                             ep_group_t *group);
 /* Collective, bounded by the deadline. EP_ERR_BUSY (and nothing destroyed) while buffers of this
- * group are alive. NULL is a no-op. */
+ * group are alive (the peers' destroy then fails with EP_ERR_PEER_INVALID). After a failure broke
+ * the group, local only. NULL is a no-op. */
 EP_API ep_status_t ep_group_destroy(ep_group_t group);
 /* Local: frees this rank's resources without talking to peers (crash paths). Live buffers of the
  * group are released too. NULL is a no-op. */
@@ -190,7 +198,9 @@ EP_API ep_status_t ep_group_nranks(ep_group_t group, int *nranks);
 /* Collective barrier with the group's deadline. EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED name the rank
  * (and break the group: only destroy/release remain), EP_ERR_BROKEN after an earlier failure. */
 EP_API ep_status_t ep_group_barrier(ep_group_t group);
-/* Collective: recv[r * bytes ...] receives rank r's `bytes` bytes (small setup data, figures). */
+/* Collective: recv[r * bytes ...] receives rank r's `bytes` bytes (small setup data, figures).
+ * `bytes` must be the same on every rank (EP_ERR_MISMATCH); a NULL pointer is named and the
+ * peers get EP_ERR_PEER_INVALID. */
 EP_API ep_status_t ep_group_allgather(ep_group_t group, const void *send, void *recv, size_t bytes);
 /* Last error recorded on this group (operation, phase, peer); "" if none. */
 EP_API const char *ep_group_last_error(ep_group_t group);
@@ -239,7 +249,9 @@ EP_API ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks
  * (configs differ across ranks: field and rank named), EP_ERR_NO_MEMORY, EP_ERR_PEER_INVALID (a
  * peer failed to create its part), EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED (rank named),
  * EP_ERR_BROKEN (group broken), EP_ERR_INVALID_ARG (an invalid EP_* value, as at group
- * creation: the environment is read again here). */
+ * creation: the environment is read again here), EP_ERR_TOO_LARGE (a CPU segment larger than
+ * the host's memory). A config rejected on one rank still takes part in the exchange: the peers
+ * fail with EP_ERR_PEER_INVALID instead of pairing with a later create. */
 EP_API ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf);
 /* Collective, bounded by the deadline: quiesce, unmap peers, free. Always frees: a broken buffer
  * skips the barrier (EP_OK); a barrier that fails still frees and returns the failure. Live
