@@ -52,6 +52,6 @@ check "EP_JOB_ID names the job of torchrun's ranks" 0 2 RANK WORLD_SIZE EP_JOB_I
 check "torchrun inside srun" 0 2 RANK WORLD_SIZE SLURM_PROCID=0 SLURM_NTASKS=1 \
   SLURM_STEP_ID=7 TORCHELASTIC_RUN_ID=run-$$-$RANDOM
 check "a rank without a job name" 1 1 RANK WORLD_SIZE
-grep -q "no job id (EP_JOB_ID).*RANK is set" "$tmp/err.0" ||
+grep -q "no job id (EP_JOB_ID, torchrun's MASTER_ADDR and MASTER_PORT" "$tmp/err.0" ||
   { echo "FAIL message without a job name: $(cat "$tmp/err.0")"; fail=1; }
 exit $fail
