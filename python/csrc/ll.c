@@ -3,11 +3,18 @@
 
 static PyObject *ll_dispatch(PyObject *self, PyObject *args) {
   unsigned long long b, x, idx, stream;
+  int scale_layout = 0;
   ep_ll_dispatch_args_t a = EP_LL_DISPATCH_ARGS_INIT;
-  if (!PyArg_ParseTuple(args, "KKiKiiiiiK", &b, &x, &a.num_tokens, &idx, &a.topk, &a.use_fp8,
-                        &a.round_scale, &a.use_ue8m0, &a.two_phase, &stream))
+  if (!PyArg_ParseTuple(args, "KKiKiiiiiK|i", &b, &x, &a.num_tokens, &idx, &a.topk, &a.use_fp8,
+                        &a.round_scale, &a.use_ue8m0, &a.two_phase, &stream, &scale_layout))
     return NULL;
   a.x = epb_ptr(x), a.topk_idx = epb_ptr(idx), a.stream = epb_ptr(stream);
+#ifdef EPB_HAVE_SCALE_LAYOUT
+  a.scale_layout = scale_layout;
+#else
+  if (scale_layout)
+    return PyErr_Format(PyExc_NotImplementedError, "ll_dispatch: this library has no scale_layout");
+#endif
   ep_ll_handle_t h = NULL;
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_ll_dispatch(epb_ptr(b), &a, &h);
@@ -26,17 +33,23 @@ static PyObject *ll_recv(PyObject *self, PyObject *args) {
 }
 
 /* (L, max_rows, hidden, num_scales, use_fp8, round_scale, use_ue8m0, recv_x, recv_x_scales,
- *  recv_count, recv_src_info, recv_layout_range): shapes and addresses of the receive side. */
+ *  recv_count, recv_src_info, recv_layout_range, scale_layout): shapes and addresses of the
+ *  receive side (scale_layout 0, row-major, from a library without the choice). */
 static PyObject *ll_view(PyObject *self, PyObject *args) {
   unsigned long long h;
   if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
   ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
   ep_status_t st = ep_ll_get_recv_view(epb_ptr(h), &v);
   if (st) return epb_raise(st);
-  return Py_BuildValue("(iiiiiiiNNNNN)", v.num_local_experts, v.max_rows, v.hidden, v.num_scales,
+#ifdef EPB_HAVE_SCALE_LAYOUT
+  int layout = v.scale_layout;
+#else
+  int layout = 0;
+#endif
+  return Py_BuildValue("(iiiiiiiNNNNNi)", v.num_local_experts, v.max_rows, v.hidden, v.num_scales,
                        v.use_fp8, v.round_scale, v.use_ue8m0, epb_from_ptr(v.recv_x),
                        epb_from_ptr(v.recv_x_scales), epb_from_ptr(v.recv_count),
-                       epb_from_ptr(v.recv_src_info), epb_from_ptr(v.recv_layout_range));
+                       epb_from_ptr(v.recv_src_info), epb_from_ptr(v.recv_layout_range), layout);
 }
 
 static PyObject *ll_combine(PyObject *self, PyObject *args) {

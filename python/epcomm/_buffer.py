@@ -150,8 +150,11 @@ class Buffer(LowLatency):
 
     def _config(self, queue_bytes, ll=(0, 0, 0, 0)):
         backend = _C.BACKEND_CUDA if self._cuda else _C.BACKEND_CPU
+        # Buffer.num_sms is DeepEP's budget of its high-throughput kernels: normal mode only;
+        # the low-latency kernels take the library's default (the rank's share of the GPU).
+        sms = Buffer.num_sms if self._cuda and not ll[0] else 0
         return (backend, queue_bytes, self._opts["num_channels"], *ll, self._opts["timeout_s"],
-                self.device.index if self._cuda else -1, Buffer.num_sms if self._cuda else 0)
+                self.device.index if self._cuda else -1, sms)
 
     def _create(self, queue_bytes, ll=(0, 0, 0, 0)):
         return _C.buffer_create(self._group._gid("Buffer"), *self._config(queue_bytes, ll))

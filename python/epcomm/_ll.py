@@ -95,21 +95,24 @@ class LowLatency:
         made = self._ll_views.get(v)
         if made is None:
             made = self._ll_views[v] = self._ll_make_views(v)
-        recv_x, scales, count, src, rng = (None if t is None else t.view(t.shape) for t in made)
+        recv_x, scales, count, src, rng = (None if t is None else t[:] for t in made)
         return (recv_x if scales is None else (recv_x, scales)), count, src, rng
 
     def _ll_make_views(self, v):
-        L, RT, H, NS, fp8, _, ue8m0, px, ps, pc, psrc, prange = v
+        L, RT, H, NS, fp8, _, ue8m0, px, ps, pc, psrc, prange, layout = v
         dev, R = self.device, self.group_size
         rows = L * RT
         recv_x = over(px, rows * H * (1 if fp8 else 2), _FP8 if fp8 else _BF16, (L, RT, H), dev)
         scales = None
-        if fp8 and not ue8m0:
-            scales = over(ps, rows * NS * 4, _F32, (L, RT, NS), dev)
-        elif ue8m0:  # DeepEP packs four exponent bytes in an int32 (hidden % 512 == 0)
-            packed = NS % 4 == 0
-            scales = over(ps, rows * NS, _I32 if packed else torch.uint8,
-                          (L, RT, NS // 4 if packed else NS), dev)
+        if fp8:
+            # DeepEP packs four exponent bytes in an int32 (hidden % 512 == 0); floats else.
+            packed = ue8m0 and NS % 4 == 0
+            dtype, cols = (_I32, NS // 4) if packed else (torch.uint8 if ue8m0 else _F32, NS)
+            nbytes = rows * NS * (1 if ue8m0 else 4)
+            if layout:  # column-major: memory [L][cols][RT], seen as DeepEP's [L][RT][cols]
+                scales = over(ps, nbytes, dtype, (L, cols, RT), dev).transpose(1, 2)
+            else:
+                scales = over(ps, nbytes, dtype, (L, RT, cols), dev)
         count = over(pc, L * 4, _I32, (L,), dev)
         src = over(psrc, rows * 4, _I32, (L, RT), dev)
         rng = over(prange, L * R * 8, _I64, (L, R), dev)
@@ -141,11 +144,15 @@ class LowLatency:
             need_tensor(stats, op, "cumulative_local_expert_recv_stats", _I32, 1, self.device)
             need_shape(stats, op, "cumulative_local_expert_recv_stats", (L,), "[local experts]")
         self._ll_flush()
+        # DeepEP's fp8 scales are column-major ([L][R*T][..] views of [L][..][R*T] memory), what
+        # grouped GEMMs read; a library without the choice gives them row-major (same values).
+        cols = getattr(_C, "SCALES_COL_MAJOR", 0) if use_fp8 and (
+            not use_ue8m0 or H % 512 == 0) else 0
         launch = self._launch(None, async_finish, False, on_compute=return_recv_hook)
         try:
             hid = _C.ll_dispatch(buf, ptr(x), n, ptr(topk_idx), topk, int(use_fp8),
                                  int(round_scale), int(use_ue8m0), int(return_recv_hook),
-                                 launch.stream)
+                                 launch.stream, cols)
         except BaseException:
             launch.abort()
             raise
