@@ -527,7 +527,8 @@ class Buffer(LowLatency):
             _lifecycle.untrack(group)
 
     def __del__(self):
-        if getattr(self, "_group", None) is None or _lifecycle.exiting():
+        if (getattr(self, "_group", None) is None or _lifecycle.exiting() or
+                not _lifecycle.mine(self)):
             return
         self._release_quietly()
         if self.explicitly_destroy:

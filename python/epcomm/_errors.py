@@ -14,7 +14,7 @@ __all__ = [
     "EpcommError", "InvalidArgumentError", "ArgumentTypeError", "TooLargeError", "MismatchError",
     "OutOfMemoryError", "SystemCallError", "BootstrapError", "EpcommTimeoutError",
     "PeerFailedError", "PeerInvalidError", "DestroyedError", "BusyError", "BrokenError",
-    "UnsupportedError", "CudaError", "InternalError", "LifecycleWarning",
+    "UnsupportedError", "ForkedError", "CudaError", "InternalError", "LifecycleWarning",
 ]
 
 
@@ -120,6 +120,12 @@ class UnsupportedError(EpcommError, NotImplementedError):
     status = "EP_ERR_UNSUPPORTED"
 
 
+class ForkedError(EpcommError):
+    """The object belongs to the process that created it; this one was forked from it."""
+
+    status = "EP_ERR_FORKED"
+
+
 class CudaError(EpcommError):
     status = "EP_ERR_CUDA"
 
@@ -141,7 +147,7 @@ _BY_STATUS = {
     "EP_ERR_TIMEOUT": EpcommTimeoutError, "EP_ERR_PEER_FAILED": PeerFailedError,
     "EP_ERR_PEER_INVALID": PeerInvalidError, "EP_ERR_DESTROYED": DestroyedError,
     "EP_ERR_BUSY": BusyError, "EP_ERR_BROKEN": BrokenError,
-    "EP_ERR_UNSUPPORTED": UnsupportedError, "EP_ERR_CUDA": CudaError,
+    "EP_ERR_UNSUPPORTED": UnsupportedError, "EP_ERR_CUDA": CudaError, "EP_ERR_FORKED": ForkedError,
     "EP_ERR_INTERNAL": InternalError,
 }
 

@@ -39,22 +39,26 @@ class Group:
     @classmethod
     def from_process_group(cls, pg=None, timeout_s=0.0):
         """Collective over a torch.distributed process group (gloo, nccl, ...); None: WORLD."""
+        import torch
         import torch.distributed as dist
 
         if pg is None:
             pg = dist.group.WORLD
         rank, nranks = dist.get_rank(pg), dist.get_world_size(pg)
+        # A byte tensor where the group's backend takes it: the current GPU for nccl alone.
+        device = torch.device("cuda", torch.cuda.current_device()) if str(
+            dist.get_backend(pg)) == "nccl" else torch.device("cpu")
 
         def allgather(data):
-            # all_gather_object works on every backend (nccl moves it through the current
-            # device); it runs once or twice per group, so its cost does not matter.
-            parts = [None] * nranks
-            dist.all_gather_object(parts, data, group=pg)
-            return b"".join(parts)
+            # Tensors, not all_gather_object, which needs numpy. Once or twice per group.
+            mine = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+            out = torch.empty(nranks * len(data), dtype=torch.uint8, device=device)
+            dist.all_gather_into_tensor(out, mine, group=pg)
+            return bytes(out.cpu().tolist())
 
         def barrier():
             # A barrier as an allgather: dist.barrier() on nccl guesses a device and warns.
-            allgather(b"")
+            allgather(b"\0")
 
         return cls.from_callbacks(rank, nranks, allgather, barrier, timeout_s)
 
@@ -131,7 +135,8 @@ class Group:
                 pass
 
     def __del__(self):
-        if getattr(self, "_id", None) is None or _lifecycle.exiting():
+        if (getattr(self, "_id", None) is None or _lifecycle.exiting() or
+                not _lifecycle.mine(self)):
             return
         self._release_quietly()
         if self._explicit:

@@ -25,8 +25,15 @@ _exiting = False
 
 
 def track(obj):
+    obj._pid = os.getpid()
     with _lock:
         _live.add(obj)
+
+
+def mine(obj):
+    """Whether this process made obj: a forked child holds copies of its parent's objects, which
+    are the parent's to destroy (the library refuses them in the child: EP_ERR_FORKED)."""
+    return getattr(obj, "_pid", None) == os.getpid()
 
 
 def untrack(obj):
@@ -58,7 +65,7 @@ def _at_exit():
     global _exiting
     _exiting = True
     with _lock:
-        objs = [o for o in _live if o._alive()]
+        objs = [o for o in _live if o._alive() and mine(o)]
         _live.clear()
     if not objs:
         return

@@ -26,8 +26,9 @@ def prog(name):
     return os.path.join(HERE, "progs", name)
 
 
-def test_clean_exit_is_silent():
-    r = launch(2, PY, prog("leaky.py"), "clean")
+@pytest.mark.parametrize("mode", ["clean", "fork"])
+def test_clean_exit_is_silent(mode):
+    r = launch(2, PY, prog("leaky.py"), mode)
     assert r.returncode == 0, r.stderr
     assert r.stderr == "", f"a clean run wrote to stderr:\n{r.stderr}"
     assert r.stdout.count("1 passed") == 2
