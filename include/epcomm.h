@@ -210,11 +210,12 @@ typedef struct {
   /* Low-latency sizing (T, H, E all 0: low-latency mode disabled; otherwise all three >= 1,
    * H a multiple of 8, E divisible by the number of ranks R). The low-latency region of one
    * rank's buffer takes, with L = E/R and K = ll_max_topk (docs/LOW_LATENCY.md has the exact
-   * layout; ep_buffer_size_hint gives the exact total):
-   *     2 x ( E*T*(2H + 8) + 2*T*K*H )  +  O(R*E) bytes of counters and flags
-   * i.e. two result slots, each an expert-major slab [L][R*T] of bf16 rows plus 8 bytes of
-   * per-row metadata, and a combine receive area [T][K] of bf16 rows. On the CPU backend the
-   * pages are only backed by memory once a row is written there. */
+   * layout; ep_buffer_size_hint gives the exact total), at most:
+   *     2 x ( E*T*(4H + 8) + 2*T*K*H )  +  O(R*E) bytes of counters and flags
+   * i.e. two result slots, each an expert-major slab [L][R*T] of bf16 rows, the zero-copy
+   * combine input of the same shape (ep_ll_get_combine_buffer), 8 bytes of per-row metadata,
+   * and (CPU) a combine receive area [T][K] of bf16 rows. On the CPU backend the pages are only
+   * backed by memory once a row is written there. */
   int ll_max_tokens; /* T: tokens per rank per call */
   int ll_hidden;     /* H */
   int ll_num_experts; /* E */
@@ -512,8 +513,10 @@ EP_API ep_status_t ep_ll_get_recv_view(ep_ll_handle_t handle, ep_ll_recv_view_t 
 typedef struct {
   size_t size; /* sizeof(ep_ll_combine_args_t): EP_LL_COMBINE_ARGS_INIT */
   ep_ll_handle_t handle;     /* from ep_ll_dispatch, receive complete; one combine per handle */
-  const void *y;             /* bf16 [L][R*T][H] expert outputs in the view's row order (caller
-                                memory; may be the view's recv_x after a bf16 dispatch) */
+  const void *y;             /* bf16 [L][R*T][H] expert outputs in the view's row order: caller
+                                memory, the view's recv_x after a bf16 dispatch, or (zero copy)
+                                exactly the pointer ep_ll_get_combine_buffer gave for this
+                                handle, which the call recognises by its address */
   const int64_t *topk_idx;   /* [num_tokens][topk] of the dispatch; a slot may be set to -1 to
                                 leave that expert out, no other change is allowed */
   const float *topk_weights; /* [num_tokens][topk] */
@@ -531,6 +534,16 @@ typedef struct {
  * (nearest even) at the end. Each rank sends its y rows back to their source ranks; the source
  * reduces. */
 EP_API ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *args);
+
+/* Local. Zero-copy combine: *y is where the experts of this handle's dispatch may write their bf16
+ * outputs [L][R*T][H] (the view's row order) inside the buffer, so that ep_ll_combine with args->y
+ * equal to *y moves no extra copy of them (DeepEP's get_next_low_latency_combine_buffer with
+ * zero_copy). One area per result slot: it belongs to the handle until ep_ll_handle_destroy, and
+ * is written by the caller only between the completed receive of the dispatch and the combine
+ * (CUDA: a device pointer; write it on the stream of the calls, after the dispatch's receive).
+ * EP_ERR_INVALID_ARG when the handle's dispatch is not received or it was already combined;
+ * EP_ERR_NULL_ARG, EP_ERR_DESTROYED as for the other handle calls. */
+EP_API ep_status_t ep_ll_get_combine_buffer(ep_buffer_t buf, ep_ll_handle_t handle, void **y);
 
 /* Local, thread safe: the number of rows the dispatch delivered to this rank (sum of
  * recv_count), once its receive is complete. */

@@ -233,6 +233,13 @@ void llw_combine(llw_round_t *rd, ep_buffer_t buf, uint64_t seed, llw_between_fn
   uint16_t *got = t_xmalloc((size_t)n * rd->c.H * 2 + 2);
   ep_ll_combine_args_t a = EP_LL_COMBINE_ARGS_INIT;
   a.handle = rd->h, a.y = rd->k.in_place ? v.recv_x : cb.y[rd->me];
+  if (rd->k.zero_copy) { /* the experts write their outputs straight into the buffer */
+    void *zy = NULL;
+    T_OK(ep_ll_get_combine_buffer(buf, rd->h, &zy));
+    T_CHECK(zy != NULL, "ep_ll_get_combine_buffer gave NULL");
+    t_copy_to_dev(zy, cb.y[rd->me], (size_t)v.num_local_experts * v.max_rows * rd->c.H * 2);
+    a.y = zy;
+  }
   a.topk_idx = cb.idx, a.topk_weights = rd->w[rd->me];
   a.two_phase = rd->k.two_phase, a.out = got;
   T_OK(ep_ll_combine(buf, &a));
@@ -251,7 +258,7 @@ void llw_normal_round(ep_buffer_t buf, int R, int me, uint64_t seed) {
   int H = 128, topk = 2, E = 2 * R;
   llw_round_t rd; /* only its inputs: routing and rows of every rank */
   llw_cfg_t c = {8, H, E, topk};
-  llw_case_t k = {topk, RT_UNIFORM, NM_RANDOM, F_BF16, 0, 0, 0};
+  llw_case_t k = {.topk = topk, .routing = RT_UNIFORM, .nmode = NM_RANDOM, .fmt = F_BF16};
   llw_gen(&rd, R, me, &c, &k, seed);
   ref_recv_t *rr = t_xmalloc(sizeof *rr * (size_t)R);
   T_CHECK(ref_dispatch(R, E, topk, (size_t)H * 2, 0, 1, rd.in, rr) == 0, "reference dispatch");

@@ -20,6 +20,7 @@ typedef struct {
   int two_phase; /* dispatch and combine in two phases, with other work in between */
   int in_place;  /* combine y = the view's recv_x (bf16 only) */
   int cmask;     /* the combine leaves some selected slots out (-1) */
+  int zero_copy; /* combine y = ep_ll_get_combine_buffer's area, the expert outputs written there */
 } llw_case_t;
 
 typedef struct {

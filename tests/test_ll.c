@@ -24,23 +24,26 @@ static const llw_cfg_t cfgs[] = {
 
 typedef struct {
   int cfg;
-  llw_case_t k; /* topk, routing, N, format, two_phase, in_place, combine mask */
+  llw_case_t k; /* topk, routing, N, format, two_phase, in_place, combine mask, zero copy */
 } tcase_t;
 
 static const tcase_t cases[] = {
-    {0, {8, RT_UNIFORM, NM_RANDOM, F_BF16, 0, 0, 0}},
-    {0, {9, RT_MASKED, NM_FULL, F_FP8, 1, 0, 1}},
-    {0, {6, RT_SKEW, NM_ZERO_SOME, F_FP8_ROUND, 0, 0, 0}},
-    {0, {4, RT_EMPTY_RANK, NM_RANDOM, F_FP8_UE8M0, 1, 0, 0}},
-    {0, {1, RT_UNIFORM, NM_FULL, F_BF16, 1, 1, 0}},
-    {0, {5, RT_ALLMASK, NM_RANDOM, F_FP8, 0, 0, 1}},
-    {1, {8, RT_UNIFORM, NM_FULL, F_BF16, 0, 1, 0}},
-    {1, {8, RT_MASKED, NM_RANDOM, F_FP8, 1, 0, 0}},
-    {1, {8, RT_SKEW, NM_ZERO_SOME, F_FP8_UE8M0, 0, 0, 1}},
-    {2, {3, RT_UNIFORM, NM_RANDOM, F_BF16, 1, 0, 1}},
-    {2, {4, RT_MASKED, NM_ZERO_SOME, F_BF16, 0, 1, 0}},
-    {3, {9, RT_UNIFORM, NM_FULL, F_FP8_ROUND, 1, 0, 0}},
-    {3, {9, RT_SKEW, NM_RANDOM, F_BF16, 0, 0, 1}},
+    {0, {8, RT_UNIFORM, NM_RANDOM, F_BF16, 0, 0, 0, 0}},
+    {0, {9, RT_MASKED, NM_FULL, F_FP8, 1, 0, 1, 0}},
+    {0, {6, RT_SKEW, NM_ZERO_SOME, F_FP8_ROUND, 0, 0, 0, 0}},
+    {0, {4, RT_EMPTY_RANK, NM_RANDOM, F_FP8_UE8M0, 1, 0, 0, 0}},
+    {0, {1, RT_UNIFORM, NM_FULL, F_BF16, 1, 1, 0, 0}},
+    {0, {5, RT_ALLMASK, NM_RANDOM, F_FP8, 0, 0, 1, 0}},
+    {1, {8, RT_UNIFORM, NM_FULL, F_BF16, 0, 1, 0, 0}},
+    {1, {8, RT_MASKED, NM_RANDOM, F_FP8, 1, 0, 0, 0}},
+    {1, {8, RT_SKEW, NM_ZERO_SOME, F_FP8_UE8M0, 0, 0, 1, 0}},
+    {2, {3, RT_UNIFORM, NM_RANDOM, F_BF16, 1, 0, 1, 0}},
+    {2, {4, RT_MASKED, NM_ZERO_SOME, F_BF16, 0, 1, 0, 0}},
+    {3, {9, RT_UNIFORM, NM_FULL, F_FP8_ROUND, 1, 0, 0, 0}},
+    {3, {9, RT_SKEW, NM_RANDOM, F_BF16, 0, 0, 1, 0}},
+    {0, {7, RT_MASKED, NM_RANDOM, F_FP8, 0, 0, 1, 1}},     /* zero-copy combine */
+    {1, {8, RT_UNIFORM, NM_FULL, F_BF16, 1, 0, 0, 1}},     /* zero-copy, two-phase */
+    {2, {4, RT_SKEW, NM_ZERO_SOME, F_BF16, 0, 0, 0, 1}},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -64,10 +67,11 @@ static void normal_between(void *arg) {
 
 static void describe(int idx, const llw_cfg_t *c, const llw_case_t *k) {
   static char desc[200];
-  snprintf(desc, sizeof desc, "case %d: T=%d H=%d E=%d K=%d topk=%d %s %s %s%s%s%s", idx, c->T,
-           c->H, c->E, c->K, k->topk, llw_rt_names[k->routing], llw_nm_names[k->nmode],
+  snprintf(desc, sizeof desc, "case %d: T=%d H=%d E=%d K=%d topk=%d %s %s %s%s%s%s%s", idx,
+           c->T, c->H, c->E, c->K, k->topk, llw_rt_names[k->routing], llw_nm_names[k->nmode],
            llw_fmt_names[k->fmt], k->two_phase ? " two-phase" : "",
-           k->in_place ? " y=recv_x" : "", k->cmask ? " combine-mask" : "");
+           k->in_place ? " y=recv_x" : "", k->zero_copy ? " zero-copy" : "",
+           k->cmask ? " combine-mask" : "");
   t_case = desc;
 }
 
@@ -93,8 +97,10 @@ static void flip(ctx_t *x, int iters) {
   llw_round_t prev = {0}, cur;
   between_t b = {x, buf, 0xf11b};
   for (int i = 0; i <= iters; i++) {
-    llw_case_t k = {1 + i % 4, i % 5, i % 3, i % 4, i % 2, 0, i % 5 == 0};
+    llw_case_t k = {.topk = 1 + i % 4, .routing = i % 5, .nmode = i % 3, .fmt = i % 4,
+                    .two_phase = i % 2, .cmask = i % 5 == 0};
     k.in_place = k.fmt == F_BF16 && i % 3 == 0;
+    k.zero_copy = !k.in_place && i % 4 == 1;
     static char desc[120];
     snprintf(desc, sizeof desc, "flip %d: %s %s %s%s", i, llw_rt_names[k.routing],
              llw_nm_names[k.nmode], llw_fmt_names[k.fmt], k.two_phase ? " two-phase" : "");
@@ -175,7 +181,7 @@ static void time_ll(ep_group_t g, int R, int me, char **argv, int argc) {
   T_CHECK(argc >= 7, "usage: test_ll time T H E TOPK ITERS [fp8]");
   llw_cfg_t c = {atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
   int iters = atoi(argv[6]), fp8 = argc > 7 && !strcmp(argv[7], "fp8"), warm = 20;
-  llw_case_t k = {c.K, RT_UNIFORM, NM_FULL, fp8 ? F_FP8 : F_BF16, 0, 0, 0};
+  llw_case_t k = {.topk = c.K, .routing = RT_UNIFORM, .nmode = NM_FULL, .fmt = fp8 ? F_FP8 : F_BF16};
   ep_buffer_t buf;
   llw_buffer(g, &c, &buf);
   llw_round_t rd;

@@ -168,6 +168,8 @@ struct ep_backend_ops {
   ep_status_t (*ll_recv)(void *state, ep_handle_info_t *h);
   ep_status_t (*ll_combine)(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h);
   ep_status_t (*ll_view)(const ep_handle_info_t *h, ep_ll_recv_view_t *view);
+  /* The zero-copy combine input of the handle's result slot (ep_ll_get_combine_buffer). */
+  ep_status_t (*ll_combine_buffer)(const ep_handle_info_t *h, void **y);
   void (*ll_release)(void *state, ep_handle_info_t *h); /* handle destroyed: free its slot */
   /* This rank rejected its arguments for its next ll_dispatch (combine = false) or ll_combine
    * (combine = true): tell the peers so that their matching call fails at once

@@ -23,6 +23,7 @@ static void ll_layout(int T, int H, int E, int K, int R, cpu_ll_layout_t *l) {
   /* bf16 rows take 2H bytes; fp8 rows (H) and their scales (at most 4H/128) fit in the same. */
   l->slab = o = al(o, 4096), o += al(L * RT * 2 * (size_t)H, 4096);
   l->area = o, o += al((size_t)T * (size_t)K * 2 * (size_t)H, 4096);
+  l->cin = o, o += al(L * RT * 2 * (size_t)H, 4096); /* zero-copy combine input (bf16) */
   l->slot_bytes = o;
   l->total = l->slots + CPU_LL_SLOTS * o;
 }
@@ -127,6 +128,17 @@ ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v) {
   v->recv_count = (const int32_t *)(sl->base + ll->lay.count);
   v->recv_src_info = (const int32_t *)(sl->base + ll->lay.src);
   v->recv_layout_range = (const int64_t *)(sl->base + ll->lay.range);
+  return EP_OK;
+}
+
+/* The combine reads y wherever it is, so the area is plain memory that the push below reads
+ * like any other y: the rows are copied once, straight into their source's area. */
+ep_status_t cpu_ll_combine_buffer(const ep_handle_info_t *h, void **y) {
+  const cpu_ll_slot_t *sl = h->priv;
+  if (sl->state != LL_RECEIVED)
+    return ep_err(EP_ERR_INVALID_ARG, "ep_ll_get_combine_buffer: the handle cannot be combined: "
+                  "%s", cpu_ll_state_name(sl->state));
+  *y = sl->base + sl->ll->lay.cin;
   return EP_OK;
 }
 

@@ -12,6 +12,8 @@
  *       src_info[L][RT], route[L][RT]                written by the senders with each row
  *       slab [L][RT][2H bytes]                       the rows (bf16, or fp8 + scales)
  *       area [T][K][H] bf16                          combine: rows coming back, by (token, k)
+ *       cin [L][RT][H] bf16                          zero-copy combine input (the experts'
+ *                                                    outputs, ep_ll_get_combine_buffer)
  *
  * Dispatch call q of rank s (the calls of all ranks are numbered alike):
  *   1. check the arguments; a rejection is posted as the entry record of q (status REJECTED);
@@ -44,7 +46,7 @@
  * slot's start). Identical in every rank's segment. */
 typedef struct {
   size_t arrive, arrive_bytes, creject, slots, slot_bytes, total;
-  size_t data, comb, count, range, src, route, slab, area;
+  size_t data, comb, count, range, src, route, slab, area, cin;
 } cpu_ll_layout_t;
 
 /* A rank's record of one dispatch call, in its own segment; peers read it. */
@@ -161,6 +163,7 @@ ep_status_t cpu_ll_recv_dispatch(cpu_state_t *s, cpu_ll_slot_t *sl, const char *
 ep_status_t cpu_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h);
 ep_status_t cpu_ll_recv_combine(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op);
 ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v);
+ep_status_t cpu_ll_combine_buffer(const ep_handle_info_t *h, void **y);
 const char *cpu_ll_state_name(int state); /* why a handle in `state` cannot do something */
 void cpu_ll_release(void *state, ep_handle_info_t *h);
 
