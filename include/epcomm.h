@@ -455,6 +455,14 @@ EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
  * in one call. */
 typedef struct ep_ll_handle_s *ep_ll_handle_t;
 
+/* Layout of the fp8 scales of a low-latency dispatch's view (docs/SEMANTICS.md §6.4). */
+typedef enum {
+  EP_SCALES_ROW_MAJOR = 0, /* [L][R*T][H/128]: float, or with use_ue8m0 one exponent byte each */
+  EP_SCALES_COL_MAJOR = 1, /* [L][H/128][R*T] float, or with use_ue8m0 [L][H/512][R*T] int32 of
+                              four exponent bytes (block 4j+i in byte i; H % 512 == 0): what
+                              masked grouped GEMMs read (DeepEP's layout) */
+} ep_scale_layout_t;
+
 typedef struct {
   size_t size; /* sizeof(ep_ll_dispatch_args_t): EP_LL_DISPATCH_ARGS_INIT */
   const void *x;           /* bf16 [num_tokens][H] */
@@ -466,7 +474,9 @@ typedef struct {
   int round_scale; /* fp8 scales are powers of two (requires use_fp8) */
   int use_ue8m0;   /* store only the scales' exponent bytes (requires round_scale) */
   int two_phase;   /* 1: only send; complete with ep_ll_recv(buf, handle) */
-  void *stream;    /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY */
+  void *stream;    /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY; the receive of a
+                      two-phase call (ep_ll_recv) runs on the same stream */
+  int scale_layout; /* ep_scale_layout_t of the fp8 scales (use_fp8), the same on all ranks */
 } ep_ll_dispatch_args_t;
 #define EP_LL_DISPATCH_ARGS_INIT EP_ARGS_INIT_(ep_ll_dispatch_args_t)
 
@@ -483,10 +493,14 @@ typedef struct {
   int use_fp8, round_scale, use_ue8m0;
   void *recv_x;              /* [L][R*T][H] bf16, or fp8 e4m3 (1 byte) when use_fp8 */
   void *recv_x_scales;       /* use_fp8: float [L][R*T][H/128], or with use_ue8m0 uint8
-                                [L][R*T][H/128] biased exponents (e + 127); else NULL */
-  const int32_t *recv_count;        /* [L] rows received per local expert */
+                                [L][R*T][H/128] biased exponents (e + 127); else NULL. With
+                                scale_layout EP_SCALES_COL_MAJOR: [L][H/128][R*T] float, or
+                                int32 [L][H/512][R*T] of four exponent bytes */
+  const int32_t *recv_count;        /* [L] rows received per local expert: the count array of
+                                       masked grouped GEMMs */
   const int32_t *recv_src_info;     /* [L][R*T] the row's token index in its source rank */
   const int64_t *recv_layout_range; /* [L][R]: (begin << 32) | count of the rows from rank r */
+  int scale_layout;                 /* ep_scale_layout_t of recv_x_scales */
 } ep_ll_recv_view_t;
 #define EP_LL_RECV_VIEW_INIT EP_ARGS_INIT_(ep_ll_recv_view_t)
 

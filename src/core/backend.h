@@ -94,6 +94,20 @@ typedef struct {
   void (*free_priv)(void *priv);
 } ep_handle_info_t;
 
+/* ------------------------------------------------------------------ low-latency handles
+ * The states of a low-latency result slot and of the handle that holds it (SEMANTICS.md §6.6);
+ * each backend keeps them with its slot, the core says why a state refuses a call. */
+enum ep_ll_state {
+  EP_LLS_FREE = 0,
+  EP_LLS_SENT,       /* dispatch sent, its receive pending (two-phase) */
+  EP_LLS_RECEIVED,   /* view ready, combine allowed */
+  EP_LLS_COMB_SENT,  /* combine sent, its receive pending (two-phase) */
+  EP_LLS_COMBINED,   /* done */
+  EP_LLS_FAILED      /* a phase failed: only destroy remains */
+};
+/* Why a handle in `state` cannot do something: "it was already combined (...)". */
+const char *ep_ll_state_why(int state);
+
 /* ------------------------------------------------------------------ one normal-mode call
  * The core turns the caller's arguments into this description; backends move the data. */
 

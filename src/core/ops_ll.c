@@ -41,6 +41,17 @@ ep_status_t ep_ll_check_config(const ep_buffer_config_t *c, int R) {
   return EP_OK;
 }
 
+const char *ep_ll_state_why(int st) {
+  switch (st) {
+    case EP_LLS_SENT: return "its dispatch receive is pending (call ep_ll_recv)";
+    case EP_LLS_RECEIVED: return "its dispatch is complete";
+    case EP_LLS_COMB_SENT: return "its combine receive is pending (call ep_ll_recv)";
+    case EP_LLS_COMBINED: return "it was already combined (one combine per dispatch)";
+    case EP_LLS_FAILED: return "a call on it failed (destroy it and dispatch again)";
+    default: return "it holds no result";
+  }
+}
+
 static ep_status_t ll_enabled(const ep_buffer *b, const char *op) {
   NEED(b->ops->ll_dispatch && b->ops->ll_reject, EP_ERR_UNSUPPORTED,
        "%s: the %s backend has no low-latency mode", op, b->ops->name);
@@ -70,6 +81,12 @@ static ep_status_t check_dispatch(const ep_buffer *b, ep_ll_dispatch_args_t *a, 
        "(an exponent byte only holds a power-of-two scale)", op);
   NEED(!a->use_fp8 || c->ll_hidden % 128 == 0, EP_ERR_SHAPE, "%s: use_fp8 needs ll_hidden to be "
        "a multiple of 128 (one scale per 128 channels); it is %d", op, c->ll_hidden);
+  NEED(a->scale_layout == EP_SCALES_ROW_MAJOR || a->scale_layout == EP_SCALES_COL_MAJOR,
+       EP_ERR_INVALID_ARG, "%s: scale_layout is %d, must be EP_SCALES_ROW_MAJOR (0) or "
+       "EP_SCALES_COL_MAJOR (1)", op, a->scale_layout);
+  NEED(!a->use_ue8m0 || a->scale_layout != EP_SCALES_COL_MAJOR || c->ll_hidden % 512 == 0,
+       EP_ERR_SHAPE, "%s: scale_layout EP_SCALES_COL_MAJOR with use_ue8m0 packs four exponent "
+       "bytes per int32 and needs ll_hidden to be a multiple of 512; it is %d", op, c->ll_hidden);
   NEED(b->ll_live < LL_SLOTS, EP_ERR_BUSY, "%s: %d low-latency handles are alive and the buffer "
        "holds %d results; destroy one (ep_ll_handle_destroy) before the next ep_ll_dispatch", op,
        b->ll_live, LL_SLOTS);

@@ -57,14 +57,14 @@ typedef struct {
   /* then int32 sel[E]: this rank's selections of every expert in call q */
 } cpu_ll_arrive_t;
 
-/* Life of a result slot (and of the handle that holds it). */
+/* Life of a result slot (and of the handle that holds it): core/backend.h. */
 enum {
-  LL_FREE = 0,
-  LL_SENT,       /* dispatch sent, its receive pending (two-phase) */
-  LL_RECEIVED,   /* view ready, combine allowed */
-  LL_COMB_SENT,  /* combine sent, its receive pending (two-phase) */
-  LL_COMBINED,   /* done */
-  LL_FAILED      /* a phase failed: only destroy remains */
+  LL_FREE = EP_LLS_FREE,
+  LL_SENT = EP_LLS_SENT,
+  LL_RECEIVED = EP_LLS_RECEIVED,
+  LL_COMB_SENT = EP_LLS_COMB_SENT,
+  LL_COMBINED = EP_LLS_COMBINED,
+  LL_FAILED = EP_LLS_FAILED
 };
 
 /* Process-local state of one slot: what the receive phases and the combine need later. */
@@ -72,7 +72,7 @@ typedef struct {
   int index, state;
   uint64_t q;       /* dispatch call that filled it */
   uint64_t ticket;  /* combine ticket (c + 1) of the pending combine receive */
-  int N, topk, fp8, round_scale, ue8m0;
+  int N, topk, fp8, round_scale, ue8m0, scale_layout;
   int32_t *src_slot; /* [R] slot of every source rank for call q (combine writes there) */
   int64_t *idx;      /* [T][K] topk_idx of the dispatch (to check the combine's) */
   float *w;          /* [T][K] combine weights, 0 where the combine's id is -1 */
@@ -164,7 +164,6 @@ ep_status_t cpu_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle
 ep_status_t cpu_ll_recv_combine(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op);
 ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v);
 ep_status_t cpu_ll_combine_buffer(const ep_handle_info_t *h, void **y);
-const char *cpu_ll_state_name(int state); /* why a handle in `state` cannot do something */
 void cpu_ll_release(void *state, ep_handle_info_t *h);
 
 /* ---- kernels (cpu_ll_kernels.c) */
