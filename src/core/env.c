@@ -31,6 +31,8 @@ static const struct ep_env_var {
     {"EP_CUDA_SMS", "int", "0", "blocks (SMs) per rank of the CUDA kernels; 0: 24 (config "
      "num_sms overrides); never more than the GPU's SMs shared among its ranks"},
     {"EP_CUDA_ARENA_MB", "int", "64", "device memory per CUDA buffer for dispatch handles"},
+    {"EP_CUDA_LL_ASYNC", "int", "0", "cuda: 1 = low-latency calls never wait on the host for "
+     "their verdict (as in a graph capture: errors come with the next call, counts are -1)"},
 };
 #define ENV_COUNT (sizeof env_table / sizeof env_table[0])
 
