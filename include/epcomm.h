@@ -223,7 +223,8 @@ typedef struct {
   double timeout_s; /* <= 0: inherit the group's */
   /* CUDA backend */
   int cuda_device; /* -1: EP_CUDA_DEVICE, else the local rank modulo the devices, else current */
-  int num_sms;     /* thread blocks (one per SM) of the data kernels; 0: EP_CUDA_SMS, else 24 */
+  int num_sms;     /* thread blocks (one per SM) of the data kernels; 0: EP_CUDA_SMS, else 24
+                      (normal mode) or the rank's share of its GPU's SMs (low-latency mode) */
 } ep_buffer_config_t;
 #define EP_BUFFER_CONFIG_INIT                                                                    \
   {sizeof(ep_buffer_config_t), EP_CONFIG_MAGIC, EP_BACKEND_AUTO, 0, 0, 0, 0, 0, 0, 0.0, -1, 0}

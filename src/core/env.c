@@ -28,8 +28,9 @@ static const struct ep_env_var {
     {"EP_NOTIFY_FD", "int", "", "socket on which epcomm launch reports dead ranks"},
     {"EP_DOCTOR_RULES", "path", "", "rulebook used by epcomm doctor"},
     {"EP_CUDA_DEVICE", "int", "", "CUDA device of this rank (default: local rank modulo devices)"},
-    {"EP_CUDA_SMS", "int", "0", "blocks (SMs) per rank of the CUDA kernels; 0: 24 (config "
-     "num_sms overrides); never more than the GPU's SMs shared among its ranks"},
+    {"EP_CUDA_SMS", "int", "0", "blocks (SMs) per rank of the CUDA kernels; 0: 24 in normal "
+     "mode, the rank's share of the GPU in low-latency mode (config num_sms overrides); never "
+     "more than the GPU's SMs shared among its ranks"},
     {"EP_CUDA_ARENA_MB", "int", "64", "device memory per CUDA buffer for dispatch handles"},
     {"EP_CUDA_LL_ASYNC", "int", "0", "cuda: 1 = low-latency calls never wait on the host for "
      "their verdict (as in a graph capture: errors come with the next call, counts are -1)"},

@@ -43,6 +43,7 @@ typedef struct {
   int prev_device;         /* the caller's current device, restored on leaving */
   ep_call_key_t err_key;   /* key of the last call, to name a bad slot or field */
   struct cuda_ll *ll;      /* low-latency mode (cuda_ll.h), NULL when disabled */
+  int fit_blocks;          /* this rank's share of its GPU's SMs (SMs / ranks on the GPU) */
   uint64_t off_ll;         /* its region in the pool */
 } cuda_state_t;
 

@@ -50,7 +50,11 @@ ep_status_t cuda_ll_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   s->ll = ll;
   ll->k.lay = lay;
   ll->k.lay.off = s->off_ll;
-  ll->k.blocks = s->kb.blocks;
+  /* Every SM of this rank's share of its GPU, unless the config or EP_CUDA_SMS says fewer: like
+   * DeepEP's low-latency kernels, which take most of a GPU. Blocks that wait for peers are at
+   * most this share per rank, so that every rank's waiting blocks fit on the GPU at once. */
+  long want = cfg->num_sms > 0 ? cfg->num_sms : ep_env_long("EP_CUDA_SMS", 0);
+  ll->k.blocks = want > 0 && want < s->fit_blocks ? (int)want : s->fit_blocks;
   ll->async = ep_env_long("EP_CUDA_LL_ASYNC", 0) != 0;
   ep_status_t st = cuda_check(s, cudaMalloc(&ll->priv_mem, lay.p_total), OP, "private memory");
   if (!st) st = cuda_check(s, cudaMemset(ll->priv_mem, 0, lay.p_total), OP, "private memory");

@@ -82,12 +82,17 @@ static ep_status_t local_setup(cuda_state_t *s, const ep_buffer_config_t *cfg, p
  * never more than its GPU's SMs shared among the ranks on that GPU. The kernels of the ranks
  * wait on each other, so all their blocks must be resident at once (one block fills an SM).
  * Every rank computes the same table. */
+static int fair_share(const peer_info_t *all, int R, int r) {
+  int same = 0;
+  for (int q = 0; q < R; q++) same += !memcmp(all[q].uuid, all[r].uuid, 16);
+  int fit = all[r].sms / (same ? same : 1);
+  return fit < 1 ? 1 : fit;
+}
+
 static void block_table(const peer_info_t *all, int R, int32_t *blocks) {
   for (int r = 0; r < R; r++) {
-    int same = 0;
-    for (int q = 0; q < R; q++) same += !memcmp(all[q].uuid, all[r].uuid, 16);
-    int fit = all[r].sms / (same ? same : 1), want = all[r].want_blocks > 0 ? all[r].want_blocks : 24;
-    blocks[r] = want < fit ? want : fit < 1 ? 1 : fit;
+    int fit = fair_share(all, R, r), want = all[r].want_blocks > 0 ? all[r].want_blocks : 24;
+    blocks[r] = want < fit ? want : fit;
   }
 }
 
@@ -180,6 +185,7 @@ static ep_status_t exchange(cuda_state_t *s, const ep_buffer_config_t *cfg) {
                        "rank %d could not set up its CUDA buffer (see its error)", r);
   if (!st && !mine) {
     block_table(all, R, blocks);
+    s->fit_blocks = fair_share(all, R, s->rank);
     mine = open_peers(s, all);
     if (!mine) mine = private_setup(s, blocks);
     if (!mine) mine = host_setup(s);
