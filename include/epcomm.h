@@ -262,7 +262,8 @@ typedef enum {
   EP_CAP_LOW_LATENCY = 1u << 1,    /* ep_ll_* (and the buffer was created with ll sizes) */
   EP_CAP_DEVICE_MEMORY = 1u << 2,  /* tensors are device pointers, calls are ordered on `stream` */
   EP_CAP_GRAPH_CAPTURE = 1u << 3,  /* calls that never wait on the host can be captured in a
-                                      CUDA graph (worst-case and cached dispatch, combine) */
+                                      CUDA graph (worst-case and cached dispatch, combine, every
+                                      low-latency call) */
 } ep_cap_t;
 
 typedef enum {
@@ -453,7 +454,18 @@ EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
  * overlaps the caller's compute. The send phase of a dispatch waits for one thing: every rank
  * entering the same call (their counts fix where this rank's rows go; their entry says their
  * result slot is free). The send phase of a combine never waits. two_phase = 0 does both phases
- * in one call. */
+ * in one call.
+ *
+ * CUDA backend (docs/LOW_LATENCY.md): every call is queued on its stream (ep_ll_recv on the
+ * stream of the call it completes) and never waits on the host for data. Outside a graph
+ * capture the host waits for a call's verdict only (dispatch: the count exchange, so that a
+ * peer's rejection or a bad id is returned by this call and the receive count is known;
+ * combine: its own check and, when it receives, the peers' flags). In a capture, or with
+ * EP_CUDA_LL_ASYNC=1, it never waits: ep_ll_handle_num_recv_tokens says -1 (recv_count on the
+ * device has the counts) and a failure is returned by the next call. Dispatch and combine, one-
+ * or two-phase, can be captured in a CUDA graph and replayed with new inputs of the same shapes
+ * (counters advance on the device); the captured handle keeps its result slot while the graph
+ * may be replayed. */
 typedef struct ep_ll_handle_s *ep_ll_handle_t;
 
 /* Layout of the fp8 scales of a low-latency dispatch's view (docs/SEMANTICS.md §6.4). */
@@ -561,7 +573,8 @@ EP_API ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *ar
 EP_API ep_status_t ep_ll_get_combine_buffer(ep_buffer_t buf, ep_ll_handle_t handle, void **y);
 
 /* Local, thread safe: the number of rows the dispatch delivered to this rank (sum of
- * recv_count), once its receive is complete. */
+ * recv_count), once its receive is complete; -1 on the CUDA backend when the dispatch did not
+ * wait on the host (graph capture, EP_CUDA_LL_ASYNC=1). */
 EP_API ep_status_t ep_ll_handle_num_recv_tokens(ep_ll_handle_t h, int *num_recv_tokens);
 /* Local. Gives the handle's result slot back. EP_ERR_BUSY while a call on its buffer is in
  * flight (the handle survives; retry once the call has returned). NULL is a no-op. */
