@@ -97,23 +97,28 @@ __device__ void post_entry(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_
 }
 
 /* Every rank reads the same records, so every rank reaches the same verdict: the lowest rank
- * that rejected, else the lowest whose topk or format differs from rank 0's. */
+ * that rejected, else the lowest whose topk or format differs from rank 0's. Block-wide (a
+ * thread per rank: the records are read in parallel); thread 0 gets it in *v. */
 __device__ void verdict(const epk_buf_t &b, const epk_ll_t &ll, uint32_t q, epk_ll_report_t *v) {
-  for (int r = 0; r < b.nranks; r++)
-    if (__ldcg(&entry(b, ll, r, q)->status) == EPK_LL_REJECTED) {
-      v->status = EP_ERR_PEER_INVALID, v->peer = r;
-      return;
-    }
+  __shared__ int s_rej, s_diff;
+  if (threadIdx.x == 0) s_rej = INT_MAX, s_diff = INT_MAX;
+  __syncthreads();
   const epk_ll_entry_t *e0 = entry(b, ll, 0, q);
   const int32_t t0 = __ldcg(&e0->topk), f0 = __ldcg(&e0->fmt);
-  for (int r = 1; r < b.nranks; r++) {
+  for (int r = threadIdx.x; r < b.nranks; r += DT) {
     const epk_ll_entry_t *er = entry(b, ll, r, q);
+    if (__ldcg(&er->status) == EPK_LL_REJECTED) atomicMin(&s_rej, r);
+    else if (__ldcg(&er->topk) != t0 || __ldcg(&er->fmt) != f0) atomicMin(&s_diff, r);
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (s_rej != INT_MAX) {
+    v->status = EP_ERR_PEER_INVALID, v->peer = s_rej;
+  } else if (s_diff != INT_MAX) {
+    const epk_ll_entry_t *er = entry(b, ll, s_diff, q);
     const int32_t tr = __ldcg(&er->topk), fr = __ldcg(&er->fmt);
-    if (tr != t0 || fr != f0) {
-      v->status = EP_ERR_MISMATCH, v->peer = r, v->field = tr != t0 ? 0 : 1;
-      v->mine = tr != t0 ? t0 : f0, v->theirs = tr != t0 ? tr : fr;
-      return;
-    }
+    v->status = EP_ERR_MISMATCH, v->peer = s_diff, v->field = tr != t0 ? 0 : 1;
+    v->mine = tr != t0 ? t0 : f0, v->theirs = tr != t0 ? tr : fr;
   }
 }
 
@@ -131,6 +136,7 @@ __device__ int place(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispat
   for (int r = threadIdx.x; r < R; r += DT) peer[r] = __ldcg(&entry(b, ll, r, q)->slot);
   for (int e = threadIdx.x; e < ll.lay.E; e += DT) {
     int32_t s = 0;
+#pragma unroll 8
     for (int r = 0; r < me; r++) s += __ldcg(entry_sel(entry(b, ll, r, q)) + e);
     base[e] = s;
   }
@@ -146,6 +152,7 @@ __device__ int place(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispat
   int64_t *range = reinterpret_cast<int64_t *>(c + ll.lay.c_range);
   for (int l = threadIdx.x; l < L; l += DT) {
     int64_t begin = 0;
+#pragma unroll 8
     for (int r = 0; r < R; r++) {
       const int64_t n = __ldcg(entry_sel(entry(b, ll, r, q)) + (int64_t)me * L + l);
       range[(int64_t)l * R + r] = begin << 32 | n;
@@ -182,7 +189,7 @@ __device__ bool gate(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispat
   }
   ok = ok && bad < 0 && wait_entries(b, ll, q, EPK_PH_LL_GATE);
   __shared__ epk_ll_report_t s_v;
-  if (ok && threadIdx.x == 0) verdict(b, ll, q, &v);
+  if (ok) verdict(b, ll, q, &v);
   if (threadIdx.x == 0) s_v = v;
   __syncthreads();
   v = s_v;
