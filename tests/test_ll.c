@@ -1,6 +1,7 @@
 /* Low-latency mode against the reference (SEMANTICS.md §6), for whatever number of ranks
  * `epcomm launch -n R` gives: dispatch in bf16 and the three fp8 formats (values, scales and
- * exponent bytes bit for bit), combine bit for bit with the reference's fused multiply-add chain,
+ * exponent bytes bit for bit; scales row-major or column-major, §6.4), combine bit for bit with
+ * the reference's fused multiply-add chain (y in caller memory, the view, or the zero-copy area),
  * over a table of buffer sizes, routings (random, skewed, masked, a rank nobody selects, all slots
  * masked on some ranks), token counts (N < T, N = T, N = 0 on some ranks) and topk up to 9; the
  * two-phase form with normal-mode calls on the same buffer between send and receive; and many

@@ -32,7 +32,7 @@ static void new_round(ctx_t *x, llw_round_t *rd, const llw_case_t *k) {
 
 enum {
   B_TOO_MANY, B_ID_HIGH, B_ID_LOW, B_DUP, B_UE8M0, B_ROUND, B_TOPK, B_HANDLE, B_X, B_SIZE,
-  B_ARGS, B_COUNT
+  B_ARGS, B_LAYOUT, B_PACKED, B_COUNT
 };
 static const struct {
   ep_status_t st;
@@ -43,7 +43,8 @@ static const struct {
     {EP_ERR_INVALID_ARG, "round_scale"}, {EP_ERR_INVALID_ARG, "use_fp8"},
     {EP_ERR_TOO_LARGE, "topk"},        {EP_ERR_NULL_ARG, "handle"},
     {EP_ERR_NULL_ARG, "x is NULL"},    {EP_ERR_CONFIG, "args: size"},
-    {EP_ERR_NULL_ARG, "args is NULL"},
+    {EP_ERR_NULL_ARG, "args is NULL"},   {EP_ERR_INVALID_ARG, "scale_layout"},
+    {EP_ERR_SHAPE, "multiple of 512"},
 };
 
 /* Spoils the expert ids (host copy; the caller uploads them). */
@@ -68,6 +69,10 @@ static void spoil(const ep_ll_dispatch_args_t **ap, ep_ll_dispatch_args_t *a,
     case B_HANDLE: *hp = NULL; break;
     case B_X: a->x = NULL; break;
     case B_SIZE: a->size = 12; break;
+    case B_LAYOUT: a->scale_layout = 2; break;
+    case B_PACKED: /* column-major exponent bytes pack four blocks: H = 256 has two */
+      a->use_fp8 = a->round_scale = a->use_ue8m0 = 1, a->scale_layout = EP_SCALES_COL_MAJOR;
+      break;
     default: *ap = NULL; break;
   }
 }
