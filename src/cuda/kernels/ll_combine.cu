@@ -130,7 +130,7 @@ __device__ int await_rows(const epk_buf_t &b, const epk_ll_t &ll, int slot, uint
         break;
       }
       if (w.tick(b, r, EPK_PH_LL_COMB)) {
-        s_fail = 1;
+        atomicOr(&s_fail, 1);
         break;
       }
     }

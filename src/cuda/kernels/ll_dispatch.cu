@@ -53,10 +53,16 @@ __device__ void number_rows(const epk_ll_t &ll, const epk_ll_dispatch_t &a, int3
         if (e >= 0) rowpos[(int64_t)t * a.topk + k] = cnt[e] + __popc(mask[e] & ((1u << lane) - 1u));
       }
       __syncwarp();
-      for (int k = 0; t < a.n && k < a.topk; k++) { /* only the expert's lowest lane writes */
+      /* Only the expert's lowest lane writes. The others may read the mask before or after it
+       * is cleared (either way they are not its lowest lane): atomic reads, so that the read and
+       * the clear never race (compute-sanitizer racecheck). */
+      for (int k = 0; t < a.n && k < a.topk; k++) {
         const int64_t e = __ldg(ids + k);
-        const uint32_t m = e >= 0 ? mask[e] : 0u;
-        if (m && __ffs(m) - 1 == lane) cnt[e] += __popc(m), mask[e] = 0;
+        const uint32_t m = e >= 0 ? atomicOr(&mask[e], 0u) : 0u;
+        if (m && __ffs(m) - 1 == lane) {
+          cnt[e] += __popc(m);
+          atomicExch(&mask[e], 0u);
+        }
       }
       __syncwarp();
     }
@@ -383,7 +389,7 @@ __global__ void __launch_bounds__(128, 1) ll_reject_kernel(epk_buf_t b, epk_ll_t
   }
   if (threadIdx.x == 0) s_fail = 0;
   __syncthreads();
-  if (fail) s_fail = 1;
+  if (fail) atomicOr(&s_fail, 1);
   __syncthreads();
   if (threadIdx.x != 0) return;
   if (!s_fail) {
