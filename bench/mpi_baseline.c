@@ -265,7 +265,12 @@ int main(int argc, char **argv) {
     MPI_Finalize();
     return rc == 1 << 8 ? 0 : rc;
   }
-  bench_fix_experts(&o, R);
+  char why[320];
+  if (bench_fix_experts(&o, R, why, sizeof why) < 0) {
+    if (me == 0) fprintf(stderr, "epcomm-bench-mpi: %s\n", why);
+    MPI_Finalize();
+    return 2;
+  }
   base_t b;
   setup(&b, &o, R, me);
   MPI_Datatype trow, tmeta, tcomb;

@@ -97,7 +97,8 @@ EP_API const char *ep_version_string(void);
   X(EP_ERR_BROKEN, 16, "object is unusable after an earlier collective failure; destroy it")     \
   X(EP_ERR_UNSUPPORTED, 17, "not supported by this build or backend")                            \
   X(EP_ERR_CUDA, 18, "CUDA call failed")                                                         \
-  X(EP_ERR_INTERNAL, 19, "internal error")
+  X(EP_ERR_INTERNAL, 19, "internal error")                                                      \
+  X(EP_ERR_FORKED, 20, "object used in a forked child")
 
 typedef enum {
 #define EP_STATUS_ENUM_(code, value, msg) code = value,
@@ -168,7 +169,8 @@ typedef struct {
  * Errors: EP_ERR_NULL_ARG (group), EP_ERR_CONFIG (cfg size/magic), EP_ERR_BOOTSTRAP (no rank or
  * job id in the environment, rendezvous taken), EP_ERR_OUT_OF_RANGE (rank >= size),
  * EP_ERR_MISMATCH (ranks disagree on the size), EP_ERR_TIMEOUT (a rank never arrived: named),
- * EP_ERR_PEER_FAILED (a rank died during creation: named). */
+ * EP_ERR_PEER_FAILED (a rank died during creation: named), EP_ERR_INVALID_ARG (a set EP_*
+ * variable has an invalid value: named with its accepted form, see ep_env_check). */
 EP_API ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *group);
 /* Collective over the ranks the callbacks connect (the user's allgather carries a rendezvous name
  * chosen by rank 0; the callbacks are not kept). Errors as above, plus EP_ERR_NULL_ARG naming
@@ -238,7 +240,8 @@ EP_API ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks
  * naming the cfg field, EP_ERR_UNSUPPORTED (backend not built, or no device), EP_ERR_MISMATCH
  * (configs differ across ranks: field and rank named), EP_ERR_NO_MEMORY, EP_ERR_PEER_INVALID (a
  * peer failed to create its part), EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED (rank named),
- * EP_ERR_BROKEN (group broken). */
+ * EP_ERR_BROKEN (group broken), EP_ERR_INVALID_ARG (an invalid EP_* value, as at group
+ * creation: the environment is read again here). */
 EP_API ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf);
 /* Collective, bounded by the deadline: quiesce, unmap peers, free. Always frees: a broken buffer
  * skips the barrier (EP_OK); a barrier that fails still frees and returns the failure. Live
@@ -253,7 +256,8 @@ EP_API ep_status_t ep_buffer_release(ep_buffer_t buf);
 EP_API const char *ep_buffer_last_error(ep_buffer_t buf);
 
 /* Local, thread safe. 1 when the backend is built into this library and can create buffers
- * here (CUDA: a driver and a device); else 0, and ep_last_error() says why. */
+ * here (CUDA: a driver and a device); else 0, and ep_last_error() says why. EP_BACKEND_AUTO asks
+ * about the backend AUTO resolves to (EP_BACKEND, else cpu). */
 EP_API int ep_backend_available(ep_backend_t backend);
 
 /* What a buffer can do, and how long the memory it hands out stays valid. */
@@ -579,6 +583,45 @@ EP_API ep_status_t ep_ll_handle_num_recv_tokens(ep_ll_handle_t h, int *num_recv_
 /* Local. Gives the handle's result slot back. EP_ERR_BUSY while a call on its buffer is in
  * flight (the handle survives; retry once the call has returned). NULL is a no-op. */
 EP_API ep_status_t ep_ll_handle_destroy(ep_ll_handle_t h);
+
+/* ================================================================ introspection
+ * What this library was built with and which environment variables it reads, for tools
+ * (`epcomm info`, `epcomm doctor env`) and for programs that check a job's setup before they
+ * create a group. Local calls: no group needed, thread safe. */
+
+/* "auto", "cpu" or "cuda"; NULL for a value that is not an ep_backend_t. (Whether a backend
+ * can be used here: ep_backend_available, with the buffer calls.) */
+EP_API const char *ep_backend_name(ep_backend_t backend);
+
+/* One environment variable the library reads. Every string is static and non-NULL. */
+typedef struct {
+  const char *name;          /* "EP_QUEUE_BYTES" */
+  const char *module;        /* the part of the library that reads it: "core", "cpu", "cuda" */
+  const char *type;          /* "int", "float", "size", "enum", "string" or "path" */
+  const char *default_value; /* what an unset (or empty) variable means; "" when derived */
+  const char *accepted;      /* the values accepted: "N[K|M|G] bytes in [4K, 16G]" */
+  const char *description;   /* one line */
+} ep_env_var_t;
+
+/* The registry: rows 0 .. ep_env_var_count() - 1, fixed for the life of the process.
+ * ep_env_var returns NULL for an index out of range, ep_env_var_find for a name the library
+ * does not read. */
+EP_API int ep_env_var_count(void);
+EP_API const ep_env_var_t *ep_env_var(int index);
+EP_API const ep_env_var_t *ep_env_var_find(const char *name);
+
+/* Would the library accept `value` for the variable `name`? EP_OK, or EP_ERR_INVALID_ARG with
+ * ep_last_error() naming the variable, the value and the accepted form ("EP_QUEUE_BYTES=2X: not
+ * a size; accepted: N[K|M|G] bytes in [4K, 16G]"), or naming a variable the library does not
+ * read; EP_ERR_NULL_ARG for a NULL name or value. An empty value means unset: accepted. */
+EP_API ep_status_t ep_env_check_value(const char *name, const char *value);
+
+/* Checks every variable of the registry that is set in the environment, as group creation and
+ * buffer creation do (an invalid value fails them): EP_OK, or EP_ERR_INVALID_ARG naming the
+ * first invalid variable. EP_* names the library does not read are not errors here (the log
+ * warns about them once). */
+EP_API ep_status_t ep_env_check(void);
+/* ================================================================ end of introspection */
 
 #ifdef __cplusplus
 }

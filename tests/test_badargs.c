@@ -6,6 +6,8 @@
  * that disagreements across ranks are detected collectively and that a rank's rejection fails
  * its peers' matching call at once (EP_ERR_PEER_INVALID) instead of letting them wait for the
  * deadline. */
+#include <limits.h>
+
 #include "common.h"
 
 enum { N = 6, H = 64, K = 2, CAP = 64 };
@@ -290,7 +292,10 @@ static void capacity_cases(fx_t *f) {
     o.rank_prefix = f->prefix, o.recv_tokens_per_expert = f->per_expert;
     o.num_recv_tokens = NR_POISON, o.handle = H_POISON;
     f->o = o;
-    expect(f, dispatch(f, &a), EP_ERR_NO_MEMORY, "alloc", t_case);
+    /* A failing callback is out of memory; one that says "done" without recv_x is a bug of the
+     * callback, named as the missing pointer. */
+    expect(f, dispatch(f, &a), how ? EP_ERR_NULL_ARG : EP_ERR_NO_MEMORY,
+           how ? "out->recv_x" : "alloc", t_case);
     T_CHECK(ac.calls == 1 && ac.rows == N, "%s: the callback was called %d times, for %d rows",
             t_case, ac.calls, ac.rows);
   }
@@ -457,6 +462,55 @@ static void object_table(fx_t *f) {
   T_CHECK(strcmp(ep_status_name((ep_status_t)999), "EP_ERR_UNKNOWN") == 0, "unknown status");
 }
 
+static int count_of(const char *hay, const char *needle) {
+  int n = 0;
+  for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+  return n;
+}
+
+/* Smaller defects an adversarial review found: each named, none silently wrong. */
+static void review_cases(fx_t *f) {
+  t_case = "num_tokens INT_MAX";
+  poison(f);
+  ep_dispatch_args_t a = good_dispatch(f);
+  a.num_tokens = INT_MAX;
+  expect(f, dispatch(f, &a), EP_ERR_TOO_LARGE, "num_tokens", t_case);
+  ep_layout_args_t l = {.size = sizeof l, .topk_idx = f->idx, .num_tokens = INT_MAX, .topk = K,
+                        .num_experts = f->E};
+  T_STATUS(EP_ERR_TOO_LARGE, ep_get_dispatch_layout(f->b, &l));
+  T_CHECK(strstr(ep_last_error(), "num_tokens"), "no 'num_tokens' in: %s", ep_last_error());
+  /* A group's id where a buffer is expected, live and destroyed: named as a group. */
+  t_case = "group id as a buffer";
+  ep_group_t g2;
+  T_OK(ep_group_create_from_env(NULL, &g2));
+  T_STATUS(EP_ERR_INVALID_ARG, ep_buffer_destroy((ep_buffer_t)g2));
+  T_CHECK(strstr(ep_last_error(), "group"), "live group as a buffer: %s", ep_last_error());
+  T_OK(ep_group_destroy(g2));
+  T_STATUS(EP_ERR_INVALID_ARG, ep_buffer_destroy((ep_buffer_t)g2));
+  T_CHECK(strstr(ep_last_error(), "destroyed group"), "destroyed group as a buffer: %s",
+          ep_last_error());
+  /* Low-latency sizes no host could back: refused at creation on every rank, with the sizes. */
+  t_case = "low-latency sizes beyond the host";
+  ep_buffer_config_t bc = EP_BUFFER_CONFIG_INIT;
+  bc.backend = EP_BACKEND_CPU;
+  bc.ll_max_tokens = 4096, bc.ll_hidden = 7168 * 8, bc.ll_num_experts = 64 * f->R;
+  ep_buffer_t b2 = NULL;
+  T_STATUS(EP_ERR_TOO_LARGE, ep_buffer_create(f->g, &bc, &b2));
+  T_CHECK(!b2 && strstr(ep_last_error(), "GiB") && strstr(ep_last_error(), "memory"),
+          "oversized low-latency buffer: %s", ep_last_error());
+  /* A failure inside a backend's create says the call's name once. */
+  t_case = "backend create failure";
+  if (!ep_backend_available(EP_BACKEND_CUDA)) {
+    bc = (ep_buffer_config_t)EP_BUFFER_CONFIG_INIT;
+    bc.backend = EP_BACKEND_CUDA;
+    ep_status_t st = ep_buffer_create(f->g, &bc, &b2);
+    T_CHECK(st == EP_ERR_UNSUPPORTED || st == EP_ERR_CUDA, "cuda buffer without a GPU: %s",
+            ep_status_name(st));
+    T_CHECK(count_of(ep_last_error(), "ep_buffer_create") <= 1, "prefix said twice: %s",
+            ep_last_error());
+  }
+}
+
 /* 2+ ranks: rank 1 disagrees (hidden, dtype, topk), or rejects its own call; everyone fails the
  * same call, nobody waits for the deadline, and the buffer remains usable. */
 static void collective_cases(fx_t *f) {
@@ -516,6 +570,7 @@ int main(void) {
   layout_table(f);
   combine_table(f);
   collective_cases(f);
+  review_cases(f);
   t_case = NULL;
   T_OK(ep_buffer_destroy(f->b));
   t_fini(f->g);

@@ -25,8 +25,8 @@ result() {
 }
 
 # Compares classify --lines with NAME.expect; prints the differences, returns 1 on any.
-check_fixture() {
-  local log=$1 exp=${1%.log}.expect out=$tmp/out bad=0
+check_fixture() { # LOG [EXPECT]
+  local log=$1 exp=${2:-${1%.log}.expect} out=$tmp/out bad=0
   "$bin" doctor classify --lines "$log" >"$out" || { echo "classify exited $?"; return 1; }
   local want_end got_end
   want_end=$(awk '$1 == "end" { $1 = ""; sub(/^ /, ""); print }' "$exp")
@@ -51,7 +51,22 @@ check_fixture() {
 for log in "$here"/doctor/fixtures/*.log; do
   t0=$(date +%s%N)
   why=$(check_fixture "$log" 2>&1)
-  result "fixture $(basename "$log" .log)" "$t0" $? "$why"
+  rc=$? # before any other expansion: $(basename) in the next line would reset $?
+  result "fixture $(basename "$log" .log)" "$t0" $rc "$why"
+done
+
+# The one-stream fixtures (*_tee.log: a `2>&1 | tee` capture) replayed through `run`: every line
+# at once on stdout, then every line on stderr. Same phases as the file: only the order of the
+# lines and what they say decide, never when they arrived or on which one stream.
+for log in "$here"/doctor/fixtures/*_tee.log; do
+  t0=$(date +%s%N)
+  why=""
+  for redirect in "" ">&2"; do
+    "$bin" doctor run --log "$tmp/replay.log" -- sh -c "cat \"\$0\" $redirect" "$log" \
+      >/dev/null 2>&1
+    w=$(check_fixture "$tmp/replay.log" "${log%.log}.expect" 2>&1) || why="$why${redirect:-stdout}: $w; "
+  done
+  result "run, one stream: $(basename "$log" .log)" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
 done
 
 # run: the command's own output passes through unchanged; a warning printed on stderr after the
@@ -162,6 +177,32 @@ for want in '^EP_LGO +WARN +=info: unknown EP_ variable' '^CUDA_VISIBLE_DEVICES 
   printf '%s\n' "$out" | grep -qE "$want" || why="$why; no line /$want/"
 done
 result "env: variables and bad values" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
+
+# EP_* variables through the library's public registry (issue 11 item 3): the backends' own
+# variables are known, invalid values FAIL with the accepted form (as group and buffer creation
+# do), sizes take N[K|M|G] in both the library and --config-bytes, and the memfd segments are
+# checked against RAM and the memory cgroup, not /dev/shm (issue 16 item 10).
+t0=$(date +%s%N)
+why=""
+out=$(EP_CUDA_SMS=4 EP_SPIN_US=0 EP_LOCAL_RANK=0 EP_QUEUE_BYTES=2M EP_DOCTOR_RULES=$EP_DOCTOR_RULES \
+      "$bin" doctor env 2>&1)
+for want in '^EP_CUDA_SMS +INFO +=4: .*\(cuda\)$' '^EP_SPIN_US +INFO +=0: .*\(cpu\)$' \
+            '^EP_LOCAL_RANK +INFO +=0: ' '^EP_QUEUE_BYTES +INFO +=2M: ' '^EP_DOCTOR_RULES +INFO .*\(doctor\)$' \
+            '^shared memory +(OK|WARN|FAIL|INFO) +epcomm segments \(memfd\): .*RAM available' \
+            '^/dev/shm .*not by epcomm'; do
+  printf '%s\n' "$out" | grep -qE "$want" || why="$why; no line /$want/"
+done
+printf '%s\n' "$out" | grep -q 'unknown EP_ variable' && why="$why; a known variable called unknown"
+out=$(EP_BACKEND=gpu EP_QUEUE_BYTES=1.5G "$bin" doctor env 2>&1); rc=$?
+[ "$rc" = 1 ] || why="$why; invalid values: status $rc, want 1"
+for want in '^EP_BACKEND +FAIL +environment variable EP_BACKEND=gpu: .*accepted: one of cpu\|cuda' \
+            '^EP_QUEUE_BYTES +FAIL +environment variable EP_QUEUE_BYTES=1.5G: not a size; accepted: N\[K\|M\|G\]'; do
+  printf '%s\n' "$out" | grep -qE "$want" || why="$why; no line /$want/"
+done
+"$bin" doctor env --config-bytes 2m >/dev/null 2>&1 || why="$why; --config-bytes 2m refused"
+out=$("$bin" doctor env --config-bytes 1.5G 2>&1); rc=$?
+[ "$rc" = 2 ] && printf '%s' "$out" | grep -q "config-bytes '1.5G'" || why="$why; --config-bytes 1.5G: $rc"
+result "env: EP_* from the library's registry" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

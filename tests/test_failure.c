@@ -5,6 +5,17 @@
  *   test_failure kill-create FILE     ... while the others create a buffer (it never arrives)
  *   test_failure kill-root FILE       rank 0 dies while the others create a buffer
  *   test_failure timeout              the last rank arrives late; the others time out
+ *   test_failure stop                 the last rank SIGSTOPs itself between a dispatch and its
+ *                                     combine and is resumed 4 s later (EP_TIMEOUT_S ~1.5 s):
+ *                                     the others fail within one deadline, naming it
+ *   test_failure stop-barrier         the same in an ep_group_barrier, rank 0 entering it 0.3 s
+ *                                     after rank 1 (rank 1 must still name rank 2, not rank 0)
+ *   test_failure early-exit1 FILE     the last rank exits 1 before creating its group
+ *   test_failure early-kill FILE      ... is SIGKILLed before creating its group
+ *   test_failure early-exit0 FILE     ... exits 0 before creating its group
+ *   test_failure early-during FILE    rank 1 is SIGKILLed inside ep_group_create_from_env
+ *   test_failure loop DIR             dispatch/combine until a call fails, then write the error
+ *                                     to DIR/result.RANK (the launcher may be gone: no stdout)
  * The victim writes the CLOCK_MONOTONIC time of its death to FILE; survivors read it after their
  * error and print how long detection took. Survivors must get EP_ERR_PEER_FAILED (or a timeout
  * naming the rank) within 5 s, destroy their objects and exit 0. */
@@ -223,6 +234,129 @@ static int timeout(void) {
   return T_PASS;
 }
 
+/* The last rank stops itself after the dispatch; a forked helper resumes it 4 s later. The
+ * survivors' combine fails after one deadline naming it, and their destroys skip the collective
+ * work: no second deadline. The resumed rank learns that it came too late. */
+static void stop_self(void) {
+  pid_t self = getpid();
+  if (fork() == 0) { /* touches nothing of epcomm's, and leaves through _exit */
+    nanosleep(&(struct timespec){4, 0}, NULL);
+    kill(self, SIGCONT);
+    _exit(0);
+  }
+  raise(SIGSTOP);
+}
+
+static void stopped_report(int me, int victim, ep_status_t st, const char *msg, double t_fail,
+                           double total, double T, const char *what) {
+  char want[32];
+  snprintf(want, sizeof want, "rank %d", victim);
+  if (me == victim) {
+    T_CHECK(st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED, "resumed rank: %s",
+            ep_status_name(st));
+    T_CHECK(strstr(msg, "too late"), "the resumed rank does not say it came too late: %s", msg);
+    printf("rank %d (resumed): %s: %s\n", me, ep_status_name(st), msg);
+    return;
+  }
+  T_CHECK(st == EP_ERR_TIMEOUT, "survivor: %s, expected EP_ERR_TIMEOUT (%s)", ep_status_name(st),
+          msg);
+  T_CHECK(strstr(msg, want), "survivor's error does not name the stopped %s: %s", want, msg);
+  T_CHECK(total < 2 * T, "survivor took %.2f s for %s + destroys, deadline %.1f s", total, what,
+          T);
+  printf("rank %d: %s failed after %.2f s, destroys done at %.2f s (deadline %.1f s): %s\n", me,
+         what, t_fail, total, T, msg);
+}
+
+static int stopped_rank(bool in_barrier) {
+  int R, me;
+  ep_group_t g;
+  ep_buffer_t buf;
+  t_init(&g, &me, &R);
+  double T = atof(getenv("EP_TIMEOUT_S") ? getenv("EP_TIMEOUT_S") : "100");
+  T_OK(ep_buffer_create(g, NULL, &buf));
+  big_t b;
+  big_init(&b, R, me);
+  b.n = 64;
+  T_OK(big_dispatch(buf, &b, R));
+  T_OK(big_combine(buf, &b));
+  int victim = R - 1;
+  if (in_barrier) T_OK(ep_buffer_destroy(buf)); /* the barrier is then the group's next call */
+  if (me == victim) stop_self();
+  if (in_barrier && me == 0) nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
+  double t0 = mono();
+  ep_status_t st = in_barrier ? ep_group_barrier(g) : big_combine(buf, &b);
+  double t_fail = mono() - t0;
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ep_last_error());
+  T_OK(ep_handle_destroy(b.h));
+  if (!in_barrier) T_OK(ep_buffer_destroy(buf)); /* broken: local, EP_OK */
+  T_OK(ep_group_destroy(g));                     /* broken by the timeout too: local, EP_OK */
+  stopped_report(me, victim, st, msg, t_fail, mono() - t0, T, in_barrier ? "barrier" : "combine");
+  free(b.x), free(b.rx), free(b.out), free(b.idx);
+  return T_PASS;
+}
+
+/* A rank that dies before (or while) creating its group: the others' ep_group_create_from_env
+ * fails within seconds naming it, instead of waiting for the deadline or the launcher's SIGTERM. */
+static int early_death(const char *how) {
+  int me = atoi(getenv("EP_RANK") ? getenv("EP_RANK") : "0");
+  int R = atoi(getenv("EP_NRANKS") ? getenv("EP_NRANKS") : "1");
+  t_rank = me;
+  bool during = !strcmp(how, "during");
+  int victim = during ? 1 : R - 1;
+  if (me == victim && !during) {
+    FILE *f = fopen(death_file, "w");
+    if (f) fprintf(f, "%.9f\n", mono()), fclose(f);
+    if (!strcmp(how, "kill")) raise(SIGKILL);
+    exit(!strcmp(how, "exit1") ? 1 : 0);
+  }
+  pthread_t th;
+  if (me == victim) pthread_create(&th, NULL, killer, (void *)(uintptr_t)300);
+  if (during && me == R - 1) nanosleep(&(struct timespec){1, 0}, NULL); /* group incomplete */
+  ep_group_t g;
+  ep_status_t st = ep_group_create_from_env(NULL, &g);
+  if (me == victim) pause();
+  if (st == EP_OK) T_FAILF("ep_group_create_from_env succeeded without rank %d", victim);
+  survivor_report(st, "group creation", victim);
+  return T_PASS;
+}
+
+/* Rounds until one fails; the result goes to a file since the launcher (our stdout) may be dead. */
+static int loop(const char *dir) {
+  int R, me;
+  ep_group_t g;
+  ep_buffer_t buf;
+  t_init(&g, &me, &R);
+  T_OK(ep_buffer_create(g, NULL, &buf));
+  big_t b;
+  big_init(&b, R, me);
+  b.n = 256;
+  char path[512];
+  snprintf(path, sizeof path, "%s/pid.%d", dir, me);
+  FILE *f = fopen(path, "w");
+  T_CHECK(f, "cannot write %s", path);
+  fprintf(f, "%d %s\n", (int)getpid(), getenv("EP_JOB_ID") ? getenv("EP_JOB_ID") : "-");
+  fclose(f);
+  ep_status_t st = EP_OK;
+  double t0 = mono(), t_fail = 0;
+  while (st == EP_OK && mono() - t0 < 30) {
+    st = big_dispatch(buf, &b, R);
+    if (!st) st = big_combine(buf, &b);
+    if (!st) T_OK(ep_handle_destroy(b.h));
+    t_fail = mono();
+  }
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ep_last_error());
+  ep_buffer_destroy(buf);
+  ep_group_destroy(g);
+  snprintf(path, sizeof path, "%s/result.%d", dir, me);
+  f = fopen(path, "w");
+  T_CHECK(f, "cannot write %s", path);
+  fprintf(f, "%.9f %s %s\n", t_fail, ep_status_name(st), msg);
+  fclose(f);
+  return T_PASS;
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
   death_file = argc > 2 ? argv[2] : "/dev/null";
@@ -237,7 +371,11 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "kill-root")) return kill_in_create(0);
   if (!strcmp(mode, "kill-ll")) return kill_in_ll();
   if (!strcmp(mode, "timeout")) return timeout();
+  if (!strcmp(mode, "stop")) return stopped_rank(false);
+  if (!strcmp(mode, "stop-barrier")) return stopped_rank(true);
+  if (!strncmp(mode, "early-", 6)) return early_death(mode + 6);
+  if (!strcmp(mode, "loop")) return loop(death_file);
   fprintf(stderr, "usage: test_failure kill-dispatch|kill-combine|kill-create|kill-root FILE | "
-          "timeout\n");
+          "timeout | stop | stop-barrier | early-exit1|early-kill|early-exit0|early-during FILE | loop DIR\n");
   return T_FAIL;
 }

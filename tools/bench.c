@@ -11,7 +11,11 @@
 #include "cli.h"
 
 static int fail_group(const char *what, ep_group_t g) {
-  fprintf(stderr, "epcomm bench: %s: %s\n", what, ep_last_error());
+  const char *m = ep_last_error(); /* the library's messages already start with their call */
+  if (strncmp(m, what, strlen(what)) == 0)
+    fprintf(stderr, "epcomm bench: %s\n", m);
+  else
+    fprintf(stderr, "epcomm bench: %s: %s\n", what, m);
   if (g) ep_group_release(g);
   return 1;
 }
@@ -45,6 +49,7 @@ static int run(const bench_opts_t *o, ep_group_t g, int R, int me) {
     snprintf(b.why, sizeof b.why, "the MPI baseline covers normal mode only"), bp = &b;
   int want = o->baseline != BENCH_BASELINE_OFF && !o->backend_cuda && o->mode == BENCH_NORMAL;
   if (want && me == 0) {
+    bench_progress_stage(o->progress, "the MPI baseline (mpirun, same options)", 0);
     bench_baseline_run(o, R, &b);
     bp = &b;
   }
@@ -116,9 +121,17 @@ int ep_cmd_bench(int argc, char **argv) {
   if (ep_group_create_from_env(&gc, &g)) return fail_group("ep_group_create_from_env", NULL);
   ep_group_rank(g, &me);
   ep_group_nranks(g, &R);
-  int changed = bench_fix_experts(&o, R);
+  char why[320];
+  int changed = bench_fix_experts(&o, R, why, sizeof why);
+  if (changed < 0) { /* every rank knows R now: all stop, rank 0 says why */
+    if (me == 0) fprintf(stderr, "epcomm bench: %s\n", why);
+    return ep_group_destroy(g) ? fail_group("ep_group_destroy", g) : 2;
+  }
   if (me == 0 && changed && o.set_experts && !o.json)
     printf("epcomm bench: --experts rounded to %d (a multiple of %d ranks)\n", o.experts, R);
+  bench_progress_t progress;
+  bench_progress_init(&progress, &o, me);
+  o.progress = &progress;
   rc = run(&o, g, R, me);
   if (ep_group_destroy(g)) return fail_group("ep_group_destroy", g);
   return rc;

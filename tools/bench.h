@@ -55,6 +55,19 @@ typedef struct {
   double wall_s;      /* whole mpirun, for the record */
 } bench_baseline_t;
 
+/* Progress lines on a terminal (tools/bench_progress.c): rank 0, stderr, never with --json. */
+typedef struct bench_progress {
+  int on;
+  double t0, start, next; /* start of the run and of the stage; when the next line is due */
+  int total;              /* iterations of the stage, 0: a stage without a count */
+  char what[96];
+} bench_progress_t;
+void bench_progress_init(bench_progress_t *p, const bench_opts_t *o, int rank);
+/* A new stage ("measuring normal mode"); total 0 for one without iterations. p may be NULL. */
+void bench_progress_stage(bench_progress_t *p, const char *what, int total);
+/* `done` iterations of the stage are done: prints at 1, 2, 4 ... s into the stage. */
+void bench_progress_step(bench_progress_t *p, int done);
+
 /* CPU time (user + system, every thread) and context switches of this process so far. */
 typedef struct {
   double cpu, csw;

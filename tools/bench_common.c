@@ -1,6 +1,7 @@
 /* Shared by `epcomm bench` and the MPI baseline: see bench_common.h. */
 #include "bench_common.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,76 +15,108 @@ void bench_usage(FILE *f, const char *tool, int mpi) {
   fprintf(f,
           "usage: %s [--mode normal|ll] [--backend cpu|cuda] [--tokens N] [--hidden H]\n"
           "       [--topk K] [--experts E] [--dtype bf16|fp8] [--routing uniform|zipf|grouped]\n"
-          "       [--warmup W] [--iters I] [--threads T] [--seed S]%s\n"
+          "       [--warmup W] [--iters I] [--threads T] [--seed S]\n%s"
           "defaults: DeepEP's sizes: normal 4096 tokens, ll 128 tokens; H 7168, topk 8,\n"
           "          E 256 (normal) / 288 (ll), rounded down to a multiple of the rank count;\n"
           "          bf16, uniform routing, 2 warm-up and 10 timed iterations (ll: 10 and 50),\n"
-          "          1 thread\n",
+          "          1 thread\n"
+          "ranges:   N 0..16777216, H 1..1048576 (H x dtype bytes a multiple of 16; fp8: H a\n"
+          "          multiple of 128), K 1..64, E a multiple of the ranks from max(ranks, K) to\n"
+          "          65536, W 0..1048576, I 1..1048576, T 1..256\n%s",
           tool,
-          mpi ? "\n       [--raw FILE]   (results for epcomm bench to merge)"
-              : "\n       [--json [FILE]] [--baseline auto|on|off] [--timeout S]\n"
-                "--json alone: JSON on stdout instead of the table; --json FILE: table and file");
+          mpi ? "       [--raw FILE]   (results for epcomm bench to merge)\n"
+              : "       [--json [FILE]] [--baseline auto|on|off] [--timeout S]\n",
+          mpi ? ""
+              : "--json alone: JSON on stdout instead of the table; --json FILE: table and file.\n"
+                "Run it under `epcomm launch -n R` or mpirun; only rank 0 prints. On a terminal,\n"
+                "rank 0 shows its progress on stderr (never with --json).\n");
 }
 
-static int pick(const char *v, const char *const *names, int *out) {
-  for (int i = 0; names[i]; i++)
-    if (!strcmp(v, names[i])) return *out = i, 1;
+/* This process's rank from the launcher's environment, before any group exists: only rank 0
+ * (or a process started alone) prints usage and option errors, not every rank. */
+int bench_env_rank(void) {
+  static const char *const names[] = {"EP_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                      "SLURM_PROCID"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    const char *v = getenv(names[i]);
+    if (v && *v) return atoi(v);
+  }
   return 0;
 }
 
-static int num(const char *v, long lo, long hi, int *out) {
+/* One of `names`: its index, or 0 and the choices in `why`. */
+static int pick(const char *k, const char *v, const char *const *names, int *out, char *why,
+                size_t n) {
+  int len = snprintf(why, n, "%s '%s': want one of ", k, v);
+  for (int i = 0; names[i]; i++) {
+    if (!strcmp(v, names[i])) return *out = i, 1;
+    if (len > 0 && (size_t)len < n) len += snprintf(why + len, n - (size_t)len, "%s%s", i ? "|" : "", names[i]);
+  }
+  return 0;
+}
+
+static int num(const char *k, const char *v, long lo, long hi, int *out, char *why, size_t n) {
   char *end;
+  errno = 0;
   long x = strtol(v, &end, 10);
-  if (*v == '\0' || *end != '\0' || x < lo || x > hi) return 0;
+  if (*v == '\0' || *end != '\0' || errno || x < lo || x > hi) {
+    snprintf(why, n, "%s '%s': want an integer from %ld to %ld", k, v, lo, hi);
+    return 0;
+  }
   *out = (int)x;
   return 1;
 }
 
-/* One option with a value; returns 1 if understood and valid. */
-static int take(bench_opts_t *o, const char *k, const char *v, int mpi) {
+/* One option with a value; returns 1 if understood and valid, else 0 with the reason in `why`. */
+static int take(bench_opts_t *o, const char *k, const char *v, int mpi, char *why, size_t n) {
   static const char *const modes[] = {"normal", "ll", NULL}, *const backends[] = {"cpu", "cuda", NULL},
                            *const routings[] = {"uniform", "zipf", "grouped", NULL},
-                           *const dtypes[] = {"-", "bf16", "fp8", NULL},
+                           *const dtypes[] = {"bf16", "fp8", NULL},
                            *const baselines[] = {"auto", "on", "off", NULL};
-  if (!strcmp(k, "--mode")) return pick(v, modes, &o->mode);
-  if (!strcmp(k, "--backend")) return pick(v, backends, &o->backend_cuda);
-  if (!strcmp(k, "--routing")) return pick(v, routings, &o->routing);
-  if (!strcmp(k, "--dtype")) return pick(v, dtypes, &o->dtype) && o->dtype > 0;
-  if (!strcmp(k, "--tokens")) return o->set_tokens = 1, num(v, 0, 1 << 24, &o->tokens);
-  if (!strcmp(k, "--hidden")) return num(v, 1, 1 << 20, &o->hidden);
-  if (!strcmp(k, "--topk")) return num(v, 1, 64, &o->topk);
-  if (!strcmp(k, "--experts")) return o->set_experts = 1, num(v, 1, 1 << 16, &o->experts);
-  if (!strcmp(k, "--warmup")) return o->set_warmup = 1, num(v, 0, 1 << 20, &o->warmup);
-  if (!strcmp(k, "--iters")) return o->set_iters = 1, num(v, 1, 1 << 20, &o->iters);
-  if (!strcmp(k, "--threads")) return num(v, 1, 256, &o->threads);
+  if (!strcmp(k, "--mode")) return pick(k, v, modes, &o->mode, why, n);
+  if (!strcmp(k, "--backend")) return pick(k, v, backends, &o->backend_cuda, why, n);
+  if (!strcmp(k, "--routing")) return pick(k, v, routings, &o->routing, why, n);
+  if (!strcmp(k, "--dtype")) return pick(k, v, dtypes, &o->dtype, why, n) && ++o->dtype;
+  if (!strcmp(k, "--tokens")) return o->set_tokens = 1, num(k, v, 0, 1 << 24, &o->tokens, why, n);
+  if (!strcmp(k, "--hidden")) return num(k, v, 1, 1 << 20, &o->hidden, why, n);
+  if (!strcmp(k, "--topk")) return num(k, v, 1, 64, &o->topk, why, n);
+  if (!strcmp(k, "--experts")) return o->set_experts = 1, num(k, v, 1, 1 << 16, &o->experts, why, n);
+  if (!strcmp(k, "--warmup")) return o->set_warmup = 1, num(k, v, 0, 1 << 20, &o->warmup, why, n);
+  if (!strcmp(k, "--iters")) return o->set_iters = 1, num(k, v, 1, 1 << 20, &o->iters, why, n);
+  if (!strcmp(k, "--threads")) return num(k, v, 1, 256, &o->threads, why, n);
   if (!strcmp(k, "--seed")) {
     char *end;
+    errno = 0;
     o->seed = strtoull(v, &end, 0);
-    return *v && !*end;
+    if (*v && *v != '-' && !*end && !errno) return 1;
+    return snprintf(why, n, "%s '%s': want an unsigned 64-bit integer", k, v), 0;
   }
-  if (mpi) return !strcmp(k, "--raw") && (o->raw = v, 1);
-  if (!strcmp(k, "--baseline")) return pick(v, baselines, &o->baseline);
-  if (!strcmp(k, "--json")) return o->json = v, 1;
-  if (!strcmp(k, "--timeout")) {
+  if (mpi && !strcmp(k, "--raw")) return o->raw = v, 1;
+  if (!mpi && !strcmp(k, "--baseline")) return pick(k, v, baselines, &o->baseline, why, n);
+  if (!mpi && !strcmp(k, "--json")) return o->json = v, 1;
+  if (!mpi && !strcmp(k, "--timeout")) {
     char *end;
     o->timeout_s = strtod(v, &end);
-    return *v && !*end && o->timeout_s > 0;
+    if (*v && !*end && o->timeout_s > 0 && o->timeout_s <= 1e9) return 1;
+    return snprintf(why, n, "%s '%s': want seconds, a number > 0 and <= 1e9", k, v), 0;
   }
-  return 0;
+  return snprintf(why, n, "unknown option '%s'", k), 0;
 }
 
-static int check_opts(const bench_opts_t *o, const char *tool) {
-  const char *why = NULL;
-  if (o->topk > o->experts) why = "--topk exceeds --experts";
-  else if (o->dtype == BENCH_FP8 && o->hidden % 128) why = "--dtype fp8 needs --hidden a multiple of 128";
+static int check_opts(const bench_opts_t *o, char *why, size_t n) {
+  if (o->dtype == BENCH_FP8 && o->hidden % 128)
+    snprintf(why, n, "--dtype fp8 needs --hidden a multiple of 128 (fp8 scales cover 128 "
+             "channels); --hidden is %d", o->hidden);
   else if ((size_t)o->hidden * (o->dtype == BENCH_FP8 ? 1 : 2) % 16)
-    why = "a row (hidden x dtype bytes) must be a multiple of 16 bytes";
-  if (!why) return 0;
-  fprintf(stderr, "%s: %s\n", tool, why);
+    snprintf(why, n, "--hidden %d: a row (hidden x %d bytes) must be a multiple of 16 bytes: "
+             "want a multiple of %d", o->hidden, o->dtype == BENCH_FP8 ? 1 : 2,
+             o->dtype == BENCH_FP8 ? 16 : 8);
+  else
+    return 0;
   return 2;
 }
 
-int bench_parse(int argc, char **argv, const char *tool, int mpi, bench_opts_t *o) {
+static int defaults(bench_opts_t *o) {
   memset(o, 0, sizeof *o);
   o->dtype = BENCH_BF16;
   o->hidden = 7168;
@@ -93,38 +126,67 @@ int bench_parse(int argc, char **argv, const char *tool, int mpi, bench_opts_t *
   o->threads = 1;
   o->seed = 20250101;
   o->timeout_s = 600;
+  return 0;
+}
+
+/* Parses; on an error returns 2 with the reason in `why`; -1 for --help. */
+static int parse_args(int argc, char **argv, int mpi, bench_opts_t *o, char *why, size_t n) {
   for (int i = 1; i < argc; i++) {
     const char *k = argv[i];
-    if (!strcmp(k, "-h") || !strcmp(k, "--help")) {
-      bench_usage(stdout, tool, mpi);
-      return 1 << 8; /* caller: exit 0 */
-    }
+    if (!strcmp(k, "-h") || !strcmp(k, "--help")) return -1;
     if (!mpi && !strcmp(k, "--json") && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))) {
       o->json = "-";
       continue;
     }
-    if (i + 1 >= argc || !take(o, k, argv[i + 1], mpi)) {
-      fprintf(stderr, "%s: bad option '%s%s%s'\n", tool, k, i + 1 < argc ? " " : "",
-              i + 1 < argc ? argv[i + 1] : "");
-      bench_usage(stderr, tool, mpi);
+    if (i + 1 >= argc) { /* the last word: a known option without its value, or unknown */
+      if (take(o, k, "", mpi, why, n) || strncmp(why, "unknown option", 14))
+        snprintf(why, n, "option %s needs a value", k);
       return 2;
     }
+    if (!take(o, k, argv[i + 1], mpi, why, n)) return 2;
     i++;
   }
   if (!o->set_tokens) o->tokens = o->mode == BENCH_LL ? 128 : 4096;
   if (!o->set_experts) o->experts = o->mode == BENCH_LL ? 288 : 256;
   if (!o->set_warmup && o->mode == BENCH_LL) o->warmup = 10; /* calls of microseconds */
   if (!o->set_iters && o->mode == BENCH_LL) o->iters = 50;
-  return check_opts(o, tool);
+  return check_opts(o, why, n);
 }
 
-int bench_fix_experts(bench_opts_t *o, int nranks) {
-  int e = o->experts - o->experts % nranks;
-  if (e < nranks) e = nranks;
-  if (e < o->topk) e = (o->topk + nranks - 1) / nranks * nranks;
-  int changed = e != o->experts;
-  o->experts = e;
-  return changed;
+int bench_parse(int argc, char **argv, const char *tool, int mpi, bench_opts_t *o) {
+  char why[256] = "";
+  defaults(o);
+  int rc = parse_args(argc, argv, mpi, o, why, sizeof why);
+  int speak = bench_env_rank() == 0;
+  if (rc < 0) {
+    if (speak) bench_usage(stdout, tool, mpi);
+    return 1 << 8; /* caller: exit 0 */
+  }
+  if (rc && speak) {
+    fprintf(stderr, "%s: %s\n", tool, why);
+    bench_usage(stderr, tool, mpi);
+  }
+  return rc;
+}
+
+/* Every rank holds E / R experts and each token picks topk distinct ones: E must be a multiple
+ * of R, at least max(R, topk). A value that is not a multiple is rounded down to one, if that is
+ * still valid. */
+int bench_fix_experts(bench_opts_t *o, int nranks, char *why, size_t n) {
+  int R = nranks, need = o->topk > R ? o->topk : R;
+  int lo = (need + R - 1) / R * R, hi = (1 << 16) / R * R, e = o->experts - o->experts % R;
+  if (e >= lo && e <= hi) {
+    int changed = e != o->experts;
+    o->experts = e;
+    return changed;
+  }
+  int len = snprintf(why, n, "--experts %d: with %d rank%s and --topk %d, want a multiple of %d "
+                     "from %d to %d (every rank holds experts/%d of them, each token picks %d "
+                     "distinct ones)", o->experts, R, R > 1 ? "s" : "", o->topk, R, lo, hi, R,
+                     o->topk);
+  if (e != o->experts && len > 0 && (size_t)len < n)
+    snprintf(why + len, n - (size_t)len, "; %d would round down to %d", o->experts, e);
+  return -1;
 }
 
 const char *bench_routing_name(int r) {

@@ -29,15 +29,21 @@ typedef struct {
   const char *raw; /* results file for epcomm bench to merge */
   /* set explicitly on the command line (defaults depend on the mode) */
   int set_tokens, set_experts, set_warmup, set_iters;
+  struct bench_progress *progress; /* epcomm bench: rank 0's progress lines; NULL: none */
 } bench_opts_t;
 
 /* Parses argv[1..] (argv[0] is the subcommand). `tool` names the program in messages; `mpi`
- * selects the baseline's option set. Returns 0, or an exit status (2: usage, printed). Defaults:
- * DeepEP's sizes for the mode. Experts are made divisible by `nranks` later (bench_fix_experts). */
+ * selects the baseline's option set. Returns 0, 1 << 8 after --help (exit 0), or 2 for a bad
+ * option: the reason with the valid range and the usage are printed by rank 0 only (the rank
+ * from the launcher's environment, bench_env_rank). Defaults: DeepEP's sizes for the mode.
+ * Experts are checked against the rank count later (bench_fix_experts). */
 int bench_parse(int argc, char **argv, const char *tool, int mpi, bench_opts_t *o);
 void bench_usage(FILE *f, const char *tool, int mpi);
-/* E rounded down to a multiple of R (at least R); returns 1 if it changed. */
-int bench_fix_experts(bench_opts_t *o, int nranks);
+/* EP_RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID; 0 when none is set. */
+int bench_env_rank(void);
+/* E rounded down to a multiple of R; returns 0 (unchanged), 1 (rounded), or -1 when no multiple
+ * of R at or below E is in [max(R, topk) rounded up to R, 65536], with the valid range in `why`. */
+int bench_fix_experts(bench_opts_t *o, int nranks, char *why, size_t why_len);
 const char *bench_routing_name(int r);
 
 /* ---- data (identical in every process for the same options and seed) */

@@ -158,6 +158,7 @@ static int two_phase(const bench_opts_t *o, ep_group_t g, ep_buffer_t buf, const
   ep_ll_handle_t h = NULL;
   if (!t) return 1;
   for (int it = -o->warmup; it < n; it++) {
+    bench_progress_step(o->progress, it + o->warmup);
     ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = o->tokens, .topk_idx = idx,
                                .topk = o->topk, .use_fp8 = o->dtype == BENCH_FP8,
                                .two_phase = 1};
@@ -267,7 +268,9 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   cfg.ll_max_topk = o->topk;
   TRY(ep_buffer_create(g, &cfg, &buf));
   double *t = bench_rank_times(f);
+  bench_progress_stage(o->progress, "low-latency mode, warm-up and timed", o->warmup + o->iters);
   for (int it = -o->warmup; it < o->iters; it++) {
+    bench_progress_step(o->progress, it + o->warmup);
     ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = o->tokens, .topk_idx = idx,
                                .topk = o->topk, .use_fp8 = o->dtype == BENCH_FP8};
     TRY(ep_group_barrier(g));
@@ -306,7 +309,9 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
     f->c_cpu += (u3.cpu - u2.cpu) / o->iters, f->c_csw += (u3.csw - u2.csw) / o->iters;
   }
   char m2[BENCH_MSG] = "";
+  bench_progress_stage(o->progress, "checking the outputs against the reference", 0);
   f->combine_bad = check_out(o, R, me, out, m2, sizeof m2);
+  bench_progress_stage(o->progress, "two-phase form", o->warmup + o->iters);
   if (two_phase(o, g, buf, x, idx, w, y, out, f)) goto fail;
   if (zero_copy(o, g, buf, x, idx, w, y, out, f)) goto fail;
   if (!f->combine_bad) f->combine_bad = check_out(o, R, me, out, m2, sizeof m2);

@@ -128,7 +128,9 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   cfg.num_channels = o->threads;
   TRY(ep_buffer_create(g, &cfg, &buf));
   double *t = bench_rank_times(f);
+  bench_progress_stage(o->progress, "normal mode, warm-up and timed", o->warmup + o->iters);
   for (int it = -o->warmup; it < o->iters; it++) {
+    bench_progress_step(o->progress, it + o->warmup);
     ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = (ep_dtype_t)o->dtype,
                             .num_tokens = o->tokens, .hidden = o->hidden,
                             .x_scales = o->dtype == BENCH_FP8 ? xs : NULL, .topk_idx = idx,
@@ -166,6 +168,7 @@ int bench_normal(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   }
   figures(o, R, me, &u, nr, f);
   f->m_bytes = bench_ceiling_bytes(ceil);
+  bench_progress_stage(o->progress, "checking the outputs against the reference", 0);
   check(o, R, me, &u, nr, out, f);
   f->has_data = 1;
   rc = 0;

@@ -1,8 +1,10 @@
 /* Rank 0's report: aggregates (per iteration the slowest rank's time, then median / p10 / p90
  * over iterations), per-rank figures, the self-checks, the two ratios; a table and/or JSON. */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bench.h"
 
@@ -16,6 +18,7 @@ typedef struct {
   bench_stat_t time; /* of max-over-ranks per iteration, seconds */
   bench_stat_t bw;   /* of mean bytes / that time, bytes/s */
   double *rank_t;    /* [R] median of each rank's own times */
+  double *rank_mean; /* [R] mean of each rank's own times: what CPU means are compared with */
 } phase_t;
 
 enum { P_DISPATCH, P_COMBINE, P_TOTAL, P_MEMCPY, P_BDISPATCH, P_BCOMBINE, P_BTOTAL, P_BMEMCPY,
@@ -33,7 +36,11 @@ static void aggregate(phase_t *p, int R, int iters) {
   p->time = bench_stats(tmax, iters);
   p->bw = bench_stats(bw, iters);
   p->rank_t = calloc((size_t)R, sizeof *p->rank_t);
-  for (int r = 0; r < R; r++) p->rank_t[r] = bench_stats(p->t + (size_t)r * iters, iters).median;
+  p->rank_mean = calloc((size_t)R, sizeof *p->rank_mean);
+  for (int r = 0; r < R; r++) {
+    p->rank_t[r] = bench_stats(p->t + (size_t)r * iters, iters).median;
+    for (int i = 0; i < iters; i++) p->rank_mean[r] += p->t[(size_t)r * iters + i] / iters;
+  }
   free(tmax), free(bw);
 }
 
@@ -159,50 +166,124 @@ static void print_two_phase(const bench_opts_t *o, int R, bench_rank_t *const *r
          "median):\n  %.1f us\n\n", m[4] * 1e6);
 }
 
-static void print_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t *const *rk,
-                        const bench_baseline_t *b, ratios_t q, verdict_t v) {
+/* CPUs this process may run on (its affinity mask; containers and taskset narrow it). */
+static int usable_cpus(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+/* CPU time over wall time of one rank's calls, in percent: both means over the same timed
+ * iterations (a mean of CPU over a median of time overstates it whenever one iteration is
+ * slow). A process cannot use more than every CPU it may run on: beyond that is accounting
+ * jitter, and the figure is capped there. */
+static double cpu_percent(double cpu_mean, double time_mean, int cpus) {
+  double v = time_mean > 0 ? 100.0 * cpu_mean / time_mean : 0;
+  return v > 100.0 * cpus ? 100.0 * cpus : v;
+}
+
+/* Prints `text` as lines of at most 100 columns, broken at spaces. */
+static void print_wrapped(const char *text) {
+  const int width = 100;
+  while (*text) {
+    int n = (int)strlen(text), cut = n;
+    if (n > width) {
+      cut = width;
+      while (cut > 0 && text[cut] != ' ') cut--;
+      if (cut == 0) cut = width;
+    }
+    printf("%.*s\n", cut, text);
+    text += cut;
+    while (*text == ' ') text++;
+  }
+}
+
+/* What the columns mean; the low-latency mode counts bytes its own way. */
+static void print_legend(const bench_opts_t *o, int R) {
+  char text[1400];
+  int cpus = usable_cpus(), n;
+  if (o->mode == BENCH_LL)
+    n = snprintf(text, sizeof text,
+                 "GB/s as DeepEP's low-latency test counts it: selections of the rank's tokens x "
+                 "row bytes (fp8: H + H/128 x 4 bytes of scales; combine: bf16 rows) per second, "
+                 "per rank; one-phase calls. recv_rows: rows the rank's experts received. x-rank: "
+                 "bytes of the selections sent to other ranks (payload + 8 bytes of metadata a "
+                 "row).");
+  else
+    n = snprintf(text, sizeof text,
+                 "GB/s as DeepEP counts it: rows received x row bytes (fp8: + scales) per second, "
+                 "per rank; combine: the same rows sent back as bf16. x-rank: bytes of the rows "
+                 "from other ranks (payload + index/topk metadata).");
+  snprintf(text + n, sizeof text - (size_t)n,
+           " Time: the slowest rank per iteration. memcpy: bytes copied per second per rank, all "
+           "ranks copying at once with %d thread%s each. logical: DeepEP's bytes per rank. cpu%%: "
+           "CPU time of the rank's process (all its threads) over its time, both averaged over "
+           "the timed iterations; %d rank%s on %d CPU%s share %d%%. csw: context switches per "
+           "call.",
+           o->threads, o->threads > 1 ? "s" : "", R, R > 1 ? "s" : "", cpus, cpus > 1 ? "s" : "",
+           100 * cpus);
+  print_wrapped(text);
+  printf("\n");
+}
+
+/* Column widths of the phase table: each figure is "%W.2f [%w.2f %w.2f]". */
+#define FIG_W 9
+#define FIG_PW 8
+#define FIG_COL (FIG_W + 2 * FIG_PW + 4) /* "%W.2f [%w.2f %w.2f]" */
+
+static void print_phase_table(const bench_opts_t *o, int R, phase_t *ph) {
   int ll = o->mode == BENCH_LL;
   double sc = ll ? 1e6 : 1e3; /* low-latency calls in microseconds */
-  const char *u = ll ? "us" : "ms";
-  print_config(stdout, o, R);
-  printf("\n%-30s %22s%s%s %27s %9s %9s\n", "", "time ", u, ": median [p10 p90]",
+  char time_hdr[40];
+  snprintf(time_hdr, sizeof time_hdr, "time %s: median [p10 p90]", ll ? "us" : "ms");
+  printf("\n%-30s %*s %*s %9s %9s\n", "", FIG_COL, time_hdr, FIG_COL,
          "GB/s/rank: median [p10 p90]", "logical", "x-rank");
   for (int k = 0; k < P_COUNT; k++) {
     phase_t *p = &ph[k];
     if (!p->present) continue;
     double mb = 0, wb = 0;
     for (int r = 0; r < R; r++) mb += p->bytes[r] / R / 1e6, wb += p->wire[r] / R / 1e6;
-    printf("%-30s %9.2f [%7.2f %7.2f] %9.2f [%7.2f %7.2f] %7.1fMB %7.1fMB\n", p->label,
-           p->time.median * sc, p->time.p10 * sc, p->time.p90 * sc, p->bw.median / 1e9,
-           p->bw.p10 / 1e9, p->bw.p90 / 1e9, mb, wb);
+    printf("%-30s %*.2f [%*.2f %*.2f] %*.2f [%*.2f %*.2f] %7.1fMB %7.1fMB\n", p->label, FIG_W,
+           p->time.median * sc, FIG_PW, p->time.p10 * sc, FIG_PW, p->time.p90 * sc, FIG_W,
+           p->bw.median / 1e9, FIG_PW, p->bw.p10 / 1e9, FIG_PW, p->bw.p90 / 1e9, mb, wb);
   }
+}
+
+static void print_rank_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t *const *rk,
+                             ratios_t q) {
+  int ll = o->mode == BENCH_LL, cpus = usable_cpus();
+  double sc = ll ? 1e6 : 1e3;
+  const char *u = ll ? "us" : "ms";
+  char dh[16], ch[16];
+  snprintf(dh, sizeof dh, "dispatch_%s", u), snprintf(ch, sizeof ch, "combine_%s", u);
   printf("\nper rank (median of its own iterations):\n");
-  printf("rank  recv_rows  self_rows  dispatch_%s  GB/s cpu%% csw  combine_%s  GB/s cpu%% csw  "
-         "memcpy_GB/s%s\n", u, u,
+  printf("%4s  %9s  %9s  %11s %6s %5s %5s  %11s %6s %5s %5s  %11s%s\n", "rank", "recv_rows",
+         "self_rows", dh, "GB/s", "cpu%", "csw", ch, "GB/s", "cpu%", "csw", "memcpy_GB/s",
          q.have_base ? "  mpi_dispatch_ms  mpi_combine_ms" : "");
   for (int r = 0; r < R; r++) {
     const bench_rank_t *f = rk[r];
     double dt = ph[P_DISPATCH].rank_t[r], ct = ph[P_COMBINE].rank_t[r];
-    printf("%4d  %9d  %9d  %11.2f %5.2f %4.0f %3.0f  %10.2f %5.2f %4.0f %3.0f  %11.2f", r,
+    printf("%4d  %9d  %9d  %11.2f %6.2f %5.0f %5.0f  %11.2f %6.2f %5.0f %5.0f  %11.2f", r,
            f->recv_rows, f->self_rows, dt * sc, ph[P_DISPATCH].bytes[r] / dt / 1e9,
-           100 * f->d_cpu / dt, f->d_csw, ct * sc, ph[P_COMBINE].bytes[r] / ct / 1e9,
-           100 * f->c_cpu / ct, f->c_csw, ph[P_MEMCPY].bytes[r] / ph[P_MEMCPY].rank_t[r] / 1e9);
+           cpu_percent(f->d_cpu, ph[P_DISPATCH].rank_mean[r], cpus), f->d_csw, ct * sc,
+           ph[P_COMBINE].bytes[r] / ct / 1e9,
+           cpu_percent(f->c_cpu, ph[P_COMBINE].rank_mean[r], cpus), f->c_csw,
+           ph[P_MEMCPY].bytes[r] / ph[P_MEMCPY].rank_t[r] / 1e9);
     if (q.have_base)
       printf("  %15.2f  %14.2f", ph[P_BDISPATCH].rank_t[r] * 1e3, ph[P_BCOMBINE].rank_t[r] * 1e3);
     printf("\n");
   }
-  if (ll)
-    printf("\nGB/s as DeepEP's low-latency test counts it: selections of the rank's tokens x row "
-           "bytes (fp8:\nH + H/128 x 4 bytes of scales; combine: bf16 rows) per second, per "
-           "rank; one-phase calls.\nrecv_rows: rows the rank's experts received. ");
-  printf("%sGB/s as DeepEP counts it: rows received x row bytes (fp8: + scales) per second, per "
-         "rank;\ncombine: the same rows sent back as bf16. Time: the slowest rank per iteration. "
-         "memcpy: bytes\ncopied per second per rank, all ranks copying at once with %d thread%s "
-         "each. logical: DeepEP's\nbytes per rank; x-rank: bytes that left the rank (payload + "
-         "index/topk metadata of the rows\nfrom other ranks). cpu%%: CPU time of the rank's process over its time (all\nits threads; 4 ranks on 2 cores share 200%%); csw: context switches per call.\n\n",
-         ll ? "Normal mode: " : "\n", o->threads,
-         o->threads > 1 ? "s" : "");
-  if (ll) print_two_phase(o, R, rk);
+  printf("\n");
+}
+
+static void print_table(const bench_opts_t *o, int R, phase_t *ph, bench_rank_t *const *rk,
+                        const bench_baseline_t *b, ratios_t q, verdict_t v) {
+  print_config(stdout, o, R);
+  print_phase_table(o, R, ph);
+  print_rank_table(o, R, ph, rk, q);
+  print_legend(o, R);
+  if (o->mode == BENCH_LL) print_two_phase(o, R, rk);
   printf("ratio epcomm/ceiling:  dispatch %.2f, combine %.2f (GB/s over memcpy GB/s)\n",
          q.d_ceiling, q.c_ceiling);
   if (q.have_base)
@@ -330,7 +411,8 @@ int bench_report(const bench_opts_t *o, int R, bench_rank_t *const *ranks,
     }
   }
   fflush(stdout);
-  for (int k = 0; k < P_COUNT; k++) free(ph[k].t), free(ph[k].bytes), free(ph[k].wire), free(ph[k].rank_t);
+  for (int k = 0; k < P_COUNT; k++)
+    free(ph[k].t), free(ph[k].bytes), free(ph[k].wire), free(ph[k].rank_t), free(ph[k].rank_mean);
   if (!v.epcomm_ok || v.base_ok == 0 || v.agree == 0) rc = 1;
   return rc;
 }

@@ -3,6 +3,7 @@
  * them back, checks both steps bit for bit against the single-process reference of
  * docs/SEMANTICS.md, and
  * rank 0 prints a table of what moved and how fast. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,23 +96,64 @@ static int verify(const demo_opts_t *o, int R, int me, const uint16_t *rx, int n
   return ok;
 }
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: epcomm demo [--tokens N] [--hidden H] [--topk K] [--experts E] [--iters I]\n"
+             "Run it under `epcomm launch -n R`: every rank dispatches N random bf16 tokens of\n"
+             "hidden size H to K of E experts, scales the rows by 2, combines them back, checks\n"
+             "both against the reference, and rank 0 prints the figures (best of I calls).\n"
+             "defaults: N 512, H 7168, K 8, E 256 (rounded down to a multiple of the ranks), I 5\n"
+             "ranges:   N 1..65536, H 8..65536 (a multiple of 8), K 1..64, E R..65536 and >= K,\n"
+             "          I 1..1000\n");
+}
+
+/* Only rank 0 (or a process started alone) prints usage and option errors. */
+static int speaks(void) {
+  const char *r = getenv("EP_RANK");
+  return !r || atoi(r) == 0;
+}
+
+/* Returns -1 to go on, else an exit status. */
+static int parse_one(demo_opts_t *o, const char *k, const char *v) {
+  static const struct {
+    const char *name;
+    size_t off;
+    int lo, hi;
+  } opts[] = {{"--tokens", offsetof(demo_opts_t, tokens), 1, 65536},
+              {"--hidden", offsetof(demo_opts_t, hidden), 8, 65536},
+              {"--topk", offsetof(demo_opts_t, topk), 1, 64},
+              {"--experts", offsetof(demo_opts_t, experts), 1, 65536},
+              {"--iters", offsetof(demo_opts_t, iters), 1, 1000}};
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+    if (strcmp(k, opts[i].name)) continue;
+    char *end;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || !*v || *end || x < opts[i].lo || x > opts[i].hi) {
+      if (speaks())
+        fprintf(stderr, "epcomm demo: %s '%s': want an integer from %d to %d\n", k, v ? v : "",
+                opts[i].lo, opts[i].hi);
+      return 2;
+    }
+    *(int *)((char *)o + opts[i].off) = (int)x;
+    return -1;
+  }
+  if (speaks()) fprintf(stderr, "epcomm demo: unknown option '%s'\n", k), usage(stderr);
+  return 2;
+}
+
 static int parse(int argc, char **argv, demo_opts_t *o) {
   *o = (demo_opts_t){512, 7168, 8, 256, 5};
   for (int i = 1; i < argc; i++) {
-    int *field = !strcmp(argv[i], "--tokens")    ? &o->tokens
-                 : !strcmp(argv[i], "--hidden")  ? &o->hidden
-                 : !strcmp(argv[i], "--topk")    ? &o->topk
-                 : !strcmp(argv[i], "--experts") ? &o->experts
-                 : !strcmp(argv[i], "--iters")   ? &o->iters
-                                                 : NULL;
-    if (!field || i + 1 >= argc || (*field = atoi(argv[++i])) <= 0) {
-      fprintf(stderr, "epcomm demo: bad option '%s' (--tokens N --hidden H --topk K "
-              "--experts E --iters I)\n", argv[i]);
-      return 2;
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      if (speaks()) usage(stdout);
+      return 1 << 8; /* caller: exit 0 */
     }
+    int rc = parse_one(o, argv[i], i + 1 < argc ? argv[i + 1] : NULL);
+    if (rc >= 0) return rc;
+    i++;
   }
-  if (o->topk > o->experts) {
-    fprintf(stderr, "epcomm demo: --topk %d exceeds --experts %d\n", o->topk, o->experts);
+  if (o->hidden % 8) {
+    if (speaks()) fprintf(stderr, "epcomm demo: --hidden %d: a bf16 row must be a multiple of 16 "
+                          "bytes: want a multiple of 8\n", o->hidden);
     return 2;
   }
   return 0;
@@ -168,13 +210,22 @@ static void print_table(const demo_opts_t *o, int R, const figures_t *all) {
 int ep_cmd_demo(int argc, char **argv) {
   demo_opts_t o;
   int rc = parse(argc, argv, &o);
-  if (rc) return rc;
+  if (rc) return rc == 1 << 8 ? 0 : rc;
   ep_group_t g;
   int me, R;
   CHECK(ep_group_create_from_env(NULL, &g));
   CHECK(ep_group_rank(g, &me));
   CHECK(ep_group_nranks(g, &R));
-  if (o.experts % R) o.experts -= o.experts % R; /* nearest E divisible by R */
+  int asked = o.experts;
+  o.experts -= o.experts % R; /* nearest E divisible by R */
+  if (o.experts < R || o.experts < o.topk) { /* every rank stops; rank 0 says why */
+    int lo = ((o.topk > R ? o.topk : R) + R - 1) / R * R;
+    if (me == 0)
+      fprintf(stderr, "epcomm demo: --experts %d: with %d ranks and --topk %d, want a multiple "
+              "of %d from %d to 65536\n", asked, R, o.topk, R, lo);
+    CHECK(ep_group_destroy(g));
+    return 2;
+  }
   ep_buffer_t buf;
   CHECK(ep_buffer_create(g, NULL, &buf));
   uint16_t *x = malloc((size_t)o.tokens * o.hidden * 2);

@@ -6,6 +6,8 @@
  * This file parses arguments and writes the reports; the work is in doctor_{env,run,rules}.c. */
 #include "doctor.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -324,16 +326,18 @@ typedef struct {
   const char *file;
 } opts_t;
 
+/* N[K|M|G]: the form the library takes for its size variables (EP_QUEUE_BYTES): a decimal
+ * integer, optionally times 2^10, 2^20 or 2^30, suffix in either case. */
 static int parse_bytes(const char *s, unsigned long long *out) {
   char *end;
-  double v = strtod(s, &end);
-  double mul = !*end                   ? 1
-               : !strcasecmp(end, "K") ? 1024
-               : !strcasecmp(end, "M") ? 1024.0 * 1024
-               : !strcasecmp(end, "G") ? 1024.0 * 1024 * 1024
-                                       : -1;
-  if (end == s || mul < 0 || v < 0) return -1;
-  *out = (unsigned long long)(v * mul);
+  if (*s < '0' || *s > '9') return -1;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  const char *units = "KMG", *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+  if (errno || (*end && (!u || end[1]))) return -1;
+  int shift = u ? 10 * (int)(u - units + 1) : 0;
+  if (v > (~0ull >> shift)) return -1;
+  *out = v << shift;
   return 0;
 }
 
@@ -352,7 +356,9 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
     } else if ((!strcmp(a, "--log") || !strcmp(a, "--baseline")) && next) {
       *(a[2] == 'l' ? &o->log : &o->baseline) = next, i++;
     } else if (!strcmp(a, "--config-bytes") && next) {
-      if (parse_bytes(next, &o->config_bytes)) return -1;
+      if (parse_bytes(next, &o->config_bytes))
+        return fprintf(stderr, "epcomm doctor: --config-bytes '%s': not N[K|M|G] bytes (a whole "
+                       "number, K/M/G = 2^10/2^20/2^30)\n", next), -1;
       i++;
     } else if (a[0] != '-' || !strcmp(a, "-")) {
       if (o->file) return -1;

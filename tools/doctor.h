@@ -59,6 +59,7 @@ typedef struct dr_line {
   int span;    /* 2: delimits the work (see mark_work), 1: only opens it, 0: neither */
   int warn;    /* 1: a warning or error line (matched a rule or a warning word) */
   int benign;  /* 1: matched an `ignore` rule */
+  int lib;     /* 1: a library's or launcher's log line (NCCL INFO, glog, ...), not the work */
   int rule;    /* rulebook index or -1 (unknown) */
   int rank;    /* rank the launcher tagged the line with, or -1 */
   int phase;   /* DR_INIT/DR_RUN/DR_EXIT for warning lines */

@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <link.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "doctor.h"
 
 extern char **environ;
@@ -341,20 +343,103 @@ static void check_mps(dr_checks_t *c, const env_state_t *st) {
   }
 }
 
-static void check_shm(dr_checks_t *c, uint64_t need) {
+/* NCCL's shared-memory transport and PyTorch's multiprocessing put their files in /dev/shm:
+ * Docker's default of 64 MiB is a classic cause of NCCL failures. epcomm does not use it. */
+static void check_devshm(dr_checks_t *c) {
   struct statvfs sv;
   if (statvfs("/dev/shm", &sv) != 0) {
-    dr_check_add(c, "/dev/shm", DR_FAIL, "mount a tmpfs: mount -t tmpfs -o size=8g tmpfs /dev/shm",
-                 "/dev/shm is missing: %m");
+    dr_check_add(c, "/dev/shm", DR_WARN,
+                 "NCCL and PyTorch need it: mount -t tmpfs -o size=8g tmpfs /dev/shm",
+                 "/dev/shm is missing: %m (epcomm does not use it)");
     return;
   }
   double total = (double)sv.f_blocks * sv.f_frsize, avail = (double)sv.f_bavail * sv.f_frsize;
-  int st = avail < (double)need ? DR_FAIL : total <= 64 * MIB ? DR_WARN : DR_OK;
-  dr_check_add(
-      c, "/dev/shm", st,
-      st == DR_OK ? "" : "grow it: docker run --shm-size=8g, or mount -o remount,size=8g /dev/shm",
-      "%.1f GiB free of %.1f GiB; this config needs %.1f MiB%s", avail / GIB, total / GIB,
-      (double)need / MIB, total <= 64 * MIB ? " (64 MiB: Docker's default)" : "");
+  int small = total <= 64 * MIB;
+  dr_check_add(c, "/dev/shm", small ? DR_WARN : DR_OK,
+               small ? "NCCL's shm transport and PyTorch need more: docker run --shm-size=8g, or "
+                       "mount -o remount,size=8g /dev/shm"
+                     : "",
+               "%.1f GiB free of %.1f GiB%s; used by NCCL and PyTorch, not by epcomm (its "
+               "segments are memfds)",
+               avail / GIB, total / GIB, small ? " (64 MiB: Docker's default)" : "");
+}
+
+/* A number from a one-line file; -1 when absent, "max" (cgroup v2: no limit) gives INFINITY. */
+static double read_number(const char *path) {
+  FILE *f = fopen(path, "re");
+  char b[64] = "";
+  if (!f) return -1;
+  int got = fgets(b, sizeof b, f) != NULL;
+  fclose(f);
+  if (!got) return -1;
+  if (!strncmp(b, "max", 3)) return INFINITY;
+  char *end;
+  double v = strtod(b, &end);
+  return end == b ? -1 : v >= 9e18 ? INFINITY : v; /* v1 says "unlimited" with ~2^63 */
+}
+
+/* The tightest memory cgroup limit on this process (v2, else v1): room left under it in
+ * *room, the limit in *limit; 0 when there is one, -1 when none applies. */
+static int cgroup_room(double *room, double *limit) {
+  FILE *f = fopen("/proc/self/cgroup", "re");
+  char line[512], dir[600];
+  int found = -1;
+  *room = *limit = INFINITY;
+  while (f && fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    int v2 = !strncmp(line, "0::", 3);
+    const char *path = v2 ? line + 3 : strstr(line, ":memory:") ? strstr(line, ":memory:") + 8 : NULL;
+    if (!path) continue;
+    const char *base = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+    const char *max = v2 ? "memory.max" : "memory.limit_in_bytes";
+    const char *cur = v2 ? "memory.current" : "memory.usage_in_bytes";
+    /* From the process's own cgroup up to the root (a container sees its own as the root). */
+    snprintf(dir, sizeof dir, "%s%s", base, path);
+    for (;;) {
+      char pm[700], pc[700];
+      snprintf(pm, sizeof pm, "%s/%s", dir, max), snprintf(pc, sizeof pc, "%s/%s", dir, cur);
+      double m = read_number(pm), u = read_number(pc);
+      if (m > 0 && m < INFINITY && u >= 0 && m - u < *room) *room = m - u, *limit = m, found = 0;
+      char *slash = strrchr(dir, '/');
+      if (!slash || (size_t)(slash - dir) < strlen(base)) break;
+      *slash = '\0';
+    }
+  }
+  if (f) fclose(f);
+  return found;
+}
+
+static double mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "re");
+  char line[256];
+  double kb = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "MemAvailable: %lf kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return kb < 0 ? -1 : kb * 1024;
+}
+
+/* epcomm's CPU segments are memfds: shmem pages, charged to the memory cgroup and taken from RAM
+ * (or swap) as they are touched. /dev/shm's size does not limit them. */
+static void check_segments(dr_checks_t *c, uint64_t need) {
+  double ram = mem_available(), room, limit;
+  int cg = cgroup_room(&room, &limit) == 0;
+  double have = cg && room < ram ? room : ram;
+  char where[160];
+  if (cg)
+    snprintf(where, sizeof where, "%.1f GiB RAM available, %.1f GiB left under the memory "
+             "cgroup's limit of %.1f GiB", ram / GIB, room / GIB, limit / GIB);
+  else
+    snprintf(where, sizeof where, "%.1f GiB RAM available, no memory cgroup limit", ram / GIB);
+  int st = have < 0 ? DR_INFO : have < (double)need ? DR_FAIL : have < 2.0 * need ? DR_WARN : DR_OK;
+  dr_check_add(c, "shared memory", st,
+               st == DR_FAIL || st == DR_WARN
+                   ? "segments count against RAM and the memory cgroup, not /dev/shm: raise the "
+                     "container's memory limit (docker --memory) or use smaller queues "
+                     "(EP_QUEUE_BYTES, fewer EP_CHANNELS)"
+                   : "",
+               "epcomm segments (memfd): %s; this config needs %.1f MiB (--config-bytes)", where,
+               (double)need / MIB);
 }
 
 static void limit_text(rlim_t v, int bytes, char *out, size_t len) {
@@ -430,24 +515,12 @@ static int judge_launch_blocking(const char *v, const char **fix) {
   *fix = "unset it outside debugging: every kernel launch waits, nothing overlaps";
   return is_one(v) ? DR_WARN : DR_INFO;
 }
+/* Advice beyond validity (the library's registry checks the form). */
 static int judge_timeout(const char *v, const char **fix) {
-  char *end;
-  double s = strtod(v, &end);
-  if (end == v || *end) return *fix = "EP_TIMEOUT_S takes seconds, e.g. 100", DR_FAIL;
   *fix =
       "a deadline under a second turns a slow rank start (CUDA context: seconds) into "
       "EP_ERR_TIMEOUT";
-  return s < 1 ? DR_WARN : DR_OK;
-}
-static int judge_ep_log(const char *v, const char **fix) {
-  *fix = "EP_LOG is one of warn, info, debug, trace";
-  return strcmp(v, "warn") && strcmp(v, "info") && strcmp(v, "debug") && strcmp(v, "trace")
-             ? DR_WARN
-             : DR_OK;
-}
-static int judge_backend(const char *v, const char **fix) {
-  *fix = "EP_BACKEND is one of auto, cpu, cuda";
-  return strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda") ? DR_WARN : DR_OK;
+  return strtod(v, NULL) < 1 ? DR_WARN : DR_OK;
 }
 static int judge_deprecated(const char *v, const char **fix) {
   *fix =
@@ -503,17 +576,6 @@ static const struct {
     {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "share of SMs an MPS client may use", NULL},
     {"CUDA_MODULE_LOADING", "LAZY or EAGER kernel loading", NULL},
     {"CUDA_HOME", "CUDA toolkit location (build tools)", NULL},
-    {"EP_LOG", "epcomm log level: warn (default), info, debug, trace", judge_ep_log},
-    {"EP_LOG_FILE", "epcomm log file instead of stderr", NULL},
-    {"EP_TIMEOUT_S", "epcomm deadline for every wait, seconds (default 100)", judge_timeout},
-    {"EP_BACKEND", "epcomm backend when the config says auto: cpu or cuda", judge_backend},
-    {"EP_QUEUE_BYTES", "epcomm bytes per (peer, channel) queue (default 1 MiB)", NULL},
-    {"EP_CHANNELS", "epcomm workers per peer (default 1)", NULL},
-    {"EP_RANK", "set by epcomm launch: this process's rank", NULL},
-    {"EP_NRANKS", "set by epcomm launch: number of ranks", NULL},
-    {"EP_JOB_ID", "set by epcomm launch: job identity", NULL},
-    {"EP_NOTIFY_FD", "set by epcomm launch: readiness pipe", NULL},
-    {"EP_DOCTOR_RULES", "rulebook used by epcomm doctor", NULL},
 };
 #define NDOCS (sizeof env_docs / sizeof env_docs[0])
 
@@ -522,11 +584,41 @@ static int has_prefix(const char *s) {
          !strncmp(s, "CUDA_", 5);
 }
 
+/* EP_* names: the library's registry says what each does and whether the value is valid (an
+ * invalid one fails group and buffer creation: FAIL); then the tool's own variables. */
+static void check_ep_variable(dr_checks_t *c, const char *name, const char *val) {
+  const ep_env_var_t *v = ep_env_var_find(name);
+  if (v && ep_env_check_value(name, val) != EP_OK) {
+    char fix[320];
+    snprintf(fix, sizeof fix, "set it to %s, or unset it (default: %s)", v->accepted,
+             *v->default_value ? v->default_value : "derived");
+    dr_check_add(c, name, DR_FAIL, fix, "%s (ep_group_create and ep_buffer_create fail with "
+                 "EP_ERR_INVALID_ARG)", ep_last_error());
+    return;
+  }
+  const char *fix = "";
+  int st = v && !strcmp(name, "EP_TIMEOUT_S") && *val ? judge_timeout(val, &fix) : DR_INFO;
+  if (!v) v = cli_env_var_find(name);
+  if (v && !strcmp(v->type, "secret")) val = "(set, not shown)"; /* never print the job key */
+  if (v) {
+    dr_check_add(c, name, st, st == DR_WARN ? fix : "", "=%s: %s (%s)", val, v->description,
+                 v->module);
+    return;
+  }
+  dr_check_add(c, name, DR_WARN,
+               "epcomm does not read this name: check its spelling (epcomm info lists them)",
+               "=%s: unknown EP_ variable", val);
+}
+
 static void check_variable(dr_checks_t *c, const char *entry) {
   size_t k = strcspn(entry, "=");
   char name[128];
   snprintf(name, sizeof name, "%.*s", (int)k, entry);
   const char *val = entry[k] ? entry + k + 1 : "";
+  if (!strncmp(name, "EP_", 3)) {
+    check_ep_variable(c, name, val);
+    return;
+  }
   for (size_t i = 0; i < NDOCS; i++) {
     if (strcmp(env_docs[i].name, name)) continue;
     const char *fix = "";
@@ -535,13 +627,8 @@ static void check_variable(dr_checks_t *c, const char *entry) {
                  env_docs[i].what);
     return;
   }
-  /* Unknown EP_* names are typos of ours; other prefixes have far more variables than this table.
-   */
-  int ours = !strncmp(name, "EP_", 3);
-  dr_check_add(
-      c, name, ours ? DR_WARN : DR_INFO,
-      ours ? "epcomm does not read this name: check its spelling (epcomm info lists them)" : "",
-      "=%s: %s", val, ours ? "unknown EP_ variable" : "not in the doctor's table");
+  /* Other prefixes have far more variables than this table: unknown is no reason to warn. */
+  dr_check_add(c, name, DR_INFO, "", "=%s: not in the doctor's table", val);
 }
 
 /* Advice about variables that matter by being absent. */
@@ -582,7 +669,8 @@ void dr_env_run(dr_checks_t *out, uint64_t config_bytes) {
   check_mpi(out);
   check_nvshmem(out);
   check_mps(out, &st);
-  check_shm(out, config_bytes);
+  check_devshm(out);
+  check_segments(out, config_bytes);
   check_limits(out);
   check_variables(out, &st);
 }

@@ -153,6 +153,7 @@ static void child_exec(char **argv, int out[2], int err[2], int status_fd) {
   /* Python block-buffers a piped stdout, which would move the test summary after the warnings
    * printed at exit and hide the very ordering the doctor reads. */
   setenv("PYTHONUNBUFFERED", "1", 0);
+  unsetenv("EP_DOCTOR_RULES"); /* the doctor's own: the library would call it unknown */
   execvp(argv[0], argv);
   int e = errno;
   write_all(status_fd, (const char *)&e, sizeof e);
@@ -374,23 +375,50 @@ static const struct {
 };
 #define NMARKERS (sizeof markers / sizeof markers[0])
 
+/* Log lines of the libraries and launchers around a program, never its own output: with no
+ * test result or epcomm operation to measure against, the work is the program's own lines, and a
+ * library's INFO line at exit (NCCL's "Destroy COMPLETE", Open MPI's help aggregation) must not
+ * push the end of work past the exit warnings. Matched after any rank tag, with PyTorch's
+ * "[rankN]:" prefix allowed. docs/DOCTOR.md lists them. */
+static const char *const library_lines[] = {
+    "(^|[] ])(NCCL|NVSHMEM) (INFO|WARN|ERROR|TRACE|ABORT) ", /* host:pid:tid [dev] NCCL INFO */
+    "^NCCL version [0-9]",
+    "^(\\[rank[0-9]+\\]:)?\\[?[IWEF][0-9]{3,4} [0-9:.]+ ([0-9]+ )?[^ ]+:[0-9]+\\]", /* glog, c10 */
+    "^(\\[rank[0-9]+\\]:)?\\[[IWEF] [^ ]+:[0-9]+\\]",     /* c10 before PyTorch 2.4 */
+    "^(INFO|WARNING|DEBUG|ERROR):torch[.:]",                 /* Python logging of torch */
+    "^epcomm: (warn|info|debug|trace): ",                   /* the library's own log */
+    "^epcomm (launch|doctor)[: ]",                           /* epcomm's launcher */
+    "^\\[[^] ]+:[0-9]+\\] ",                                 /* Open MPI: [host:pid] ... */
+};
+#define NLIBRARY (sizeof library_lines / sizeof library_lines[0])
+
 /* Words that make any line a warning, known to the rulebook or not. */
 static const char warn_words[] = "warn|error|fail|abort|fatal";
 
 typedef struct {
   regex_t mark[NMARKERS];
+  regex_t lib[NLIBRARY];
   regex_t words;
 } matchers_t;
 
 static void matchers_init(matchers_t *m) {
   for (size_t i = 0; i < NMARKERS; i++)
     regcomp(&m->mark[i], markers[i].re, REG_EXTENDED | REG_NOSUB); /* fixed, tested patterns */
+  for (size_t i = 0; i < NLIBRARY; i++)
+    regcomp(&m->lib[i], library_lines[i], REG_EXTENDED | REG_NOSUB);
   regcomp(&m->words, warn_words, REG_EXTENDED | REG_NOSUB | REG_ICASE);
 }
 
 static void matchers_free(matchers_t *m) {
   for (size_t i = 0; i < NMARKERS; i++) regfree(&m->mark[i]);
+  for (size_t i = 0; i < NLIBRARY; i++) regfree(&m->lib[i]);
   regfree(&m->words);
+}
+
+static int library_line(const matchers_t *m, const char *s) {
+  for (size_t i = 0; i < NLIBRARY; i++)
+    if (regexec(&m->lib[i], s, 0, NULL, 0) == 0) return 1;
+  return 0;
 }
 
 /* Launchers tag each line with its rank: "[3] " (epcomm launch), "[1,3]<stderr>:" (mpirun
@@ -416,6 +444,7 @@ static void classify_line(dr_log_t *log, dr_line_t *l, const matchers_t *m,
                           const dr_rulebook_t *rb) {
   const char *text = untagged(l->text);
   l->work = work_kind(m, text);
+  l->lib = l->work == DR_PLAIN && library_line(m, text);
   l->rule = dr_rules_match(rb, text);
   if (l->rule >= 0 && rb->rules[l->rule].ignore) {
     l->benign = 1;
@@ -435,34 +464,49 @@ static int has_kind(const dr_log_t *log, int kind) {
 /* Lines that belong to a message rather than to the work: stack traces, tracebacks, and the
  * framed help texts of MPI launchers (between lines made only of '-' or '='). */
 static int continuation(const dr_line_t *l, int *in_frame) {
-  const char *s = l->text;
+  const char *s = untagged(l->text);
   size_t n = strlen(s);
   if (n >= 20 && (strspn(s, "-") == n || strspn(s, "=") == n)) return *in_frame = !*in_frame, 1;
   return *in_frame || l->benign || !*s || *s == ' ' || *s == '\t' ||
          !strncmp(s, "Traceback ", 10) || !strncmp(s, "Exception raised from ", 22);
 }
 
+/* Whether the capture kept stdout and stderr apart: a `run` whose command wrote to both. A log
+ * file, or a command that merged its streams (`2>&1 | tee`), is one stream: its lines can only be
+ * told apart by what they say. */
+static int two_streams(const dr_log_t *log) {
+  int out = 0, err = 0;
+  for (size_t i = 0; i < log->n; i++) out |= log->v[i].stream == 'o', err |= log->v[i].stream == 'e';
+  return out && err;
+}
+
+/* A line of the program's own output: not empty, not a warning, not part of a message, not a
+ * library's or launcher's log line, and on stdout when the capture kept the streams apart. The
+ * order of the lines decides, never their times: a log that arrived at once phases as it reads. */
+static int own_output(const dr_line_t *l, int part, int two) {
+  return !part && !l->warn && !l->lib && (!two || l->stream == 'o');
+}
+
 /* Sets l->span on the lines that delimit the work: 2 for work lines, 1 for lines that only open
  * it (pytest's session header). Test results win over epcomm operations, which win over the
- * fallback: non-empty stdout lines, or for a log file without streams, lines that are neither a
- * warning nor part of a message. Returns what the end of work is. */
+ * program's own output (own_output). Returns what the end of work is. */
 static const char *mark_work(dr_log_t *log) {
   int kind = has_kind(log, DR_WORK_RESULT) ? DR_WORK_RESULT
              : has_kind(log, DR_WORK_OP)   ? DR_WORK_OP
                                            : 0;
-  int in_frame = 0, file = log->n && log->v[0].stream == '?';
+  int in_frame = 0, two = two_streams(log);
   for (size_t i = 0; i < log->n; i++) {
     dr_line_t *l = &log->v[i];
     int part = continuation(l, &in_frame); /* always called: it tracks the frames */
     if (kind)
       l->span = l->work == kind ? 2 : l->work == DR_WORK_START && kind == DR_WORK_RESULT;
     else
-      l->span = 2 * (l->stream == 'o' ? l->text[0] != '\0' : file && !l->warn && !part);
+      l->span = 2 * own_output(l, part, two);
   }
   return kind == DR_WORK_RESULT ? "test result"
          : kind                 ? "epcomm operation"
-         : file                 ? "last plain line"
-                                : "last stdout line";
+         : two                  ? "last stdout line"
+                                : "last plain line";
 }
 
 /* The rank a launcher tagged the line with ("[3] ", "[1,3]<stderr>:", PyTorch's "[rank3]:"), or -1.

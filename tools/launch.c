@@ -6,7 +6,11 @@
  * holds one end of a socketpair (EP_NOTIFY_FD) on which the launcher writes "dead rank=..." lines
  * when a peer dies, so the library fails fast instead of waiting for its own timeout; the library
  * only peeks at them, so each is written once. EOF on that socket tells a rank that the launcher
- * itself is gone.
+ * itself is gone (and PR_SET_PDEATHSIG kills the ranks themselves then). The other way, a rank
+ * writes "join" there when it starts to create a group and "up" once the group is complete:
+ * from the first "join" until every rank is up, the launcher reports any rank's exit, status 0
+ * included, to the others (they are waiting for it in their group creation and would otherwise
+ * wait for their deadline). A program that never creates a group never hears of a clean exit.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -32,7 +36,29 @@
 #include "launch.h"
 
 static const char usage_text[] =
-    "usage: epcomm launch -n R [--timeout S] [--grace S] [--no-tag] PROGRAM ARGS...";
+    "usage: epcomm launch -n R [--timeout S] [--grace S] [--no-tag] [--] PROGRAM ARGS...";
+
+/* --help: what each option does, and the two things users ask about: which deadline is which,
+ * and where stdin goes. */
+static const char help_text[] =
+    "Starts R ranks of PROGRAM on this host, each with EP_RANK, EP_NRANKS, EP_LOCAL_RANK,\n"
+    "EP_LOCAL_SIZE, EP_JOB_ID and EP_NOTIFY_FD set; relays their output line by line, tagged\n"
+    "\"[r] \"; exits with the first failing rank's status (0 when all succeed).\n"
+    "  -n R          number of ranks, 1 to 4096\n"
+    "  --timeout S   wall-clock limit of the whole job in seconds (default: none); when it\n"
+    "                passes, the ranks get SIGTERM, then SIGKILL after the grace period, and\n"
+    "                the exit status is 124. Not to be confused with EP_TIMEOUT_S, the\n"
+    "                library's deadline for each wait inside one epcomm call (default 100 s):\n"
+    "                a rank waiting for a dead or stuck peer fails with EP_ERR_TIMEOUT naming\n"
+    "                it, long before a generous --timeout ends the job.\n"
+    "  --grace S     seconds the other ranks get to finish after one fails or a signal is\n"
+    "                forwarded, and between SIGTERM and SIGKILL after --timeout (default 10)\n"
+    "  --no-tag      relay the output without the \"[r] \" tags\n"
+    "  --            ends the options: everything after it is PROGRAM and its arguments\n"
+    "stdin: rank 0 reads the launcher's stdin when that is a pipe or a file (`cmd | epcomm\n"
+    "launch ...`, `< file`), as mpirun forwards it; the other ranks read /dev/null, and so does\n"
+    "rank 0 when stdin is a terminal (a rank runs in its own process group, and reading the\n"
+    "terminal from there would stop it). Signals (Ctrl-C, SIGTERM) reach every rank.\n";
 
 /* Signals we catch. The first four are forwarded to the ranks; SIGPIPE is ignored so that a closed
  * stdout or a dead rank's notify socket returns EPIPE instead of killing the launcher (and
@@ -140,7 +166,7 @@ static int parse_option(struct launch *l, int argc, char **argv, int *i) {
   double x;
   int m;
   if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-    printf("%s\n", usage_text);
+    printf("%s\n%s", usage_text, help_text);
     return 0;
   }
   if (!strcmp(a, "--no-tag")) {
@@ -334,8 +360,41 @@ static void notify_peers(struct launch *l, int dead, const char *how) {
   }
 }
 
+static const char early_exit[] = "exited with status 0 before its group was complete";
+
+/* Someone waits to form a group with a rank that is gone without a word: say so. */
+static bool early_exit_matters(const struct launch *l, const struct rank *p) {
+  return l->joins > 0 && l->ups < l->nranks && !p->up;
+}
+
+/* The first "join": ranks that exited cleanly before it left without notice; give it now. */
+static void on_first_join(struct launch *l) {
+  for (int r = 0; r < l->started; r++)
+    if (l->rk[r].exited_clean && early_exit_matters(l, &l->rk[r])) notify_peers(l, r, early_exit);
+}
+
+/* Reads what a rank said on its notify socket: "join ..." and "up ..." lines. */
+static void notify_read(struct launch *l, int r) {
+  struct rank *p = &l->rk[r];
+  char buf[256];
+  ssize_t n;
+  while (p->notify_fd >= 0 && !p->notify_eof &&
+         (n = recv(p->notify_fd, buf, sizeof buf, MSG_DONTWAIT)) != 0) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) p->notify_eof = true;
+      return;
+    }
+    if (memmem(buf, (size_t)n, "join ", 5) && l->joins++ == 0) on_first_join(l);
+    if (!p->up && memmem(buf, (size_t)n, "up ", 3)) p->up = true, l->ups++;
+  }
+  if (p->notify_fd >= 0 && !p->notify_eof) p->notify_eof = true; /* n == 0: its end closed */
+}
+
 static void rank_exited(struct launch *l, int r, int st) {
   struct rank *p = &l->rk[r];
+  /* Its "up" and the others' may still sit in their sockets: read them before judging. */
+  for (int k = 0; k < l->started; k++) notify_read(l, k);
   p->live = false;
   launch_close_fd(&p->notify_fd);
   if (--l->live == 0) l->drain_at = launch_now_s() + DRAIN_WAIT_S;
@@ -343,7 +402,12 @@ static void rank_exited(struct launch *l, int r, int st) {
    * a descendant holding the pipe may keep writing. */
   for (int k = 0, i = 0; k < 2; k++, i = 0)
     while (p->s[k].fd >= 0 && i++ < 64 && stream_read(l, &p->s[k]) > 0) continue;
-  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return;
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+    /* Not a failure of the job, but the others may be waiting for it to join their group. */
+    p->exited_clean = true;
+    if (early_exit_matters(l, p)) notify_peers(l, r, early_exit);
+    return;
+  }
   char how[96];
   describe(st, how, sizeof how);
   launch_say("epcomm launch: rank %d (pid %d) %s\n", r, (int)p->pid, how);
@@ -390,14 +454,22 @@ static void handle_self_pipe(struct launch *l) {
 static int build_pollfds(struct launch *l) {
   int n = 0;
   l->pfd[n] = (struct pollfd){.fd = l->sigpipe[0], .events = POLLIN};
+  l->pnotify[n] = -1;
   l->pstream[n++] = NULL;
-  for (int r = 0; r < l->started; r++)
+  for (int r = 0; r < l->started; r++) {
     for (int k = 0; k < 2; k++) {
       struct stream *s = &l->rk[r].s[k];
       if (s->fd < 0) continue;
       l->pfd[n] = (struct pollfd){.fd = s->fd, .events = POLLIN};
+      l->pnotify[n] = -1;
       l->pstream[n++] = s;
     }
+    struct rank *p = &l->rk[r];
+    if (p->notify_fd < 0 || p->notify_eof || p->up) continue; /* nothing after "up" matters */
+    l->pfd[n] = (struct pollfd){.fd = p->notify_fd, .events = POLLIN};
+    l->pnotify[n] = r;
+    l->pstream[n++] = NULL;
+  }
   return n;
 }
 
@@ -412,8 +484,11 @@ static void run_loop(struct launch *l) {
       if (l->status == 0) l->status = EXIT_INTERNAL;
       rc = 0;
     }
-    for (int i = 1; i < n && rc > 0; i++)
-      if (l->pfd[i].revents) stream_read(l, l->pstream[i]);
+    for (int i = 1; i < n && rc > 0; i++) {
+      if (!l->pfd[i].revents) continue;
+      if (l->pnotify[i] >= 0) notify_read(l, l->pnotify[i]);
+      else stream_read(l, l->pstream[i]);
+    }
     if (rc > 0 && l->pfd[0].revents) handle_self_pipe(l);
     check_deadlines(l);
   }
@@ -481,6 +556,15 @@ static void raise_nofile(struct launch *l) {
   setrlimit(RLIMIT_NOFILE, &lim);
 }
 
+/* The job's secret: 256 random bits, as hex. Blocking getrandom (it only blocks before the
+ * kernel's pool is first initialised): a guessable secret would be no secret. */
+static int make_secret(struct launch *l) {
+  unsigned char rnd[32];
+  if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) return -1;
+  for (size_t i = 0; i < sizeof rnd; i++) snprintf(l->secret + 2 * i, 3, "%02x", rnd[i]);
+  return 0;
+}
+
 /* pid plus 64 random bits: unique per launch, and only [0-9a-f-], safe in /dev/shm names. */
 static void make_job_id(struct launch *l) {
   uint64_t rnd;
@@ -495,12 +579,16 @@ static void make_job_id(struct launch *l) {
 static int setup(struct launch *l) {
   ensure_std_fds();
   make_job_id(l);
+  l->self = getpid();
   l->ob[0].fd = 1;
   l->ob[1].fd = 2;
+  size_t slots = (size_t)l->nranks * 3 + 1; /* self-pipe, then per rank 2 pipes + notify */
   l->rk = calloc((size_t)l->nranks, sizeof *l->rk);
-  l->pfd = calloc((size_t)l->nranks * 2 + 1, sizeof *l->pfd);
-  l->pstream = calloc((size_t)l->nranks * 2 + 1, sizeof *l->pstream);
-  if (!l->rk || !l->pfd || !l->pstream || pipe2(l->sigpipe, O_CLOEXEC | O_NONBLOCK)) {
+  l->pfd = calloc(slots, sizeof *l->pfd);
+  l->pstream = calloc(slots, sizeof *l->pstream);
+  l->pnotify = calloc(slots, sizeof *l->pnotify);
+  if (!l->rk || !l->pfd || !l->pstream || !l->pnotify || make_secret(l) ||
+      pipe2(l->sigpipe, O_CLOEXEC | O_NONBLOCK)) {
     launch_say("epcomm launch: cannot set up: %s\n", strerror(errno));
     return -1;
   }
@@ -521,6 +609,8 @@ static void teardown(struct launch *l) {
   free(l->rk);
   free(l->pfd);
   free(l->pstream);
+  free(l->pnotify);
+  explicit_bzero(l->secret, sizeof l->secret);
 }
 
 /* The library unlinks its segments as soon as peers have mapped them; this catches what ranks

@@ -40,6 +40,9 @@ struct rank {
   pid_t pid;      /* also its process group id */
   bool live;      /* started, not yet reaped: only then can -pid not name someone else's group */
   bool notify_ok; /* false after a short write: a torn line must not be followed by another */
+  bool up;        /* said "up" on its notify socket: its first group is complete */
+  bool exited_clean; /* reaped with status 0 */
+  bool notify_eof; /* its end of the notify socket is closed: nothing more to read */
   int notify_fd;  /* launcher's end of the socketpair; open until the rank is reaped */
   struct stream s[2];
 };
@@ -56,9 +59,13 @@ struct launch {
   bool tag;
   char **prog; /* PROGRAM ARGS..., NULL-terminated (points into argv) */
   char job_id[48];
+  char secret[72]; /* EP_JOB_SECRET: random per job, proves a rank to the others (hex) */
+  pid_t self;      /* the launcher's pid: a rank whose parent is not this is an orphan */
+  int joins, ups;  /* "join" lines received (ranks creating a group); ranks that said "up" */
   struct rank *rk;
   struct pollfd *pfd;
-  struct stream **pstream; /* pstream[i] is what pfd[i] reads; NULL for the self-pipe */
+  struct stream **pstream; /* pstream[i] is what pfd[i] reads; NULL for the self-pipe and ... */
+  int *pnotify;            /* ... notify sockets: pnotify[i] is the rank whose socket pfd[i] is */
   struct outbuf ob[2];
   enum phase phase;
   double timeout_at, phase_at, drain_at;

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,7 +12,8 @@
 
 static bool is_own_var(const char *e) {
   static const char *const own[] = {
-      "EP_RANK=", "EP_NRANKS=", "EP_LOCAL_RANK=", "EP_LOCAL_SIZE=", "EP_JOB_ID=", "EP_NOTIFY_FD="};
+      "EP_RANK=",   "EP_NRANKS=",    "EP_LOCAL_RANK=",  "EP_LOCAL_SIZE=",
+      "EP_JOB_ID=", "EP_NOTIFY_FD=", "EP_JOB_SECRET="};
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (!strncmp(e, own[i], strlen(own[i]))) return true;
   return false;
@@ -23,7 +25,7 @@ static char **build_env(const struct launch *l, int r, int notify_fd) {
   extern char **environ;
   size_t n = 0, k = 0;
   while (environ[n]) n++;
-  size_t ptrs = (n + 7) * sizeof(char *), room = 320;
+  size_t ptrs = (n + 8) * sizeof(char *), room = 400;
   char **env = malloc(ptrs + room);
   if (!env) return NULL;
   for (size_t i = 0; i < n; i++)
@@ -31,9 +33,10 @@ static char **build_env(const struct launch *l, int r, int notify_fd) {
   char *p = (char *)env + ptrs;
   int len = snprintf(p, room,
                      "EP_RANK=%d%cEP_NRANKS=%d%cEP_LOCAL_RANK=%d%cEP_LOCAL_SIZE=%d%c"
-                     "EP_JOB_ID=%s%cEP_NOTIFY_FD=%d",
-                     r, 0, l->nranks, 0, r, 0, l->nranks, 0, l->job_id, 0, notify_fd);
-  for (int v = 0; v < 6 && len > 0; v++, p += strlen(p) + 1) env[k++] = p;
+                     "EP_JOB_ID=%s%cEP_NOTIFY_FD=%d%cEP_JOB_SECRET=%s",
+                     r, 0, l->nranks, 0, r, 0, l->nranks, 0, l->job_id, 0, notify_fd, 0,
+                     l->secret);
+  for (int v = 0; v < 7 && len > 0; v++, p += strlen(p) + 1) env[k++] = p;
   env[k] = NULL;
   return env;
 }
@@ -51,14 +54,19 @@ static _Noreturn void child_fail(const char *prog, int err) {
 /* In the child, between fork() and exec: async-signal-safe calls, and strerror() (the launcher is
  * single-threaded, so no lock can be held). Every launcher fd has FD_CLOEXEC: exec closes all but
  * the three we dup2() and the notify end we un-flag. */
-static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int notify, char **env) {
+static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int notify, char **env,
+                                 bool keep_stdin) {
+  /* A rank must not outlive the launcher (kill -9 of it would leave orphans computing forever):
+   * the kernel kills it when we die. We may have died already, before the call: check. */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != l->self) _exit(EXIT_INTERNAL);
   setpgid(0, 0);
   for (int i = 0; i < N_HANDLED; i++) sigaction(launch_handled_sigs[i], &l->old_act[i], NULL);
   sigprocmask(SIG_SETMASK, &l->old_mask, NULL);
   setrlimit(RLIMIT_NOFILE, &l->old_nofile);
-  /* stdin: /dev/null. A rank in its own (background) process group that read the terminal would
-   * be stopped by SIGTTIN, and R ranks sharing one stdin would split its input at random. */
-  int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  /* stdin: rank 0 keeps a pipe or file (as mpirun forwards stdin to rank 0); everyone else gets
+   * /dev/null: R ranks sharing one stdin would split its input at random, and a rank in its own
+   * (background) process group that read the terminal would be stopped by SIGTTIN. */
+  int nul = keep_stdin ? -1 : open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (nul >= 0) dup2(nul, 0);
   if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0 || fcntl(notify, F_SETFD, 0) < 0)
     child_fail(l->prog[0], errno);
@@ -70,9 +78,10 @@ static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int not
  * would write into the launcher's self-pipe) before it restores the original dispositions. */
 static int fork_rank(struct launch *l, int r, int fds[6], char **env) {
   sigset_t run_mask;
+  bool keep_stdin = r == 0 && !isatty(STDIN_FILENO);
   sigprocmask(SIG_BLOCK, &l->handled, &run_mask);
   pid_t pid = fork();
-  if (pid == 0) child_exec(l, fds[1], fds[3], fds[5], env);
+  if (pid == 0) child_exec(l, fds[1], fds[3], fds[5], env, keep_stdin);
   int err = errno;
   sigprocmask(SIG_SETMASK, &run_mask, NULL);
   if (pid < 0) return err;

@@ -44,8 +44,40 @@ ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char 
 /* Mark the buffer unusable (collective state may be inconsistent after this failure). */
 void ep_ctx_mark_broken(ep_ctx_t *ctx);
 
-/* Integer from the environment registry (src/core/env.c), e.g. EP_SPIN_US. */
+/* Integer from the environment registry (src/core/env.c), e.g. EP_SPIN_US; a size row's
+ * N[K|M|G] is in bytes. Group and buffer creation have checked every set variable, so `dflt` is
+ * what an unset or empty one means. */
 long ep_env_long(const char *name, long dflt);
+
+/* The EP_* variables a module reads: one table of rows per module (core, cpu, cuda), each
+ * defined with EP_ENV_MODULE in the module's own sources and compiled whether or not its backend
+ * is built. The build lists the modules (src/core/env_modules.c.in), so that the core's registry
+ * holds them all without naming any. The row macros write the accepted form from the same
+ * literals the checks use. */
+typedef enum { EP_ENV_INT, EP_ENV_FLOAT, EP_ENV_SIZE, EP_ENV_ENUM, EP_ENV_TEXT } ep_env_kind_t;
+typedef struct {
+  ep_env_var_t pub;    /* what ep_env_var() shows */
+  ep_env_kind_t kind;
+  const char *lo, *hi; /* INT, SIZE: bounds, inclusive; FLOAT: lo exclusive, hi inclusive */
+  const char *choices; /* ENUM: "a|b|c", matched without regard to case */
+} ep_env_row_t;
+typedef struct {
+  const ep_env_row_t *rows;
+  int count;
+} ep_env_module_t;
+#define EP_ENV_MODULE(mod, table) \
+  const ep_env_module_t ep_env_module_##mod = {table, (int)(sizeof table / sizeof table[0])}
+#define EP_ENV_ROW_INT(mod, name, dflt, lo, hi, help) \
+  {{name, mod, "int", dflt, "an integer in [" lo ", " hi "]", help}, EP_ENV_INT, lo, hi, NULL}
+#define EP_ENV_ROW_SIZE(mod, name, dflt, lo, hi, help) \
+  {{name, mod, "size", dflt, "N[K|M|G] bytes in [" lo ", " hi "]", help}, EP_ENV_SIZE, lo, hi, NULL}
+#define EP_ENV_ROW_FLOAT(mod, name, dflt, lo, hi, help) \
+  {{name, mod, "float", dflt, "a number > " lo " and <= " hi, help}, EP_ENV_FLOAT, lo, hi, NULL}
+#define EP_ENV_ROW_ENUM(mod, name, dflt, choices, help) \
+  {{name, mod, "enum", dflt, "one of " choices, help}, EP_ENV_ENUM, NULL, NULL, choices}
+/* type: "string" or "path"; any non-empty value is accepted. */
+#define EP_ENV_ROW_TEXT(mod, name, type, what, help) \
+  {{name, mod, type, "", what, help}, EP_ENV_TEXT, NULL, NULL, NULL}
 
 /* The calling thread's last error message, and a way to put a saved one back (a backend that
  * must do collective work after a local failure keeps the first, more precise, message). */
@@ -69,6 +101,7 @@ void ep_log_at(int level, int rank, const char *phase, const char *fmt, ...)
   } while (0)
 
 /* Limits the core enforces before a backend sees a call. */
+#define EP_MAX_TOKENS (1 << 24) /* per rank and call: plans are int32-indexed [N][R] */
 #define EP_MAX_TOPK 128
 #define EP_MAX_LOCAL_EXPERTS 4096
 #define EP_MAX_SCALES 4096
@@ -165,6 +198,9 @@ struct ep_backend_ops {
   ep_status_t (*available)(void);
   /* Local: bytes of memory one rank's buffer takes for `cfg` (already resolved) and R ranks. */
   ep_status_t (*size_hint)(const ep_buffer_config_t *cfg, int nranks, size_t *bytes);
+  /* Local, optional: can this host hold a buffer of this config (memory)? Called on every rank
+   * after the configs agree, so all ranks fail alike before anything is allocated. */
+  ep_status_t (*check_config)(const ep_buffer_config_t *cfg, int nranks);
   /* Collective. Builds the backend state of one buffer. */
   ep_status_t (*create)(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state);
   /* collective=true: quiesce with peers first (bounded); false: local release. Always frees. */

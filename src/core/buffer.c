@@ -14,33 +14,27 @@ int ep_ctx_nranks(const ep_ctx_t *ctx) { return ctx->buf->group->nranks; }
 double ep_ctx_timeout(const ep_ctx_t *ctx) { return ctx->buf->timeout_s; }
 void ep_ctx_mark_broken(ep_ctx_t *ctx) { ctx->buf->broken = true; }
 
-/* Bootstrap exchanges of a buffer: one at a time per group; a failure breaks the group too. */
+/* Bootstrap exchanges of a buffer: part of its group's current collective call (buffer create or
+ * destroy, buffer_life.c), which holds the group's channel; a failure breaks the group too. */
 static ep_status_t boot_locked(ep_ctx_t *ctx, int kind, const void *send, void *recv,
                                size_t bytes, int fd, int *fds) {
   ep_group *g = ctx->buf->group;
-  double deadline = ep_now() + ctx->buf->timeout_s;
-  pthread_mutex_lock(&g->boot_lock);
-  ep_status_t st = g->broken ? ep_err(EP_ERR_BROKEN, "group is broken by an earlier failure")
-                   : kind == 0 ? ep_boot_allgather(&g->boot, send, recv, bytes, deadline)
-                   : kind == 1 ? ep_boot_allgather_fd(&g->boot, fd, fds, deadline)
-                               : ep_boot_barrier(&g->boot, deadline);
-  pthread_mutex_unlock(&g->boot_lock);
-  if (st && st != EP_ERR_BROKEN) {
-    st = ep_group_explain(g, st);
-    g->broken = true;
-  }
-  return st;
+  if (!ep_group_in_call(g))
+    return ep_err(EP_ERR_INTERNAL, "bootstrap exchange outside a buffer create or destroy");
+  return ep_group_xchg(g, kind, send, recv, bytes, fd, fds, EP_OK, ctx->buf->timeout_s);
 }
 
 ep_status_t ep_ctx_allgather(ep_ctx_t *ctx, const void *send, void *recv, size_t bytes) {
-  return boot_locked(ctx, 0, send, recv, bytes, -1, NULL);
+  return boot_locked(ctx, EP_XCHG_BYTES, send, recv, bytes, -1, NULL);
 }
 
 ep_status_t ep_ctx_allgather_fd(ep_ctx_t *ctx, int fd, int *fds) {
-  return boot_locked(ctx, 1, NULL, NULL, 0, fd, fds);
+  return boot_locked(ctx, EP_XCHG_FD, NULL, NULL, 0, fd, fds);
 }
 
-ep_status_t ep_ctx_barrier(ep_ctx_t *ctx) { return boot_locked(ctx, 2, NULL, NULL, 0, -1, NULL); }
+ep_status_t ep_ctx_barrier(ep_ctx_t *ctx) {
+  return boot_locked(ctx, EP_XCHG_BARRIER, NULL, NULL, 0, -1, NULL);
+}
 
 ep_status_t ep_ctx_check_peers(ep_ctx_t *ctx, int *dead, const char **how) {
   return ep_group_check(ctx->buf->group, dead, how);
@@ -66,11 +60,32 @@ ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char 
 
 /* ------------------------------------------------------------------ lookup */
 
+/* A collective call given an invalid buffer handle cannot take part, and its peers would pair
+ * their call with this rank's next one (and return EP_OK with the wrong data). When this process
+ * has exactly one live buffer, that is the one the call was meant for as far as anyone can tell:
+ * reject the call through it, so that the peers fail at once (EP_ERR_PEER_INVALID) and the
+ * buffer's calls stay in step. With several buffers nobody can tell which: see LIFECYCLE.md. */
+static void reject_lost_call(const char *op) {
+  int kind = !strcmp(op, "ep_dispatch") || !strcmp(op, "ep_combine") ? 0
+             : !strcmp(op, "ep_ll_dispatch")                          ? 1
+             : !strcmp(op, "ep_ll_combine")                           ? 2
+                                                                      : -1;
+  ep_id_t id = kind < 0 ? 0 : ep_reg_sole(EP_OBJ_BUFFER);
+  ep_buffer *b;
+  if (!id || ep_reg_acquire(id, EP_OBJ_BUFFER, true, (void **)&b) != EP_OK) return;
+  if (!b->broken && kind == 0 && b->ops->reject) b->ops->reject(b->state);
+  if (!b->broken && kind > 0 && b->cfg.ll_max_tokens > 0 && b->ops->ll_reject)
+    b->ops->ll_reject(b->state, kind == 2);
+  ep_reg_release(id);
+}
+
 ep_status_t ep_buffer_get(ep_buffer_t buffer, const char *op, ep_buffer **b) {
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, true, (void **)b);
   if (st) {
     char msg[EP_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
+    if (st == EP_ERR_NULL_ARG || st == EP_ERR_INVALID_ARG || st == EP_ERR_DESTROYED)
+      reject_lost_call(op);
     ep_err_set_msg(msg);
     return st;
   }
@@ -92,13 +107,11 @@ static bool status_breaks(ep_status_t st) {
 ep_status_t ep_buffer_after(ep_buffer *b, ep_status_t st, const char *op) {
   if (st == EP_OK) return st;
   if (status_breaks(st)) b->broken = true;
+  /* A peer that timed out or died leaves every collective of the group in doubt: its destroys
+   * must not wait a second deadline for the same peer. */
+  if (st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED) b->group->broken = true;
   /* Backends report through ep_ctx_fail; a bare status from them still gets the op name. */
-  const char *m = ep_last_error();
-  if (strncmp(m, op, strlen(op)) != 0) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: %s", op, m);
-    ep_err_set_msg(msg);
-  }
+  ep_err_prefix(op);
   ep_errbox_put(&b->err, ep_last_error());
   return st;
 }
@@ -147,9 +160,14 @@ ep_status_t ep_buffer_query(ep_buffer_t buffer, ep_buffer_info_t *info) {
 /* The public enum's spelling (EP_BACKEND=cuda); whether a backend is built is the table's say. */
 static const char *const backend_names[] = {"auto", "cpu", "cuda"};
 
-static const char *backend_name(ep_backend_t id) {
+const char *ep_backend_name(ep_backend_t id) {
   return id >= 0 && id < (int)(sizeof backend_names / sizeof *backend_names) ? backend_names[id]
-                                                                             : "unknown";
+                                                                             : NULL;
+}
+
+static const char *backend_name(ep_backend_t id) {
+  const char *n = ep_backend_name(id);
+  return n ? n : "unknown";
 }
 
 const struct ep_backend_ops *ep_backend_find(ep_backend_t id) {
@@ -158,15 +176,6 @@ const struct ep_backend_ops *ep_backend_find(ep_backend_t id) {
     if (o && o->id == id) return o;
   }
   return NULL;
-}
-
-int ep_backend_available(ep_backend_t id) {
-  const struct ep_backend_ops *o = ep_backend_find(id);
-  if (!o) {
-    ep_err(EP_ERR_UNSUPPORTED, "the %s backend is not built into this library", backend_name(id));
-    return 0;
-  }
-  return o->available() == EP_OK;
 }
 
 static ep_status_t backend_from_env(ep_backend_t *id) {
@@ -178,7 +187,22 @@ static ep_status_t backend_from_env(ep_backend_t *id) {
       *id = (ep_backend_t)i;
       return EP_OK;
     }
-  return ep_err(EP_ERR_INVALID_ARG, "EP_BACKEND=%s: not a backend; accepted: cpu, cuda", e);
+  return ep_env_check_value("EP_BACKEND", e); /* names the value and the accepted form */
+}
+
+/* AUTO asks about the backend a buffer with AUTO would get (EP_BACKEND, else cpu). */
+int ep_backend_available(ep_backend_t id) {
+  if (id == EP_BACKEND_AUTO && backend_from_env(&id)) return 0;
+  if (!ep_backend_name(id)) {
+    ep_err(EP_ERR_INVALID_ARG, "ep_backend_available: %d is not an ep_backend_t", (int)id);
+    return 0;
+  }
+  const struct ep_backend_ops *o = ep_backend_find(id);
+  if (!o) {
+    ep_err(EP_ERR_UNSUPPORTED, "the %s backend is not built into this library", backend_name(id));
+    return 0;
+  }
+  return o->available() == EP_OK;
 }
 
 static ep_status_t resolve_backend(ep_buffer_config_t *c, const struct ep_backend_ops **ops) {
@@ -198,6 +222,7 @@ ep_status_t ep_buffer_resolve_config(const ep_buffer_config_t *cfg, double group
                                   ep_buffer_config_t *c, const struct ep_backend_ops **ops) {
   *c = (ep_buffer_config_t)EP_BUFFER_CONFIG_INIT;
   ep_status_t st = cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
+  if (!st) st = ep_env_check(); /* an invalid EP_* value fails here, named, never defaulted */
   if (st) return st;
   if (!c->queue_bytes) c->queue_bytes = (size_t)ep_env_long("EP_QUEUE_BYTES", 1 << 20);
   if (!c->num_channels) c->num_channels = (int)ep_env_long("EP_CHANNELS", 1);

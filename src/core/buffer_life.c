@@ -28,13 +28,18 @@ static ep_status_t buffer_new(ep_group *g, const ep_buffer_config_t *cfg, ep_buf
   return EP_OK;
 }
 
+/* Within the group's BUFFER_CREATE call. A rank whose config is rejected here (or whose `out`
+ * is NULL) still takes part in the agreement, so that its peers fail at once with
+ * EP_ERR_PEER_INVALID instead of pairing this create with their next one. */
 static ep_status_t buffer_create(ep_group *g, const ep_buffer_config_t *cfg, ep_buffer_t *out) {
   ep_buffer *b = NULL;
-  ep_status_t st = buffer_new(g, cfg, &b);
-  if (st) return st;
+  ep_status_t st = out ? buffer_new(g, cfg, &b)
+                       : ep_err(EP_ERR_NULL_ARG, "ep_buffer_create: buf is NULL");
+  if (st) return ep_group_xchg(g, EP_XCHG_BYTES, NULL, NULL, 0, -1, NULL, st, g->timeout_s);
   st = ep_buffer_agree_config(b);
   /* After the agreement: every rank checks the same config, so all fail alike or none does. */
   if (!st) st = ep_ll_check_config(&b->cfg, g->nranks);
+  if (!st && b->ops->check_config) st = b->ops->check_config(&b->cfg, g->nranks);
   if (!st && b->ops->size_hint(&b->cfg, g->nranks, &b->bytes)) b->bytes = 0; /* query only */
   if (!st) st = b->ops->create(&b->ctx, &b->cfg, &b->state);
   if (st) {
@@ -58,17 +63,17 @@ static ep_status_t buffer_create(ep_group *g, const ep_buffer_config_t *cfg, ep_
 }
 
 ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf) {
-  if (!buf) return ep_err(EP_ERR_NULL_ARG, "ep_buffer_create: buf is NULL");
   ep_group *g;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(group), EP_OBJ_GROUP, false, (void **)&g);
-  if (st) {
+  if (st) { /* no group, no peers to tell: this cannot take part */
     char msg[EP_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "ep_buffer_create: %s", ep_last_error());
     ep_err_set_msg(msg);
     return st;
   }
-  if (g->broken) st = ep_err(EP_ERR_BROKEN, "group is broken by an earlier failure");
+  st = ep_group_call_begin(g, EP_OP_BUFFER_CREATE);
   if (!st) st = buffer_create(g, cfg, buf);
+  ep_group_call_end(g);
   if (st) ep_group_fail(g, st, "ep_buffer_create");
   ep_reg_release(g->id);
   return st;
@@ -87,10 +92,15 @@ static ep_status_t buffer_teardown(ep_buffer_t buffer, bool collective, const ch
   }
   ep_buffer *b = obj;
   ep_group *g = b->group;
-  bool quiesce = collective && !b->broken && !g->broken;
+  /* A destroy is the group's BUFFER_DESTROY call even when it skips the barrier (broken), so
+   * that every rank counts the same calls. */
+  if (collective && ep_group_call_begin(g, EP_OP_BUFFER_DESTROY) == EP_ERR_BROKEN) b->broken = true;
+  bool quiesce = collective && !b->broken;
   ep_log_at(EP_LOG_INFO, g->rank, "teardown", "buffer %#" PRIx64 ": %s%s", b->id, op,
             collective && !quiesce ? " (broken: local release only)" : "");
   st = b->ops->destroy(b->state, quiesce);
+  if (collective) ep_group_call_end(g);
+  if (st) ep_err_prefix(op);
   ep_group_remove_buffer(g, b->id);
   buffer_free(b);
   return st;

@@ -77,10 +77,12 @@ ep_status_t ep_call_outputs_ready(ep_ctx_t *ctx, ep_dispatch_call_t *c, int nr,
                                   int64_t view_rows) {
   ep_dispatch_out_t *o = &c->out;
   if (o->mode == EP_OUTPUT_ALLOC) {
-    if (o->alloc(o->alloc_ctx, &c->in, nr, o) == 0 && (nr == 0 || o->recv_x)) return EP_OK;
-    return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, OP, "outputs",
-                       "the alloc callback %s for %d rows", nr && !o->recv_x ? "left out->recv_x "
-                       "NULL" : "failed", nr);
+    if (o->alloc(o->alloc_ctx, &c->in, nr, o) != 0)
+      return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, OP, "outputs",
+                         "the alloc callback failed for %d rows", nr);
+    if (nr == 0 || o->recv_x) return EP_OK;
+    return ep_ctx_fail(ctx, EP_ERR_NULL_ARG, -1, OP, "outputs", "the alloc callback returned 0 "
+                       "but left out->recv_x NULL for %d rows", nr);
   }
   int64_t rows = ep_call_out_rows(c, view_rows);
   if (nr <= rows) return EP_OK;

@@ -1,78 +1,180 @@
-/* The one registry of environment variables epcomm reads. `epcomm info` prints it; a set EP_*
- * variable that is not here is reported once at warn level (it is probably a typo). */
+/* The one registry of environment variables the library reads: the rows every module brings
+ * (src/core/env_core.c, src/cpu/cpu_env.c, src/cuda/cuda_env.c), listed by the build in
+ * ep_env_modules (src/core/env_modules.c.in). `epcomm info` and `epcomm doctor env` read it
+ * through the public ep_env_* calls. Group and buffer creation check every set variable against
+ * its row, so an invalid value fails the call that would have read it instead of being replaced
+ * by the default; a set EP_* name that is in no row is reported once at warn level (a typo). */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "internal.h"
 
 extern char **environ;
 
-static const struct ep_env_var {
-  const char *name, *type, *dflt, *help;
-} env_table[] = {
-    {"EP_LOG", "enum", "warn", "log level: none, warn, info, debug, trace"},
-    {"EP_LOG_FILE", "path", "", "append log lines to this file instead of stderr"},
-    {"EP_TIMEOUT_S", "float", "100", "deadline in seconds for every wait (config overrides)"},
-    {"EP_BACKEND", "enum", "cpu", "backend when the config says AUTO: cpu or cuda"},
-    {"EP_QUEUE_BYTES", "size", "1048576", "bytes of each per-(peer, channel) normal-mode queue"},
-    {"EP_CHANNELS", "int", "1", "channels (worker threads on cpu) per rank"},
-    {"EP_SPIN_US", "int", "50", "microseconds a waiter spins before it sleeps on a futex"},
-    {"EP_LL_WIDE_BYTES", "size", "1048576", "cpu: a low-latency call moving this many bytes "
-     "splits its copies over the buffer's channels"},
-    {"EP_RANK", "int", "", "this process's rank (set by epcomm launch)"},
-    {"EP_NRANKS", "int", "", "number of ranks (set by epcomm launch)"},
-    {"EP_LOCAL_RANK", "int", "", "rank on this host (set by epcomm launch)"},
-    {"EP_LOCAL_SIZE", "int", "", "ranks on this host (set by epcomm launch)"},
-    {"EP_JOB_ID", "string", "", "rendezvous name shared by the ranks of one job"},
-    {"EP_NOTIFY_FD", "int", "", "socket on which epcomm launch reports dead ranks"},
-    {"EP_DOCTOR_RULES", "path", "", "rulebook used by epcomm doctor"},
-    {"EP_CUDA_DEVICE", "int", "", "CUDA device of this rank (default: local rank modulo devices)"},
-    {"EP_CUDA_SMS", "int", "0", "blocks (SMs) per rank of the CUDA kernels; 0: 24 in normal "
-     "mode, the rank's share of the GPU in low-latency mode (config num_sms overrides); never "
-     "more than the GPU's SMs shared among its ranks"},
-    {"EP_CUDA_ARENA_MB", "int", "64", "device memory per CUDA buffer for dispatch handles"},
-    {"EP_CUDA_LL_ASYNC", "int", "0", "cuda: 1 = low-latency calls never wait on the host for "
-     "their verdict (as in a graph capture: errors come with the next call, counts are -1)"},
-};
-#define ENV_COUNT (sizeof env_table / sizeof env_table[0])
+/* NULL-terminated; generated from the build's list of modules. */
+extern const ep_env_module_t *const ep_env_modules[];
 
-static const struct ep_env_var *env_find(const char *name, size_t len) {
-  for (size_t i = 0; i < ENV_COUNT; i++)
-    if (strlen(env_table[i].name) == len && !strncmp(env_table[i].name, name, len))
-      return &env_table[i];
+/* ------------------------------------------------------------------ rows */
+
+static const ep_env_row_t *row_at(int i) {
+  for (const ep_env_module_t *const *m = ep_env_modules; *m && i >= 0; i -= (*m)->count, m++)
+    if (i < (*m)->count) return &(*m)->rows[i];
   return NULL;
 }
 
+static const ep_env_row_t *row_find(const char *name, size_t len) {
+  for (const ep_env_module_t *const *m = ep_env_modules; *m; m++)
+    for (int i = 0; i < (*m)->count; i++) {
+      const char *n = (*m)->rows[i].pub.name;
+      if (strlen(n) == len && !strncmp(n, name, len)) return &(*m)->rows[i];
+    }
+  return NULL;
+}
+
+int ep_env_var_count(void) {
+  int n = 0;
+  for (const ep_env_module_t *const *m = ep_env_modules; *m; m++) n += (*m)->count;
+  return n;
+}
+
+const ep_env_var_t *ep_env_var(int index) {
+  const ep_env_row_t *r = index >= 0 ? row_at(index) : NULL;
+  return r ? &r->pub : NULL;
+}
+
+const ep_env_var_t *ep_env_var_find(const char *name) {
+  const ep_env_row_t *r = name ? row_find(name, strlen(name)) : NULL;
+  return r ? &r->pub : NULL;
+}
+
+/* ------------------------------------------------------------------ values */
+
+/* A decimal integer, the whole string. */
+static bool parse_int(const char *s, long long *v) {
+  char *end;
+  errno = 0;
+  *v = strtoll(s, &end, 10);
+  return end != s && *end == '\0' && errno == 0 && !isspace((unsigned char)*s);
+}
+
+/* N[K|M|G]: a non-negative decimal integer of bytes, times 2^10, 2^20 or 2^30 with a suffix
+ * (either case). `epcomm doctor env --config-bytes` takes the same form. */
+static bool parse_size(const char *s, long long *v) {
+  if (!isdigit((unsigned char)*s)) return false;
+  char *end;
+  errno = 0;
+  unsigned long long n = strtoull(s, &end, 10);
+  int shift = 0;
+  if (*end) {
+    const char *units = "KMG", *u = strchr(units, toupper((unsigned char)*end));
+    if (!u || end[1]) return false;
+    shift = 10 * (int)(u - units + 1);
+  }
+  if (errno || n > (unsigned long long)(INT64_MAX >> shift)) return false;
+  *v = (long long)(n << shift);
+  return true;
+}
+
+static bool parse_float(const char *s, double *v) {
+  char *end;
+  errno = 0;
+  *v = strtod(s, &end);
+  return end != s && *end == '\0' && errno == 0 && isfinite(*v) && !isspace((unsigned char)*s);
+}
+
+static bool choice_of(const char *choices, const char *s) {
+  size_t n = strlen(s);
+  for (const char *c = choices; *c;) {
+    size_t k = strcspn(c, "|");
+    if (k == n && !strncasecmp(c, s, n)) return true;
+    c += k + (c[k] == '|');
+  }
+  return false;
+}
+
+/* NULL when `s` is a valid value of the row, else why not. */
+static const char *judge(const ep_env_row_t *r, const char *s) {
+  long long v, lo, hi;
+  double d;
+  switch (r->kind) {
+    case EP_ENV_INT:
+      if (!parse_int(s, &v)) return "not an integer";
+      parse_int(r->lo, &lo), parse_int(r->hi, &hi);
+      return v < lo || v > hi ? "out of range" : NULL;
+    case EP_ENV_SIZE:
+      if (!parse_size(s, &v)) return "not a size";
+      parse_size(r->lo, &lo), parse_size(r->hi, &hi);
+      return v < lo || v > hi ? "out of range" : NULL;
+    case EP_ENV_FLOAT:
+      if (!parse_float(s, &d)) return "not a number";
+      return d <= strtod(r->lo, NULL) || d > strtod(r->hi, NULL) ? "out of range" : NULL;
+    case EP_ENV_ENUM:
+      return choice_of(r->choices, s) ? NULL : "not a known value";
+    case EP_ENV_TEXT:
+      return NULL;
+  }
+  return "unknown kind of variable";
+}
+
+static ep_status_t check_row(const ep_env_row_t *r, const char *value) {
+  const char *why = *value ? judge(r, value) : NULL;
+  if (!why) return EP_OK;
+  return ep_err(EP_ERR_INVALID_ARG, "environment variable %s=%s: %s; accepted: %s", r->pub.name,
+                value, why, r->pub.accepted);
+}
+
+ep_status_t ep_env_check_value(const char *name, const char *value) {
+  if (!name || !value)
+    return ep_err(EP_ERR_NULL_ARG, "ep_env_check_value: %s is NULL", name ? "value" : "name");
+  const ep_env_row_t *r = row_find(name, strlen(name));
+  if (!r)
+    return ep_err(EP_ERR_INVALID_ARG, "ep_env_check_value: %s is not a variable epcomm reads "
+                  "(`epcomm info` lists them)", name);
+  return check_row(r, value);
+}
+
+ep_status_t ep_env_check(void) {
+  for (int i = 0, n = ep_env_var_count(); i < n; i++) {
+    const ep_env_row_t *r = row_at(i);
+    const char *v = getenv(r->pub.name);
+    ep_status_t st = v ? check_row(r, v) : EP_OK;
+    if (st) return st;
+  }
+  return EP_OK;
+}
+
+/* ------------------------------------------------------------------ the library's own reads */
+
 const char *ep_env_str(const char *name) {
   /* Reading an unregistered name is a programming error inside epcomm: keep the registry whole. */
-  if (!env_find(name, strlen(name))) return NULL;
+  if (!row_find(name, strlen(name))) return NULL;
   return getenv(name);
 }
 
+/* The value of a set, valid variable; NULL otherwise (creation has rejected invalid ones). */
+static const char *valid_value(const char *name, const ep_env_row_t **row) {
+  *row = row_find(name, strlen(name));
+  const char *s = *row ? getenv(name) : NULL;
+  return s && *s && !judge(*row, s) ? s : NULL;
+}
+
 double ep_env_double(const char *name, double dflt) {
-  const char *s = ep_env_str(name);
-  if (!s || !*s) return dflt;
-  char *end;
-  double v = strtod(s, &end);
-  return (*end == '\0') ? v : dflt;
+  const ep_env_row_t *r;
+  const char *s = valid_value(name, &r);
+  return s ? strtod(s, NULL) : dflt;
 }
 
 long ep_env_long(const char *name, long dflt) {
-  const char *s = ep_env_str(name);
-  if (!s || !*s) return dflt;
-  char *end;
-  long v = strtol(s, &end, 0);
-  return (*end == '\0') ? v : dflt;
-}
-
-void ep_env_print(FILE *f) {
-  fprintf(f, "%-16s %-7s %-9s %-22s %s\n", "variable", "type", "default", "value", "meaning");
-  for (size_t i = 0; i < ENV_COUNT; i++) {
-    const char *v = getenv(env_table[i].name);
-    fprintf(f, "%-16s %-7s %-9s %-22s %s\n", env_table[i].name, env_table[i].type,
-            *env_table[i].dflt ? env_table[i].dflt : "-", v ? v : "(unset)", env_table[i].help);
-  }
+  const ep_env_row_t *r;
+  const char *s = valid_value(name, &r);
+  long long v;
+  if (!s || !(r->kind == EP_ENV_SIZE ? parse_size(s, &v) : parse_int(s, &v))) return dflt;
+  return (long)v;
 }
 
 /* Called once from the logger's one-time initialisation. */
@@ -81,10 +183,11 @@ void ep_env_check_unknown(void) {
     if (strncmp(*e, "EP_", 3) != 0) continue;
     const char *eq = strchr(*e, '=');
     size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
-    if (!env_find(*e, len))
+    if (!row_find(*e, len))
       ep_log_at(EP_LOG_WARN, -1, "init", "unknown variable %.*s is set; `epcomm info` lists the "
                 "EP_* variables epcomm reads", (int)len, *e);
     else if (ep_log_enabled(EP_LOG_INFO))
-      ep_log_at(EP_LOG_INFO, -1, "init", "%s set by environment", *e);
+      ep_log_at(EP_LOG_INFO, -1, "init", "%.*s set by environment to %s", (int)len, *e,
+                !eq ? "" : strcmp(row_find(*e, len)->pub.type, "secret") ? eq + 1 : "(not shown)");
   }
 }

@@ -18,9 +18,11 @@ struct ep_group_s {
   ep_boot_t boot;
   ep_live_t live;
   char (*hostkeys)[EP_HOSTKEY_MAX]; /* [nranks]: hostname + boot id */
-  bool broken;                      /* a collective failed: destroy skips its barrier */
+  _Atomic bool broken;              /* a collective failed: destroys skip their exchanges */
   pthread_mutex_t lock;             /* guards the buffer list */
-  pthread_mutex_t boot_lock;        /* one exchange at a time on the bootstrap channel */
+  pthread_mutex_t boot_lock;        /* one collective call at a time on the bootstrap channel */
+  pthread_t call_thread;            /* the thread whose call holds boot_lock */
+  _Atomic bool in_call;
   ep_id_t *buffers;                 /* live buffers, for BUSY reports and release */
   int nbuffers, capbuffers;
   ep_errbox_t err;
@@ -29,6 +31,8 @@ typedef struct ep_group_s ep_group;
 
 #define EP_GROUP_MAGIC 0x45504752u
 
+/* Frees everything the group owns (local; the registry entry must be gone). */
+void ep_group_free(ep_group *g);
 /* Record a failure on the group and the calling thread; returns `st`. */
 ep_status_t ep_group_fail(ep_group *g, ep_status_t st, const char *op);
 /* Zero-timeout check; EP_ERR_PEER_FAILED with a message naming the rank and what happened. */
@@ -38,5 +42,22 @@ bool ep_group_same_host(const ep_group *g);
 ep_status_t ep_group_explain(ep_group *g, ep_status_t st);
 ep_status_t ep_group_add_buffer(ep_group *g, ep_id_t buf);
 void ep_group_remove_buffer(ep_group *g, ep_id_t buf);
+
+/* Collective calls on the group's bootstrap channel (barrier, allgather, buffer create and
+ * destroy, group destroy). ep_group_call_begin holds the channel for the whole call and gives it
+ * the group's next number, so that every frame says which call its sender is in; it returns
+ * EP_ERR_BROKEN (call opened all the same: end it) when the group is broken. */
+ep_status_t ep_group_call_begin(ep_group *g, int op);
+void ep_group_call_end(ep_group *g);
+bool ep_group_in_call(const ep_group *g); /* by the calling thread */
+enum { EP_XCHG_BYTES, EP_XCHG_FD, EP_XCHG_BARRIER };
+/* One exchange of the current call, bounded by timeout_s. `mine`: this rank's own status for the
+ * call (non-zero: it rejected the call, takes part anyway, and gets `mine` back). A failure
+ * other than a peer's rejection breaks the group. */
+ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, size_t bytes,
+                          int fd, int *fds, ep_status_t mine, double timeout_s);
+
+/* Job id and key from the environment (job.c); cfg_job, when set, is the id. */
+ep_status_t ep_job_from_env(const char *cfg_job, char *id, size_t n, uint8_t key[EP_KEY_BYTES]);
 
 #endif

@@ -19,6 +19,8 @@
 ep_status_t ep_err(ep_status_t s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Set the thread's last error from a preformatted message. */
 void ep_err_set_msg(const char *msg);
+/* Prefix the thread's last error with "op: " unless it already starts so. */
+void ep_err_prefix(const char *op);
 
 /* A per-object last error, written by the thread that failed and read by anyone. */
 typedef struct {
@@ -38,7 +40,6 @@ void ep_log_raw(int level, int rank, const char *phase, const char *fmt, va_list
 const char *ep_env_str(const char *name);            /* NULL if unset; name must be registered */
 double ep_env_double(const char *name, double dflt);
 long ep_env_long(const char *name, long dflt);
-void ep_env_print(FILE *f);                          /* the whole registry, for `epcomm info` */
 void ep_env_check_unknown(void);                     /* warn once about unknown EP_* (typos) */
 
 /* ---- object registry (registry.c): opaque ids with generations, so that a stale or doubled
@@ -54,6 +55,8 @@ void ep_reg_release(ep_id_t id);
 ep_status_t ep_reg_remove(ep_id_t id, enum ep_obj_kind kind, void **obj);
 /* Number of live objects of a kind (for leak reports). */
 int ep_reg_count(enum ep_obj_kind kind);
+/* The id of this process's only live object of a kind; 0 when there are none or several. */
+ep_id_t ep_reg_sole(enum ep_obj_kind kind);
 /* Per-process counter of groups created from the environment (rendezvous name suffix). */
 unsigned ep_reg_next_env_group(void);
 

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,32 +25,42 @@ static int pidfd_open_(pid_t pid) {
 #endif
 }
 
-int ep_live_init(ep_live_t *l, int rank, int nranks, const pid_t *pids, const int *same_host,
-                 int notify_fd) {
+int ep_live_init(ep_live_t *l, int rank, int nranks, int notify_fd) {
   memset(l, 0, sizeof *l);
   l->rank = rank;
   l->nranks = nranks;
   l->notify_fd = notify_fd;
   l->dead = -1;
   l->pidfds = malloc((size_t)nranks * sizeof(int));
-  l->pids = malloc((size_t)nranks * sizeof(pid_t));
+  l->pids = calloc((size_t)nranks, sizeof(pid_t));
   if (!l->pidfds || !l->pids) return -1;
-  for (int r = 0; r < nranks; r++) {
-    l->pids[r] = pids[r];
-    l->pidfds[r] = -1;
-    if (r == rank || !same_host[r]) continue;
-    int fd = pidfd_open_(pids[r]);
-    if (fd >= 0) {
-      l->pidfds[r] = fd;
-    } else {
-      /* Older kernels (or valgrind) have no pidfd_open: probe the pid instead. */
-      l->pidfds[r] = PROBE_PID;
-      if (ep_log_enabled(EP_LOG_DEBUG))
-        ep_log_at(EP_LOG_DEBUG, rank, "init", "no pidfd for rank %d (pid %d): %s; probing the "
-                  "pid instead", r, (int)pids[r], strerror(errno));
-    }
-  }
+  for (int r = 0; r < nranks; r++) l->pidfds[r] = -1;
   return 0;
+}
+
+void ep_live_set_pid(ep_live_t *l, int r, pid_t pid, int same_host) {
+  if (r < 0 || r >= l->nranks || pid <= 0 || l->pids[r] == pid) return;
+  if (l->pidfds[r] >= 0) close(l->pidfds[r]);
+  l->pidfds[r] = -1;
+  l->pids[r] = pid;
+  if (r == l->rank || !same_host) return;
+  int fd = pidfd_open_(pid);
+  if (fd >= 0) {
+    l->pidfds[r] = fd;
+    return;
+  }
+  /* Older kernels (or valgrind) have no pidfd_open: probe the pid instead. */
+  l->pidfds[r] = PROBE_PID;
+  if (ep_log_enabled(EP_LOG_DEBUG))
+    ep_log_at(EP_LOG_DEBUG, l->rank, "init", "no pidfd for rank %d (pid %d): %s; probing the "
+              "pid instead", r, (int)pid, strerror(errno));
+}
+
+/* The launcher holds the other end of the notify socket for as long as it lives: a hang-up means
+ * it is gone, and with it whoever would have reported deaths or stopped the job. */
+static bool launcher_gone(const ep_live_t *l) {
+  struct pollfd p = {l->notify_fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP));
 }
 
 /* "dead rank=2 pid=1234 how=killed by signal 9 (Killed)\n" lines from epcomm launch. Peeked,
@@ -65,7 +76,7 @@ static int check_notify(ep_live_t *l) {
     if (nl) *nl = '\0';
     int r, pid, off = 0;
     if (sscanf(line, "dead rank=%d pid=%d how=%n", &r, &pid, &off) == 2 && off > 0 && r >= 0 &&
-        r < l->nranks && l->pids[r] == pid) {
+        r < l->nranks && r != l->rank && (l->pids[r] == pid || l->pids[r] == 0)) {
       snprintf(l->how, sizeof l->how, "%s", line + off);
       return r;
     }
@@ -93,6 +104,10 @@ int ep_live_check(ep_live_t *l) {
   if (l->dead >= 0) return l->dead;
   int r = check_notify(l);
   if (r >= 0) return l->dead = r;
+  if (l->notify_fd >= 0 && launcher_gone(l)) {
+    snprintf(l->how, sizeof l->how, "lost its launcher: epcomm launch died (EOF on EP_NOTIFY_FD)");
+    return l->dead = l->rank;
+  }
   for (r = 0; r < l->nranks; r++) {
     bool gone = false;
     if (l->pidfds[r] == PROBE_PID) {

@@ -17,6 +17,8 @@
 static ep_status_t check_routing(int R, const int64_t *topk_idx, int n, int topk, int E,
                                  const char *op) {
   NEED(n >= 0, EP_ERR_OUT_OF_RANGE, "%s: num_tokens is %d, must be >= 0", op, n);
+  NEED(n <= EP_MAX_TOKENS, EP_ERR_TOO_LARGE, "%s: num_tokens is %d, at most %d per call", op, n,
+       EP_MAX_TOKENS);
   NEED(topk >= 1 && topk <= EP_MAX_TOPK, EP_ERR_OUT_OF_RANGE,
        "%s: topk is %d, must be in [1, %d]", op, topk, EP_MAX_TOPK);
   NEED(n == 0 || topk_idx, EP_ERR_NULL_ARG, "%s: topk_idx is NULL", op);
@@ -49,6 +51,8 @@ static ep_status_t check_payload(const ep_dispatch_args_t *a, const char *op) {
        "%s: args->dtype is %d: set EP_DTYPE_BF16 or EP_DTYPE_FP8_E4M3", op, (int)a->dtype);
   NEED(a->num_tokens >= 0, EP_ERR_OUT_OF_RANGE, "%s: num_tokens is %d, must be >= 0", op,
        a->num_tokens);
+  NEED(a->num_tokens <= EP_MAX_TOKENS, EP_ERR_TOO_LARGE, "%s: num_tokens is %d, at most %d per "
+       "call", op, a->num_tokens, EP_MAX_TOKENS);
   NEED(a->hidden >= 1, EP_ERR_OUT_OF_RANGE, "%s: hidden is %d, must be >= 1", op, a->hidden);
   size_t row = (size_t)a->hidden * ep_dtype_size(a->dtype);
   NEED(row % 16 == 0, EP_ERR_SHAPE, "%s: hidden %d gives rows of %zu bytes, not a multiple of 16",

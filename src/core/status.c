@@ -41,6 +41,15 @@ const char *ep_last_error(void) { return tls_error; }
 
 void ep_err_set_msg(const char *msg) { snprintf(tls_error, sizeof tls_error, "%s", msg); }
 const char *ep_ctx_last_error(void) { return tls_error; }
+
+void ep_err_prefix(const char *op) {
+  size_t n = strlen(op);
+  /* Said once: a message that already starts with the call ("op: ...") keeps its one prefix. */
+  if (!strncmp(tls_error, op, n) && tls_error[n] == ':') return;
+  char msg[EP_ERRMSG_MAX];
+  snprintf(msg, sizeof msg, "%s: %s", op, tls_error);
+  ep_err_set_msg(msg);
+}
 void ep_ctx_restore_error(const char *msg) { ep_err_set_msg(msg); }
 
 ep_status_t ep_err(ep_status_t s, const char *fmt, ...) {

@@ -1,6 +1,7 @@
 /* The CPU backend's ops table, and buffer create/destroy. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu.h"
 #include "cpu_ll.h"
@@ -8,6 +9,23 @@
 static ep_status_t cpu_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes) {
   cpu_seg_hdr_t l;
   *bytes = cpu_seg_size(nranks, cfg->num_channels, cfg->queue_bytes, cfg, &l);
+  return EP_OK;
+}
+
+/* A segment's pages are backed only once written, but one that could never be backed in full is
+ * a mistake of the config (e.g. low-latency sizes far beyond the host), said now rather than as
+ * a SIGBUS mid-run. */
+static ep_status_t cpu_check_config(const ep_buffer_config_t *cfg, int nranks) {
+  size_t bytes;
+  cpu_size_hint(cfg, nranks, &bytes);
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+  if (ram > 0 && (double)bytes > ram)
+    return ep_err(EP_ERR_TOO_LARGE, "cfg: one rank's segment would take %.1f GiB (low-latency "
+                  "sizes T=%d, H=%d, E=%d, K=%d; queues %zu x %d channels x %d ranks) but this "
+                  "host has %.1f GiB of memory", (double)bytes / (1 << 30), cfg->ll_max_tokens,
+                  cfg->ll_hidden, cfg->ll_num_experts, cfg->ll_max_topk, cfg->queue_bytes,
+                  cfg->num_channels, nranks, ram / (1 << 30));
   return EP_OK;
 }
 
@@ -57,6 +75,7 @@ static const struct ep_backend_ops cpu_ops = {
     .dispatch_view_lifetime = EP_LIFETIME_NONE,
     .ll_view_lifetime = EP_LIFETIME_HANDLE,
     .available = cpu_available,
+    .check_config = cpu_check_config,
     .size_hint = cpu_size_hint,
     .create = cpu_create,
     .destroy = cpu_destroy,

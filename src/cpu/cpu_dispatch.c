@@ -76,7 +76,9 @@ static void fill_worst_tail(const ep_dispatch_out_t *o, int Nr, int topk) {
 
 static ep_status_t build_plan(cpu_state_t *s, const ep_dispatch_args_t *a, cpu_plan_t **out) {
   cpu_plan_t *p = cpu_plan_new(s->nranks, s->channels, a->num_tokens);
-  if (!p) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout", "out of memory");
+  if (!p)
+    return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout", "out of memory for the "
+                       "layout of num_tokens %d x %d ranks", a->num_tokens, s->nranks);
   ep_status_t st = cpu_route(s, a->topk_idx, a->num_tokens, a->topk, a->num_experts, NULL, NULL,
                              p->in_rank, OP);
   if (st) {

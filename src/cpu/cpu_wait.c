@@ -95,6 +95,10 @@ static ep_status_t peer_aborted(cpu_waiter_t *w, uint64_t ab) {
 static ep_status_t check_world(cpu_waiter_t *w) {
   cpu_state_t *s = w->s;
   if (atomic_load(&s->local_abort)) return EP_ERR_INTERNAL; /* reported by the failing channel */
+  /* Except when the peers' verdict is that this rank came too late (it was stopped, say): they
+   * may have left since, and their exit is the consequence, not the cause. */
+  uint64_t ab = atomic_load(cpu_abort_word(s, s->rank));
+  if (ab && (int)(ab & 0xffffff) - 1 == s->rank) return peer_aborted(w, ab);
   int dead;
   const char *how;
   if (ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK) {
@@ -102,7 +106,7 @@ static ep_status_t check_world(cpu_waiter_t *w) {
     return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, w->op, w->phase, "rank %d %s", dead,
                        how);
   }
-  uint64_t ab = atomic_load(cpu_abort_word(s, s->rank));
+  ab = atomic_load(cpu_abort_word(s, s->rank));
   return ab ? peer_aborted(w, ab) : EP_OK;
 }
 
