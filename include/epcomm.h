@@ -225,11 +225,12 @@ typedef struct {
   /* Low-latency sizing (T, H, E all 0: low-latency mode disabled; otherwise all three >= 1,
    * H a multiple of 8, E divisible by the number of ranks R). The low-latency region of one
    * rank's buffer takes, with L = E/R and K = ll_max_topk (docs/LOW_LATENCY.md has the exact
-   * layout; ep_buffer_size_hint gives the exact total):
-   *     2 x ( E*T*(2H + 8) + 2*T*K*H )  +  O(R*E) bytes of counters and flags
-   * i.e. two result slots, each an expert-major slab [L][R*T] of bf16 rows plus 8 bytes of
-   * per-row metadata, and a combine receive area [T][K] of bf16 rows. On the CPU backend the
-   * pages are only backed by memory once a row is written there. */
+   * layout; ep_buffer_size_hint gives the exact total), at most:
+   *     2 x ( E*T*(4H + 8) + 2*T*K*H )  +  O(R*E) bytes of counters and flags
+   * i.e. two result slots, each an expert-major slab [L][R*T] of bf16 rows, the zero-copy
+   * combine input of the same shape (ep_ll_get_combine_buffer), 8 bytes of per-row metadata,
+   * and (CPU) a combine receive area [T][K] of bf16 rows. On the CPU backend the pages are only
+   * backed by memory once a row is written there. */
   int ll_max_tokens; /* T: tokens per rank per call */
   int ll_hidden;     /* H */
   int ll_num_experts; /* E */
@@ -237,7 +238,8 @@ typedef struct {
   double timeout_s; /* <= 0: inherit the group's */
   /* CUDA backend */
   int cuda_device; /* -1: EP_CUDA_DEVICE, else the local rank modulo the devices, else current */
-  int num_sms;     /* thread blocks (one per SM) of the data kernels; 0: EP_CUDA_SMS, else 24 */
+  int num_sms;     /* thread blocks (one per SM) of the data kernels; 0: EP_CUDA_SMS, else 24
+                      (normal mode) or the rank's share of its GPU's SMs (low-latency mode) */
 } ep_buffer_config_t;
 #define EP_BUFFER_CONFIG_INIT                                                                    \
   {sizeof(ep_buffer_config_t), EP_CONFIG_MAGIC, EP_BACKEND_AUTO, 0, 0, 0, 0, 0, 0, 0.0, -1, 0}
@@ -279,7 +281,8 @@ typedef enum {
   EP_CAP_LOW_LATENCY = 1u << 1,    /* ep_ll_* (and the buffer was created with ll sizes) */
   EP_CAP_DEVICE_MEMORY = 1u << 2,  /* tensors are device pointers, calls are ordered on `stream` */
   EP_CAP_GRAPH_CAPTURE = 1u << 3,  /* calls that never wait on the host can be captured in a
-                                      CUDA graph (worst-case and cached dispatch, combine) */
+                                      CUDA graph (worst-case and cached dispatch, combine, every
+                                      low-latency call) */
 } ep_cap_t;
 
 typedef enum {
@@ -470,8 +473,27 @@ EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
  * overlaps the caller's compute. The send phase of a dispatch waits for one thing: every rank
  * entering the same call (their counts fix where this rank's rows go; their entry says their
  * result slot is free). The send phase of a combine never waits. two_phase = 0 does both phases
- * in one call. */
+ * in one call.
+ *
+ * CUDA backend (docs/LOW_LATENCY.md): every call is queued on its stream (ep_ll_recv on the
+ * stream of the call it completes) and never waits on the host for data. Outside a graph
+ * capture the host waits for a call's verdict only (dispatch: the count exchange, so that a
+ * peer's rejection or a bad id is returned by this call and the receive count is known;
+ * combine: its own check and, when it receives, the peers' flags). In a capture, or with
+ * EP_CUDA_LL_ASYNC=1, it never waits: ep_ll_handle_num_recv_tokens says -1 (recv_count on the
+ * device has the counts) and a failure is returned by the next call. Dispatch and combine, one-
+ * or two-phase, can be captured in a CUDA graph and replayed with new inputs of the same shapes
+ * (counters advance on the device); the captured handle keeps its result slot while the graph
+ * may be replayed. */
 typedef struct ep_ll_handle_s *ep_ll_handle_t;
+
+/* Layout of the fp8 scales of a low-latency dispatch's view (docs/SEMANTICS.md §6.4). */
+typedef enum {
+  EP_SCALES_ROW_MAJOR = 0, /* [L][R*T][H/128]: float, or with use_ue8m0 one exponent byte each */
+  EP_SCALES_COL_MAJOR = 1, /* [L][H/128][R*T] float, or with use_ue8m0 [L][H/512][R*T] int32 of
+                              four exponent bytes (block 4j+i in byte i; H % 512 == 0): what
+                              masked grouped GEMMs read (DeepEP's layout) */
+} ep_scale_layout_t;
 
 typedef struct {
   size_t size; /* sizeof(ep_ll_dispatch_args_t): EP_LL_DISPATCH_ARGS_INIT */
@@ -484,7 +506,9 @@ typedef struct {
   int round_scale; /* fp8 scales are powers of two (requires use_fp8) */
   int use_ue8m0;   /* store only the scales' exponent bytes (requires round_scale) */
   int two_phase;   /* 1: only send; complete with ep_ll_recv(buf, handle) */
-  void *stream;    /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY */
+  void *stream;    /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY; the receive of a
+                      two-phase call (ep_ll_recv) runs on the same stream */
+  int scale_layout; /* ep_scale_layout_t of the fp8 scales (use_fp8), the same on all ranks */
 } ep_ll_dispatch_args_t;
 #define EP_LL_DISPATCH_ARGS_INIT EP_ARGS_INIT_(ep_ll_dispatch_args_t)
 
@@ -501,10 +525,14 @@ typedef struct {
   int use_fp8, round_scale, use_ue8m0;
   void *recv_x;              /* [L][R*T][H] bf16, or fp8 e4m3 (1 byte) when use_fp8 */
   void *recv_x_scales;       /* use_fp8: float [L][R*T][H/128], or with use_ue8m0 uint8
-                                [L][R*T][H/128] biased exponents (e + 127); else NULL */
-  const int32_t *recv_count;        /* [L] rows received per local expert */
+                                [L][R*T][H/128] biased exponents (e + 127); else NULL. With
+                                scale_layout EP_SCALES_COL_MAJOR: [L][H/128][R*T] float, or
+                                int32 [L][H/512][R*T] of four exponent bytes */
+  const int32_t *recv_count;        /* [L] rows received per local expert: the count array of
+                                       masked grouped GEMMs */
   const int32_t *recv_src_info;     /* [L][R*T] the row's token index in its source rank */
   const int64_t *recv_layout_range; /* [L][R]: (begin << 32) | count of the rows from rank r */
+  int scale_layout;                 /* ep_scale_layout_t of recv_x_scales */
 } ep_ll_recv_view_t;
 #define EP_LL_RECV_VIEW_INIT EP_ARGS_INIT_(ep_ll_recv_view_t)
 
@@ -534,8 +562,10 @@ EP_API ep_status_t ep_ll_get_recv_view(ep_ll_handle_t handle, ep_ll_recv_view_t 
 typedef struct {
   size_t size; /* sizeof(ep_ll_combine_args_t): EP_LL_COMBINE_ARGS_INIT */
   ep_ll_handle_t handle;     /* from ep_ll_dispatch, receive complete; one combine per handle */
-  const void *y;             /* bf16 [L][R*T][H] expert outputs in the view's row order (caller
-                                memory; may be the view's recv_x after a bf16 dispatch) */
+  const void *y;             /* bf16 [L][R*T][H] expert outputs in the view's row order: caller
+                                memory, the view's recv_x after a bf16 dispatch, or (zero copy)
+                                exactly the pointer ep_ll_get_combine_buffer gave for this
+                                handle, which the call recognises by its address */
   const int64_t *topk_idx;   /* [num_tokens][topk] of the dispatch; a slot may be set to -1 to
                                 leave that expert out, no other change is allowed */
   const float *topk_weights; /* [num_tokens][topk] */
@@ -554,8 +584,19 @@ typedef struct {
  * reduces. */
 EP_API ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *args);
 
+/* Local. Zero-copy combine: *y is where the experts of this handle's dispatch may write their bf16
+ * outputs [L][R*T][H] (the view's row order) inside the buffer, so that ep_ll_combine with args->y
+ * equal to *y moves no extra copy of them (DeepEP's get_next_low_latency_combine_buffer with
+ * zero_copy). One area per result slot: it belongs to the handle until ep_ll_handle_destroy, and
+ * is written by the caller only between the completed receive of the dispatch and the combine
+ * (CUDA: a device pointer; write it on the stream of the calls, after the dispatch's receive).
+ * EP_ERR_INVALID_ARG when the handle's dispatch is not received or it was already combined;
+ * EP_ERR_NULL_ARG, EP_ERR_DESTROYED as for the other handle calls. */
+EP_API ep_status_t ep_ll_get_combine_buffer(ep_buffer_t buf, ep_ll_handle_t handle, void **y);
+
 /* Local, thread safe: the number of rows the dispatch delivered to this rank (sum of
- * recv_count), once its receive is complete. */
+ * recv_count), once its receive is complete; -1 on the CUDA backend when the dispatch did not
+ * wait on the host (graph capture, EP_CUDA_LL_ASYNC=1). */
 EP_API ep_status_t ep_ll_handle_num_recv_tokens(ep_ll_handle_t h, int *num_recv_tokens);
 /* Local. Gives the handle's result slot back. EP_ERR_BUSY while a call on its buffer is in
  * flight (the handle survives; retry once the call has returned). NULL is a no-op. */

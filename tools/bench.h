@@ -33,6 +33,8 @@ typedef struct {
   double d_csw, c_csw;               /* context switches (voluntary + not) per iteration */
   double ll_phases[4];               /* low-latency two-phase form, median seconds of this rank:
                                         dispatch send, dispatch receive, combine send, receive */
+  double ll_zero_copy;               /* one-phase combine with y in ep_ll_get_combine_buffer's
+                                        area, median seconds of this rank */
   char msg[BENCH_MSG];               /* first self-check mismatch, "" if none */
 } bench_rank_t;
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
-#   steps: build quick suite sanitize bench epbench doctor scan
+#   steps: build quick suite sanitize bench epbench doctor scan ll llsan llbench
+#   (low-latency mode: ll = the cuda.ll* tests, llsan = compute-sanitizer memcheck and racecheck
+#   on small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend cuda` at R=2/4/8
+#   with 128 tokens, then 16/32/64 tokens)
 # WITH_MPS: path of shared/gpu/with-mps (ranks sharing one GPU run concurrently under MPS).
 # Every step is bounded by `timeout`; logs go to OUT_DIR; a one-line summary per step to stdout.
 set -u -o pipefail
@@ -26,7 +29,8 @@ for s in $steps; do
         2>&1 | tee "$out/quick.log" | tail -8 || ok=0
       [ $ok = 1 ] || break ;;
     suite)
-      timeout 300 "$mps" tests/run.sh --filter '^cuda\.' $b 2>&1 | tee "$out/suite.log" |
+      timeout 300 "$mps" tests/run.sh --filter '^cuda\.(normal|graph|timeout|cycles|overflow)' $b 2>&1 |
+        tee "$out/suite.log" |
         grep -v '^PASS' || true ;;
     sanitize)
       # No MPS here: compute-sanitizer attaches to each rank's process.
@@ -57,6 +61,34 @@ for s in $steps; do
           --threads $2 >"$out/epbench-r$1.log" 2>&1
         echo "epcomm bench --backend cuda, R=$1, $2 SMs per rank: exit $?"
         grep -v '^\[[1-9]' "$out/epbench-r$1.log" | sed 's/^\[0\] //' | tail -16
+      done ;;
+    ll)
+      timeout 560 "$mps" tests/run.sh --filter '^cuda\.ll' $b 2>&1 | tee "$out/ll.log" |
+        grep -v '^PASS' || true ;;
+    llsan)
+      # No MPS (see sanitize); small shapes, one rank pair.
+      llsan() { # tool log command...
+        local tool=$1 log=$2
+        shift 2
+        EP_TIMEOUT_S=120 timeout 145 $b/bin/epcomm launch -n 2 compute-sanitizer --tool "$tool" \
+          --error-exitcode 9 "$@" >"$out/$log" 2>&1
+        echo "compute-sanitizer $tool, R=2 $*: exit $? ($(grep -hE '(ERROR|RACECHECK) SUMMARY' "$out/$log" |
+          sort | uniq -c | tr -s ' ' | tr '\n' ';'))"
+      }
+      llsan memcheck san-memcheck-ll-graph.log $b/tests/test_cuda_ll graph 1
+      llsan racecheck san-racecheck-ll-graph.log $b/tests/test_cuda_ll graph 1
+      export EP_BACKEND=cuda
+      llsan memcheck san-memcheck-ll-misuse.log $b/tests/test_ll_misuse
+      llsan memcheck san-memcheck-ll-flip.log $b/tests/test_ll flip 12
+      unset EP_BACKEND ;;
+    llbench)
+      for R in 2 4 8; do
+        for T in 128 64 32 16; do
+          timeout 45 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench --mode ll --backend cuda \
+            --tokens $T >"$out/llbench-r$R-t$T.log" 2>&1
+          echo "ll bench R=$R tokens $T: exit $?"
+          grep -v '^\[[1-9]' "$out/llbench-r$R-t$T.log" | sed 's/^\[0\] //' | grep -E '^(dispatch|combine|graph|overlap|check)'
+        done
       done ;;
     doctor)
       $b/bin/epcomm doctor env 2>&1 | tee "$out/doctor-env.txt" | tail -30 ;;

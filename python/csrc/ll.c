@@ -9,12 +9,7 @@ static PyObject *ll_dispatch(PyObject *self, PyObject *args) {
                         &a.round_scale, &a.use_ue8m0, &a.two_phase, &stream, &scale_layout))
     return NULL;
   a.x = epb_ptr(x), a.topk_idx = epb_ptr(idx), a.stream = epb_ptr(stream);
-#ifdef EPB_HAVE_SCALE_LAYOUT
   a.scale_layout = scale_layout;
-#else
-  if (scale_layout)
-    return PyErr_Format(PyExc_NotImplementedError, "ll_dispatch: this library has no scale_layout");
-#endif
   ep_ll_handle_t h = NULL;
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_ll_dispatch(epb_ptr(b), &a, &h);
@@ -34,18 +29,14 @@ static PyObject *ll_recv(PyObject *self, PyObject *args) {
 
 /* (L, max_rows, hidden, num_scales, use_fp8, round_scale, use_ue8m0, recv_x, recv_x_scales,
  *  recv_count, recv_src_info, recv_layout_range, scale_layout): shapes and addresses of the
- *  receive side (scale_layout 0, row-major, from a library without the choice). */
+ *  receive side. */
 static PyObject *ll_view(PyObject *self, PyObject *args) {
   unsigned long long h;
   if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
   ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
   ep_status_t st = ep_ll_get_recv_view(epb_ptr(h), &v);
   if (st) return epb_raise(st);
-#ifdef EPB_HAVE_SCALE_LAYOUT
   int layout = v.scale_layout;
-#else
-  int layout = 0;
-#endif
   return Py_BuildValue("(iiiiiiiNNNNNi)", v.num_local_experts, v.max_rows, v.hidden, v.num_scales,
                        v.use_fp8, v.round_scale, v.use_ue8m0, epb_from_ptr(v.recv_x),
                        epb_from_ptr(v.recv_x_scales), epb_from_ptr(v.recv_count),
@@ -82,7 +73,6 @@ static PyObject *ll_handle_num_recv_tokens(PyObject *self, PyObject *args) {
   return st ? epb_raise(st) : PyLong_FromLong(n);
 }
 
-#ifdef EPB_HAVE_LL_COMBINE_BUFFER
 /* The zero-copy combine input of a received handle (ep_ll_get_combine_buffer): its address. */
 static PyObject *ll_get_combine_buffer(PyObject *self, PyObject *args) {
   unsigned long long b, h;
@@ -91,7 +81,6 @@ static PyObject *ll_get_combine_buffer(PyObject *self, PyObject *args) {
   ep_status_t st = ep_ll_get_combine_buffer(epb_ptr(b), epb_ptr(h), &y);
   return st ? epb_raise(st) : epb_from_ptr(y);
 }
-#endif
 
 PyMethodDef epb_ll_methods[] = {
     {"ll_dispatch", ll_dispatch, METH_VARARGS,
@@ -103,9 +92,7 @@ PyMethodDef epb_ll_methods[] = {
      "ll_combine(buf, handle, y, topk_idx, topk_weights, two_phase, stream, out) (collective)"},
     {"ll_handle_destroy", ll_handle_destroy, METH_VARARGS, "local; gives the result slot back"},
     {"ll_handle_num_recv_tokens", ll_handle_num_recv_tokens, METH_VARARGS, "local"},
-#ifdef EPB_HAVE_LL_COMBINE_BUFFER
     {"ll_get_combine_buffer", ll_get_combine_buffer, METH_VARARGS,
      "ll_get_combine_buffer(buf, handle) -> address of the zero-copy combine input (local)"},
-#endif
     {NULL, NULL, 0, NULL},
 };

@@ -115,9 +115,7 @@ static int add_constants(PyObject *m) {
       {"CAP_LOW_LATENCY", EP_CAP_LOW_LATENCY}, {"CAP_DEVICE_MEMORY", EP_CAP_DEVICE_MEMORY},
       {"CAP_GRAPH_CAPTURE", EP_CAP_GRAPH_CAPTURE}, {"STATUS_COUNT", EP_STATUS_COUNT_},
       {"ERR_BUSY", EP_ERR_BUSY},
-#ifdef EPB_HAVE_SCALE_LAYOUT
       {"SCALES_ROW_MAJOR", EP_SCALES_ROW_MAJOR}, {"SCALES_COL_MAJOR", EP_SCALES_COL_MAJOR},
-#endif
   };
   for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
     if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value)) return -1;

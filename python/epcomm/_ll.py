@@ -145,9 +145,8 @@ class LowLatency:
             need_shape(stats, op, "cumulative_local_expert_recv_stats", (L,), "[local experts]")
         self._ll_flush()
         # DeepEP's fp8 scales are column-major ([L][R*T][..] views of [L][..][R*T] memory), what
-        # grouped GEMMs read; a library without the choice gives them row-major (same values).
-        cols = getattr(_C, "SCALES_COL_MAJOR", 0) if use_fp8 and (
-            not use_ue8m0 or H % 512 == 0) else 0
+        # grouped GEMMs read; packed UE8M0 needs H % 512 == 0, else one byte each, row-major.
+        cols = _C.SCALES_COL_MAJOR if use_fp8 and (not use_ue8m0 or H % 512 == 0) else 0
         launch = self._launch(None, async_finish, False, on_compute=return_recv_hook)
         try:
             hid = _C.ll_dispatch(buf, ptr(x), n, ptr(topk_idx), topk, int(use_fp8),
@@ -207,9 +206,6 @@ class LowLatency:
         if info.state == "sent":
             raise InvalidArgumentError(f"{op}: the dispatch's receive hook has not been called")
         if info.state == "received":
-            if not hasattr(_C, "ll_get_combine_buffer"):
-                raise UnsupportedError(f"{op}: this build of epcomm has no zero-copy combine "
-                                       f"(ep_ll_get_combine_buffer)")
             y = _C.ll_get_combine_buffer(self._llbuf, info.ref.id)
             t = over(y, L * self.group_size * T * H * 2, _BF16, (L, self.group_size * T, H),
                      self.device)

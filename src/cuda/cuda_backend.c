@@ -3,14 +3,18 @@
 #include <string.h>
 
 #include "cuda/cuda.h"
+#include "cuda/cuda_ll.h"
 
 static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes) {
   epk_buf_t kb;
+  epk_ll_layout_t ll;
+  uint64_t off_ll;
   long arena_mb = ep_env_long("EP_CUDA_ARENA_MB", 64);
-  /* pool + handle arena + private words and scratch */
-  *bytes = cuda_pool_layout(nranks, cfg->num_channels, cfg->queue_bytes, &kb) +
+  /* pool (low-latency region included) + handle arena + private words and scratch */
+  *bytes = cuda_pool_layout(nranks, cfg->num_channels, cfg->queue_bytes,
+                            cuda_ll_region_bytes(cfg, nranks, &ll), &off_ll, &kb) +
            ((size_t)(arena_mb > 1 ? arena_mb : 1) << 20) + 4096 + 16ull * (size_t)nranks +
-           4ull * EP_MAX_LOCAL_EXPERTS * (size_t)nranks;
+           4ull * EP_MAX_LOCAL_EXPERTS * (size_t)nranks + cuda_ll_private_bytes(cfg, nranks);
   return EP_OK;
 }
 
@@ -82,6 +86,13 @@ static const struct ep_backend_ops cuda_ops = {
     .dispatch = cuda_dispatch,
     .combine = cuda_combine,
     .reject = cuda_reject,
+    .ll_dispatch = cuda_ll_dispatch,
+    .ll_recv = cuda_ll_recv,
+    .ll_combine = cuda_ll_combine,
+    .ll_view = cuda_ll_view,
+    .ll_combine_buffer = cuda_ll_combine_buffer,
+    .ll_release = cuda_ll_release,
+    .ll_reject = cuda_ll_reject,
 };
 
 const struct ep_backend_ops *ep_backend_cuda(void) { return &cuda_ops; }

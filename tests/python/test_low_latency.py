@@ -44,11 +44,6 @@ def test_a_rank_without_tokens(worlds, device, R):
 @pytest.mark.parametrize("R", RANKS)
 @pytest.mark.parametrize("hook", [False, True], ids=["event", "hook"])
 def test_zero_copy(worlds, device, R, hook):
-    import epcomm._C as C
-
-    if not hasattr(C, "ll_get_combine_buffer"):
-        pytest.skip("skipped: zero-copy combine needs ep_ll_get_combine_buffer, not in this "
-                    "library yet (branch wt-llcuda)")
     run(worlds.get(R, device), "scen_ll.zero_copy", seed=13, sizes=[T] * R, T=T, H=256,
                               E=experts(R), topk=TOPK, hook=hook)
 

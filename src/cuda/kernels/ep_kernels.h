@@ -49,6 +49,13 @@ enum {
   EPK_PH_STAGED = 4,        /* combine: waiting for a peer's rows to be readable */
   EPK_PH_CDONE = 5,         /* combine: waiting for a peer to finish reading our rows */
   EPK_PH_CHECK = 6,         /* argument checks inside a kernel */
+  EPK_PH_LL_ENTER = 7,      /* low latency: waiting for a peer's entry into the previous dispatch */
+  EPK_PH_LL_GATE = 8,       /* low latency: waiting for a peer's entry into this dispatch */
+  EPK_PH_LL_DATA = 9,       /* low latency: waiting for a peer's rows of this dispatch */
+  EPK_PH_LL_COMB = 10,      /* low latency: waiting for a peer's rows of this combine */
+  EPK_PH_LL_ZDONE = 11,     /* low latency: waiting for a peer to finish reading our zero-copy
+                               combine input */
+  EPK_PH_LL_CHECK = 12,     /* low latency: the combine's topk_idx against the dispatch's */
 };
 
 /* Error word: status code (8 bits) | phase (8) | peer + 1 (16, 0 = none) | detail (32). */
@@ -77,6 +84,20 @@ typedef struct {
   int32_t pad[6];
 } epk_priv_t;
 
+/* What a low-latency kernel tells a host that waits for it (a call outside a graph capture):
+ * written in full, then `ticket` (the host's number for that wait) with a system fence. */
+typedef struct {
+  uint32_t ticket;
+  int32_t status;         /* EP_OK, or why the call fails on this rank */
+  int32_t peer;           /* the rank named, -1: none */
+  int32_t nrecv;          /* dispatch: rows this rank receives */
+  int32_t item, dup_k;    /* a bad topk_idx entry (t * topk + k) and, for a duplicate, the k of
+                             its first occurrence */
+  int32_t mine, theirs;   /* a mismatch: rank 0's value and the peer's (field: 0 topk, 1 format) */
+  int32_t field, pad;
+  int64_t value, want;    /* the bad expert id; combine: the dispatch's id at that entry */
+} epk_ll_report_t;
+
 /* Page-locked host memory mapped into the device: what the host waits on. */
 typedef struct {
   unsigned long long err; /* copy of the first failure (written once per failure) */
@@ -86,6 +107,8 @@ typedef struct {
   int32_t layout_bad;     /* layout: first bad slot + 1, 0 if none */
   uint32_t abort;         /* written by the host: every kernel stops waiting */
   int32_t pad[8];
+  epk_ll_report_t ll_send; /* low-latency send kernels: the gate's or the combine check's verdict */
+  epk_ll_report_t ll_recv; /* low-latency combine receive: the peers' flags */
 } epk_host_t;
 
 /* What every kernel knows about its buffer; constant from create to destroy. */
