@@ -42,5 +42,6 @@ extern PyMethodDef epb_group_methods[];
 extern PyMethodDef epb_buffer_methods[];
 extern PyMethodDef epb_normal_methods[];
 extern PyMethodDef epb_ll_methods[];
+extern PyMethodDef epb_dlpack_methods[];
 
 #endif

@@ -1,5 +1,6 @@
 /* Module epcomm._C: definition, error classes, versions. The parts: group.c (bootstrap),
- * buffer.c (buffers), normal.c (layout, dispatch, combine), ll.c (low-latency mode). */
+ * buffer.c (buffers), normal.c (layout, dispatch, combine), ll.c (low-latency mode), dlpack.c
+ * (tensors over the library's memory). */
 #include "binding.h"
 
 /* Exception classes by status code (a tuple, set once by epcomm/_errors.py at import). */
@@ -126,7 +127,7 @@ PyMODINIT_FUNC PyInit__C(void) {
   PyObject *m = PyModule_Create(&module_def);
   if (!m) return NULL;
   PyMethodDef *parts[] = {epb_group_methods, epb_buffer_methods, epb_normal_methods,
-                          epb_ll_methods};
+                          epb_ll_methods, epb_dlpack_methods};
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     if (PyModule_AddFunctions(m, parts[i])) goto fail;
   if (add_constants(m)) goto fail;

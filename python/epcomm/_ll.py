@@ -164,7 +164,7 @@ class LowLatency:
         hook = None
         if return_recv_hook:
             info.state = "sent"
-            hook = self._ll_dispatch_hook(info, buf, count, stats)
+            hook = self._ll_dispatch_hook(info, buf, count, stats, launch)
         elif stats is not None:
             self._on_launch_stream(launch, lambda: stats.add_(count))
         tensors = (x, topk_idx, *(recv_x if isinstance(recv_x, tuple) else (recv_x,)), count, src,
@@ -178,10 +178,10 @@ class LowLatency:
         with torch.cuda.stream(launch.launch):
             return fn()
 
-    @staticmethod
-    def _ll_dispatch_hook(info, buf, count, stats):
+    def _ll_dispatch_hook(self, info, buf, count, stats, launch):
         # The hook holds the handle until it is called, and no longer: a hook kept in a variable
-        # must not keep a result slot.
+        # must not keep a result slot. The receive runs where its dispatch ran (CUDA: on that
+        # stream), and so does the update of the statistics.
         pending = [info]
 
         def hook():
@@ -191,7 +191,7 @@ class LowLatency:
             _C.ll_recv(buf, held.ref.id)
             held.state = "received"
             if stats is not None:
-                stats.add_(count)
+                self._on_launch_stream(launch, lambda: stats.add_(count))
         return hook
 
     # ---------------------------------------------------------------- combine

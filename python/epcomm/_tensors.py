@@ -1,10 +1,9 @@
 """Checks of the tensors a call takes (each names the call and the argument), and tensors made
 over memory that epcomm owns (the low-latency results live in the buffer)."""
 
-import ctypes
-
 import torch
 
+from . import _C
 from ._errors import ArgumentTypeError, InvalidArgumentError
 
 
@@ -60,21 +59,11 @@ def ptr(t):
     return p
 
 
-class _CudaMemory:
-    """A device address as __cuda_array_interface__, for torch.as_tensor (no copy)."""
-
-    def __init__(self, address, nbytes):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
-                                         "data": (address, False), "version": 2}
-
-
 def over(address, nbytes, dtype, shape, device):
-    """A tensor of ``dtype`` and ``shape`` over memory epcomm owns (no copy). It stays valid as
-    long as that memory does: the buffer's documented lifetime, not the tensor's."""
-    if device.type == "cuda":
-        raw = torch.as_tensor(_CudaMemory(address, nbytes), device=device)
-    elif nbytes == 0:
-        raw = torch.empty(0, dtype=torch.uint8)
-    else:
-        raw = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+    """A tensor of ``dtype`` and ``shape`` over memory epcomm owns (no copy, through DLPack).
+    It stays valid as long as that memory does: the buffer's documented lifetime, not the
+    tensor's."""
+    cuda = device.type == "cuda"
+    raw = torch.from_dlpack(_C.memory_tensor(address, nbytes, 2 if cuda else 1,
+                                             device.index if cuda else 0))
     return raw.view(dtype).view(shape)
