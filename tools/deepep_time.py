@@ -182,8 +182,17 @@ def normal_worker(rank, args, port):
                 buf.combine(recv_x, h16, config=cfg)
                 mark(1)
             return f
-        t, cname, _ = tune(combine, c_cfgs)
+        t, cname, ccfg = tune(combine, c_cfgs)
         res["combine"] = (t, cname)
+        # The experts' write (a copy of their output rows into the tensor DeepEP combines) + combine.
+        ybuf = torch.empty_like(recv_x)
+
+        def write_combine(mark):
+            mark(0)
+            ybuf.copy_(recv_x)
+            buf.combine(ybuf, h16, config=ccfg)
+            mark(1)
+        res["write_combine"] = (mean_us(write_combine, args.warmup, args.iters), cname)
         nrecv = slowest(dist, group, R, int(recv_x.size(0)))
         for op, (t, cname) in res.items():
             emit(rank, impl="deepep", mode="normal", R=R, sms=S, tokens=N, op=op, us=round(t, 1),
@@ -193,7 +202,7 @@ def normal_worker(rank, args, port):
         log(rank, f"deepep normal N={N}: " + ", ".join(f"{k} {v[0]:.1f} us (chunk {v[1]})"
                                                       for k, v in res.items())
             + f"; combine check: {bad} mismatches")
-        del recv, recv_x, h16, comb
+        del recv, recv_x, h16, comb, ybuf
     dist.barrier(group=group)
     buf.destroy()
     dist.barrier(group=group)
@@ -317,6 +326,9 @@ EP_NORMAL = {
     "dispatch bf16 (cached, copy)": "dispatch_bf16_cached_copy",
     "combine bf16 (x = view)": "combine_view",
     "combine bf16 (x = tensor)": "combine_tensor",
+    "combine bf16 (x = comb. buf)": "combine_cbuf",
+    "write + combine (comb. buf)": "write_combine_cbuf",
+    "write + combine (x = tensor)": "write_combine_tensor",
 }
 # epcomm op -> the DeepEP op it is compared with
 VS_NORMAL = [
@@ -327,6 +339,9 @@ VS_NORMAL = [
     ("dispatch_bf16_cached_copy", "dispatch_bf16_cached", "bf16 dispatch, cached, caller tensors"),
     ("combine_view", "combine", "combine, x = dispatch view"),
     ("combine_tensor", "combine", "combine, x = separate tensor"),
+    ("combine_cbuf", "combine", "combine, x = ep_get_combine_buffer"),
+    ("write_combine_cbuf", "write_combine", "experts' write + combine (combine buffer)"),
+    ("write_combine_tensor", "write_combine", "experts' write + combine (tensor)"),
 ]
 EP_LL = {
     "dispatch bf16 (one phase)": "dispatch_bf16",

@@ -98,5 +98,6 @@ int cuda_set_device(int dev, int *prev);
 ep_status_t cuda_layout(void *state, const ep_layout_args_t *a);
 ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *c, ep_handle_info_t *out);
 ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
+ep_status_t cuda_combine_buffer(void *state, const ep_handle_info_t *h, void **x);
 
 #endif

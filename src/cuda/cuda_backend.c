@@ -75,7 +75,8 @@ static ep_status_t cuda_available(void) {
 static const struct ep_backend_ops cuda_ops = {
     .name = "cuda",
     .id = EP_BACKEND_CUDA,
-    .caps = EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE,
+    .caps = EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE |
+            EP_CAP_COMBINE_BUFFER,
     .dispatch_view_lifetime = EP_LIFETIME_NEXT_DISPATCH,
     .ll_view_lifetime = EP_LIFETIME_HANDLE,
     .available = cuda_available,
@@ -85,6 +86,7 @@ static const struct ep_backend_ops cuda_ops = {
     .layout = cuda_layout,
     .dispatch = cuda_dispatch,
     .combine = cuda_combine,
+    .combine_buffer = cuda_combine_buffer,
     .reject = cuda_reject,
     .ll_dispatch = cuda_ll_dispatch,
     .ll_recv = cuda_ll_recv,

@@ -92,8 +92,9 @@ __device__ void stage(const epk_buf_t &b, const epk_combine_t &a, const cstate &
                       int tc) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = b.nranks;
   const uint64_t xrow = (uint64_t)a.hidden * 2, wrow = (uint64_t)a.topk * 4;
-  const int64_t cap = epk_stage_rows(b.area_bytes, a.direct ? 0 : xrow, a.has_w ? wrow : 0);
-  const uint64_t sx = b.off_area_c, sw = b.off_area_c + (a.direct ? 0 : epk_al(cap * xrow, 256));
+  const uint64_t wgap = 256ull * (uint64_t)a.wgap256; /* x in area C: weights after it */
+  const int64_t cap = epk_stage_rows(b.area_bytes - wgap, a.direct ? 0 : xrow, a.has_w ? wrow : 0);
+  const uint64_t sx = b.off_area_c, sw = b.off_area_c + (a.direct ? wgap : epk_al(cap * xrow, 256));
   uint8_t *pool = b.peers[b.rank];
   int M;
   round_rows(b, a, c, k, K, tc, &M);

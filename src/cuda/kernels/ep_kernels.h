@@ -69,7 +69,8 @@ typedef struct {
   uint32_t seq; /* the call's sequence number; stored last, with release semantics */
   ep_call_key_t key; /* what the call is; compared field by field (detail of a mismatch) */
   int32_t num_tokens, direct, recv_rows;
-  int32_t pad[3];
+  int32_t wgap256; /* combine: bytes of area C before its staged weights / 256 (x in area C) */
+  int32_t pad[2];
   /* then int32 to_rank[R] (tokens this source sends to each rank) and
    *      int32 experts[E/R] (its selections of the slot owner's local experts) */
 } epk_hello_t;
@@ -178,7 +179,7 @@ typedef struct {
   ep_call_key_t key; /* the core's description of the call, posted as it is */
   int kind; /* EPK_NOTIFY_*: what the kernel does */
   int hidden, dtype, topk, num_experts, num_scales, has_w, num_tokens, direct, recv_rows;
-  int align, pad;
+  int align, wgap256;       /* COMBINE: x lies in area C, its weights staged after it */
   const int64_t *topk_idx; /* DISPATCH */
   int32_t *plan;           /* DISPATCH writes it; CACHED and COMBINE read it */
   int32_t *rank_prefix, *recv_per_expert; /* optional outputs */
@@ -211,8 +212,10 @@ typedef struct {
 } epk_dispatch_t;
 
 typedef struct {
-  int num_tokens, hidden, topk, has_w, direct, pad;
-  int64_t x_off, x_rows; /* direct: byte offset of x in this rank's pool; rows of x */
+  int num_tokens, hidden, topk, has_w, direct, wgap256;
+  int64_t x_off, x_rows; /* direct: byte offset of x in this rank's pool; rows of x. x in area C
+                            (ep_get_combine_buffer): direct, weights staged wgap256 * 256 bytes
+                            into area C */
   const void *x;
   const float *w;
   const void *bias0, *bias1;

@@ -138,6 +138,7 @@ __device__ void fill_header(epk_hello_t *h, const epk_notify_t &a, int status) {
   h->num_tokens = a.num_tokens;
   h->direct = a.direct;
   h->recv_rows = a.recv_rows;
+  h->wgap256 = a.wgap256;
 }
 
 /* Writes this rank's hello into every peer's slot, then publishes all of them. */
@@ -252,7 +253,8 @@ __device__ void finish_combine(const epk_buf_t &b, const epk_notify_t &a, uint32
       epk_fail(b, EP_ERR_TOO_LARGE, EPK_PH_CHECK, r, (uint32_t)need, true);
       return;
     }
-    int64_t cap = epk_stage_rows(b.area_bytes, rd(&h->direct) ? 0 : a.xrow, a.wrow);
+    int64_t cap = epk_stage_rows(b.area_bytes - 256ull * (uint64_t)rd(&h->wgap256),
+                                 rd(&h->direct) ? 0 : a.xrow, a.wrow);
     fits &= need <= cap;
     min_cap = min(min_cap, cap);
     max_n = max(max_n, (int64_t)ntok[r]);
