@@ -3,7 +3,7 @@
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
 #   steps: build quick suite sanitize bench epbench doctor scan ll llsan llbench llopt lltrace
 #   (llopt = bin/cuda_bench_ll at R=2/4/8 once per EP_CUDA_LL_OPT variant in $LLOPT (default
-#   "0 1 3 7 15"), one line each; lltrace = EP_CUDA_LL_TRACE=1 at R=2 and 8 for OPT 0 and 15:
+#   "0 1 3 7 15 31"), one line each; lltrace = EP_CUDA_LL_TRACE=1 at R=2 and 8 for OPT 0 and 31:
 #   the mean time of every kernel phase, rank 0's lines)
 #   (low-latency mode: ll = the cuda.ll* tests, llsan = compute-sanitizer memcheck and racecheck
 #   on small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend cuda` at R=2/4/8
@@ -99,7 +99,7 @@ for s in $steps; do
       printf '%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s\n' R opt d16 d8 c_view \
         c_call c_zc d16snd d16rcv d8snd c_snd c_rcv graph ovl check
       for R in ${LLR:-2 4 8}; do
-        for o in ${LLOPT:-0 1 3 7 15}; do
+        for o in ${LLOPT:-0 1 3 7 15 31}; do
           EP_CUDA_LL_OPT=$o timeout 60 "$mps" $b/bin/epcomm launch -n $R $b/bin/cuda_bench_ll \
             --compute-us ${LL_COMPUTE_US:-60} >"$out/llopt-r$R-o$o.log" 2>&1
           rc=$?
@@ -117,7 +117,7 @@ for s in $steps; do
       done ;;
     lltrace)
       for R in 2 8; do
-        for o in 0 15; do
+        for o in 0 31; do
           EP_CUDA_LL_OPT=$o EP_CUDA_LL_TRACE=1 timeout 60 "$mps" $b/bin/epcomm launch -n $R \
             $b/bin/cuda_bench_ll --iters 100 >"$out/lltrace-r$R-o$o.log" 2>&1
           echo "trace R=$R EP_CUDA_LL_OPT=$o: exit $?"

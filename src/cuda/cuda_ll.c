@@ -90,10 +90,12 @@ ep_status_t cuda_ll_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
 static void print_trace(cuda_state_t *s, cuda_ll_t *ll) {
   static const char *kind[EPK_LL_TR_KINDS] = {
       "dispatch bf16 one phase", "dispatch bf16 send", "dispatch fp8 one phase", "dispatch fp8 send",
-      "dispatch receive", "combine send (push)", "combine send (zero copy)", "combine receive"};
+      "dispatch receive", "combine send (push)", "combine send (zero copy)", "combine receive",
+      "combine one phase (fused)"};
   static const char *dpt[] = {"number", "post", "peers", "place", "copy", "flags", "recv"};
   static const char *cpt[] = {"check", "push", "flags"};
   static const char *rpt[] = {"await", "reduce", "flags"};
+  static const char *fpt[] = {"check", "push", "flags", "await", "reduce", "zdone"};
   epk_ll_trace_t t;
   if (cudaMemcpy(&t, (uint8_t *)ll->priv_mem + ll->k.lay.p_trace, sizeof t,
                  cudaMemcpyDeviceToHost) != cudaSuccess)
@@ -101,8 +103,8 @@ static void print_trace(cuda_state_t *s, cuda_ll_t *ll) {
   for (int k = 0; k < EPK_LL_TR_KINDS; k++) {
     if (!t.n[k]) continue;
     const char **pt = k <= EPK_LL_TR_D8_SEND ? dpt : k == EPK_LL_TR_DRECV ? NULL
-                      : k == EPK_LL_TR_CRECV ? rpt : cpt;
-    const int np = k <= EPK_LL_TR_D8_SEND ? 7 : k == EPK_LL_TR_DRECV ? 0 : 3;
+                      : k == EPK_LL_TR_CRECV ? rpt : k == EPK_LL_TR_C1 ? fpt : cpt;
+    const int np = k <= EPK_LL_TR_D8_SEND ? 7 : k == EPK_LL_TR_DRECV ? 0 : k == EPK_LL_TR_C1 ? 6 : 3;
     char line[512];
     int o = snprintf(line, sizeof line, "epcomm ll trace rank %d: %-26s %6llu calls, mean us: "
                      "kernel %.1f", s->rank, kind[k], (unsigned long long)t.n[k],

@@ -85,46 +85,6 @@ __device__ void push(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_combin
   }
 }
 
-__global__ void __launch_bounds__(CT, 1) ll_combine_kernel(epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
-  extern __shared__ int32_t smem[]; /* peer[R], prefix[L + 1] */
-  int32_t *peer = smem, *prefix = smem + b.nranks;
-  const uint32_t c = *reinterpret_cast<volatile uint32_t *>(&priv(ll)->c) + 1; /* stable: the
-                                                     last block of this kernel advances it */
-  const int32_t *ps = slot_arr<int32_t>(ll, a.slot, ll.lay.ps_peer);
-  tr_min(ll, 0);
-  for (int r = threadIdx.x; r < b.nranks; r += CT) peer[r] = ps[r];
-  __syncthreads();
-  if (blockIdx.x == 0) check(b, ll, a, c);
-  if (blockIdx.x == 0) tr_set(ll, 1);
-  if (!a.zero_copy) push(b, ll, a, prefix, peer);
-  __syncthreads();
-  tr_max(ll, 2);
-  __shared__ int s_last;
-  const bool last = last_block(&priv(ll)->done_comb);
-  if (threadIdx.x == 0) s_last = last;
-  __syncthreads();
-  if (!s_last) return;
-  /* The last block: every row is pushed and the check is done (block 0's fence preceded its
-   * count); raise the flags, or say that this rank rejected the combine. */
-  epk_ll_priv_t *p = priv(ll);
-  const bool ok = *reinterpret_cast<volatile int32_t *>(&p->comb_ok);
-  const uint32_t v = c | (a.zero_copy ? EPK_LL_ZC : 0u);
-  if (ok && (ll.opt & EPK_LL_OPT_FLAGS)) {
-    for (int s = threadIdx.x; s < b.nranks; s += CT)
-      epk_st_rel(flag(ctrl(b, ll, s, peer[s]), ll.lay.c_comb, b.rank), v);
-  } else if (threadIdx.x == 0) {
-    if (ok)
-      for (int s = 0; s < b.nranks; s++) epk_st_rel(flag(ctrl(b, ll, s, peer[s]), ll.lay.c_comb, b.rank), v);
-    else
-      epk_st_rel(creject(b, ll, b.rank), c);
-  }
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  slot_state(ll, a.slot)->zc = ok && a.zero_copy ? c : 0;
-  p->c = c;
-  tr_commit(ll, a.zero_copy ? EPK_LL_TR_CZC : EPK_LL_TR_CPUSH, 3);
-}
-
 /* ------------------------------------------------------------------ receive */
 
 /* Waits for every expert rank's flag of combine c; zc[r] says whether its rows stay in its
@@ -215,9 +175,9 @@ __device__ void reduce8(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_com
     for (int j = 0; j < G; j++) {
       const int k = k0 + j;
       const int64_t i = (int64_t)t * a.topk + k;
-      u[j] = k < a.topk && use[i];
+      u[j] = k < a.topk && __ldcg(use + i); /* written by the send's check (L2: a fused kernel) */
       if (!u[j]) continue;
-      wk[j] = w[i];
+      wk[j] = __ldcg(w + i);
       const int64_t e = ids[i];
       const int r = (int)(e / L);
       const uint8_t *row = zc[r] ? data(b, ll, r, peer[r]) + ll.lay.d_cin +
@@ -232,23 +192,21 @@ __device__ void reduce8(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_com
   reinterpret_cast<int4 *>(static_cast<uint16_t *>(a.out) + (int64_t)t * H + h0)[0] = pack8(acc);
 }
 
-__global__ void __launch_bounds__(CT, 1) ll_combine_recv_kernel(epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
-  extern __shared__ int32_t smem[]; /* peer[R], then zc[R] bytes */
-  int32_t *peer = smem;
-  uint8_t *zc = reinterpret_cast<uint8_t *>(smem + b.nranks);
-  const int32_t *ps = slot_arr<int32_t>(ll, a.slot, ll.lay.ps_peer);
-  for (int r = threadIdx.x; r < b.nranks; r += CT) peer[r] = ps[r], zc[r] = 0;
-  const uint32_t c = slot_state(ll, a.slot)->c;
-  tr_min(ll, 0);
-  __syncthreads();
+/* The receive of combine c into a.out: waits for every expert rank's flag (or rejection),
+ * reports the verdict to a host waiting with `ticket`, reduces, and the last block marks every
+ * expert's combine input read (zdone = done). Trace points tp + 1 .. tp + 3. Block-wide, every
+ * block of the kernel. */
+__device__ void combine_receive(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_combine_t &a,
+                                const int32_t *peer, uint8_t *zc, uint32_t c, uint32_t ticket,
+                                uint32_t done, int kind, int tp) {
   /* c == 0: this rank rejected its own combine (its send said why); nobody sent rows. */
   const int rej = c ? await_rows(b, ll, a.slot, c, zc) : b.rank;
-  if (blockIdx.x == 0) tr_set(ll, 1);
+  if (blockIdx.x == 0) tr_set(ll, tp + 1);
   if (blockIdx.x == 0 && threadIdx.x == 0 && rej >= 0) {
     epk_ll_report_t v = no_report();
     if (rej != INT_MAX) v.status = EP_ERR_PEER_INVALID, v.peer = rej;
-    report(&b.host->ll_recv, v, a.ticket);
-    if (rej != INT_MAX && rej != b.rank && !a.ticket) defer(b, v, EPK_PH_LL_COMB);
+    report(&b.host->ll_recv, v, ticket);
+    if (rej != INT_MAX && rej != b.rank && !ticket) defer(b, v, EPK_PH_LL_COMB);
   }
   if (rej == INT_MAX) {
     const int chunks = (ll.lay.H + 255) / 256, lane = threadIdx.x & 31;
@@ -261,7 +219,7 @@ __global__ void __launch_bounds__(CT, 1) ll_combine_recv_kernel(epk_buf_t b, epk
     }
   }
   __syncthreads();
-  tr_max(ll, 2);
+  tr_max(ll, tp + 2);
   __shared__ int s_last;
   const bool last = last_block(&priv(ll)->done_recv);
   if (threadIdx.x == 0) s_last = last;
@@ -269,7 +227,6 @@ __global__ void __launch_bounds__(CT, 1) ll_combine_recv_kernel(epk_buf_t b, epk
   if (!s_last) return;
   /* Every block has read what it needed: the experts may reuse their combine input. Whatever
    * happened, so that nobody waits for a reader that will not come. */
-  const uint32_t done = *reinterpret_cast<volatile uint32_t *>(&priv(ll)->c);
   if (ll.opt & EPK_LL_OPT_FLAGS) {
     for (int r = threadIdx.x; r < b.nranks; r += CT)
       epk_st_rel(flag(ctrl(b, ll, r, peer[r]), ll.lay.c_zdone, b.rank), done);
@@ -278,7 +235,72 @@ __global__ void __launch_bounds__(CT, 1) ll_combine_recv_kernel(epk_buf_t b, epk
       epk_st_rel(flag(ctrl(b, ll, r, peer[r]), ll.lay.c_zdone, b.rank), done);
   }
   __syncthreads();
-  if (threadIdx.x == 0) tr_commit(ll, EPK_LL_TR_CRECV, 3);
+  if (threadIdx.x == 0) tr_commit(ll, kind, tp + 3);
+}
+
+__global__ void __launch_bounds__(CT, 1) ll_combine_recv_kernel(epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
+  extern __shared__ int32_t smem[]; /* peer[R], then zc[R] bytes */
+  int32_t *peer = smem;
+  uint8_t *zc = reinterpret_cast<uint8_t *>(smem + b.nranks);
+  const int32_t *ps = slot_arr<int32_t>(ll, a.slot, ll.lay.ps_peer);
+  for (int r = threadIdx.x; r < b.nranks; r += CT) peer[r] = ps[r], zc[r] = 0;
+  const uint32_t c = slot_state(ll, a.slot)->c;
+  tr_min(ll, 0);
+  __syncthreads();
+  combine_receive(b, ll, a, peer, zc, c, a.ticket,
+                  *reinterpret_cast<volatile uint32_t *>(&priv(ll)->c), EPK_LL_TR_CRECV, 0);
+}
+
+/* The send of a combine; with a.recv_too (one phase, EPK_LL_OPT_FUSE) every block then goes on
+ * to the receive, in the same kernel (one launch, no second grid start). */
+__global__ void __launch_bounds__(CT, 1) ll_combine_kernel(epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
+  extern __shared__ int32_t smem[]; /* peer[R], prefix[L + 1], zc[R] bytes */
+  int32_t *peer = smem, *prefix = smem + b.nranks;
+  uint8_t *zc = reinterpret_cast<uint8_t *>(prefix + ll.lay.L + 1);
+  const uint32_t c = *reinterpret_cast<volatile uint32_t *>(&priv(ll)->c) + 1; /* stable: the
+                                                     last block of this kernel advances it */
+  const int32_t *ps = slot_arr<int32_t>(ll, a.slot, ll.lay.ps_peer);
+  tr_min(ll, 0);
+  for (int r = threadIdx.x; r < b.nranks; r += CT) peer[r] = ps[r], zc[r] = 0;
+  __syncthreads();
+  if (blockIdx.x == 0) check(b, ll, a, c);
+  if (blockIdx.x == 0) tr_set(ll, 1);
+  if (!a.zero_copy) push(b, ll, a, prefix, peer);
+  __syncthreads();
+  tr_max(ll, 2);
+  __shared__ int s_last;
+  const bool last = last_block(&priv(ll)->done_comb);
+  if (threadIdx.x == 0) s_last = last;
+  __syncthreads();
+  if (s_last) {
+    /* The last block: every row is pushed and the check is done (block 0's fence preceded its
+     * count); raise the flags, or say that this rank rejected the combine. */
+    epk_ll_priv_t *p = priv(ll);
+    const bool ok = *reinterpret_cast<volatile int32_t *>(&p->comb_ok);
+    const uint32_t v = c | (a.zero_copy ? EPK_LL_ZC : 0u);
+    if (ok && (ll.opt & EPK_LL_OPT_FLAGS)) {
+      for (int s = threadIdx.x; s < b.nranks; s += CT)
+        epk_st_rel(flag(ctrl(b, ll, s, peer[s]), ll.lay.c_comb, b.rank), v);
+    } else if (threadIdx.x == 0) {
+      if (ok)
+        for (int s = 0; s < b.nranks; s++) epk_st_rel(flag(ctrl(b, ll, s, peer[s]), ll.lay.c_comb, b.rank), v);
+      else
+        epk_st_rel(creject(b, ll, b.rank), c);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      slot_state(ll, a.slot)->zc = ok && a.zero_copy ? c : 0;
+      p->c = c;
+      if (a.recv_too) tr_set(ll, 3);
+      else tr_commit(ll, a.zero_copy ? EPK_LL_TR_CZC : EPK_LL_TR_CPUSH, 3);
+    }
+  }
+  /* One phase: the receive waits for every rank's flag of combine c, this rank's own included
+   * (raised, or its rejection stored, by the last block above, after every block's fence): what
+   * block 0's check wrote (records, weights) is visible once that flag is acquired, and the
+   * receive reads it through L2. */
+  if (a.recv_too)
+    combine_receive(b, ll, a, peer, zc, c, a.rticket, c, EPK_LL_TR_C1, 3);
 }
 
 /* A handle whose combine was not received: its readers' marks go up all the same. */
@@ -294,7 +316,7 @@ __global__ void __launch_bounds__(128, 1) ll_release_kernel(epk_buf_t b, epk_ll_
 
 extern "C" cudaError_t epk_ll_launch_combine(const epk_buf_t *b, const epk_ll_t *ll,
                                              const epk_ll_combine_t *a, cudaStream_t s) {
-  size_t smem = 4 * ((size_t)b->nranks + (size_t)ll->lay.L + 1);
+  size_t smem = 4 * ((size_t)b->nranks + (size_t)ll->lay.L + 1) + (size_t)b->nranks + 16;
   ll_combine_kernel<<<ll->blocks, CT, smem, s>>>(*b, *ll, *a);
   return cudaGetLastError();
 }

@@ -124,14 +124,16 @@ enum {
                              (not a serial sum in every block); the receive reads one 16-byte
                              record per (t, k) prepared by the send's check */
   EPK_LL_OPT_FLAGS = 8,   /* flags to the R ranks raised by R threads at once, not one by one */
-  EPK_LL_OPT_ALL = 15
+  EPK_LL_OPT_FUSE = 16,   /* a one-phase combine is one kernel (send, then receive) instead of
+                             two launches */
+  EPK_LL_OPT_ALL = 31
 };
 
 /* EP_CUDA_LL_TRACE=1: %globaltimer at the phase boundaries of every low-latency kernel, summed
  * per kind of kernel; the means are printed when the buffer is destroyed (cuda_ll.c). */
 enum {
   EPK_LL_TR_D16, EPK_LL_TR_D16_SEND, EPK_LL_TR_D8, EPK_LL_TR_D8_SEND, EPK_LL_TR_DRECV,
-  EPK_LL_TR_CPUSH, EPK_LL_TR_CZC, EPK_LL_TR_CRECV, EPK_LL_TR_KINDS
+  EPK_LL_TR_CPUSH, EPK_LL_TR_CZC, EPK_LL_TR_CRECV, EPK_LL_TR_C1, EPK_LL_TR_KINDS
 };
 #define EPK_LL_TR_POINTS 8
 typedef struct {
@@ -215,7 +217,9 @@ typedef struct {
   void *out;                   /* bf16 [n][H] (receive) */
   int n, topk, slot, zero_copy;
   uint32_t ticket;             /* != 0: publish the verdict (check / flags) to the host */
-  uint32_t pad;
+  uint32_t rticket;            /* recv_too: the receive's ticket (the flags' verdict) */
+  int recv_too;                /* the send kernel also receives (one phase, EPK_LL_OPT_FUSE) */
+  int pad;
 } epk_ll_combine_t;
 
 /* Once per buffer: kernel attributes (dynamic shared memory beyond the default). */
