@@ -282,12 +282,7 @@ ep_status_t ep_get_combine_buffer(ep_buffer_t buffer, ep_handle_t handle, void *
   /* A local query, like ep_ll_get_combine_buffer: it pins the buffer without excluding calls. */
   ep_buffer *b;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, false, (void **)&b);
-  if (st) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: buf: %s", op, ep_last_error());
-    ep_err_set_msg(msg);
-    return st;
-  }
+  if (st) return ep_err_named(st, op, "buf");
   ep_handle *h = NULL;
   void *p = NULL;
   if (!(st = ep_handle_get(b, handle, op, "handle", EP_HANDLE_NORMAL, &h)))
