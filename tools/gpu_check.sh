@@ -3,7 +3,8 @@
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
 #   steps: build quick suite sanitize bench epbench doctor scan ll llsan llbench llopt lltrace
 #   (llopt = bin/cuda_bench_ll at R=2/4/8 once per EP_CUDA_LL_OPT variant in $LLOPT (default
-#   "0 1 3 7 15 31"), one line each; lltrace = EP_CUDA_LL_TRACE=1 at R=2 and 8 for OPT 0 and 31:
+#   "0 1 3 7 15 31", R in $LLR, default "2 4 8"), one line each; lltrace = EP_CUDA_LL_TRACE=1 at
+#   R in $LLTR (default "2 8") for OPT in $LLTROPT (default "0 31"):
 #   the mean time of every kernel phase, rank 0's lines)
 #   (low-latency mode: ll = the cuda.ll* tests, llsan = compute-sanitizer memcheck and racecheck
 #   on small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend cuda` at R=2/4/8
@@ -32,7 +33,7 @@ for s in $steps; do
         2>&1 | tee "$out/quick.log" | tail -8 || ok=0
       [ $ok = 1 ] || break ;;
     suite)
-      timeout 300 "$mps" tests/run.sh --filter '^cuda\.(normal|graph|timeout|cycles|overflow)' $b 2>&1 |
+      timeout 300 "$mps" tests/run.sh --filter '^cuda\.(normal|graph|timeout|cycles|overflow|cbuf)' $b 2>&1 |
         tee "$out/suite.log" |
         grep -v '^PASS' || true ;;
     sanitize)
@@ -116,8 +117,8 @@ for s in $steps; do
         done
       done ;;
     lltrace)
-      for R in 2 8; do
-        for o in 0 31; do
+      for R in ${LLTR:-2 8}; do
+        for o in ${LLTROPT:-0 31}; do
           EP_CUDA_LL_OPT=$o EP_CUDA_LL_TRACE=1 timeout 60 "$mps" $b/bin/epcomm launch -n $R \
             $b/bin/cuda_bench_ll --iters 100 >"$out/lltrace-r$R-o$o.log" 2>&1
           echo "trace R=$R EP_CUDA_LL_OPT=$o: exit $?"
