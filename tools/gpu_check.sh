@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
-#   steps: build quick suite sanitize bench epbench doctor scan ll llsan llbench llopt lltrace
+#   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
+#   (trace = bin/cuda_bench with EP_CUDA_TRACE=1 at R=2 and 8: mean time of each phase of a
+#   normal-mode call)
 #   (llopt = bin/cuda_bench_ll at R=2/4/8 once per EP_CUDA_LL_OPT variant in $LLOPT (default
 #   "0 1 3 7 15 31", R in $LLR, default "2 4 8"), one line each; lltrace = EP_CUDA_LL_TRACE=1 at
 #   R in $LLTR (default "2 8") for OPT in $LLTROPT (default "0 31"):
@@ -115,6 +117,16 @@ for s in $steps; do
             END {printf "%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s%s\n", R, o,
                  d16, d8, cv, cc, cz, ds, dr, d8s, cs, cr, g, ov, ck, rc ? " exit " rc : ""}'
         done
+      done ;;
+    trace)
+      # Normal mode: where the time of a call goes (EP_CUDA_TRACE: notify plan, hello, wait for
+      # peers, gap, data kernel), over everything bin/cuda_bench runs, rank 0's lines.
+      for rs in ${TRR:-2:24 8:16}; do
+        set -- ${rs%%:*} ${rs#*:}
+        EP_CUDA_TRACE=1 timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/cuda_bench --sms $2 \
+          >"$out/trace-r$1.log" 2>&1
+        echo "trace R=$1, $2 SMs: exit $?"
+        grep -h 'epcomm trace rank 0:' "$out/trace-r$1.log" | sed 's/.*rank 0: //'
       done ;;
     lltrace)
       for R in ${LLTR:-2 8}; do

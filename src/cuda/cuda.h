@@ -45,6 +45,7 @@ typedef struct {
   struct cuda_ll *ll;      /* low-latency mode (cuda_ll.h), NULL when disabled */
   int fit_blocks;          /* this rank's share of its GPU's SMs (SMs / ranks on the GPU) */
   uint64_t off_ll;         /* its region in the pool */
+  epk_trace_t *trace_mem;  /* EP_CUDA_TRACE: device sums of the normal-mode phases, else NULL */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */

@@ -274,6 +274,7 @@ __global__ void __launch_bounds__(CT, 1) epk_combine_kernel(epk_buf_t b, epk_com
   extern __shared__ long long csm[];
   const int R = b.nranks;
   if (epk_stopped(b)) return; /* the hello failed: nothing moves */
+  epk_tr_min(b, EPK_TR_D_START);
   int *ints = reinterpret_cast<int *>(csm + 2 * R);
   cstate c = {csm, csm + R, ints, ints + R, ints + 2 * R, ints + 3 * R, ints + 4 * R};
   const int K = b.priv->comb_k, tc = b.priv->comb_tc;
@@ -296,6 +297,7 @@ __global__ void __launch_bounds__(CT, 1) epk_combine_kernel(epk_buf_t b, epk_com
   /* Our rows (perhaps the caller's x itself) stay readable until every source is done. */
   if (!wait_all(b, b.off_cdone, (uint32_t)K, EPK_PH_CDONE)) return;
   finish(b);
+  epk_tr_max(b, EPK_TR_D_END);
 }
 
 }  // namespace

@@ -112,6 +112,41 @@ typedef struct {
   epk_ll_report_t ll_recv; /* low-latency combine receive: the peers' flags */
 } epk_host_t;
 
+/* EP_CUDA_TRACE=1: %globaltimer at the phase boundaries of every normal-mode call, summed per
+ * kind of call on the device; the means are printed when the buffer is destroyed. Points: the
+ * notify kernel's start, plan done, hello posted, every peer's hello seen, end; the data
+ * kernel's first block start and last block end. A call's points are folded into the sums by
+ * the next call's notify (or by the host at destroy). */
+enum { EPK_TR_FULL, EPK_TR_CACHED, EPK_TR_COMBINE, EPK_TR_KINDS };
+enum {
+  EPK_TR_N_START, EPK_TR_N_PLAN, EPK_TR_N_POST, EPK_TR_N_GATHER, EPK_TR_N_END, EPK_TR_D_START,
+  EPK_TR_D_END, EPK_TR_POINTS
+};
+typedef struct {
+  unsigned long long at[EPK_TR_POINTS]; /* the current call's points (0: not reached) */
+  int32_t kind, pad;                    /* its kind, -1: none */
+  unsigned long long sum[EPK_TR_KINDS][EPK_TR_POINTS]; /* [i]: at[i] - at[i - 1]; [0]: total */
+  unsigned long long n[EPK_TR_KINDS];
+} epk_trace_t;
+
+/* The fold of one call's points into the sums (device: the next notify; host: at destroy). */
+EPK_HD void epk_trace_fold(epk_trace_t *t) {
+  if (t->kind >= 0 && t->kind < EPK_TR_KINDS && t->at[EPK_TR_N_START] && t->at[EPK_TR_D_END]) {
+    unsigned long long prev = t->at[0];
+    for (int i = 1; i < EPK_TR_POINTS; i++) {
+      unsigned long long v = t->at[i] && t->at[i] != ~0ull ? t->at[i] : prev;
+      v = v < prev ? prev : v;
+      t->sum[t->kind][i] += v - prev;
+      prev = v;
+    }
+    t->sum[t->kind][0] += prev - t->at[0];
+    t->n[t->kind]++;
+  }
+  for (int i = 0; i < EPK_TR_POINTS; i++) t->at[i] = 0;
+  t->at[EPK_TR_D_START] = ~0ull;
+  t->kind = -1;
+}
+
 /* What every kernel knows about its buffer; constant from create to destroy. */
 typedef struct {
   int rank, nranks, blocks, pad0;
@@ -123,6 +158,7 @@ typedef struct {
   uint64_t timeout_ns;
   uint64_t slot_bytes, off_hello, off_arrive, off_consumed, off_staged, off_cdone, off_ctab;
   uint64_t off_area_d, off_area_c, area_bytes, pool_bytes;
+  epk_trace_t *trace;      /* EP_CUDA_TRACE, else NULL */
 } epk_buf_t;
 
 EPK_HD uint64_t epk_al(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }

@@ -283,6 +283,13 @@ __global__ void __launch_bounds__(NT, 1) epk_notify_kernel(epk_buf_t b, epk_noti
     s_seq = b.priv->seq + 1;
     b.priv->seq = s_seq;
     b.priv->call_status = 0;
+    if (b.trace) { /* the previous call's data kernel has ended (stream order): fold it */
+      epk_trace_fold(b.trace);
+      b.trace->kind = a.kind == EPK_NOTIFY_DISPATCH ? EPK_TR_FULL
+                      : a.kind == EPK_NOTIFY_CACHED ? EPK_TR_CACHED
+                      : a.kind == EPK_NOTIFY_COMBINE ? EPK_TR_COMBINE : -1;
+      b.trace->at[EPK_TR_N_START] = epk_now();
+    }
   }
   __syncthreads();
   const uint32_t seq = s_seq;
@@ -303,15 +310,19 @@ __global__ void __launch_bounds__(NT, 1) epk_notify_kernel(epk_buf_t b, epk_noti
       plan_rows(b, a, cnt_me);
     }
   }
+  epk_tr_set(b, EPK_TR_N_PLAN);
   post(b, a, seq, status, cnt_me);
+  epk_tr_set(b, EPK_TR_N_POST);
   if (status != EPK_HELLO_OK || !gather(b, seq) || !compare(b, seq)) {
     publish(b, a);
     return;
   }
+  epk_tr_set(b, EPK_TR_N_GATHER);
   if (a.kind == EPK_NOTIFY_DISPATCH) finish_dispatch(b, a, seq);
   if (a.kind != EPK_NOTIFY_COMBINE) write_prefix(b, a);
   else finish_combine(b, a, seq);
   publish(b, a);
+  epk_tr_set(b, EPK_TR_N_END);
 }
 
 }  // namespace
