@@ -340,7 +340,7 @@ VS_NORMAL = [
     ("combine_view", "combine", "combine, x = dispatch view"),
     ("combine_tensor", "combine", "combine, x = separate tensor"),
     ("combine_cbuf", "combine", "combine, x = ep_get_combine_buffer"),
-    ("write_combine_cbuf", "write_combine", "experts' write + combine (combine buffer)"),
+    ("write_combine_cbuf", "write_combine", "experts' write + combine (buffer)"),
     ("write_combine_tensor", "write_combine", "experts' write + combine (tensor)"),
 ]
 EP_LL = {
@@ -439,7 +439,7 @@ def report(d):
           "faster); us")
     fmt = "{:<6} {:>3} {:>4} {:>6}  {:<40} {:>9} {:>9} {:>7}"
     print(fmt.format("mode", "R", "SMs", "tokens", "operation", "epcomm", "DeepEP", "x"))
-    for key in sorted(ep):
+    for key in sorted(ep, key=lambda k: (k[0], k[1], -k[3])):
         mode, R, sms, N = key
         for eop, dop, label in (VS_NORMAL if mode == "normal" else VS_LL):
             e = ep[key].get(eop)
