@@ -242,6 +242,19 @@ static void op_combine(bench_t *b, void *p) {
   EP(ep_combine(c->buf, &a));
 }
 
+/* The experts' write (a device copy of their output rows into x), then the combine of x. */
+typedef struct {
+  cctx_t c;
+  const void *y;
+  size_t bytes;
+} wctx_t;
+
+static void op_write_combine(bench_t *b, void *p) {
+  wctx_t *w = (wctx_t *)p;
+  CU(cudaMemcpyAsync((void *)w->c.x, w->y, w->bytes, cudaMemcpyDeviceToDevice, b->st));
+  op_combine(b, &w->c);
+}
+
 /* ------------------------------------------------------------------ baseline */
 
 typedef struct {
@@ -462,7 +475,7 @@ int main(int argc, char **argv) {
   ep_handle_t h16 = NULL, h8 = NULL;
   dctx_t d16 = {buf, EP_DTYPE_BF16, NULL, NULL, NULL, 0, NULL, {0}};
   dctx_t d8 = {buf, EP_DTYPE_FP8_E4M3, NULL, NULL, NULL, 0, NULL, {0}};
-  row_t rows[8];
+  row_t rows[12];
   double dv[3];
   deepep(b.R, o->sms, dv);
   d8.keep = &h8;
@@ -510,6 +523,32 @@ int main(int argc, char **argv) {
                     sum16 * row16, dv[2]};
   CU(cudaStreamSynchronize(b.st));
   bad += check_combine(&b, out);
+  /* x = ep_get_combine_buffer's memory (the experts write their outputs there; peers read it in
+   * place): the combine alone, then with the experts' write (a copy of the rows) in each call,
+   * beside the same write into a separate tensor. */
+  int nrows = 7;
+  void *cb = NULL;
+  if (ep_get_combine_buffer(buf, h16, &cb) == EP_OK) {
+    CU(cudaMemcpyAsync(cb, y, (size_t)nr16 * row16, cudaMemcpyDeviceToDevice, b.st));
+    cctx_t cc = {buf, h16, cb, out};
+    rows[nrows++] = (row_t){"combine bf16 (x = comb. buf)", time_op(&b, op_combine, &cc),
+                            nr16 * row16, sum16 * row16, dv[2]};
+    CU(cudaStreamSynchronize(b.st));
+    bad += check_combine(&b, out);
+    wctx_t wb = {cc, y, (size_t)nr16 * (size_t)row16};
+    void *y2;
+    CU(cudaMalloc(&y2, (size_t)nr16 * row16 + 16));
+    wctx_t wt = {{buf, h16, y2, out}, y, (size_t)nr16 * (size_t)row16};
+    rows[nrows++] = (row_t){"write + combine (comb. buf)", time_op(&b, op_write_combine, &wb),
+                            nr16 * row16, sum16 * row16, dv[2]};
+    rows[nrows++] = (row_t){"write + combine (x = tensor)", time_op(&b, op_write_combine, &wt),
+                            nr16 * row16, sum16 * row16, dv[2]};
+    CU(cudaStreamSynchronize(b.st));
+    bad += check_combine(&b, out);
+    cudaFree(y2);
+  } else if (b.me == 0) {
+    printf("ep_get_combine_buffer: %s (rows not timed)\n", ep_last_error());
+  }
   int allbad[256], totbad = 0;
   EP(ep_group_allgather(b.g, &bad, allbad, sizeof bad));
   for (int r = 0; r < b.R; r++) totbad += allbad[r];
@@ -523,7 +562,7 @@ int main(int argc, char **argv) {
   double base8 = time_base(&b, &bs);
   base_teardown(&b, &bs);
 
-  report(&b, rows, 7, ceiling, base16, base8);
+  report(&b, rows, nrows, ceiling, base16, base8);
   if (b.me == 0) printf("combine check: %s (%d mismatches)\n", totbad ? "FAILED" : "exact", totbad);
   EP(ep_handle_destroy(h16));
   EP(ep_handle_destroy(h8));

@@ -12,9 +12,16 @@
  * made. Handles are opaque identifiers, not addresses: using or destroying an object twice is
  * reported (EP_ERR_DESTROYED), never undefined behaviour.
  *
- * Collective calls must be made by every rank of the group, in the same order. Every wait inside
- * a collective call has a deadline (config timeout, default 100 s, EP_TIMEOUT_S overrides) and a
- * peer that dies makes the others fail within seconds (EP_ERR_PEER_FAILED).
+ * Collective calls must be made by every rank of the group, in the same order. Every exchange
+ * carries the operation and its call number: ranks that make different calls fail with
+ * EP_ERR_MISMATCH naming both; a call rejected on one rank (bad arguments) still takes part, so
+ * the peers fail at once with EP_ERR_PEER_INVALID. Every wait inside a collective call has a
+ * deadline (config timeout, default 100 s, EP_TIMEOUT_S overrides) and a peer that dies makes
+ * the others fail within seconds (EP_ERR_PEER_FAILED); after such a failure the group is broken
+ * and destroys are local.
+ *
+ * Processes: objects belong to the process that created them. After fork(), any use in the
+ * child returns EP_ERR_FORKED (and the child's exit says nothing about them).
  *
  * Thread safety:
  *   - Different objects may be used concurrently from different threads (two buffers driven by two
@@ -164,7 +171,10 @@ typedef struct {
 } ep_bootstrap_t;
 
 /* Collective. Ranks, job id and failure channel from the environment that `epcomm launch` sets
- * (EP_RANK, EP_NRANKS, EP_JOB_ID, EP_NOTIFY_FD), or that mpirun sets (OMPI_COMM_WORLD_RANK, ...).
+ * (EP_RANK, EP_NRANKS, EP_JOB_ID, EP_NOTIFY_FD), that torchrun sets (RANK, WORLD_SIZE; the job
+ * named by MASTER_ADDR:MASTER_PORT, else TORCHELASTIC_RUN_ID), or that mpirun or srun set
+ * (OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, ...), tried in that order; EP_JOB_ID, when set,
+ * names the job whatever the launcher.
  * cfg may be NULL for defaults. Every rank creates its groups in the same order. Thread safe.
  * Errors: EP_ERR_NULL_ARG (group), EP_ERR_CONFIG (cfg size/magic), EP_ERR_BOOTSTRAP (no rank or
  * job id in the environment, rendezvous taken), EP_ERR_OUT_OF_RANGE (rank >= size),
@@ -179,7 +189,8 @@ EP_API ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_gro
 EP_API ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t *cfg,
                             ep_group_t *group);
 /* Collective, bounded by the deadline. EP_ERR_BUSY (and nothing destroyed) while buffers of this
- * group are alive. NULL is a no-op. */
+ * group are alive (the peers' destroy then fails with EP_ERR_PEER_INVALID). After a failure broke
+ * the group, local only. NULL is a no-op. */
 EP_API ep_status_t ep_group_destroy(ep_group_t group);
 /* Local: frees this rank's resources without talking to peers (crash paths). Live buffers of the
  * group are released too. NULL is a no-op. */
@@ -190,7 +201,9 @@ EP_API ep_status_t ep_group_nranks(ep_group_t group, int *nranks);
 /* Collective barrier with the group's deadline. EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED name the rank
  * (and break the group: only destroy/release remain), EP_ERR_BROKEN after an earlier failure. */
 EP_API ep_status_t ep_group_barrier(ep_group_t group);
-/* Collective: recv[r * bytes ...] receives rank r's `bytes` bytes (small setup data, figures). */
+/* Collective: recv[r * bytes ...] receives rank r's `bytes` bytes (small setup data, figures).
+ * `bytes` must be the same on every rank (EP_ERR_MISMATCH); a NULL pointer is named and the
+ * peers get EP_ERR_PEER_INVALID. */
 EP_API ep_status_t ep_group_allgather(ep_group_t group, const void *send, void *recv, size_t bytes);
 /* Last error recorded on this group (operation, phase, peer); "" if none. */
 EP_API const char *ep_group_last_error(ep_group_t group);
@@ -228,11 +241,12 @@ typedef struct {
   /* Low-latency sizing (T, H, E all 0: low-latency mode disabled; otherwise all three >= 1,
    * H a multiple of 8, E divisible by the number of ranks R). The low-latency region of one
    * rank's buffer takes, with L = E/R and K = ll_max_topk (docs/LOW_LATENCY.md has the exact
-   * layout; ep_buffer_size_hint gives the exact total):
-   *     2 x ( E*T*(2H + 8) + 2*T*K*H )  +  O(R*E) bytes of counters and flags
-   * i.e. two result slots, each an expert-major slab [L][R*T] of bf16 rows plus 8 bytes of
-   * per-row metadata, and a combine receive area [T][K] of bf16 rows. On the CPU backend the
-   * pages are only backed by memory once a row is written there. */
+   * layout; ep_buffer_size_hint gives the exact total), at most:
+   *     2 x ( E*T*(4H + 8) + 2*T*K*H )  +  O(R*E) bytes of counters and flags
+   * i.e. two result slots, each an expert-major slab [L][R*T] of bf16 rows, the zero-copy
+   * combine input of the same shape (ep_ll_get_combine_buffer), 8 bytes of per-row metadata,
+   * and (CPU) a combine receive area [T][K] of bf16 rows. On the CPU backend the pages are only
+   * backed by memory once a row is written there. */
   int ll_max_tokens; /* T: tokens per rank per call */
   int ll_hidden;     /* H */
   int ll_num_experts; /* E */
@@ -240,7 +254,8 @@ typedef struct {
   double timeout_s; /* <= 0: inherit the group's */
   /* CUDA backend */
   int cuda_device; /* -1: EP_CUDA_DEVICE, else the local rank modulo the devices, else current */
-  int num_sms;     /* thread blocks (one per SM) of the data kernels; 0: EP_CUDA_SMS, else 24 */
+  int num_sms;     /* thread blocks (one per SM) of the data kernels; 0: EP_CUDA_SMS, else 24
+                      (normal mode) or the rank's share of its GPU's SMs (low-latency mode) */
 } ep_buffer_config_t;
 #define EP_BUFFER_CONFIG_INIT                                                                    \
   {sizeof(ep_buffer_config_t), EP_CONFIG_MAGIC, EP_BACKEND_AUTO, 0, 0, 0, 0, 0, 0, 0.0, -1, 0}
@@ -255,7 +270,9 @@ EP_API ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks
  * (configs differ across ranks: field and rank named), EP_ERR_NO_MEMORY, EP_ERR_PEER_INVALID (a
  * peer failed to create its part), EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED (rank named),
  * EP_ERR_BROKEN (group broken), EP_ERR_INVALID_ARG (an invalid EP_* value, as at group
- * creation: the environment is read again here). */
+ * creation: the environment is read again here), EP_ERR_TOO_LARGE (a CPU segment larger than
+ * the host's memory). A config rejected on one rank still takes part in the exchange: the peers
+ * fail with EP_ERR_PEER_INVALID instead of pairing with a later create. */
 EP_API ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf);
 /* Collective, bounded by the deadline: quiesce, unmap peers, free. Always frees: a broken buffer
  * skips the barrier (EP_OK); a barrier that fails still frees and returns the failure. Live
@@ -280,7 +297,9 @@ typedef enum {
   EP_CAP_LOW_LATENCY = 1u << 1,    /* ep_ll_* (and the buffer was created with ll sizes) */
   EP_CAP_DEVICE_MEMORY = 1u << 2,  /* tensors are device pointers, calls are ordered on `stream` */
   EP_CAP_GRAPH_CAPTURE = 1u << 3,  /* calls that never wait on the host can be captured in a
-                                      CUDA graph (worst-case and cached dispatch, combine) */
+                                      CUDA graph (worst-case and cached dispatch, combine, every
+                                      low-latency call) */
+  EP_CAP_COMBINE_BUFFER = 1u << 4, /* ep_get_combine_buffer: a combine input inside the buffer */
 } ep_cap_t;
 
 typedef enum {
@@ -436,8 +455,9 @@ typedef struct {
   ep_handle_t handle;        /* from this rank's matching (non-cached) dispatch */
   const void *x;             /* bf16 [rows][hidden] in the row order of the dispatch output;
                                 CUDA: when x lies in the buffer's receive area (a bf16 dispatch
-                                view written in place), peers read it where it is; otherwise it
-                                is first copied into the buffer (one more pass over the rows) */
+                                view written in place) or is ep_get_combine_buffer's memory,
+                                peers read it where it is; otherwise it is first copied into the
+                                buffer (one more pass over the rows) */
   const float *topk_weights; /* [rows][topk] or NULL */
   const void *bias[2];       /* bf16 [num_tokens][hidden] each, or NULL */
   void *stream;
@@ -454,6 +474,17 @@ typedef struct {
  * of t. Errors as for ep_dispatch; EP_ERR_INVALID_ARG / EP_ERR_DESTROYED for a handle that is
  * not a live handle of this buffer. */
 EP_API ep_status_t ep_combine(ep_buffer_t buf, const ep_combine_args_t *args);
+
+/* Local. Memory inside the buffer shaped like the combine input x of `handle` (bf16
+ * [rows][hidden], rows = the handle's dispatch output rows, in their order): write the experts'
+ * outputs there and pass *x as args->x of the combine along `handle`; the peers then read the
+ * rows where they are (CUDA: no staging pass, the speed of x = a bf16 dispatch view, also after
+ * an fp8 dispatch). Valid until the next ep_combine on the buffer (whatever its handle) or the
+ * buffer's destroy; other dispatches leave it alone. Backends with EP_CAP_COMBINE_BUFFER.
+ * EP_ERR_TOO_LARGE when the buffer's combine area cannot hold the rows (raise queue_bytes: the
+ * area is R x num_channels x queue_bytes); EP_ERR_UNSUPPORTED on other backends (the CPU backend
+ * reads any x where it is). */
+EP_API ep_status_t ep_get_combine_buffer(ep_buffer_t buf, ep_handle_t handle, void **x);
 
 /* Handle queries and destroy (local, thread safe). */
 EP_API ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens);
@@ -481,8 +512,27 @@ EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
  * overlaps the caller's compute. The send phase of a dispatch waits for one thing: every rank
  * entering the same call (their counts fix where this rank's rows go; their entry says their
  * result slot is free). The send phase of a combine never waits. two_phase = 0 does both phases
- * in one call. */
+ * in one call.
+ *
+ * CUDA backend (docs/LOW_LATENCY.md): every call is queued on its stream (ep_ll_recv on the
+ * stream of the call it completes) and never waits on the host for data. Outside a graph
+ * capture the host waits for a call's verdict only (dispatch: the count exchange, so that a
+ * peer's rejection or a bad id is returned by this call and the receive count is known;
+ * combine: its own check and, when it receives, the peers' flags). In a capture, or with
+ * EP_CUDA_LL_ASYNC=1, it never waits: ep_ll_handle_num_recv_tokens says -1 (recv_count on the
+ * device has the counts) and a failure is returned by the next call. Dispatch and combine, one-
+ * or two-phase, can be captured in a CUDA graph and replayed with new inputs of the same shapes
+ * (counters advance on the device); the captured handle keeps its result slot while the graph
+ * may be replayed. */
 typedef struct ep_ll_handle_s *ep_ll_handle_t;
+
+/* Layout of the fp8 scales of a low-latency dispatch's view (docs/SEMANTICS.md §6.4). */
+typedef enum {
+  EP_SCALES_ROW_MAJOR = 0, /* [L][R*T][H/128]: float, or with use_ue8m0 one exponent byte each */
+  EP_SCALES_COL_MAJOR = 1, /* [L][H/128][R*T] float, or with use_ue8m0 [L][H/512][R*T] int32 of
+                              four exponent bytes (block 4j+i in byte i; H % 512 == 0): what
+                              masked grouped GEMMs read (DeepEP's layout) */
+} ep_scale_layout_t;
 
 typedef struct {
   size_t size; /* sizeof(ep_ll_dispatch_args_t): EP_LL_DISPATCH_ARGS_INIT */
@@ -495,7 +545,9 @@ typedef struct {
   int round_scale; /* fp8 scales are powers of two (requires use_fp8) */
   int use_ue8m0;   /* store only the scales' exponent bytes (requires round_scale) */
   int two_phase;   /* 1: only send; complete with ep_ll_recv(buf, handle) */
-  void *stream;    /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY */
+  void *stream;    /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY; the receive of a
+                      two-phase call (ep_ll_recv) runs on the same stream */
+  int scale_layout; /* ep_scale_layout_t of the fp8 scales (use_fp8), the same on all ranks */
 } ep_ll_dispatch_args_t;
 #define EP_LL_DISPATCH_ARGS_INIT EP_ARGS_INIT_(ep_ll_dispatch_args_t)
 
@@ -512,10 +564,14 @@ typedef struct {
   int use_fp8, round_scale, use_ue8m0;
   void *recv_x;              /* [L][R*T][H] bf16, or fp8 e4m3 (1 byte) when use_fp8 */
   void *recv_x_scales;       /* use_fp8: float [L][R*T][H/128], or with use_ue8m0 uint8
-                                [L][R*T][H/128] biased exponents (e + 127); else NULL */
-  const int32_t *recv_count;        /* [L] rows received per local expert */
+                                [L][R*T][H/128] biased exponents (e + 127); else NULL. With
+                                scale_layout EP_SCALES_COL_MAJOR: [L][H/128][R*T] float, or
+                                int32 [L][H/512][R*T] of four exponent bytes */
+  const int32_t *recv_count;        /* [L] rows received per local expert: the count array of
+                                       masked grouped GEMMs */
   const int32_t *recv_src_info;     /* [L][R*T] the row's token index in its source rank */
   const int64_t *recv_layout_range; /* [L][R]: (begin << 32) | count of the rows from rank r */
+  int scale_layout;                 /* ep_scale_layout_t of recv_x_scales */
 } ep_ll_recv_view_t;
 #define EP_LL_RECV_VIEW_INIT EP_ARGS_INIT_(ep_ll_recv_view_t)
 
@@ -535,15 +591,20 @@ EP_API ep_status_t ep_ll_dispatch(ep_buffer_t buf, const ep_ll_dispatch_args_t *
  * handle has nothing to receive. */
 EP_API ep_status_t ep_ll_recv(ep_buffer_t buf, ep_ll_handle_t handle);
 
-/* Local. The receive side of a completed dispatch. view->size must be set. EP_ERR_INVALID_ARG
- * before the receive is complete; EP_ERR_DESTROYED when the buffer is gone. */
+/* Local. The receive side of a dispatch. view->size must be set. After a two-phase send and
+ * before ep_ll_recv the view already names the arrays the rows will land in (their addresses
+ * never change), but their contents, recv_count included, are defined only once the receive is
+ * complete. EP_ERR_INVALID_ARG for a handle whose call failed; EP_ERR_DESTROYED when the buffer
+ * is gone. */
 EP_API ep_status_t ep_ll_get_recv_view(ep_ll_handle_t handle, ep_ll_recv_view_t *view);
 
 typedef struct {
   size_t size; /* sizeof(ep_ll_combine_args_t): EP_LL_COMBINE_ARGS_INIT */
   ep_ll_handle_t handle;     /* from ep_ll_dispatch, receive complete; one combine per handle */
-  const void *y;             /* bf16 [L][R*T][H] expert outputs in the view's row order (caller
-                                memory; may be the view's recv_x after a bf16 dispatch) */
+  const void *y;             /* bf16 [L][R*T][H] expert outputs in the view's row order: caller
+                                memory, the view's recv_x after a bf16 dispatch, or (zero copy)
+                                exactly the pointer ep_ll_get_combine_buffer gave for this
+                                handle, which the call recognises by its address */
   const int64_t *topk_idx;   /* [num_tokens][topk] of the dispatch; a slot may be set to -1 to
                                 leave that expert out, no other change is allowed */
   const float *topk_weights; /* [num_tokens][topk] */
@@ -562,8 +623,19 @@ typedef struct {
  * reduces. */
 EP_API ep_status_t ep_ll_combine(ep_buffer_t buf, const ep_ll_combine_args_t *args);
 
+/* Local. Zero-copy combine: *y is where the experts of this handle's dispatch may write their bf16
+ * outputs [L][R*T][H] (the view's row order) inside the buffer, so that ep_ll_combine with args->y
+ * equal to *y moves no extra copy of them (DeepEP's get_next_low_latency_combine_buffer with
+ * zero_copy). One area per result slot: it belongs to the handle until ep_ll_handle_destroy, and
+ * is written by the caller only between the completed receive of the dispatch and the combine
+ * (CUDA: a device pointer; write it on the stream of the calls, after the dispatch's receive).
+ * EP_ERR_INVALID_ARG when the handle's dispatch is not received or it was already combined;
+ * EP_ERR_NULL_ARG, EP_ERR_DESTROYED as for the other handle calls. */
+EP_API ep_status_t ep_ll_get_combine_buffer(ep_buffer_t buf, ep_ll_handle_t handle, void **y);
+
 /* Local, thread safe: the number of rows the dispatch delivered to this rank (sum of
- * recv_count), once its receive is complete. */
+ * recv_count), once its receive is complete; -1 on the CUDA backend when the dispatch did not
+ * wait on the host (graph capture, EP_CUDA_LL_ASYNC=1). */
 EP_API ep_status_t ep_ll_handle_num_recv_tokens(ep_ll_handle_t h, int *num_recv_tokens);
 /* Local. Gives the handle's result slot back. EP_ERR_BUSY while a call on its buffer is in
  * flight (the handle survives; retry once the call has returned). NULL is a no-op. */

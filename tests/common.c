@@ -1,13 +1,5 @@
 #include "common.h"
 
-#ifdef EP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#define T_CUDA(call)                                                                     \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) T_FAILF("%s: %s", #call, cudaGetErrorString(e_));             \
-  } while (0)
-#endif
 
 int t_rank = -1;
 const char *t_case = NULL;

@@ -20,6 +20,8 @@ typedef struct {
   int two_phase; /* dispatch and combine in two phases, with other work in between */
   int in_place;  /* combine y = the view's recv_x (bf16 only) */
   int cmask;     /* the combine leaves some selected slots out (-1) */
+  int zero_copy; /* combine y = ep_ll_get_combine_buffer's area, the expert outputs written there */
+  int cols;      /* fp8 scales in the column-major layout (EP_SCALES_COL_MAJOR) */
 } llw_case_t;
 
 typedef struct {
@@ -32,6 +34,10 @@ typedef struct {
   float **w;
   ref_ll_recv_t *ref;   /* [R] */
   ep_ll_handle_t h;     /* this rank's handle, NULL before the dispatch / after destroy */
+  /* This rank's inputs where the backend reads them (device memory with EP_BACKEND=cuda). */
+  void *dx;
+  int64_t *didx;
+  float *dw;
 } llw_round_t;
 
 /* Work done between the two phases of a two-phase call (collective when it uses the group). */
@@ -43,6 +49,8 @@ void llw_buffer(ep_group_t g, const llw_cfg_t *c, ep_buffer_t *buf);
 void llw_gen(llw_round_t *rd, int R, int me, const llw_cfg_t *c, const llw_case_t *k,
              uint64_t seed);
 void llw_free(llw_round_t *rd); /* destroys the handle too */
+/* Copies this rank's (changed) host inputs to where the backend reads them again. */
+void llw_upload(llw_round_t *rd);
 /* This rank's (valid) arguments of the round's dispatch (the handle is ep_ll_dispatch's
  * third argument: &rd->h). */
 void llw_args(llw_round_t *rd, ep_ll_dispatch_args_t *a);

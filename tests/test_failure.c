@@ -148,11 +148,15 @@ static int kill_in_ll(void) {
   ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
   cfg.ll_max_tokens = T, cfg.ll_hidden = H, cfg.ll_num_experts = 4 * R, cfg.ll_max_topk = K;
   T_OK(ep_buffer_create(g, &cfg, &buf));
-  uint16_t *x = t_xmalloc((size_t)T * H * 2), *out = t_xmalloc((size_t)T * H * 2);
-  int64_t idx[T * K];
-  float w[T * K];
-  for (int i = 0; i < T * H; i++) x[i] = 0x3f80;
-  for (int i = 0; i < T * K; i++) idx[i] = (i / K * 5 + i % K) % (4 * R), w[i] = 1.0f;
+  /* Tensors where the backend reads them (device memory with EP_BACKEND=cuda). */
+  uint16_t *hx = t_xmalloc((size_t)T * H * 2);
+  int64_t hidx[T * K];
+  float hw[T * K];
+  for (int i = 0; i < T * H; i++) hx[i] = 0x3f80;
+  for (int i = 0; i < T * K; i++) hidx[i] = (i / K * 5 + i % K) % (4 * R), hw[i] = 1.0f;
+  void *x = t_to_dev(hx, (size_t)T * H * 2), *out = t_dalloc((size_t)T * H * 2);
+  void *idx = t_to_dev(hidx, sizeof hidx), *w = t_to_dev(hw, sizeof hw);
+  free(hx);
   int victim = R - 1;
   pthread_t th;
   if (me == victim) pthread_create(&th, NULL, killer, (void *)(uintptr_t)30);
@@ -173,7 +177,7 @@ static int kill_in_ll(void) {
   survivor_report(st, "low-latency", victim);
   T_OK(ep_buffer_destroy(buf));
   T_OK(ep_group_destroy(g));
-  free(x), free(out);
+  t_dfree(x), t_dfree(out), t_dfree(idx), t_dfree(w);
   return T_PASS;
 }
 
@@ -356,6 +360,8 @@ static int loop(const char *dir) {
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "";
   death_file = argc > 2 ? argv[2] : "/dev/null";
+  t_require_backend(); /* EP_BACKEND=cuda (kill-ll) without a GPU: "skipped: no GPU" */
+  if (!strcmp(mode, "probe")) return T_PASS; /* tests/test_failure.sh: can this backend run? */
   if (!strcmp(mode, "kill-dispatch")) return kill_in_op("dispatch");
   if (!strcmp(mode, "kill-combine")) return kill_in_op("combine");
   if (!strcmp(mode, "kill-create")) {

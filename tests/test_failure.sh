@@ -3,6 +3,8 @@
 # test_failure under `epcomm launch -n R` and check that the survivors detected the failure in
 # time and exited 0, that the launcher named the dead rank and how, and that /dev/shm is clean.
 # Usage: tests/test_failure.sh BUILD_DIR        (exit 0 pass, 1 fail; silent when passing)
+#        tests/test_failure.sh BUILD_DIR cuda   the low-latency scenario on the CUDA backend
+#                                               (exit 77 with "skipped: no GPU" without one)
 set -u
 b=${1:?usage: test_failure.sh BUILD_DIR}
 epcomm=$b/bin/epcomm prog=$b/tests/test_failure
@@ -26,6 +28,14 @@ scenario() { # name ranks victim
   [ "$seen" = $((n - 1)) ] || say "$name: $seen of $((n - 1)) survivors reported detection"
   grep "detected" "$tmp/$name.out"
 }
+
+if [ "${2:-}" = cuda ]; then
+  export EP_BACKEND=cuda
+  timeout 60 "$prog" probe >"$tmp/probe" 2>&1
+  if grep -q "skipped: no GPU" "$tmp/probe"; then grep -m1 skipped "$tmp/probe"; exit 77; fi
+  scenario kill-ll 3 2
+  exit $fail
+fi
 
 scenario kill-dispatch 3 2
 scenario kill-combine 4 3

@@ -1,10 +1,14 @@
 /* Low-latency mode against the reference (SEMANTICS.md §6), for whatever number of ranks
  * `epcomm launch -n R` gives: dispatch in bf16 and the three fp8 formats (values, scales and
- * exponent bytes bit for bit), combine bit for bit with the reference's fused multiply-add chain,
+ * exponent bytes bit for bit; scales row-major or column-major, §6.4), combine bit for bit with
+ * the reference's fused multiply-add chain (y in caller memory, the view, or the zero-copy area),
  * over a table of buffer sizes, routings (random, skewed, masked, a rank nobody selects, all slots
  * masked on some ranks), token counts (N < T, N = T, N = 0 on some ranks) and topk up to 9; the
  * two-phase form with normal-mode calls on the same buffer between send and receive; and many
  * consecutive calls with two results alive (the buffer flip).
+ *
+ * The same body runs on either backend (EP_BACKEND=cuda: inputs and outputs in device memory,
+ * moved with the t_d* helpers).
  *
  * Usage: tests/test_ll [matrix|flip|all] [iterations of flip]   (default: all 40)
  *        tests/test_ll time T H E TOPK ITERS [fp8]   microseconds per call (a measuring aid;
@@ -24,23 +28,30 @@ static const llw_cfg_t cfgs[] = {
 
 typedef struct {
   int cfg;
-  llw_case_t k; /* topk, routing, N, format, two_phase, in_place, combine mask */
+  llw_case_t k; /* topk, routing, N, format, two_phase, in_place, combine mask, zero copy,
+                  column-major scales */
 } tcase_t;
 
 static const tcase_t cases[] = {
-    {0, {8, RT_UNIFORM, NM_RANDOM, F_BF16, 0, 0, 0}},
-    {0, {9, RT_MASKED, NM_FULL, F_FP8, 1, 0, 1}},
-    {0, {6, RT_SKEW, NM_ZERO_SOME, F_FP8_ROUND, 0, 0, 0}},
-    {0, {4, RT_EMPTY_RANK, NM_RANDOM, F_FP8_UE8M0, 1, 0, 0}},
-    {0, {1, RT_UNIFORM, NM_FULL, F_BF16, 1, 1, 0}},
-    {0, {5, RT_ALLMASK, NM_RANDOM, F_FP8, 0, 0, 1}},
-    {1, {8, RT_UNIFORM, NM_FULL, F_BF16, 0, 1, 0}},
-    {1, {8, RT_MASKED, NM_RANDOM, F_FP8, 1, 0, 0}},
-    {1, {8, RT_SKEW, NM_ZERO_SOME, F_FP8_UE8M0, 0, 0, 1}},
-    {2, {3, RT_UNIFORM, NM_RANDOM, F_BF16, 1, 0, 1}},
-    {2, {4, RT_MASKED, NM_ZERO_SOME, F_BF16, 0, 1, 0}},
-    {3, {9, RT_UNIFORM, NM_FULL, F_FP8_ROUND, 1, 0, 0}},
-    {3, {9, RT_SKEW, NM_RANDOM, F_BF16, 0, 0, 1}},
+    {0, {8, RT_UNIFORM, NM_RANDOM, F_BF16, 0, 0, 0, 0, 0}},
+    {0, {9, RT_MASKED, NM_FULL, F_FP8, 1, 0, 1, 0, 0}},
+    {0, {6, RT_SKEW, NM_ZERO_SOME, F_FP8_ROUND, 0, 0, 0, 0, 0}},
+    {0, {4, RT_EMPTY_RANK, NM_RANDOM, F_FP8_UE8M0, 1, 0, 0, 0, 0}},
+    {0, {1, RT_UNIFORM, NM_FULL, F_BF16, 1, 1, 0, 0, 0}},
+    {0, {5, RT_ALLMASK, NM_RANDOM, F_FP8, 0, 0, 1, 0, 0}},
+    {1, {8, RT_UNIFORM, NM_FULL, F_BF16, 0, 1, 0, 0, 0}},
+    {1, {8, RT_MASKED, NM_RANDOM, F_FP8, 1, 0, 0, 0, 0}},
+    {1, {8, RT_SKEW, NM_ZERO_SOME, F_FP8_UE8M0, 0, 0, 1, 0, 0}},
+    {2, {3, RT_UNIFORM, NM_RANDOM, F_BF16, 1, 0, 1, 0, 0}},
+    {2, {4, RT_MASKED, NM_ZERO_SOME, F_BF16, 0, 1, 0, 0, 0}},
+    {3, {9, RT_UNIFORM, NM_FULL, F_FP8_ROUND, 1, 0, 0, 0, 0}},
+    {3, {9, RT_SKEW, NM_RANDOM, F_BF16, 0, 0, 1, 0, 0}},
+    {0, {7, RT_MASKED, NM_RANDOM, F_FP8, 0, 0, 1, 1, 0}},     /* zero-copy combine */
+    {1, {8, RT_UNIFORM, NM_FULL, F_BF16, 1, 0, 0, 1, 0}},     /* zero-copy, two-phase */
+    {2, {4, RT_SKEW, NM_ZERO_SOME, F_BF16, 0, 0, 0, 1, 0}},
+    {1, {8, RT_UNIFORM, NM_FULL, F_FP8, 0, 0, 0, 0, 1}},       /* column-major scales */
+    {1, {6, RT_MASKED, NM_RANDOM, F_FP8_UE8M0, 1, 0, 0, 1, 1}},
+    {0, {5, RT_SKEW, NM_ZERO_SOME, F_FP8_ROUND, 0, 0, 1, 0, 1}},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -64,10 +75,11 @@ static void normal_between(void *arg) {
 
 static void describe(int idx, const llw_cfg_t *c, const llw_case_t *k) {
   static char desc[200];
-  snprintf(desc, sizeof desc, "case %d: T=%d H=%d E=%d K=%d topk=%d %s %s %s%s%s%s", idx, c->T,
-           c->H, c->E, c->K, k->topk, llw_rt_names[k->routing], llw_nm_names[k->nmode],
-           llw_fmt_names[k->fmt], k->two_phase ? " two-phase" : "",
-           k->in_place ? " y=recv_x" : "", k->cmask ? " combine-mask" : "");
+  snprintf(desc, sizeof desc, "case %d: T=%d H=%d E=%d K=%d topk=%d %s %s %s%s%s%s%s%s", idx,
+           c->T, c->H, c->E, c->K, k->topk, llw_rt_names[k->routing], llw_nm_names[k->nmode],
+           llw_fmt_names[k->fmt], k->cols ? " col-major" : "", k->two_phase ? " two-phase" : "",
+           k->in_place ? " y=recv_x" : "", k->zero_copy ? " zero-copy" : "",
+           k->cmask ? " combine-mask" : "");
   t_case = desc;
 }
 
@@ -93,8 +105,11 @@ static void flip(ctx_t *x, int iters) {
   llw_round_t prev = {0}, cur;
   between_t b = {x, buf, 0xf11b};
   for (int i = 0; i <= iters; i++) {
-    llw_case_t k = {1 + i % 4, i % 5, i % 3, i % 4, i % 2, 0, i % 5 == 0};
+    llw_case_t k = {.topk = 1 + i % 4, .routing = i % 5, .nmode = i % 3, .fmt = i % 4,
+                    .two_phase = i % 2, .cmask = i % 5 == 0};
     k.in_place = k.fmt == F_BF16 && i % 3 == 0;
+    k.zero_copy = !k.in_place && i % 4 == 1;
+    k.cols = k.fmt != F_BF16 && i % 3 == 1 && (k.fmt != F_FP8_UE8M0 || cfgs[cfg].H % 512 == 0);
     static char desc[120];
     snprintf(desc, sizeof desc, "flip %d: %s %s %s%s", i, llw_rt_names[k.routing],
              llw_nm_names[k.nmode], llw_fmt_names[k.fmt], k.two_phase ? " two-phase" : "");
@@ -135,8 +150,8 @@ static void timed_call(ep_group_t g, ep_buffer_t buf, llw_round_t *rd, const voi
   ep_ll_dispatch_args_t a;
   llw_args(rd, &a);
   a.two_phase = two;
-  ep_ll_combine_args_t c = {.size = sizeof c, .y = y, .topk_idx = rd->idx[rd->me],
-                            .topk_weights = rd->w[rd->me], .two_phase = two, .out = out};
+  ep_ll_combine_args_t c = {.size = sizeof c, .y = y, .topk_idx = rd->didx,
+                            .topk_weights = rd->dw, .two_phase = two, .out = out};
   T_OK(ep_group_barrier(g));
   double t0 = now_us(), t1, t2, t3;
   T_OK(ep_ll_dispatch(buf, &a, &rd->h));
@@ -150,6 +165,7 @@ static void timed_call(ep_group_t g, ep_buffer_t buf, llw_round_t *rd, const voi
   double t4 = now_us();
   if (two) lap[DS] = t1 - t0, lap[DR] = t2 - t1, lap[CS] = t3 - t2, lap[CR] = t4 - t3;
   else lap[D1] = t2 - t0, lap[C1] = t4 - t2;
+  t_dsync(); /* a call returns once its work is queued on the device (cuda) */
   T_OK(ep_ll_handle_destroy(rd->h));
   rd->h = NULL;
 }
@@ -175,14 +191,16 @@ static void time_ll(ep_group_t g, int R, int me, char **argv, int argc) {
   T_CHECK(argc >= 7, "usage: test_ll time T H E TOPK ITERS [fp8]");
   llw_cfg_t c = {atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
   int iters = atoi(argv[6]), fp8 = argc > 7 && !strcmp(argv[7], "fp8"), warm = 20;
-  llw_case_t k = {c.K, RT_UNIFORM, NM_FULL, fp8 ? F_FP8 : F_BF16, 0, 0, 0};
+  llw_case_t k = {.topk = c.K, .routing = RT_UNIFORM, .nmode = NM_FULL, .fmt = fp8 ? F_FP8 : F_BF16};
   ep_buffer_t buf;
   llw_buffer(g, &c, &buf);
   llw_round_t rd;
   llw_gen(&rd, R, me, &c, &k, 42);
   size_t yn = (size_t)c.E * c.T * c.H;
-  uint16_t *y = t_xmalloc(yn * 2), *out = t_xmalloc((size_t)c.T * c.H * 2);
-  for (size_t i = 0; i < yn; i++) y[i] = 0x3f80;
+  uint16_t *hy = t_xmalloc(yn * 2), *out = t_dalloc((size_t)c.T * c.H * 2);
+  for (size_t i = 0; i < yn; i++) hy[i] = 0x3f80;
+  uint16_t *y = t_to_dev(hy, yn * 2);
+  free(hy);
   double *lap = t_xmalloc(sizeof(double) * NFIG * (size_t)iters), mine[NFIG];
   for (int two = 0; two < 2; two++)
     for (int i = -warm; i < iters; i++)
@@ -197,7 +215,7 @@ static void time_ll(ep_group_t g, int R, int me, char **argv, int argc) {
   double *all = t_xmalloc(sizeof(double) * NFIG * (size_t)R);
   T_OK(ep_group_allgather(g, mine, all, sizeof mine));
   if (me == 0) print_figures(&rd, all, fp8);
-  free(y), free(out), free(lap), free(all);
+  t_dfree(y), t_dfree(out), free(lap), free(all);
   llw_free(&rd);
   T_OK(ep_buffer_destroy(buf));
 }
@@ -205,6 +223,7 @@ static void time_ll(ep_group_t g, int R, int me, char **argv, int argc) {
 int main(int argc, char **argv) {
   ep_group_t g;
   ctx_t x;
+  t_require_backend(); /* EP_BACKEND=cuda without a GPU: "skipped: no GPU" */
   t_init(&g, &x.me, &x.R);
   const char *what = argc > 1 ? argv[1] : "all";
   if (!strcmp(what, "time")) {

@@ -75,32 +75,34 @@ static int run(const bench_opts_t *o, ep_group_t g, int R, int me) {
 }
 
 /* The GPU benchmark keeps its data on the device and its own kernels (ceiling, baseline): it is
- * a separate program, bin/cuda_bench, built with the CUDA backend. This rank becomes it, with the
- * same sizes; the launcher's environment (rank, job, notify socket) carries over. */
+ * a separate program, bin/cuda_bench (normal mode) or bin/cuda_bench_ll (low-latency mode),
+ * built with the CUDA backend. This rank becomes it, with the same sizes; the launcher's
+ * environment (rank, job, notify socket) carries over. */
 static int run_cuda_bench(const bench_opts_t *o) {
-  if (o->mode != BENCH_NORMAL) {
-    fprintf(stderr, "epcomm bench: --backend cuda measures normal mode (the low-latency CUDA "
-            "kernels are not written yet)\n");
-    return 2;
-  }
-  char self[4096], path[4200], num[6][16];
+  const int ll = o->mode == BENCH_LL;
+  char self[4096], path[4200], num[7][16];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) return perror("epcomm bench: /proc/self/exe"), 2;
   self[n] = '\0';
   char *slash = strrchr(self, '/');
   if (slash) *slash = '\0';
-  snprintf(path, sizeof path, "%s/cuda_bench", self);
+  snprintf(path, sizeof path, "%s/%s", self, ll ? "cuda_bench_ll" : "cuda_bench");
   if (access(path, X_OK) != 0) {
     fprintf(stderr, "epcomm bench: %s not found: this build has no CUDA backend (configure with "
             "-DEP_CUDA=ON on a machine with nvcc)\n", path);
     return 2;
   }
+  /* Low latency: at least 200 calls per figure (median and p90) unless --iters says. */
   snprintf(num[0], 16, "%d", o->tokens), snprintf(num[1], 16, "%d", o->hidden);
   snprintf(num[2], 16, "%d", o->topk), snprintf(num[3], 16, "%d", o->experts);
-  snprintf(num[4], 16, "%d", o->iters), snprintf(num[5], 16, "%d", o->threads);
+  snprintf(num[4], 16, "%d", ll && !o->set_iters ? 200 : o->iters);
+  snprintf(num[5], 16, "%d", o->threads);
+  snprintf(num[6], 16, "%d", ll && !o->set_warmup ? 20 : o->warmup);
   char *args[] = {path, "--tokens", num[0], "--hidden", num[1], "--topk", num[2], "--experts",
-                  num[3], "--iters", num[4], "--sms", num[5], NULL};
-  if (o->threads <= 1) args[11] = NULL; /* --threads N sets the SMs per rank; default: 24 */
+                  num[3], "--iters", num[4], "--warmup", num[6], "--sms", num[5], NULL};
+  if (!ll) args[11] = "--sms", args[12] = num[5], args[13] = NULL; /* its own warm-up */
+  /* --threads N sets the SMs per rank; default: 24 (normal), the rank's share (ll) */
+  if (o->threads <= 1) args[ll ? 13 : 11] = NULL;
   fflush(stdout);
   execv(path, args);
   fprintf(stderr, "epcomm bench: cannot run %s: %s\n", path, strerror(errno));

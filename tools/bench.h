@@ -33,6 +33,8 @@ typedef struct {
   double d_csw, c_csw;               /* context switches (voluntary + not) per iteration */
   double ll_phases[4];               /* low-latency two-phase form, median seconds of this rank:
                                         dispatch send, dispatch receive, combine send, receive */
+  double ll_zero_copy;               /* one-phase combine with y in ep_ll_get_combine_buffer's
+                                        area, median seconds of this rank */
   /* Across hosts (nhosts > 1), per timed iteration: bytes this rank sent through the network
    * engine and to ranks of its host (ep_buffer_query's counters); from its routing, the pairs
    * (token, other host it goes to) and (token, rank of another / of this host it goes to). */

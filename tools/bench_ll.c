@@ -199,6 +199,47 @@ fail:
   return 1;
 }
 
+/* Zero-copy combine: the expert outputs are written into ep_ll_get_combine_buffer's area (not
+ * timed: the experts would write there anyway), then the one-phase combine is timed. Its output
+ * is checked like the copy path's. Median of this rank into f->ll_zero_copy. */
+static int zero_copy(const bench_opts_t *o, ep_group_t g, ep_buffer_t buf, const uint16_t *x,
+                     const int64_t *idx, const float *w, const uint16_t *y, uint16_t *out,
+                     bench_rank_t *f) {
+  int n = o->iters;
+  double *t = calloc((size_t)n, sizeof *t);
+  ep_ll_handle_t h = NULL;
+  if (!t) return 1;
+  for (int it = -o->warmup; it < n; it++) {
+    ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = o->tokens, .topk_idx = idx,
+                               .topk = o->topk, .use_fp8 = o->dtype == BENCH_FP8};
+    ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
+    void *zy = NULL;
+    TRY(ep_ll_dispatch(buf, &a, &h));
+    TRY(ep_ll_get_recv_view(h, &v));
+    TRY(ep_ll_get_combine_buffer(buf, h, &zy));
+    for (int l = 0; l < v.num_local_experts; l++) /* the received rows of each expert block */
+      memcpy((uint16_t *)zy + (size_t)l * v.max_rows * o->hidden,
+             y + (size_t)l * v.max_rows * o->hidden, (size_t)v.recv_count[l] * o->hidden * 2);
+    ep_ll_combine_args_t c = {.size = sizeof c, .handle = h, .y = zy, .topk_idx = idx,
+                              .topk_weights = w, .out = out};
+    TRY(ep_group_barrier(g));
+    double t0 = bench_now();
+    TRY(ep_ll_combine(buf, &c));
+    double t1 = bench_now();
+    TRY(ep_ll_handle_destroy(h));
+    h = NULL;
+    if (it >= 0) t[it] = t1 - t0;
+  }
+  qsort(t, (size_t)n, sizeof *t, cmp_double);
+  f->ll_zero_copy = t[n / 2];
+  free(t);
+  return 0;
+fail:
+  if (h) ep_ll_handle_destroy(h);
+  free(t);
+  return 1;
+}
+
 int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   int R, me, rc = 1;
   ep_group_nranks(g, &R);
@@ -272,6 +313,8 @@ int bench_ll(const bench_opts_t *o, ep_group_t g, bench_rank_t *f) {
   f->combine_bad = check_out(o, R, me, out, m2, sizeof m2);
   bench_progress_stage(o->progress, "two-phase form", o->warmup + o->iters);
   if (two_phase(o, g, buf, x, idx, w, y, out, f)) goto fail;
+  if (zero_copy(o, g, buf, x, idx, w, y, out, f)) goto fail;
+  if (!f->combine_bad) f->combine_bad = check_out(o, R, me, out, m2, sizeof m2);
   if (!f->dispatch_bad && f->combine_bad) snprintf(f->msg, sizeof f->msg, "%s", m2);
   f->digest_out = bench_digest(out, N * H * 2, 1469598103934665603ull);
   f->m_bytes = bench_ceiling_bytes(ceil);

@@ -159,13 +159,17 @@ static void print_config(FILE *f, const bench_opts_t *o, int R) {
 
 /* Low-latency two-phase form: the slowest rank's median of each phase. */
 static void print_two_phase(const bench_opts_t *o, int R, bench_rank_t *const *rk) {
-  double m[4] = {0, 0, 0, 0};
-  for (int r = 0; r < R; r++)
+  double m[5] = {0, 0, 0, 0, 0};
+  for (int r = 0; r < R; r++) {
     for (int k = 0; k < 4; k++)
       if (rk[r]->ll_phases[k] > m[k]) m[k] = rk[r]->ll_phases[k];
+    if (rk[r]->ll_zero_copy > m[4]) m[4] = rk[r]->ll_zero_copy;
+  }
   printf("two-phase form (ep_ll_* with two_phase = 1, then ep_ll_recv; slowest rank's median of "
          "%d):\n  dispatch: send %.1f us, receive %.1f us;  combine: send %.1f us, receive %.1f "
-         "us\n\n", o->iters, m[0] * 1e6, m[1] * 1e6, m[2] * 1e6, m[3] * 1e6);
+         "us\n", o->iters, m[0] * 1e6, m[1] * 1e6, m[2] * 1e6, m[3] * 1e6);
+  printf("zero-copy combine (y in ep_ll_get_combine_buffer's area, one phase; slowest rank's "
+         "median):\n  %.1f us\n\n", m[4] * 1e6);
 }
 
 /* CPUs this process may run on (its affinity mask; containers and taskset narrow it). */
@@ -428,6 +432,8 @@ static void print_json(FILE *f, const bench_opts_t *o, int R, phase_t *ph, bench
       fprintf(f, ", \"two_phase_us\": {\"dispatch_send\": %.2f, \"dispatch_recv\": %.2f, "
               "\"combine_send\": %.2f, \"combine_recv\": %.2f}", rk[r]->ll_phases[0] * 1e6,
               rk[r]->ll_phases[1] * 1e6, rk[r]->ll_phases[2] * 1e6, rk[r]->ll_phases[3] * 1e6);
+    if (o->mode == BENCH_LL)
+      fprintf(f, ", \"zero_copy_combine_us\": %.2f", rk[r]->ll_zero_copy * 1e6);
     fprintf(f, "}");
   }
   fprintf(f, "],\n\"baseline\": {\"ran\": %s, \"note\": ", b && b->ran ? "true" : "false");

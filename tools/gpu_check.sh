@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
-#   steps: build quick suite sanitize bench epbench doctor scan
+#   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
+#   (trace = bin/cuda_bench with EP_CUDA_TRACE=1 at R=2 and 8: mean time of each phase of a
+#   normal-mode call)
+#   (llopt = bin/cuda_bench_ll at R=2/4/8 once per EP_CUDA_LL_OPT variant in $LLOPT (default
+#   "0 1 3 7 15 31", R in $LLR, default "2 4 8"), one line each; lltrace = EP_CUDA_LL_TRACE=1 at
+#   R in $LLTR (default "2 8") for OPT in $LLTROPT (default "0 31"):
+#   the mean time of every kernel phase, rank 0's lines)
+#   (low-latency mode: ll = the cuda.ll* tests, llsan = compute-sanitizer memcheck and racecheck
+#   on small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend cuda` at R=2/4/8
+#   with 128 tokens, then 16/32/64 tokens)
 # WITH_MPS: path of shared/gpu/with-mps (ranks sharing one GPU run concurrently under MPS).
 # Every step is bounded by `timeout`; logs go to OUT_DIR; a one-line summary per step to stdout.
 set -u -o pipefail
@@ -26,7 +35,8 @@ for s in $steps; do
         2>&1 | tee "$out/quick.log" | tail -8 || ok=0
       [ $ok = 1 ] || break ;;
     suite)
-      timeout 300 "$mps" tests/run.sh --filter '^cuda\.' $b 2>&1 | tee "$out/suite.log" |
+      timeout 300 "$mps" tests/run.sh --filter '^cuda\.(normal|graph|timeout|cycles|overflow|cbuf)' $b 2>&1 |
+        tee "$out/suite.log" |
         grep -v '^PASS' || true ;;
     sanitize)
       # No MPS here: compute-sanitizer attaches to each rank's process.
@@ -57,6 +67,75 @@ for s in $steps; do
           --threads $2 >"$out/epbench-r$1.log" 2>&1
         echo "epcomm bench --backend cuda, R=$1, $2 SMs per rank: exit $?"
         grep -v '^\[[1-9]' "$out/epbench-r$1.log" | sed 's/^\[0\] //' | tail -16
+      done ;;
+    ll)
+      timeout 560 "$mps" tests/run.sh --filter '^cuda\.ll' $b 2>&1 | tee "$out/ll.log" |
+        grep -v '^PASS' || true ;;
+    llsan)
+      # No MPS (see sanitize); small shapes, one rank pair.
+      llsan() { # tool log command...
+        local tool=$1 log=$2
+        shift 2
+        EP_TIMEOUT_S=120 timeout 145 $b/bin/epcomm launch -n 2 compute-sanitizer --tool "$tool" \
+          --error-exitcode 9 "$@" >"$out/$log" 2>&1
+        echo "compute-sanitizer $tool, R=2 $*: exit $? ($(grep -hE '(ERROR|RACECHECK) SUMMARY' "$out/$log" |
+          sort | uniq -c | tr -s ' ' | tr '\n' ';'))"
+      }
+      llsan memcheck san-memcheck-ll-graph.log $b/tests/test_cuda_ll graph 1
+      llsan racecheck san-racecheck-ll-graph.log $b/tests/test_cuda_ll graph 1
+      export EP_BACKEND=cuda
+      llsan memcheck san-memcheck-ll-misuse.log $b/tests/test_ll_misuse
+      llsan memcheck san-memcheck-ll-flip.log $b/tests/test_ll flip 12
+      unset EP_BACKEND ;;
+    llbench)
+      for R in 2 4 8; do
+        for T in 128 64 32 16; do
+          timeout 45 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench --mode ll --backend cuda \
+            --tokens $T >"$out/llbench-r$R-t$T.log" 2>&1
+          echo "ll bench R=$R tokens $T: exit $?"
+          grep -v '^\[[1-9]' "$out/llbench-r$R-t$T.log" | sed 's/^\[0\] //' | grep -E '^(dispatch|combine|graph|overlap|check)'
+        done
+      done ;;
+    llopt)
+      # Low-latency kernel variants side by side (same build, EP_CUDA_LL_OPT bits), 128 tokens,
+      # the FMA kernel sized ~60 us so that the overlap efficiency can exceed 1.3.
+      printf '%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s\n' R opt d16 d8 c_view \
+        c_call c_zc d16snd d16rcv d8snd c_snd c_rcv graph ovl check
+      for R in ${LLR:-2 4 8}; do
+        for o in ${LLOPT:-0 1 3 7 15 31}; do
+          EP_CUDA_LL_OPT=$o timeout 60 "$mps" $b/bin/epcomm launch -n $R $b/bin/cuda_bench_ll \
+            --compute-us ${LL_COMPUTE_US:-60} >"$out/llopt-r$R-o$o.log" 2>&1
+          rc=$?
+          sed 's/^\[0\] //' "$out/llopt-r$R-o$o.log" | awk -v R=$R -v o=$o -v rc=$rc '
+            /^dispatch bf16 \(one/ {d16=$(NF-1)} /^dispatch fp8 \(one/ {d8=$(NF-1)}
+            /^combine, y = bf16 view/ {cv=$(NF-1)} /^combine, y = caller/ {cc=$(NF-1)}
+            /^combine, zero copy/ {cz=$(NF-1)} /^dispatch bf16: send/ {ds=$(NF-1)}
+            /^dispatch bf16: receive/ {dr=$(NF-1)} /^dispatch fp8: send/ {d8s=$(NF-1)}
+            /^combine: send/ {cs=$(NF-1)} /^combine: receive/ {cr=$(NF-1)}
+            /^graph replay \/ / {g=$NF} /^overlap efficiency/ {ov=$NF}
+            /^check:/ {ck=($2=="every") ? "exact" : "FAILED"}
+            END {printf "%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s%s\n", R, o,
+                 d16, d8, cv, cc, cz, ds, dr, d8s, cs, cr, g, ov, ck, rc ? " exit " rc : ""}'
+        done
+      done ;;
+    trace)
+      # Normal mode: where the time of a call goes (EP_CUDA_TRACE: notify plan, hello, wait for
+      # peers, gap, data kernel), over everything bin/cuda_bench runs, rank 0's lines.
+      for rs in ${TRR:-2:24 8:16}; do
+        set -- ${rs%%:*} ${rs#*:}
+        EP_CUDA_TRACE=1 timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/cuda_bench --sms $2 \
+          >"$out/trace-r$1.log" 2>&1
+        echo "trace R=$1, $2 SMs: exit $?"
+        grep -h 'epcomm trace rank 0:' "$out/trace-r$1.log" | sed 's/.*rank 0: //'
+      done ;;
+    lltrace)
+      for R in ${LLTR:-2 8}; do
+        for o in ${LLTROPT:-0 31}; do
+          EP_CUDA_LL_OPT=$o EP_CUDA_LL_TRACE=1 timeout 60 "$mps" $b/bin/epcomm launch -n $R \
+            $b/bin/cuda_bench_ll --iters 100 >"$out/lltrace-r$R-o$o.log" 2>&1
+          echo "trace R=$R EP_CUDA_LL_OPT=$o: exit $?"
+          grep -h 'll trace rank 0:' "$out/lltrace-r$R-o$o.log" | sed 's/.*rank 0: //'
+        done
       done ;;
     doctor)
       $b/bin/epcomm doctor env 2>&1 | tee "$out/doctor-env.txt" | tail -30 ;;

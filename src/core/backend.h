@@ -157,6 +157,20 @@ typedef struct {
   void (*free_priv)(void *priv);
 } ep_handle_info_t;
 
+/* ------------------------------------------------------------------ low-latency handles
+ * The states of a low-latency result slot and of the handle that holds it (SEMANTICS.md §6.6);
+ * each backend keeps them with its slot, the core says why a state refuses a call. */
+enum ep_ll_state {
+  EP_LLS_FREE = 0,
+  EP_LLS_SENT,       /* dispatch sent, its receive pending (two-phase) */
+  EP_LLS_RECEIVED,   /* view ready, combine allowed */
+  EP_LLS_COMB_SENT,  /* combine sent, its receive pending (two-phase) */
+  EP_LLS_COMBINED,   /* done */
+  EP_LLS_FAILED      /* a phase failed: only destroy remains */
+};
+/* Why a handle in `state` cannot do something: "it was already combined (...)". */
+const char *ep_ll_state_why(int state);
+
 /* ------------------------------------------------------------------ one normal-mode call
  * The core turns the caller's arguments into this description; backends move the data. */
 
@@ -226,6 +240,9 @@ struct ep_backend_ops {
    * results. On failure `out` is left for the core to discard. */
   ep_status_t (*dispatch)(void *state, ep_dispatch_call_t *c, ep_handle_info_t *out);
   ep_status_t (*combine)(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
+  /* Local, optional: memory of the buffer for the combine input of handle h
+   * (ep_get_combine_buffer); NULL: the backend has none. */
+  ep_status_t (*combine_buffer)(void *state, const ep_handle_info_t *h, void **x);
   /* This rank rejected its arguments for the next normal-mode collective call: tell the peers so
    * that their matching call fails at once (EP_ERR_PEER_INVALID) instead of timing out. */
   void (*reject)(void *state);
@@ -234,6 +251,8 @@ struct ep_backend_ops {
   ep_status_t (*ll_recv)(void *state, ep_handle_info_t *h);
   ep_status_t (*ll_combine)(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h);
   ep_status_t (*ll_view)(const ep_handle_info_t *h, ep_ll_recv_view_t *view);
+  /* The zero-copy combine input of the handle's result slot (ep_ll_get_combine_buffer). */
+  ep_status_t (*ll_combine_buffer)(const ep_handle_info_t *h, void **y);
   void (*ll_release)(void *state, ep_handle_info_t *h); /* handle destroyed: free its slot */
   /* This rank rejected its arguments for its next ll_dispatch (combine = false) or ll_combine
    * (combine = true): tell the peers so that their matching call fails at once

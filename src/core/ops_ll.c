@@ -35,10 +35,21 @@ ep_status_t ep_ll_check_config(const ep_buffer_config_t *c, int R) {
        EP_MAX_LOCAL_EXPERTS);
   NEED(K >= 1 && K <= EP_MAX_TOPK, EP_ERR_OUT_OF_RANGE, "cfg->ll_max_topk: %d, must be in [1, %d]",
        K, EP_MAX_TOPK);
-  double bytes = 2.0 * ((double)E * T * (2.0 * H + 8) + 2.0 * T * K * H);
+  double bytes = 2.0 * ((double)E * T * (4.0 * H + 8) + 2.0 * T * K * H);
   NEED(bytes <= 0x1p44, EP_ERR_TOO_LARGE, "cfg: the low-latency sizes (T=%d, H=%d, E=%d, K=%d) "
        "need %.3g bytes of buffer per rank", T, H, E, K, bytes);
   return EP_OK;
+}
+
+const char *ep_ll_state_why(int st) {
+  switch (st) {
+    case EP_LLS_SENT: return "its dispatch receive is pending (call ep_ll_recv)";
+    case EP_LLS_RECEIVED: return "its dispatch is complete";
+    case EP_LLS_COMB_SENT: return "its combine receive is pending (call ep_ll_recv)";
+    case EP_LLS_COMBINED: return "it was already combined (one combine per dispatch)";
+    case EP_LLS_FAILED: return "a call on it failed (destroy it and dispatch again)";
+    default: return "it holds no result";
+  }
 }
 
 static ep_status_t ll_enabled(const ep_buffer *b, const char *op) {
@@ -70,6 +81,12 @@ static ep_status_t check_dispatch(const ep_buffer *b, ep_ll_dispatch_args_t *a, 
        "(an exponent byte only holds a power-of-two scale)", op);
   NEED(!a->use_fp8 || c->ll_hidden % 128 == 0, EP_ERR_SHAPE, "%s: use_fp8 needs ll_hidden to be "
        "a multiple of 128 (one scale per 128 channels); it is %d", op, c->ll_hidden);
+  NEED(a->scale_layout == EP_SCALES_ROW_MAJOR || a->scale_layout == EP_SCALES_COL_MAJOR,
+       EP_ERR_INVALID_ARG, "%s: scale_layout is %d, must be EP_SCALES_ROW_MAJOR (0) or "
+       "EP_SCALES_COL_MAJOR (1)", op, a->scale_layout);
+  NEED(!a->use_ue8m0 || a->scale_layout != EP_SCALES_COL_MAJOR || c->ll_hidden % 512 == 0,
+       EP_ERR_SHAPE, "%s: scale_layout EP_SCALES_COL_MAJOR with use_ue8m0 packs four exponent "
+       "bytes per int32 and needs ll_hidden to be a multiple of 512; it is %d", op, c->ll_hidden);
   NEED(b->ll_live < LL_SLOTS, EP_ERR_BUSY, "%s: %d low-latency handles are alive and the buffer "
        "holds %d results; destroy one (ep_ll_handle_destroy) before the next ep_ll_dispatch", op,
        b->ll_live, LL_SLOTS);
@@ -166,13 +183,32 @@ ep_status_t ep_ll_get_recv_view(ep_ll_handle_t handle, ep_ll_recv_view_t *view) 
   ep_handle *h;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), EP_OBJ_LL_HANDLE, false, (void **)&h);
   if (st) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: handle: %s", op, ep_last_error());
-    ep_err_set_msg(msg);
-    return st;
+    return ep_err_named(st, op, "handle");
   }
   st = view_from(h, view, op);
   ep_reg_release(h->id);
+  return st;
+}
+
+ep_status_t ep_ll_get_combine_buffer(ep_buffer_t buffer, ep_ll_handle_t handle, void **y) {
+  static const char op[] = "ep_ll_get_combine_buffer";
+  NEED(y, EP_ERR_NULL_ARG, "%s: y is NULL", op);
+  NEED(buffer, EP_ERR_NULL_ARG, "%s: buf is NULL", op);
+  /* A local query, like the view: it pins the buffer without excluding other queries. */
+  ep_buffer *b;
+  ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, false, (void **)&b);
+  if (st) {
+    return ep_err_named(st, op, "buf");
+  }
+  ep_handle *h = NULL;
+  void *p = NULL;
+  if (!(st = ll_enabled(b, op)) && !(st = ep_handle_get(b, handle, op, "handle", EP_HANDLE_LL, &h)))
+    st = b->ops->ll_combine_buffer ? b->ops->ll_combine_buffer(&h->info, &p)
+                                   : ep_err(EP_ERR_UNSUPPORTED, "%s: the %s backend has no "
+                                            "zero-copy combine buffer", op, b->ops->name);
+  if (!st) *y = p;
+  if (h) ep_handle_put(h);
+  ep_reg_release(b->id);
   return st;
 }
 

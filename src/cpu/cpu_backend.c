@@ -96,6 +96,7 @@ static const struct ep_backend_ops cpu_ops = {
     .ll_recv = cpu_ll_recv,
     .ll_combine = cpu_ll_combine,
     .ll_view = cpu_ll_view,
+    .ll_combine_buffer = cpu_ll_combine_buffer,
     .ll_release = cpu_ll_release,
     .ll_reject = cpu_ll_reject,
     .traffic = cpu_net_traffic,

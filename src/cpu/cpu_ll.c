@@ -23,6 +23,7 @@ static void ll_layout(int T, int H, int E, int K, int R, cpu_ll_layout_t *l) {
   /* bf16 rows take 2H bytes; fp8 rows (H) and their scales (at most 4H/128) fit in the same. */
   l->slab = o = al(o, 4096), o += al(L * RT * 2 * (size_t)H, 4096);
   l->area = o, o += al((size_t)T * (size_t)K * 2 * (size_t)H, 4096);
+  l->cin = o, o += al(L * RT * 2 * (size_t)H, 4096); /* zero-copy combine input (bf16) */
   l->slot_bytes = o;
   l->total = l->slots + CPU_LL_SLOTS * o;
 }
@@ -102,21 +103,12 @@ void cpu_ll_release(void *state, ep_handle_info_t *h) {
   sl->state = LL_FREE;
 }
 
-const char *cpu_ll_state_name(int st) {
-  switch (st) {
-    case LL_SENT: return "its dispatch receive is pending (call ep_ll_recv)";
-    case LL_RECEIVED: return "its dispatch is complete";
-    case LL_COMB_SENT: return "its combine receive is pending (call ep_ll_recv)";
-    case LL_COMBINED: return "it was already combined (one combine per dispatch)";
-    case LL_FAILED: return "a call on it failed (destroy it and dispatch again)";
-    default: return "it holds no result";
-  }
-}
-
 ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v) {
   const cpu_ll_slot_t *sl = h->priv;
-  if (sl->state != LL_RECEIVED && sl->state != LL_COMB_SENT && sl->state != LL_COMBINED)
-    return ep_err(EP_ERR_INVALID_ARG, "ep_ll_get_recv_view: no view: %s", cpu_ll_state_name(sl->state));
+  /* A slot's arrays never move: a two-phase caller may learn where its rows will land before
+   * they do (DeepEP's return_recv_hook returns the tensors first); contents follow ep_ll_recv. */
+  if (sl->state == LL_FREE || sl->state == LL_FAILED)
+    return ep_err(EP_ERR_INVALID_ARG, "ep_ll_get_recv_view: no view: %s", ep_ll_state_why(sl->state));
   const cpu_ll_t *ll = sl->ll;
   unsigned char *slab = sl->base + ll->lay.slab;
   v->num_local_experts = ll->L;
@@ -129,6 +121,18 @@ ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v) {
   v->recv_count = (const int32_t *)(sl->base + ll->lay.count);
   v->recv_src_info = (const int32_t *)(sl->base + ll->lay.src);
   v->recv_layout_range = (const int64_t *)(sl->base + ll->lay.range);
+  v->scale_layout = sl->scale_layout;
+  return EP_OK;
+}
+
+/* The combine reads y wherever it is, so the area is plain memory that the push below reads
+ * like any other y: the rows are copied once, straight into their source's area. */
+ep_status_t cpu_ll_combine_buffer(const ep_handle_info_t *h, void **y) {
+  const cpu_ll_slot_t *sl = h->priv;
+  if (sl->state != LL_RECEIVED)
+    return ep_err(EP_ERR_INVALID_ARG, "ep_ll_get_combine_buffer: the handle cannot be combined: "
+                  "%s", ep_ll_state_why(sl->state));
+  *y = sl->base + sl->ll->lay.cin;
   return EP_OK;
 }
 
@@ -139,5 +143,5 @@ ep_status_t cpu_ll_recv(void *state, ep_handle_info_t *h) {
   if (sl->state == LL_SENT) return cpu_ll_recv_dispatch(s, sl, "ep_ll_recv");
   if (sl->state == LL_COMB_SENT) return cpu_ll_recv_combine(s, sl, "ep_ll_recv");
   return ep_err(EP_ERR_INVALID_ARG, "ep_ll_recv: the handle has nothing to receive: %s",
-                cpu_ll_state_name(sl->state));
+                ep_ll_state_why(sl->state));
 }

@@ -12,6 +12,8 @@
  *       src_info[L][RT], route[L][RT]                written by the senders with each row
  *       slab [L][RT][2H bytes]                       the rows (bf16, or fp8 + scales)
  *       area [T][K][H] bf16                          combine: rows coming back, by (token, k)
+ *       cin [L][RT][H] bf16                          zero-copy combine input (the experts'
+ *                                                    outputs, ep_ll_get_combine_buffer)
  *
  * Dispatch call q of rank s (the calls of all ranks are numbered alike):
  *   1. check the arguments; a rejection is posted as the entry record of q (status REJECTED);
@@ -44,7 +46,7 @@
  * slot's start). Identical in every rank's segment. */
 typedef struct {
   size_t arrive, arrive_bytes, creject, slots, slot_bytes, total;
-  size_t data, comb, count, range, src, route, slab, area;
+  size_t data, comb, count, range, src, route, slab, area, cin;
 } cpu_ll_layout_t;
 
 /* A rank's record of one dispatch call, in its own segment; peers read it. */
@@ -55,14 +57,14 @@ typedef struct {
   /* then int32 sel[E]: this rank's selections of every expert in call q */
 } cpu_ll_arrive_t;
 
-/* Life of a result slot (and of the handle that holds it). */
+/* Life of a result slot (and of the handle that holds it): core/backend.h. */
 enum {
-  LL_FREE = 0,
-  LL_SENT,       /* dispatch sent, its receive pending (two-phase) */
-  LL_RECEIVED,   /* view ready, combine allowed */
-  LL_COMB_SENT,  /* combine sent, its receive pending (two-phase) */
-  LL_COMBINED,   /* done */
-  LL_FAILED      /* a phase failed: only destroy remains */
+  LL_FREE = EP_LLS_FREE,
+  LL_SENT = EP_LLS_SENT,
+  LL_RECEIVED = EP_LLS_RECEIVED,
+  LL_COMB_SENT = EP_LLS_COMB_SENT,
+  LL_COMBINED = EP_LLS_COMBINED,
+  LL_FAILED = EP_LLS_FAILED
 };
 
 /* Process-local state of one slot: what the receive phases and the combine need later. */
@@ -70,7 +72,7 @@ typedef struct {
   int index, state;
   uint64_t q;       /* dispatch call that filled it */
   uint64_t ticket;  /* combine ticket (c + 1) of the pending combine receive */
-  int N, topk, fp8, round_scale, ue8m0;
+  int N, topk, fp8, round_scale, ue8m0, scale_layout;
   int32_t *src_slot; /* [R] slot of every source rank for call q (combine writes there) */
   int64_t *idx;      /* [T][K] topk_idx of the dispatch (to check the combine's) */
   float *w;          /* [T][K] combine weights, 0 where the combine's id is -1 */
@@ -176,8 +178,12 @@ ep_status_t cpu_ll_recv_dispatch(cpu_state_t *s, cpu_ll_slot_t *sl, const char *
 ep_status_t cpu_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h);
 ep_status_t cpu_ll_recv_combine(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op);
 ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v);
-const char *cpu_ll_state_name(int state); /* why a handle in `state` cannot do something */
+ep_status_t cpu_ll_combine_buffer(const ep_handle_info_t *h, void **y);
 void cpu_ll_release(void *state, ep_handle_info_t *h);
+
+/* The scales of slab row `row` of local expert le in the column-major layout (cpu_ll_dispatch.c). */
+void cpu_ll_put_cols(const cpu_ll_t *ll, unsigned char *scales, size_t le, size_t row,
+                     const unsigned char *sc, int ue8m0);
 
 /* ---- across hosts (cpu_net_ll.c): the network part of each phase; local ranks as above */
 /* The gate: every rank's record through the engine, then the verdict. */

@@ -82,7 +82,7 @@ ep_status_t cpu_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle
   ep_status_t st = sl->state == LL_RECEIVED
                        ? take_routing(sl, a)
                        : ep_err(EP_ERR_INVALID_ARG, "%s: the handle cannot be combined: %s", OP,
-                                cpu_ll_state_name(sl->state));
+                                ep_ll_state_why(sl->state));
   if (st) {
     cpu_ll_reject(s, true);
     return st;

@@ -93,6 +93,19 @@ static void first_rows(cpu_state_t *s, const ep_ll_dispatch_args_t *a, int t0, i
     if (a->topk_idx[i] >= 0) pos[a->topk_idx[i]]++;
 }
 
+/* The scales of one row in the column-major layout (SEMANTICS.md §6.4): float [L][NS][RT], or
+ * exponent bytes packed four to an int32 [L][NS/4][RT] (block 4j + i in byte i). */
+void cpu_ll_put_cols(const cpu_ll_t *ll, unsigned char *scales, size_t le, size_t row,
+                     const unsigned char *sc, int ue8m0) {
+  size_t NS = (size_t)ll->NS, RT = (size_t)ll->RT;
+  for (size_t b = 0; b < NS; b++) {
+    if (ue8m0)
+      scales[((le * (NS / 4) + b / 4) * RT + row) * 4 + b % 4] = sc[b];
+    else
+      memcpy(scales + ((le * NS + b) * RT + row) * 4, sc + 4 * b, 4);
+  }
+}
+
 /* Rows of tokens t0..t1 for destination d (a rank of this host), at their final place in d's
  * slab. */
 static void send_rows(cpu_state_t *s, const job_t *j, int d, int t0, int t1, int32_t *pos) {
@@ -111,7 +124,11 @@ static void send_rows(cpu_state_t *s, const job_t *j, int d, int t0, int t1, int
       if (a->use_fp8) {
         const unsigned char *c = ll->cast + (size_t)t * j->stride;
         memcpy(slab + r * j->row, c, j->row);
-        memcpy(scales + r * j->sbytes, c + j->row, j->sbytes);
+        if (a->scale_layout == EP_SCALES_COL_MAJOR)
+          cpu_ll_put_cols(ll, scales, (size_t)(id[k] - lo), (size_t)(pos[id[k]] - 1), c + j->row,
+                   a->use_ue8m0);
+        else
+          memcpy(scales + r * j->sbytes, c + j->row, j->sbytes);
       } else {
         memcpy(slab + r * j->row, (const unsigned char *)a->x + (size_t)t * j->row, j->row);
       }
@@ -165,6 +182,7 @@ static void keep_call(cpu_ll_slot_t *sl, const ep_ll_dispatch_args_t *a, uint64_
   sl->q = q;
   sl->N = a->num_tokens, sl->topk = a->topk;
   sl->fp8 = a->use_fp8, sl->round_scale = a->round_scale, sl->ue8m0 = a->use_ue8m0;
+  sl->scale_layout = a->use_fp8 ? a->scale_layout : EP_SCALES_ROW_MAJOR;
   if (a->num_tokens) /* topk_idx may be NULL when there are no tokens */
     memcpy(sl->idx, a->topk_idx, sizeof(int64_t) * (size_t)a->num_tokens * (size_t)a->topk);
 }
@@ -184,7 +202,8 @@ ep_status_t cpu_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_hand
              !a->use_fp8 ? 0 : (size_t)ll->NS * (a->use_ue8m0 ? 1 : 4), 0};
   j.stride = (size_t)ll->H + 4 * (size_t)ll->NS;
   cpu_ll_arrive_t mine = {.status = LL_ENTERED, .slot = sl->index, .topk = a->topk,
-                          .fmt = a->use_fp8 | a->round_scale << 1 | a->use_ue8m0 << 2,
+                          .fmt = a->use_fp8 | a->round_scale << 1 | a->use_ue8m0 << 2 |
+                                 (a->use_fp8 && a->scale_layout == EP_SCALES_COL_MAJOR) << 3,
                           .num_tokens = a->num_tokens};
   int nsel = 0;
   for (int e = 0; e < ll->E; e++) nsel += ll->sel[e];

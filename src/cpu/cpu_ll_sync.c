@@ -82,9 +82,10 @@ ep_status_t cpu_ll_verdict(cpu_state_t *s, const char *op) {
                          a0->topk, a->topk, r);
     if (a->fmt != a0->fmt)
       return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r, op, "gate",
-                         "use_fp8/round_scale/use_ue8m0 are %d/%d/%d on rank 0 and %d/%d/%d on "
-                         "rank %d (must agree on all ranks)", a0->fmt & 1, (a0->fmt >> 1) & 1,
-                         (a0->fmt >> 2) & 1, a->fmt & 1, (a->fmt >> 1) & 1, (a->fmt >> 2) & 1, r);
+                         "use_fp8/round_scale/use_ue8m0/scale_layout are %d/%d/%d/%d on rank 0 "
+                         "and %d/%d/%d/%d on rank %d (must agree on all ranks)", a0->fmt & 1,
+                         (a0->fmt >> 1) & 1, (a0->fmt >> 2) & 1, (a0->fmt >> 3) & 1,
+                         a->fmt & 1, (a->fmt >> 1) & 1, (a->fmt >> 2) & 1, (a->fmt >> 3) & 1, r);
   }
   return EP_OK;
 }

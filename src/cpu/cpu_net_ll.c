@@ -179,9 +179,13 @@ static void unpack_rows(cpu_state_t *s, const cpu_ll_slot_t *sl, const nslot_t *
     int32_t h[4];
     memcpy(h, at, sizeof h);
     int l = h[2];
-    size_t r = (size_t)l * (size_t)ll->RT + (size_t)(range[(size_t)l * ll->R + src] >> 32) + (size_t)cnt[l]++;
+    size_t pos = (size_t)(range[(size_t)l * ll->R + src] >> 32) + (size_t)cnt[l]++;
+    size_t r = (size_t)l * (size_t)ll->RT + pos;
     memcpy(slab + r * ns->row, at + ROW_HDR, ns->row);
-    if (ns->sbytes) memcpy(scales + r * ns->sbytes, at + ROW_HDR + ns->row, ns->sbytes);
+    if (ns->sbytes && sl->scale_layout == EP_SCALES_COL_MAJOR)
+      cpu_ll_put_cols(ll, scales, (size_t)l, pos, at + ROW_HDR + ns->row, sl->ue8m0);
+    else if (ns->sbytes)
+      memcpy(scales + r * ns->sbytes, at + ROW_HDR + ns->row, ns->sbytes);
     srci[r] = h[0], route[r] = h[1];
   }
 }

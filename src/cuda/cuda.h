@@ -42,6 +42,10 @@ typedef struct {
   uint32_t ticket;         /* synchronous calls made (host side) */
   int prev_device;         /* the caller's current device, restored on leaving */
   ep_call_key_t err_key;   /* key of the last call, to name a bad slot or field */
+  struct cuda_ll *ll;      /* low-latency mode (cuda_ll.h), NULL when disabled */
+  int fit_blocks;          /* this rank's share of its GPU's SMs (SMs / ranks on the GPU) */
+  uint64_t off_ll;         /* its region in the pool */
+  epk_trace_t *trace_mem;  /* EP_CUDA_TRACE: device sums of the normal-mode phases, else NULL */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */
@@ -57,7 +61,9 @@ typedef struct {
 /* ---- cuda_mem.c: create / destroy of the memory and the mappings */
 ep_status_t cuda_mem_setup(cuda_state_t *s, const ep_buffer_config_t *cfg);
 void cuda_mem_teardown(cuda_state_t *s, bool collective);
-size_t cuda_pool_layout(int nranks, int channels, size_t queue_bytes, epk_buf_t *kb);
+/* Pool bytes for the normal-mode parts and a low-latency region of ll_bytes (at *off_ll). */
+size_t cuda_pool_layout(int nranks, int channels, size_t queue_bytes, uint64_t ll_bytes,
+                        uint64_t *off_ll, epk_buf_t *kb);
 
 /* ---- cuda_arena.c: device memory for handles (host-side bookkeeping only) */
 ep_status_t cuda_arena_new(size_t bytes, cuda_arena_t **out);
@@ -78,6 +84,10 @@ bool cuda_capturing(cudaStream_t st);
 ep_status_t cuda_check(cuda_state_t *s, cudaError_t e, const char *op, const char *what);
 /* Waits for the notify kernel of a synchronous call (ticket), with the deadline and liveness. */
 ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op);
+/* The same for any word of the mapped host block that a kernel sets to `want`; `phase` names the
+ * wait in a failure. Returns EP_OK also when a kernel recorded a failure (cuda_take_error). */
+ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
+                           const char *phase);
 /* Turns the host error word into a status and message (and clears it); EP_OK if none. */
 ep_status_t cuda_take_error(cuda_state_t *s, const char *op);
 /* Waits for this buffer's own work; false on deadline (then kernels were told to stop). */
@@ -89,5 +99,6 @@ int cuda_set_device(int dev, int *prev);
 ep_status_t cuda_layout(void *state, const ep_layout_args_t *a);
 ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *c, ep_handle_info_t *out);
 ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
+ep_status_t cuda_combine_buffer(void *state, const ep_handle_info_t *h, void **x);
 
 #endif

@@ -6,10 +6,12 @@
 #include <string.h>
 
 #include "cuda/cuda.h"
+#include "cuda/cuda_ll.h"
 
 static const char OP[] = "ep_buffer_create";
 
-size_t cuda_pool_layout(int R, int C, size_t queue_bytes, epk_buf_t *kb) {
+size_t cuda_pool_layout(int R, int C, size_t queue_bytes, uint64_t ll_bytes, uint64_t *off_ll,
+                        epk_buf_t *kb) {
   uint64_t r = (uint64_t)R, off;
   kb->slot_bytes = epk_al(sizeof(epk_hello_t) + 4 * (r + EP_MAX_LOCAL_EXPERTS), 128);
   kb->off_hello = 0;
@@ -24,7 +26,8 @@ size_t cuda_pool_layout(int R, int C, size_t queue_bytes, epk_buf_t *kb) {
   kb->area_bytes = epk_al(r * (uint64_t)C * queue_bytes, 4096);
   kb->off_area_d = epk_al(off, 4096);
   kb->off_area_c = kb->off_area_d + kb->area_bytes;
-  kb->pool_bytes = kb->off_area_c + kb->area_bytes;
+  *off_ll = epk_al(kb->off_area_c + kb->area_bytes, 4096);
+  kb->pool_bytes = *off_ll + ll_bytes;
   return kb->pool_bytes;
 }
 
@@ -62,9 +65,16 @@ static ep_status_t local_setup(cuda_state_t *s, const ep_buffer_config_t *cfg, p
   memcpy(me->uuid, p.uuid.bytes, 16);
   me->sms = p.multiProcessorCount;
   me->want_blocks = cfg->num_sms > 0 ? cfg->num_sms : (int)ep_env_long("EP_CUDA_SMS", 0);
-  size_t bytes = cuda_pool_layout(s->nranks, s->channels, s->queue_bytes, &s->kb);
+  epk_ll_layout_t ll;
+  uint64_t ll_bytes = cuda_ll_region_bytes(cfg, s->nranks, &ll);
+  size_t bytes = cuda_pool_layout(s->nranks, s->channels, s->queue_bytes, ll_bytes, &s->off_ll,
+                                  &s->kb);
   if ((st = cuda_check(s, cudaMalloc((void **)&s->pool, bytes), OP, "pool"))) return st;
   if ((st = cuda_check(s, cudaMemset(s->pool, 0, s->kb.off_area_d), OP, "pool"))) return st;
+  /* Flags and entry records start at zero before any peer can see the pool (the exchange). */
+  if (ll_bytes &&
+      (st = cuda_check(s, cudaMemset(s->pool + s->off_ll, 0, ll.zero_bytes), OP, "pool")))
+    return st;
   return cuda_check(s, cudaIpcGetMemHandle(&me->handle, s->pool), OP, "export");
 }
 
@@ -72,12 +82,17 @@ static ep_status_t local_setup(cuda_state_t *s, const ep_buffer_config_t *cfg, p
  * never more than its GPU's SMs shared among the ranks on that GPU. The kernels of the ranks
  * wait on each other, so all their blocks must be resident at once (one block fills an SM).
  * Every rank computes the same table. */
+static int fair_share(const peer_info_t *all, int R, int r) {
+  int same = 0;
+  for (int q = 0; q < R; q++) same += !memcmp(all[q].uuid, all[r].uuid, 16);
+  int fit = all[r].sms / (same ? same : 1);
+  return fit < 1 ? 1 : fit;
+}
+
 static void block_table(const peer_info_t *all, int R, int32_t *blocks) {
   for (int r = 0; r < R; r++) {
-    int same = 0;
-    for (int q = 0; q < R; q++) same += !memcmp(all[q].uuid, all[r].uuid, 16);
-    int fit = all[r].sms / (same ? same : 1), want = all[r].want_blocks > 0 ? all[r].want_blocks : 24;
-    blocks[r] = want < fit ? want : fit < 1 ? 1 : fit;
+    int fit = fair_share(all, R, r), want = all[r].want_blocks > 0 ? all[r].want_blocks : 24;
+    blocks[r] = want < fit ? want : fit;
   }
 }
 
@@ -170,9 +185,11 @@ static ep_status_t exchange(cuda_state_t *s, const ep_buffer_config_t *cfg) {
                        "rank %d could not set up its CUDA buffer (see its error)", r);
   if (!st && !mine) {
     block_table(all, R, blocks);
+    s->fit_blocks = fair_share(all, R, s->rank);
     mine = open_peers(s, all);
     if (!mine) mine = private_setup(s, blocks);
     if (!mine) mine = host_setup(s);
+    if (!mine) mine = cuda_ll_create(s, cfg);
     if (!mine) mine = cuda_check(s, cudaDeviceSynchronize(), OP, "init");
     st = agree(s, mine);
   }
@@ -194,6 +211,7 @@ ep_status_t cuda_mem_setup(cuda_state_t *s, const ep_buffer_config_t *cfg) {
 /* Collective: nobody frees its pool while a peer may still have it mapped and in use. */
 void cuda_mem_teardown(cuda_state_t *s, bool collective) {
   if (s->device >= 0) cudaSetDevice(s->device);
+  cuda_ll_destroy(s);
   for (int r = 0; s->opened && r < s->nranks; r++)
     if (s->opened[r]) cudaIpcCloseMemHandle(s->peer_ptrs[r]);
   if (collective) ep_ctx_barrier(s->ctx);

@@ -1,0 +1,315 @@
+/* Low-latency mode on the CUDA backend only (SEMANTICS.md §6, §7, §8 on the GPU); skipped with a
+ * visible reason without a GPU. tests/test_ll and tests/test_ll_misuse run the common matrix on
+ * either backend; this program covers what only the GPU has:
+ *   test_cuda_ll graph N      dispatch + combine captured in CUDA graphs, one phase (bf16, fp8
+ *                             with column-major scales) and two phases with a zero-copy combine
+ *                             (the experts' copy into the combine buffer captured between
+ *                             them), each replayed N times with new inputs and routing, every
+ *                             replay checked against the reference; then eager calls on the same
+ *                             buffer (counters advance on the device alike)
+ *   test_cuda_ll hooks        two-phase calls with the device busy between send and receive
+ *   test_cuda_ll timeout      a peer that never calls: the dispatch returns EP_ERR_TIMEOUT naming
+ *                             it; the context stays usable (a fresh buffer then works)
+ *   test_cuda_ll cycles N     N x (group, buffer, dispatch + combine, destroy): device memory flat */
+#include "ll_world.h"
+
+#ifndef EP_HAVE_CUDA
+int main(void) {
+  printf("skipped: no GPU (the CUDA backend is not built)\n");
+  return T_SKIP;
+}
+#else
+#include <cuda_runtime_api.h>
+
+#define CU T_CUDA
+
+static const llw_cfg_t gcfg = {16, 512, 0, 8}; /* E: 4 experts per rank */
+
+/* ------------------------------------------------------------------ graphs */
+
+typedef struct {
+  int fmt, two_phase, zero_copy, cols;
+  const char *name;
+} gcase_t;
+
+/* The fixed device tensors a graph reads and writes; every replay refills the inputs. */
+typedef struct {
+  void *x, *w, *y, *out;
+  int64_t *idx;
+  size_t ybytes;
+} gbufs_t;
+
+/* Every rank's expert outputs for round `seed`, rebuilt alike by every rank. */
+static uint16_t **make_y(const llw_round_t *rd, uint64_t seed) {
+  size_t n = (size_t)(rd->c.E / rd->R) * rd->R * rd->c.T * rd->c.H;
+  uint16_t **y = t_xmalloc(sizeof *y * (size_t)rd->R);
+  for (int s = 0; s < rd->R; s++) {
+    t_rng r = t_seed(seed ^ 0x7e7eull, (uint64_t)s);
+    y[s] = t_xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++) y[s][i] = t_rand_bf16(&r);
+  }
+  return y;
+}
+
+static void check_combine(const llw_round_t *rd, uint16_t **y, const void *dout, const char *what) {
+  uint16_t **want = t_xmalloc(sizeof *want * (size_t)rd->R);
+  for (int s = 0; s < rd->R; s++) want[s] = t_xmalloc((size_t)rd->in[s].n * rd->c.H * 2 + 2);
+  T_CHECK(ref_ll_combine(rd->R, rd->c.T, rd->c.E, rd->c.H, rd->k.topk, rd->in,
+                         (const uint16_t *const *)y, 1, want) == 0, "reference ll combine");
+  int n = rd->in[rd->me].n;
+  uint16_t *got = t_to_host(dout, (size_t)n * rd->c.H * 2);
+  llw_cmp(got, want[rd->me], (size_t)n * rd->c.H * 2, what);
+  for (int s = 0; s < rd->R; s++) free(want[s]);
+  free(want), free(got);
+}
+
+/* Nothing runs during a capture: only the shapes and the tensors' addresses are taken. */
+static void capture(ep_buffer_t buf, const gcase_t *gc, int T, int topk, gbufs_t *d,
+                    cudaStream_t st, ep_ll_handle_t *h, cudaGraphExec_t *ge) {
+  ep_ll_dispatch_args_t a = EP_LL_DISPATCH_ARGS_INIT;
+  a.x = d->x, a.num_tokens = T, a.topk_idx = d->idx, a.topk = topk;
+  a.use_fp8 = gc->fmt != F_BF16, a.round_scale = gc->fmt >= F_FP8_ROUND;
+  a.use_ue8m0 = gc->fmt == F_FP8_UE8M0, a.two_phase = gc->two_phase, a.stream = st;
+  a.scale_layout = gc->cols ? EP_SCALES_COL_MAJOR : EP_SCALES_ROW_MAJOR;
+  ep_ll_combine_args_t c = EP_LL_COMBINE_ARGS_INIT;
+  c.y = d->y, c.topk_idx = d->idx, c.topk_weights = d->w, c.out = d->out;
+  c.two_phase = gc->two_phase, c.stream = st;
+  cudaGraph_t g;
+  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  T_OK(ep_ll_dispatch(buf, &a, h));
+  int nr = 0;
+  T_OK(ep_ll_handle_num_recv_tokens(*h, &nr));
+  T_CHECK(nr == -1, "captured dispatch: num_recv_tokens %d, expected -1 (not known on the host)", nr);
+  if (gc->two_phase) T_OK(ep_ll_recv(buf, *h));
+  if (gc->zero_copy) { /* the experts' output lands in the combine buffer: a copy stands for them */
+    void *zy = NULL;
+    T_OK(ep_ll_get_combine_buffer(buf, *h, &zy));
+    CU(cudaMemcpyAsync(zy, d->y, d->ybytes, cudaMemcpyDeviceToDevice, st));
+    c.y = zy;
+  }
+  c.handle = *h;
+  T_OK(ep_ll_combine(buf, &c));
+  if (gc->two_phase) T_OK(ep_ll_recv(buf, *h));
+  CU(cudaStreamEndCapture(st, &g));
+  CU(cudaGraphInstantiate(ge, g, 0));
+  CU(cudaGraphDestroy(g));
+}
+
+static void replay(ep_buffer_t buf, const gcase_t *gc, int R, int me, gbufs_t *d, cudaStream_t st,
+                   ep_ll_handle_t h, cudaGraphExec_t ge, int round) {
+  llw_cfg_t c = gcfg;
+  c.E = 4 * R;
+  llw_case_t k = {.topk = 6, .routing = round % 2 ? RT_MASKED : RT_SKEW, .nmode = NM_FULL,
+                  .fmt = gc->fmt, .cols = gc->cols};
+  llw_round_t rd;
+  llw_gen(&rd, R, me, &c, &k, 0x9a000ull + (uint64_t)round * 31 + (uint64_t)gc->fmt);
+  uint16_t **y = make_y(&rd, (uint64_t)round);
+  t_copy_to_dev(d->x, rd.x[me], (size_t)c.T * c.H * 2);
+  t_copy_to_dev(d->idx, rd.idx[me], (size_t)c.T * k.topk * 8);
+  t_copy_to_dev(d->w, rd.w[me], (size_t)c.T * k.topk * 4);
+  t_copy_to_dev(d->y, y[me], d->ybytes);
+  CU(cudaGraphLaunch(ge, st));
+  CU(cudaStreamSynchronize(st));
+  rd.h = h; /* the captured handle's view holds this replay's rows */
+  llw_check_view(&rd);
+  rd.h = NULL;
+  static char what[96];
+  snprintf(what, sizeof what, "%s replay %d: combine out", gc->name, round);
+  check_combine(&rd, y, d->out, what);
+  for (int s = 0; s < R; s++) free(y[s]);
+  free(y);
+  llw_free(&rd);
+  (void)buf;
+}
+
+static int graph(int replays) {
+  static const gcase_t cases[] = {
+      {F_BF16, 0, 0, 0, "one phase bf16"},
+      {F_FP8, 0, 0, 1, "one phase fp8, column-major scales"},
+      {F_FP8_UE8M0, 1, 1, 0, "two phases fp8-ue8m0, zero copy"},
+      {F_BF16, 1, 1, 0, "two phases bf16, zero copy"},
+  };
+  ep_group_t g;
+  int R, me;
+  t_init(&g, &me, &R);
+  llw_cfg_t c = gcfg;
+  c.E = 4 * R;
+  ep_buffer_t buf;
+  llw_buffer(g, &c, &buf);
+  gbufs_t d;
+  d.ybytes = (size_t)c.E / R * R * c.T * c.H * 2;
+  d.x = t_dalloc((size_t)c.T * c.H * 2), d.idx = t_dalloc((size_t)c.T * c.K * 8);
+  d.w = t_dalloc((size_t)c.T * c.K * 4), d.y = t_dalloc(d.ybytes);
+  d.out = t_dalloc((size_t)c.T * c.H * 2);
+  cudaStream_t st;
+  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    t_case = cases[i].name;
+    ep_ll_handle_t h = NULL;
+    cudaGraphExec_t ge;
+    capture(buf, &cases[i], c.T, 6, &d, st, &h, &ge);
+    for (int r = 0; r < replays; r++) replay(buf, &cases[i], R, me, &d, st, h, ge, r);
+    /* Eager calls between replays keep the ranks' device counters alike. */
+    llw_round_t rd;
+    llw_case_t k = {.topk = 5, .routing = RT_MASKED, .nmode = NM_RANDOM, .fmt = F_FP8,
+                    .two_phase = 1, .zero_copy = 1};
+    llw_gen(&rd, R, me, &c, &k, 0xe9e9ull + i);
+    llw_dispatch(&rd, buf, NULL, NULL);
+    llw_combine(&rd, buf, 0xe9e9ull + i, NULL, NULL);
+    llw_free(&rd);
+    replay(buf, &cases[i], R, me, &d, st, h, ge, replays);
+    CU(cudaGraphExecDestroy(ge));
+    T_OK(ep_ll_handle_destroy(h));
+  }
+  t_case = NULL;
+  CU(cudaStreamDestroy(st));
+  t_dfree(d.x), t_dfree(d.idx), t_dfree(d.w), t_dfree(d.y), t_dfree(d.out);
+  T_OK(ep_buffer_destroy(buf));
+  t_fini(g);
+  if (me == 0) printf("test_cuda_ll graph: R=%d, %zu graphs x %d replays checked\n", R,
+                      sizeof cases / sizeof cases[0], replays + 1);
+  return T_PASS;
+}
+
+/* ------------------------------------------------------------------ hooks */
+
+typedef struct {
+  void *scratch;
+  size_t bytes;
+} busy_t;
+
+/* The caller's own work between send and receive: the device is busy (memsets on the default
+ * stream, which the calls' stream follows), the peers' rows land meanwhile. */
+static void busy(void *arg) {
+  busy_t *b = arg;
+  for (int i = 0; i < 8; i++) CU(cudaMemsetAsync(b->scratch, i, b->bytes, 0));
+}
+
+static int hooks(void) {
+  ep_group_t g;
+  int R, me;
+  t_init(&g, &me, &R);
+  llw_cfg_t c = {32, 7168, 8 * R, 8};
+  ep_buffer_t buf;
+  llw_buffer(g, &c, &buf);
+  busy_t b = {t_dalloc(256u << 20), 256u << 20};
+  for (int i = 0; i < 6; i++) {
+    llw_case_t k = {.topk = 8, .routing = i % 3, .nmode = NM_FULL, .fmt = i % 4, .two_phase = 1,
+                    .zero_copy = i % 2};
+    static char desc[64];
+    snprintf(desc, sizeof desc, "hooks round %d", i);
+    t_case = desc;
+    llw_round_t rd;
+    llw_gen(&rd, R, me, &c, &k, 0x400 + (uint64_t)i);
+    llw_dispatch(&rd, buf, busy, &b);
+    llw_combine(&rd, buf, 0x500 + (uint64_t)i, busy, &b);
+    llw_free(&rd);
+  }
+  t_case = NULL;
+  t_dfree(b.scratch);
+  T_OK(ep_buffer_destroy(buf));
+  t_fini(g);
+  if (me == 0) printf("test_cuda_ll hooks: R=%d passed\n", R);
+  return T_PASS;
+}
+
+/* ------------------------------------------------------------------ timeouts */
+
+static int timeout(void) {
+  ep_group_t g;
+  int R, me;
+  t_init(&g, &me, &R);
+  if (R < 2) {
+    printf("skipped: needs 2 ranks\n");
+    t_fini(g);
+    return T_SKIP;
+  }
+  llw_cfg_t c = {8, 256, 4 * R, 4};
+  ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
+  cfg.ll_max_tokens = c.T, cfg.ll_hidden = c.H, cfg.ll_num_experts = c.E, cfg.ll_max_topk = c.K;
+  cfg.timeout_s = 2.0;
+  ep_buffer_t b1, b2;
+  T_OK(ep_buffer_create(g, &cfg, &b1));
+  llw_case_t k = {.topk = 4, .nmode = NM_FULL};
+  llw_round_t rd;
+  llw_gen(&rd, R, me, &c, &k, 77);
+  if (me == 0) { /* rank 1 never comes: the gate gives up, naming it */
+    ep_ll_dispatch_args_t a;
+    llw_args(&rd, &a);
+    ep_ll_handle_t h = NULL;
+    ep_status_t st = ep_ll_dispatch(b1, &a, &h);
+    T_CHECK(st == EP_ERR_TIMEOUT, "dispatch returned %s (%s), expected EP_ERR_TIMEOUT",
+            ep_status_name(st), ep_last_error());
+    T_CHECK(strstr(ep_last_error(), "peer rank 1") || strstr(ep_last_error(), "rank 1 "),
+            "the message does not name rank 1: %s", ep_last_error());
+    T_CHECK(h == NULL, "a failed dispatch returned a handle");
+    printf("low-latency dispatch alone: %s\n", ep_last_error());
+    T_STATUS(EP_ERR_BROKEN, ep_ll_dispatch(b1, &a, &h));
+  }
+  llw_free(&rd);
+  /* The timeout broke rank 0's group (only local teardown remains there): every rank lets its
+   * objects go locally and all meet again in a fresh group. */
+  T_OK(ep_buffer_release(b1));
+  T_OK(ep_group_release(g));
+  t_init(&g, &me, &R);
+  /* No trap: the context works, a fresh buffer moves data. */
+  llw_buffer(g, &c, &b2);
+  llw_gen(&rd, R, me, &c, &k, 78);
+  llw_dispatch(&rd, b2, NULL, NULL);
+  llw_combine(&rd, b2, 79, NULL, NULL);
+  llw_free(&rd);
+  T_OK(ep_buffer_destroy(b2));
+  t_fini(g);
+  return T_PASS;
+}
+
+/* ------------------------------------------------------------------ lifecycle cycles */
+
+static size_t free_mem(void) {
+  size_t f = 0, t = 0;
+  CU(cudaMemGetInfo(&f, &t));
+  return f;
+}
+
+static void one_cycle(int *R, int *me, int i) {
+  ep_group_t g;
+  ep_buffer_t b;
+  t_init(&g, me, R);
+  llw_cfg_t c = {8, 1024, 4 * *R, 4};
+  llw_buffer(g, &c, &b);
+  llw_case_t k = {.topk = 4, .nmode = NM_RANDOM, .fmt = i % 4, .zero_copy = i % 2};
+  llw_round_t rd;
+  llw_gen(&rd, *R, *me, &c, &k, 0xcc00 + (uint64_t)i);
+  llw_dispatch(&rd, b, NULL, NULL);
+  llw_combine(&rd, b, 0xcd00 + (uint64_t)i, NULL, NULL);
+  llw_free(&rd);
+  T_OK(ep_buffer_destroy(b));
+  T_OK(ep_group_barrier(g)); /* every rank has freed: the device-wide figure is comparable */
+  T_OK(ep_group_destroy(g));
+}
+
+static int cycles(int n) {
+  int R, me;
+  one_cycle(&R, &me, 0); /* warm up: module load, context */
+  size_t f0 = free_mem();
+  for (int i = 0; i < n; i++) one_cycle(&R, &me, i + 1);
+  size_t f1 = free_mem();
+  printf("rank %d: %d low-latency cycles: device free memory %.1f -> %.1f MiB\n", me, n,
+         f0 / 1048576.0, f1 / 1048576.0);
+  T_CHECK(f1 + (64u << 20) >= f0, "device memory fell by %.1f MiB over %d cycles",
+          (f0 - f1) / 1048576.0, n);
+  return T_PASS;
+}
+
+int main(int argc, char **argv) {
+  const char *mode = argc > 1 ? argv[1] : "graph";
+  if (!t_cuda()) setenv("EP_BACKEND", "cuda", 1);
+  t_require_backend();
+  if (!strcmp(mode, "graph")) return graph(argc > 2 ? atoi(argv[2]) : 4);
+  if (!strcmp(mode, "hooks")) return hooks();
+  if (!strcmp(mode, "timeout")) return timeout();
+  if (!strcmp(mode, "cycles")) return cycles(argc > 2 ? atoi(argv[2]) : 50);
+  fprintf(stderr, "unknown mode %s\n", mode);
+  return T_FAIL;
+}
+#endif
