@@ -148,16 +148,26 @@ static ep_status_t check_world_launcher(const ep_ident_t *mine, const char *op) 
     return ep_err(EP_ERR_BOOTSTRAP, "%s: EP_HOST_ID=%s puts ranks on several hosts, which talk "
                   "through MPI: start the ranks with mpirun (or srun --mpi=pmix)", op,
                   mine->host_id);
+  if (mine->hosts <= 1)
+    return ep_err(EP_ERR_BOOTSTRAP, "%s: the job's ranks run on several machines, whose groups "
+                  "talk through MPI: start the ranks with mpirun --hostfile or srun --mpi=pmix "
+                  "(torchrun across machines is not supported yet)", op);
   return ep_err(EP_ERR_BOOTSTRAP, "%s: EP_HOSTS=%d splits the job into %d hosts, which talk "
                 "through MPI: start the ranks with `epcomm launch -n R --hosts %d` or mpirun",
                 op, mine->hosts, mine->hosts, mine->hosts);
 }
 
-/* Under mpirun, a job whose ranks are not all on this machine spans hosts. */
+/* A job whose ranks are not all on this machine spans hosts: mpirun, srun and torchrun say how
+ * many of the job's ranks run here. (torchrun jobs across machines then need MPI too: said by
+ * check_world_launcher, instead of ranks waiting for peers that can never reach them.) */
 static bool job_spans_machines(void) {
-  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"), *all = getenv("OMPI_COMM_WORLD_SIZE");
+  static const char *const pairs[][2] = {{"OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"},
+                                         {"LOCAL_WORLD_SIZE", "WORLD_SIZE"}};
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    const char *local = getenv(pairs[i][0]), *all = getenv(pairs[i][1]);
+    if (local && all && strcmp(local, all)) return true;
+  }
   const char *nodes = getenv("SLURM_STEP_NUM_NODES");
-  if (local && all && strcmp(local, all)) return true;
   return nodes && strcmp(nodes, "1") && getenv("PMIX_RANK");
 }
 
