@@ -60,33 +60,70 @@ static int legend_bytes(const bench_opts_t *o, char *text, size_t n) {
                   "from other ranks (payload + index/topk metadata).");
 }
 
-/* How the time was taken, and what the ceiling is. */
-static void legend_time(const bench_opts_t *o, const bench_who_t *who, int R, char *text,
-                        size_t n) {
-  if (cuda(o)) {
-    snprintf(text, n,
-             " Time: GPU time of each call by CUDA events on its stream, the calls of a row issued "
-             "back to back (no host wait between them); the slowest rank per iteration. copy "
-             "ceiling: bytes copied per second per rank by a device copy kernel, all ranks copying "
-             "at once. logical: DeepEP's bytes per rank. views: outputs inside the buffer (no "
-             "copy); caller tensors: a receiver-side copy into the caller's tensors; x = view: "
-             "the experts' outputs written into the bf16 dispatch view, read in place.");
-    return;
-  }
-  snprintf(text, n,
-           " Time: the slowest rank per iteration. memcpy: bytes copied per second per rank, all "
-           "ranks copying at once with %d thread%s each. logical: DeepEP's bytes per rank. cpu%%: "
-           "CPU time of the rank's process (all its threads) over its time, both averaged over "
-           "the timed iterations; %d rank%s on %d CPU%s share %d%%. csw: context switches per "
-           "call.",
-           o->threads, o->threads > 1 ? "s" : "", R, R > 1 ? "s" : "", who->cpus,
-           who->cpus > 1 ? "s" : "", 100 * who->cpus);
+/* How the time was taken, and what the ceiling is. cpu% only where it was measured. */
+static int legend_time(const bench_opts_t *o, const bench_who_t *who, const phases_t *ph,
+                       char *text, size_t n) {
+  const phase_t *d = bench_phase(ph, "dispatch");
+  int R = ph->R, len;
+  if (cuda(o))
+    return snprintf(text, n,
+                    " Time: GPU time of each call by CUDA events on its stream, the calls of a row "
+                    "issued back to back (no host wait between them); the slowest rank per "
+                    "iteration. copy ceiling: bytes copied per second per rank by a device copy "
+                    "kernel, all ranks copying at once. logical: DeepEP's bytes per rank.");
+  len = snprintf(text, n,
+                 " Time: the slowest rank per iteration. memcpy: bytes copied per second per rank, "
+                 "all ranks copying at once with %d thread%s each. logical: DeepEP's bytes per "
+                 "rank.", o->threads, o->threads > 1 ? "s" : "");
+  if (d && d->cpu[0] >= 0 && len > 0 && (size_t)len < n)
+    len += snprintf(text + len, n - (size_t)len,
+                    " cpu%%: CPU time of the rank's process (all its threads) over its time, both "
+                    "averaged over the timed iterations; %d rank%s on %d CPU%s share %d%%. csw: "
+                    "context switches per call.",
+                    R, R > 1 ? "s" : "", who->cpus, who->cpus > 1 ? "s" : "", 100 * who->cpus);
+  return len;
 }
 
-static void print_legend(const bench_opts_t *o, const bench_who_t *who, int R) {
-  char text[1600];
+/* What each variant row is, for the rows present. */
+static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, size_t n) {
+  const struct {
+    const char *key, *text;
+  } rows[] = {
+      {"dispatch", NULL},
+      {"dispatch_cached", " cached: a dispatch along an earlier one's handle (what DeepEP's tuning "
+                          "loop times)."},
+      {"dispatch_cached_caller", " caller: the rows copied into the caller's tensors."},
+      {"combine_view", " view: the experts' outputs written into the bf16 dispatch view, which "
+                       "combine reads in place."},
+      {"combine_zero_copy", " zero copy: the experts' outputs written into "
+                            "ep_ll_get_combine_buffer's area."},
+      {"dispatch_send", " two-phase: each call only sends, ep_ll_recv completes it; the phases "
+                        "timed apart."},
+      {"graph", " graph replay: dispatch + combine captured once in a CUDA graph."},
+      {"overlap", " overlap: send, a compute kernel over every SM (--compute-us), receive, for "
+                  "dispatch and combine."}};
+  size_t len = strlen(text);
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0] && len < n; i++) {
+    if (!bench_phase(ph, rows[i].key)) continue;
+    if (rows[i].text)
+      len += (size_t)snprintf(text + len, n - len, "%s", rows[i].text);
+    else if (o->mode == BENCH_LL)
+      len += (size_t)snprintf(text + len, n - len, " epcomm dispatch and combine: one-phase calls, "
+                              "the expert outputs in a tensor.");
+    else
+      len += (size_t)snprintf(text + len, n - len, " epcomm dispatch: a full dispatch (count "
+                              "exchange included), outputs %s; combine: the expert outputs in a "
+                              "tensor.", cuda(o) ? "as views inside the buffer (no copy)"
+                                                 : "from an allocator callback, as a framework "
+                                                   "allocates them");
+  }
+}
+
+static void print_legend(const bench_opts_t *o, const bench_who_t *who, const phases_t *ph) {
+  char text[2400];
   int n = legend_bytes(o, text, sizeof text);
-  legend_time(o, who, R, text + n, sizeof text - (size_t)n);
+  n += legend_time(o, who, ph, text + n, sizeof text - (size_t)n);
+  if (n > 0 && (size_t)n < sizeof text) legend_rows(o, ph, text, sizeof text);
   print_wrapped(text);
   printf("\n");
 }
@@ -203,7 +240,7 @@ static void print_table(const bench_opts_t *o, const bench_who_t *who, const pha
   print_config(o, who, ph->R);
   print_phase_table(o, ph);
   print_rank_table(o, who, ph, rk);
-  print_legend(o, who, ph->R);
+  print_legend(o, who, ph);
   print_ratios(o, ph, b, q, v);
   print_check(v);
 }
