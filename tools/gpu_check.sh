@@ -2,9 +2,12 @@
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
 #   steps: build quick suite sanitize bench epbench doctor scan ll llsan llbench
-#   (low-latency mode: ll = the cuda.ll* tests, llsan = compute-sanitizer memcheck and racecheck
-#   on small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend cuda` at R=2/4/8
-#   with 128 tokens, then 16/32/64 tokens)
+#   (bench = `epcomm bench --backend cuda` at R=2/4/8, bf16 and fp8, DeepEP's sizes and SMs per
+#   rank, every variant and the cudaMemcpy baseline, tables and JSON into OUT_DIR; epbench is the
+#   same step under its older name; scan = the same with more SMs per rank; low-latency mode:
+#   ll = the cuda.ll* and cuda.bench* tests, llsan = compute-sanitizer memcheck and racecheck on
+#   small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend cuda` at R=2/4/8 with
+#   128 tokens (bf16 and fp8), then 16/32/64 tokens)
 # WITH_MPS: path of shared/gpu/with-mps (ranks sharing one GPU run concurrently under MPS).
 # Every step is bounded by `timeout`; logs go to OUT_DIR; a one-line summary per step to stdout.
 set -u -o pipefail
@@ -47,23 +50,19 @@ for s in $steps; do
       export EP_BACKEND=cuda
       san memcheck san-memcheck-normal.log 1 $b/tests/test_normal
       unset EP_BACKEND ;;
-    bench)
+    bench|epbench)
+      # One program for both backends: the same options, checks and statistics as on the CPU.
       for R in 2 4 8; do
-        timeout 120 "$mps" $b/bin/epcomm launch -n $R $b/bin/cuda_bench >"$out/bench-r$R.log" 2>&1
-        echo "bench R=$R: exit $?"
-        grep -v '^\[[1-9]' "$out/bench-r$R.log" | sed 's/^\[0\] //' | tail -14
-      done ;;
-    epbench)
-      # The same GPU benchmark through the public command, at DeepEP's SMs per rank.
-      for rs in "2 24" "4 24" "8 16"; do
-        set -- $rs
-        timeout 150 "$mps" $b/bin/epcomm launch -n $1 $b/bin/epcomm bench --backend cuda \
-          --threads $2 >"$out/epbench-r$1.log" 2>&1
-        echo "epcomm bench --backend cuda, R=$1, $2 SMs per rank: exit $?"
-        grep -v '^\[[1-9]' "$out/epbench-r$1.log" | sed 's/^\[0\] //' | tail -16
+        for dt in bf16 fp8; do
+          timeout 150 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench --backend cuda \
+            --dtype $dt --json "$out/bench-r$R-$dt.json" >"$out/bench-r$R-$dt.log" 2>&1
+          echo "epcomm bench --backend cuda, R=$R, $dt: exit $?"
+          grep -v '^\[[1-9]' "$out/bench-r$R-$dt.log" | sed 's/^\[0\] //' |
+            grep -E '^(epcomm|copy ceiling|cudaMemcpy|ratio|check|first)'
+        done
       done ;;
     ll)
-      timeout 560 "$mps" tests/run.sh --filter '^cuda\.ll' $b 2>&1 | tee "$out/ll.log" |
+      timeout 560 "$mps" tests/run.sh --filter '^cuda\.(ll|bench)' $b 2>&1 | tee "$out/ll.log" |
         grep -v '^PASS' || true ;;
     llsan)
       # No MPS (see sanitize); small shapes, one rank pair.
@@ -83,23 +82,28 @@ for s in $steps; do
       unset EP_BACKEND ;;
     llbench)
       for R in 2 4 8; do
-        for T in 128 64 32 16; do
-          timeout 45 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench --mode ll --backend cuda \
-            --tokens $T >"$out/llbench-r$R-t$T.log" 2>&1
-          echo "ll bench R=$R tokens $T: exit $?"
-          grep -v '^\[[1-9]' "$out/llbench-r$R-t$T.log" | sed 's/^\[0\] //' | grep -E '^(dispatch|combine|graph|overlap|check)'
+        for run in "128 bf16" "128 fp8" "64 bf16" "32 bf16" "16 bf16"; do
+          set -- $run
+          timeout 60 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench --mode ll --backend cuda \
+            --tokens $1 --dtype $2 --json "$out/llbench-r$R-t$1-$2.json" \
+            >"$out/llbench-r$R-t$1-$2.log" 2>&1
+          echo "ll bench R=$R tokens $1 $2: exit $?"
+          grep -v '^\[[1-9]' "$out/llbench-r$R-t$1-$2.log" | sed 's/^\[0\] //' |
+            grep -E '^(epcomm|two-phase|graph|overlap|ratio|check|first)'
         done
       done ;;
     doctor)
       $b/bin/epcomm doctor env 2>&1 | tee "$out/doctor-env.txt" | tail -30 ;;
     scan)
-      # Where the time goes: the same sizes with more SMs per rank.
+      # Where the time goes: the same sizes with more SMs per rank (main rows only).
       for rs in "2 32" "2 48" "4 32"; do
         set -- $rs
-        timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/cuda_bench --sms $2 \
-          >"$out/scan-r$1-s$2.log" 2>&1
-        echo "bench R=$1 --sms $2: exit $?"
-        grep -E '^\[0\] (dispatch|combine)' "$out/scan-r$1-s$2.log" | sed 's/^\[0\] //'
+        for dt in bf16 fp8; do
+          timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/epcomm bench --backend cuda \
+            --sms $2 --dtype $dt --variants main --baseline off >"$out/scan-r$1-s$2-$dt.log" 2>&1
+          echo "bench R=$1 --sms $2 $dt: exit $?"
+          grep -E '^\[0\] epcomm (dispatch|combine) ' "$out/scan-r$1-s$2-$dt.log" | sed 's/^\[0\] //'
+        done
       done ;;
   esac
   echo "== step $s: $((SECONDS - t0)) s"
