@@ -20,6 +20,9 @@
     }                                                                                \
   } while (0)
 
+/* 0 for EP_OK; else says which call failed and why, and returns 1. */
+int bench_said(ep_status_t st, const char *call);
+
 /* A device-memory helper (tk_dev.h) or GPU piece (bench_gpu.h) that must succeed. */
 #define TRY_DEV(call)                                                                \
   do {                                                                               \
@@ -68,10 +71,13 @@ int bench_copy(bench_ctx_t *c, void *dst, const void *src, size_t n); /* on the 
 void *bench_fetch(bench_ctx_t *c, const void *src, size_t n);
 int bench_sync(bench_ctx_t *c);
 const char *bench_dev_error(void);
-/* A new row of this rank's results (bytes filled in later with bench_set_bytes). */
+/* A new row of this rank's results (bytes filled in later with bench_apply_bytes). */
 int bench_row(bench_ctx_t *c, const char *key, const char *label, int kind);
-/* Bytes of every epcomm row of `kind` (and of the baseline's, which move the same data). */
-void bench_set_bytes(bench_ctx_t *c, int kind, double bytes, double wire);
+/* The main rows of either mode, in the table's order: dispatch, combine, the ceiling. */
+void bench_main_rows(bench_ctx_t *c, int row[3]);
+/* Bytes of every dispatch and combine row, epcomm's and the baseline's (which move the same
+ * data), once the first dispatch has told them. */
+void bench_apply_bytes(bench_ctx_t *c, const bench_bytes_t *b);
 
 /* A step of a measured loop: one call, timed into row `row` (-1: untimed preparation or
  * clean-up). `it` runs from -warmup to iters - 1. Returns 0, or 1 after saying why. */

@@ -42,12 +42,9 @@ fail:
 }
 
 int bench_ll_drop(bench_ctx_t *c, void *state, int it) {
-  ll_t *u = state;
-  ep_status_t st = ep_ll_handle_destroy(u->h);
-  u->h = NULL;
-  if (!st) return 0;
-  fprintf(stderr, "epcomm bench: ep_ll_handle_destroy: %s\n", ep_last_error());
-  return 1;
+  ep_ll_handle_t h = ((ll_t *)state)->h;
+  ((ll_t *)state)->h = NULL; /* gone even when the destroy fails: never destroyed twice */
+  return bench_said(ep_ll_handle_destroy(h), "ep_ll_handle_destroy");
 }
 
 int bench_ll_put_y(ll_t *u, void *dst) {
@@ -201,14 +198,11 @@ int bench_ll(bench_ctx_t *c) {
   /* The GPU time of the calls, queued back to back: no host wait for a call's verdict. */
   if (o->backend == BENCH_CUDA) setenv("EP_CUDA_LL_ASYNC", "1", 0);
   int rc = bench_ctx_open(c, &cfg) || inputs(&u);
-  int d = bench_row(c, "dispatch", "epcomm dispatch", BENCH_K_DISPATCH);
-  int cm = bench_row(c, "combine", "epcomm combine", BENCH_K_COMBINE);
-  int m = bench_row(c, "memcpy", c->dev ? "copy ceiling" : "memcpy ceiling", BENCH_K_COPY);
-  if (!rc && c->ceiling) c->res->row[m].bytes = bench_ceiling_bytes(c->ceiling);
-  if (!rc) rc = main_rows(&u, d, cm, m);
+  int row[3];
+  bench_main_rows(c, row);
+  if (!rc) rc = main_rows(&u, row[0], row[1], row[2]);
   if (!rc && o->variants == BENCH_VARIANTS_ALL) rc = bench_ll_variants(&u);
-  bench_set_bytes(c, BENCH_K_DISPATCH, u.bytes.d_bytes, u.bytes.d_wire);
-  bench_set_bytes(c, BENCH_K_COMBINE, u.bytes.c_bytes, u.bytes.c_wire);
+  bench_apply_bytes(c, &u.bytes);
   release(&u);
   bench_ctx_close(c);
   return rc;

@@ -88,12 +88,9 @@ fail:
 }
 
 static int call_drop(bench_ctx_t *c, void *state, int it) {
-  normal_t *u = state;
-  ep_status_t st = ep_handle_destroy(u->h);
-  u->h = NULL;
-  if (!st) return 0;
-  fprintf(stderr, "epcomm bench: ep_handle_destroy: %s\n", ep_last_error());
-  return 1;
+  ep_handle_t h = ((normal_t *)state)->h;
+  ((normal_t *)state)->h = NULL; /* gone even when the destroy fails: never destroyed twice */
+  return bench_said(ep_handle_destroy(h), "ep_handle_destroy");
 }
 
 /* Expert outputs: row j (from source s, token src_idx[j]) gets bench_gen_y_row(me, s, t). */
@@ -232,15 +229,12 @@ int bench_normal(bench_ctx_t *c) {
   buffer_config(o, o->backend == BENCH_CUDA, &cfg);
   int rc = bench_ctx_open(c, &cfg) || inputs(&u);
   u.views = (c->caps & EP_CAP_DISPATCH_VIEWS) != 0;
-  int d = bench_row(c, "dispatch", "epcomm dispatch", BENCH_K_DISPATCH);
-  int cm = bench_row(c, "combine", "epcomm combine", BENCH_K_COMBINE);
-  int m = bench_row(c, "memcpy", c->dev ? "copy ceiling" : "memcpy ceiling", BENCH_K_COPY);
-  if (!rc && c->ceiling) c->res->row[m].bytes = bench_ceiling_bytes(c->ceiling);
-  if (!rc) rc = main_rows(&u, d, cm, m);
+  int row[3];
+  bench_main_rows(c, row);
+  if (!rc) rc = main_rows(&u, row[0], row[1], row[2]);
   if (!rc && o->variants == BENCH_VARIANTS_ALL) rc = bench_normal_variants(&u);
   if (!rc && o->baseline != BENCH_BASELINE_OFF && c->dev) rc = bench_cubase(&u);
-  bench_set_bytes(c, BENCH_K_DISPATCH, u.bytes.d_bytes, u.bytes.d_wire);
-  bench_set_bytes(c, BENCH_K_COMBINE, u.bytes.c_bytes, u.bytes.c_wire);
+  bench_apply_bytes(c, &u.bytes);
   release(&u);
   bench_ctx_close(c);
   return rc;

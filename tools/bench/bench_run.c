@@ -92,16 +92,30 @@ void *bench_fetch(bench_ctx_t *c, const void *src, size_t n) {
   return h;
 }
 
+int bench_said(ep_status_t st, const char *call) {
+  if (st == EP_OK) return 0;
+  fprintf(stderr, "epcomm bench: %s: %s: %s\n", call, ep_status_name(st), ep_last_error());
+  return 1;
+}
+
 int bench_row(bench_ctx_t *c, const char *key, const char *label, int kind) {
   int group = kind == BENCH_K_COPY ? BENCH_G_CEILING : BENCH_G_EPCOMM;
   if (!strncmp(key, "baseline_", 9)) group = BENCH_G_BASE;
   return bench_row_add(c->res, key, label, kind, group, 0, 0);
 }
 
-void bench_set_bytes(bench_ctx_t *c, int kind, double bytes, double wire) {
+void bench_main_rows(bench_ctx_t *c, int row[3]) {
+  row[0] = bench_row(c, "dispatch", "epcomm dispatch", BENCH_K_DISPATCH);
+  row[1] = bench_row(c, "combine", "epcomm combine", BENCH_K_COMBINE);
+  row[2] = bench_row(c, "memcpy", c->dev ? "copy ceiling" : "memcpy ceiling", BENCH_K_COPY);
+  if (c->ceiling) c->res->row[row[2]].bytes = bench_ceiling_bytes(c->ceiling);
+}
+
+void bench_apply_bytes(bench_ctx_t *c, const bench_bytes_t *b) {
   for (int i = 0; i < c->res->nrows; i++) {
     bench_row_t *r = &c->res->row[i];
-    if (r->kind == kind && r->group != BENCH_G_CEILING) r->bytes = bytes, r->wire = wire;
+    if (r->kind == BENCH_K_DISPATCH) r->bytes = b->d_bytes, r->wire = b->d_wire;
+    if (r->kind == BENCH_K_COMBINE) r->bytes = b->c_bytes, r->wire = b->c_wire;
   }
 }
 

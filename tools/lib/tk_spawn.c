@@ -107,7 +107,7 @@ int tk_wait_until(pid_t pid, double deadline, int group, int *status) {
   }
 }
 
-static int beside_self(const char *name, char *out, size_t n) {
+int tk_self_dir(char *out, size_t n) {
   char self[PATH_MAX];
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   if (len <= 0) return 0;
@@ -115,12 +115,15 @@ static int beside_self(const char *name, char *out, size_t n) {
   char *slash = strrchr(self, '/');
   if (!slash) return 0;
   *slash = '\0';
-  snprintf(out, n, "%s/%s", self, name);
-  return access(out, X_OK) == 0;
+  return snprintf(out, n, "%s", self) < (int)n;
 }
 
 int tk_find_exe(const char *name, int beside, char *out, size_t n) {
-  if (beside && beside_self(name, out, n)) return 1;
+  char dir[PATH_MAX];
+  if (beside && tk_self_dir(dir, sizeof dir)) {
+    snprintf(out, n, "%s/%s", dir, name);
+    if (access(out, X_OK) == 0) return 1;
+  }
   for (const char *path = getenv("PATH"); path && *path;) {
     const char *end = strchr(path, ':');
     size_t len = end ? (size_t)(end - path) : strlen(path);

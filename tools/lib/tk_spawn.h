@@ -40,6 +40,10 @@ int tk_pipe(int fds[2]);
  * other failures: an errno. */
 int tk_wait_until(pid_t pid, double deadline, int group, int *status);
 
+/* The directory of this program's executable (/proc/self/exe), for files installed beside it.
+ * Returns 1 with it in out[n], else 0. */
+int tk_self_dir(char *out, size_t n);
+
 /* Where an executable `name` is: beside this program first when beside_self, then on PATH.
  * Returns 1 with the path in out[n], else 0. */
 int tk_find_exe(const char *name, int beside_self, char *out, size_t n);
