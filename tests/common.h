@@ -67,6 +67,16 @@ uint16_t t_rand_bf16(t_rng *r);
 void *t_xmalloc(size_t n); /* never NULL; fills with a poison byte */
 #define T_POISON 0xA5
 
+/* A CUDA runtime call in a test that must succeed (files that include cuda_runtime_api.h). */
+#ifdef EP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#define T_CUDA(call)                                                                     \
+  do {                                                                                   \
+    cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess) T_FAILF("%s: %s", #call, cudaGetErrorString(e_));             \
+  } while (0)
+#endif
+
 /* Backend under test. EP_BACKEND=cuda selects the CUDA backend: tensors then live in device
  * memory, and the helpers below move them (on the CPU backend they are host memory and memcpy,
  * so one test body runs on both; tools/lib/tk_dev.h does the work). */

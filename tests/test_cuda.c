@@ -21,11 +21,7 @@ int main(void) {
 #else
 #include <cuda_runtime_api.h>
 
-#define CU(call)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) T_FAILF("%s: %s", #call, cudaGetErrorString(e_));             \
-  } while (0)
+#define CU T_CUDA
 
 enum { H = 256, TOPK = 4, NMAX = 40 };
 

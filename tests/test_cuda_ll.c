@@ -21,11 +21,7 @@ int main(void) {
 #else
 #include <cuda_runtime_api.h>
 
-#define CU(call)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) T_FAILF("%s: %s", #call, cudaGetErrorString(e_));             \
-  } while (0)
+#define CU T_CUDA
 
 static const llw_cfg_t gcfg = {16, 512, 0, 8}; /* E: 4 experts per rank */
 

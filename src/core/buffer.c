@@ -83,11 +83,11 @@ ep_status_t ep_buffer_get(ep_buffer_t buffer, const char *op, ep_buffer **b) {
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, true, (void **)b);
   if (st) {
     char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
+    snprintf(msg, sizeof msg, "%s", ep_last_error()); /* the rejection below may overwrite it */
     if (st == EP_ERR_NULL_ARG || st == EP_ERR_INVALID_ARG || st == EP_ERR_DESTROYED)
       reject_lost_call(op);
     ep_err_set_msg(msg);
-    return st;
+    return ep_err_named(st, op, NULL);
   }
   if ((*b)->broken) {
     ep_reg_release((*b)->id);
@@ -136,10 +136,7 @@ ep_status_t ep_buffer_query(ep_buffer_t buffer, ep_buffer_info_t *info) {
   ep_buffer *b;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, false, (void **)&b);
   if (st) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: buf: %s", op, ep_last_error());
-    ep_err_set_msg(msg);
-    return st;
+    return ep_err_named(st, op, "buf");
   }
   i.size = info->size;
   i.backend = b->cfg.backend;

@@ -85,10 +85,7 @@ static ep_status_t buffer_teardown(ep_buffer_t buffer, bool collective, const ch
   void *obj;
   ep_status_t st = ep_reg_remove(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, &obj);
   if (st) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
-    ep_err_set_msg(msg);
-    return st;
+    return ep_err_named(st, op, NULL);
   }
   ep_buffer *b = obj;
   ep_group *g = b->group;

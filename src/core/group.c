@@ -139,11 +139,7 @@ static ep_status_t load_group_config(const ep_group_config_t *cfg, ep_group_conf
                                      const char *op) {
   *c = (ep_group_config_t)EP_GROUP_CONFIG_INIT;
   ep_status_t st = cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
-  if (!st && (st = ep_env_check())) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
-    ep_err_set_msg(msg);
-  }
+  if (!st && (st = ep_env_check())) ep_err_named(st, op, NULL);
   return st;
 }
 

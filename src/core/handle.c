@@ -34,19 +34,11 @@ ep_status_t ep_handle_new(ep_buffer *b, ep_handle_info_t *info, void *out) {
   return EP_OK;
 }
 
-/* Prefix the registry's message with the call and the argument. */
-static ep_status_t named(ep_status_t st, const char *op, const char *arg) {
-  char msg[EP_ERRMSG_MAX];
-  snprintf(msg, sizeof msg, "%s: %s: %s", op, arg, ep_last_error());
-  ep_err_set_msg(msg);
-  return st;
-}
-
 ep_status_t ep_handle_get(ep_buffer *b, const void *handle, const char *op, const char *arg,
                           enum ep_handle_kind kind, ep_handle **out) {
   ep_handle *h;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), obj_kind(kind), true, (void **)&h);
-  if (st) return named(st, op, arg);
+  if (st) return ep_err_named(st, op, arg);
   if (h->buffer_id != b->id) {
     ep_reg_release(h->id);
     return ep_err(EP_ERR_INVALID_ARG, "%s: %s comes from another (or a destroyed) buffer", op,
@@ -63,7 +55,7 @@ static ep_status_t num_recv(const void *handle, enum ep_handle_kind kind, int *n
   if (!n) return ep_err(EP_ERR_NULL_ARG, "%s: num_recv_tokens is NULL", op);
   ep_handle *h;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), obj_kind(kind), false, (void **)&h);
-  if (st) return named(st, op, "handle");
+  if (st) return ep_err_named(st, op, "handle");
   *n = h->info.num_recv_tokens;
   ep_reg_release(h->id);
   return EP_OK;
@@ -81,7 +73,7 @@ ep_status_t ep_handle_destroy(ep_handle_t handle) {
   if (!handle) return EP_OK;
   void *obj;
   ep_status_t st = ep_reg_remove(ep_ptr_to_id(handle), EP_OBJ_HANDLE, &obj);
-  if (st) return named(st, "ep_handle_destroy", "handle");
+  if (st) return ep_err_named(st, "ep_handle_destroy", "handle");
   handle_free(obj);
   return EP_OK;
 }
@@ -113,7 +105,7 @@ ep_status_t ep_ll_handle_destroy(ep_ll_handle_t handle) {
   st = ep_reg_remove(ep_ptr_to_id(handle), EP_OBJ_LL_HANDLE, &obj);
   if (st) {
     if (b) ep_buffer_put(b);
-    return named(st, "ep_ll_handle_destroy", "handle");
+    return ep_err_named(st, "ep_ll_handle_destroy", "handle");
   }
   ep_handle *h = obj;
   if (b) {

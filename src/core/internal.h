@@ -19,6 +19,9 @@
 ep_status_t ep_err(ep_status_t s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Set the thread's last error from a preformatted message. */
 void ep_err_set_msg(const char *msg);
+/* Prefix the thread's last error with "op: arg: " (arg NULL: "op: ") and return `st`: the
+ * registry and struct loaders say what is wrong, the entry point says where. */
+ep_status_t ep_err_named(ep_status_t st, const char *op, const char *arg);
 /* Prefix the thread's last error with "op: " unless it already starts so. */
 void ep_err_prefix(const char *op);
 

@@ -183,10 +183,7 @@ ep_status_t ep_ll_get_recv_view(ep_ll_handle_t handle, ep_ll_recv_view_t *view) 
   ep_handle *h;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), EP_OBJ_LL_HANDLE, false, (void **)&h);
   if (st) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: handle: %s", op, ep_last_error());
-    ep_err_set_msg(msg);
-    return st;
+    return ep_err_named(st, op, "handle");
   }
   st = view_from(h, view, op);
   ep_reg_release(h->id);
@@ -201,10 +198,7 @@ ep_status_t ep_ll_get_combine_buffer(ep_buffer_t buffer, ep_ll_handle_t handle, 
   ep_buffer *b;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, false, (void **)&b);
   if (st) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: buf: %s", op, ep_last_error());
-    ep_err_set_msg(msg);
-    return st;
+    return ep_err_named(st, op, "buf");
   }
   ep_handle *h = NULL;
   void *p = NULL;

@@ -42,6 +42,14 @@ const char *ep_last_error(void) { return tls_error; }
 void ep_err_set_msg(const char *msg) { snprintf(tls_error, sizeof tls_error, "%s", msg); }
 const char *ep_ctx_last_error(void) { return tls_error; }
 
+ep_status_t ep_err_named(ep_status_t st, const char *op, const char *arg) {
+  char msg[EP_ERRMSG_MAX];
+  if (arg) snprintf(msg, sizeof msg, "%s: %s: %s", op, arg, tls_error);
+  else snprintf(msg, sizeof msg, "%s: %s", op, tls_error);
+  ep_err_set_msg(msg);
+  return st;
+}
+
 void ep_err_prefix(const char *op) {
   size_t n = strlen(op);
   /* Said once: a message that already starts with the call ("op: ...") keeps its one prefix. */
@@ -113,10 +121,5 @@ ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *o
     return ep_err(EP_ERR_CONFIG, "%s: %s: size field is %zu, this library needs %zu (set it with "
                   "the struct's _INIT macro)", op, argname, size, full);
   ep_status_t st = ep_struct_load(dst, full, args, argname, false);
-  if (st) {
-    char msg[EP_ERRMSG_MAX];
-    snprintf(msg, sizeof msg, "%s: %s", op, ep_last_error());
-    ep_err_set_msg(msg);
-  }
-  return st;
+  return st ? ep_err_named(st, op, NULL) : EP_OK;
 }
