@@ -2,11 +2,12 @@
  * either backend, the copy ceiling and a baseline (MPI_Alltoallv on the CPU, cudaMemcpy on the
  * GPU), all from one run, with ratios to both and a self-check of every output. One program,
  * one set of options, one report: see docs/PERFORMANCE.md. */
+#include "bench.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench.h"
 #include "cli.h"
 
 static int fail_group(const char *what, ep_group_t g) {
@@ -27,7 +28,8 @@ static bench_rank_t **gather(ep_group_t g, int R, const bench_rank_t *mine) {
   int ok = blob && all;
   if (ok) bench_rank_pack(mine, blob + sz * (size_t)R);
   ok = ok && !ep_group_allgather(g, blob + sz * (size_t)R, blob, sz);
-  for (int r = 0; ok && r < R; r++) ok = (all[r] = bench_rank_unpack(blob + sz * (size_t)r, sz)) != NULL;
+  for (int r = 0; ok && r < R; r++)
+    ok = (all[r] = bench_rank_unpack(blob + sz * (size_t)r, sz)) != NULL;
   free(blob);
   if (ok) return all;
   for (int r = 0; all && r < R; r++) bench_rank_free(all[r]);
@@ -55,16 +57,19 @@ static int conclude(const bench_opts_t *o, ep_group_t g, int R, bench_rank_t **r
   memset(&b, 0, sizeof b);
   b.agree = -1;
   int cuda = o->backend == BENCH_CUDA, rc = 0;
-  if (o->mode == BENCH_LL) snprintf(b.why, sizeof b.why, "--mode ll has no baseline");
-  else if (o->baseline == BENCH_BASELINE_OFF) snprintf(b.why, sizeof b.why, "--baseline off");
-  else if (cuda) cubase_outcome(R, rk, &b);
+  if (o->mode == BENCH_LL)
+    snprintf(b.why, sizeof b.why, "--mode ll has no baseline");
+  else if (o->baseline == BENCH_BASELINE_OFF)
+    snprintf(b.why, sizeof b.why, "--baseline off");
+  else if (cuda)
+    cubase_outcome(R, rk, &b);
   else {
     bench_progress_stage(o->progress, "the MPI baseline (mpirun, same options)", 0);
     bench_mpi_run(o, R, rk, &b);
   }
   if (o->baseline == BENCH_BASELINE_ON && !b.ran) {
-    fprintf(stderr, "epcomm bench: the %s did not run: %s\n", cuda ? "cudaMemcpy baseline" :
-            "MPI baseline", b.why);
+    fprintf(stderr, "epcomm bench: the %s did not run: %s\n",
+            cuda ? "cudaMemcpy baseline" : "MPI baseline", b.why);
     rc = 1;
   }
   bench_who_t who = {"epcomm bench", ep_version_string(), cuda ? "cuda backend" : "cpu backend",

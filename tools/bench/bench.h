@@ -10,27 +10,17 @@
 #include "epcomm.h"
 
 /* An epcomm call inside a bench step: on failure, say which and jump to the function's `fail`. */
-#define TRY(call)                                                                    \
-  do {                                                                               \
-    ep_status_t st_ = (call);                                                        \
-    if (st_) {                                                                       \
-      fprintf(stderr, "epcomm bench: %s: %s: %s\n", #call, ep_status_name(st_),      \
-              ep_last_error());                                                      \
-      goto fail;                                                                     \
-    }                                                                                \
+#define TRY(call)                                                                                 \
+  do {                                                                                            \
+    ep_status_t st_ = (call);                                                                     \
+    if (st_) {                                                                                    \
+      fprintf(stderr, "epcomm bench: %s: %s: %s\n", #call, ep_status_name(st_), ep_last_error()); \
+      goto fail;                                                                                  \
+    }                                                                                             \
   } while (0)
 
 /* 0 for EP_OK; else says which call failed and why, and returns 1. */
 int bench_said(ep_status_t st, const char *call);
-
-/* A device-memory helper (tk_dev.h) or GPU piece (bench_gpu.h) that must succeed. */
-#define TRY_DEV(call)                                                                \
-  do {                                                                               \
-    if ((call) != 0) {                                                               \
-      fprintf(stderr, "epcomm bench: %s: %s\n", #call, bench_dev_error());           \
-      goto fail;                                                                     \
-    }                                                                                \
-  } while (0)
 
 /* Progress lines on a terminal (bench_progress.c): rank 0, stderr, never with --json. */
 typedef struct bench_progress {
@@ -51,9 +41,9 @@ typedef struct bench_ctx {
   ep_group_t g;
   ep_buffer_t buf;
   int R, me;
-  int dev;         /* tensors in device memory, calls ordered on `stream`, GPU time by events */
-  unsigned caps;   /* the buffer's EP_CAP_* */
-  void *stream;    /* cudaStream_t of every call (dev), else NULL */
+  int dev;       /* tensors in device memory, calls ordered on `stream`, GPU time by events */
+  unsigned caps; /* the buffer's EP_CAP_* */
+  void *stream;  /* cudaStream_t of every call (dev), else NULL */
   bench_rank_t *res;
   struct bench_ceiling_s *ceiling;
 } bench_ctx_t;
@@ -98,7 +88,7 @@ int bench_ll(bench_ctx_t *c);
 /* The ceiling (bench_ceiling.c): every rank copies one large buffer at once, --threads threads
  * on the host or a copy kernel on the GPU. */
 typedef struct bench_ceiling_s bench_ceiling_t;
-bench_ceiling_t *bench_ceiling_new(bench_ctx_t *c); /* NULL: said why */
+bench_ceiling_t *bench_ceiling_new(bench_ctx_t *c);          /* NULL: said why */
 int bench_ceiling_copy(bench_ctx_t *c, void *state, int it); /* a bench_step_t call */
 double bench_ceiling_bytes(const bench_ceiling_t *c);
 void bench_ceiling_free(bench_ctx_t *c, bench_ceiling_t *ceiling);

@@ -77,7 +77,9 @@ int bench_ceiling_copy(bench_ctx_t *c, void *state, int it) {
   return fprintf(stderr, "epcomm bench: the copy ceiling: %s\n", bgpu_error()), 1;
 }
 
-double bench_ceiling_bytes(const bench_ceiling_t *m) { return (double)m->n; }
+double bench_ceiling_bytes(const bench_ceiling_t *m) {
+  return (double)m->n;
+}
 
 void bench_ceiling_free(bench_ctx_t *c, bench_ceiling_t *m) {
   if (!m) return;

@@ -6,9 +6,9 @@
 #include "bench_common.h"
 #include "tk_num.h"
 
-#define FAIL(...)                                                  \
-  do {                                                             \
-    if (!bad++) snprintf(msg, msg_len, __VA_ARGS__);               \
+#define FAIL(...)                                    \
+  do {                                               \
+    if (!bad++) snprintf(msg, msg_len, __VA_ARGS__); \
   } while (0)
 
 /* Rows of source s as rank `me` must see them, checked in order from row `j`. */
@@ -112,4 +112,3 @@ long bench_check_combine(const bench_opts_t *o, int R, int me, const uint16_t *o
   free(idx), free(w), free(acc), free(y);
   return bad;
 }
-

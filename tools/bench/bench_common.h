@@ -30,12 +30,12 @@ typedef struct {
   int variants;      /* BENCH_VARIANTS_*: the main rows only, or every variant the buffer can do */
   double compute_us; /* cuda ll: length of the compute kernel of the overlap measurement */
   uint64_t seed;
-  const char *json;  /* NULL: table only; "-": JSON on stdout instead of the table; else a file */
+  const char *json; /* NULL: table only; "-": JSON on stdout instead of the table; else a file */
   /* epcomm bench only */
   int baseline;     /* BENCH_BASELINE_* */
   double timeout_s; /* group deadline (must cover the baseline run) */
   /* MPI baseline only */
-  const char *raw;  /* results file for epcomm bench to merge */
+  const char *raw; /* results file for epcomm bench to merge */
   /* set explicitly on the command line (defaults depend on the mode and the backend) */
   int set_tokens, set_experts, set_warmup, set_iters, set_threads, set_sms, set_compute;
   struct bench_progress *progress; /* epcomm bench: rank 0's progress lines; NULL: none */
@@ -59,7 +59,7 @@ const char *bench_dtype_name(int dtype);
 
 /* ---- data (identical in every process for the same options and seed) */
 size_t bench_row_bytes(const bench_opts_t *o); /* hidden x dtype size */
-int bench_num_scales(const bench_opts_t *o);    /* fp8: hidden / 128, else 0 */
+int bench_num_scales(const bench_opts_t *o);   /* fp8: hidden / 128, else 0 */
 /* Rank `src`'s token rows [tokens][row bytes], scales [tokens][num_scales] (fp8, else NULL). */
 void bench_gen_x(const bench_opts_t *o, int src, void *x, float *scales);
 /* Rank `src`'s routing: topk_idx [tokens][topk], topk_weights [tokens][topk]. */

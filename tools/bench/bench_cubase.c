@@ -14,9 +14,9 @@
 
 typedef struct {
   normal_t *u;
-  int *pos, *scratch;   /* device: [N][R] positions; 2 x R ints for the kernels */
-  char *send, *recv;    /* device: [N x R rows] each */
-  char **peer;          /* [R] the peers' recv, mapped */
+  int *pos, *scratch;      /* device: [N][R] positions; 2 x R ints for the kernels */
+  char *send, *recv;       /* device: [N x R rows] each */
+  char **peer;             /* [R] the peers' recv, mapped */
   int *counts, *all, *off; /* host: [R] this rank's counts, [R][R] everyone's, [R] offsets */
 } base_t;
 
@@ -57,8 +57,10 @@ static int map_peers(base_t *b) {
   int rc = !all || bgpu_ipc_get(b->recv, mine);
   if (!rc) TRY(ep_group_allgather(c->g, mine, all, BGPU_IPC_BYTES));
   for (int r = 0; !rc && r < c->R; r++)
-    if (r == c->me) b->peer[r] = b->recv;
-    else rc = bgpu_ipc_open(all + (size_t)r * BGPU_IPC_BYTES, (void **)&b->peer[r]);
+    if (r == c->me)
+      b->peer[r] = b->recv;
+    else
+      rc = bgpu_ipc_open(all + (size_t)r * BGPU_IPC_BYTES, (void **)&b->peer[r]);
   if (rc) fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n", bgpu_error());
   free(all);
   return rc;
@@ -96,14 +98,20 @@ int bench_cubase(normal_t *u) {
   bench_ctx_t *c = u->c;
   int R = u->R;
   size_t rows = u->N * (size_t)R;
-  base_t b = {u, bench_alloc(c, rows * sizeof(int)), bench_alloc(c, 2 * (size_t)R * sizeof(int)),
-              bench_alloc(c, rows * u->row), bench_alloc(c, rows * u->row),
-              calloc((size_t)R, sizeof(char *)), calloc((size_t)R, sizeof(int)),
-              calloc((size_t)R * R, sizeof(int)), calloc((size_t)R, sizeof(int))};
+  base_t b = {u,
+              bench_alloc(c, rows * sizeof(int)),
+              bench_alloc(c, 2 * (size_t)R * sizeof(int)),
+              bench_alloc(c, rows * u->row),
+              bench_alloc(c, rows * u->row),
+              calloc((size_t)R, sizeof(char *)),
+              calloc((size_t)R, sizeof(int)),
+              calloc((size_t)R * R, sizeof(int)),
+              calloc((size_t)R, sizeof(int))};
   int rc = !b.pos || !b.scratch || !b.send || !b.recv || !b.peer || !b.counts || !b.all || !b.off;
   if (!rc) rc = map_peers(&b);
-  bench_step_t s[] = {{call_base, bench_row(c, "baseline_dispatch", "cudaMemcpy baseline dispatch",
-                                            BENCH_K_DISPATCH), 1}};
+  bench_step_t s[] = {
+      {call_base,
+       bench_row(c, "baseline_dispatch", "cudaMemcpy baseline dispatch", BENCH_K_DISPATCH), 1}};
   if (!rc) rc = bench_run(c, &b, s, 1, "the cudaMemcpy baseline") || check(&b);
   if (b.peer) unmap(&b);
   bench_free(c, b.pos), bench_free(c, b.scratch), bench_free(c, b.send), bench_free(c, b.recv);

@@ -14,13 +14,17 @@ uint64_t bench_key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
 typedef struct {
   uint64_t s;
 } rng_t;
-static uint64_t next(rng_t *r) { return tk_splitmix(&r->s); }
+static uint64_t next(rng_t *r) {
+  return tk_splitmix(&r->s);
+}
 
 size_t bench_row_bytes(const bench_opts_t *o) {
   return (size_t)o->hidden * (o->dtype == BENCH_FP8 ? 1 : 2);
 }
 
-int bench_num_scales(const bench_opts_t *o) { return o->dtype == BENCH_FP8 ? o->hidden / 128 : 0; }
+int bench_num_scales(const bench_opts_t *o) {
+  return o->dtype == BENCH_FP8 ? o->hidden / 128 : 0;
+}
 
 /* Finite bf16 values, magnitudes 2^-7 .. 2^8: sums of a few stay far from overflow. */
 static void fill_bf16(uint64_t k, uint16_t *row, int H) {
@@ -61,7 +65,8 @@ void bench_gen_x(const bench_opts_t *o, int src, void *x, float *scales) {
 }
 
 void bench_gen_y_row(const bench_opts_t *o, int dst, int src, int t, uint16_t *row) {
-  fill_bf16(bench_key(o->seed, 2 + ((uint64_t)dst << 32), (uint64_t)src, (uint64_t)t), row, o->hidden);
+  fill_bf16(bench_key(o->seed, 2 + ((uint64_t)dst << 32), (uint64_t)src, (uint64_t)t), row,
+            o->hidden);
 }
 
 static int has(const int64_t *v, int n, int64_t e) {
@@ -96,8 +101,10 @@ static int zipf_draw(const zipf_t *z, int E, rng_t *r) {
   int lo = 0, hi = E - 1;
   while (lo < hi) {
     int mid = (lo + hi) / 2;
-    if (z->cdf[mid] < u) lo = mid + 1;
-    else hi = mid;
+    if (z->cdf[mid] < u)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return z->perm[lo];
 }
@@ -131,11 +138,13 @@ static void route_token(const bench_opts_t *o, rng_t *r, const zipf_t *z, int G,
     int64_t e;
     int tries = 0;
     do {
-      if (o->routing == BENCH_ZIPF && tries < 64) e = zipf_draw(z, E, r);
+      if (o->routing == BENCH_ZIPF && tries < 64)
+        e = zipf_draw(z, E, r);
       else if (o->routing == BENCH_GROUPED) {
         int j = (int)(next(r) % (uint64_t)(TG * per));
         e = (int64_t)groups[j / per] * per + j % per;
-      } else e = (int64_t)(next(r) % (uint64_t)E);
+      } else
+        e = (int64_t)(next(r) % (uint64_t)E);
       tries++;
     } while (has(ids, k, e)); /* topk distinct experts, like torch.topk over router scores */
     ids[k] = e;
@@ -185,7 +194,8 @@ void bench_counts(const bench_opts_t *o, int R, int me, int32_t *recv_from, int3
   for (int s = 0; s < R; s++) {
     bench_gen_route(o, s, idx, w);
     int32_t n = 0;
-    for (int t = 0; t < o->tokens; t++) n += bench_goes_to(idx + (size_t)t * o->topk, o->topk, per, me);
+    for (int t = 0; t < o->tokens; t++)
+      n += bench_goes_to(idx + (size_t)t * o->topk, o->topk, per, me);
     if (recv_from) recv_from[s] = n;
     if (s == me && send_to)
       for (int d = 0; d < R; d++) {
@@ -197,7 +207,6 @@ void bench_counts(const bench_opts_t *o, int R, int me, int32_t *recv_from, int3
   free(idx);
   free(w);
 }
-
 
 bench_bytes_t bench_normal_bytes(const bench_opts_t *o, int nr, int self) {
   double row = (double)bench_row_bytes(o) + bench_num_scales(o) * 4.0;

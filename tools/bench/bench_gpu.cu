@@ -10,7 +10,9 @@
 
 static thread_local char last[256];
 
-extern "C" const char *bgpu_error(void) { return last; }
+extern "C" const char *bgpu_error(void) {
+  return last;
+}
 
 /* Returns 0, or -1 with the CUDA error and the call that failed. */
 static int check(cudaError_t e, const char *what) {
@@ -20,7 +22,9 @@ static int check(cudaError_t e, const char *what) {
 }
 #define CU(call) check((call), #call)
 
-static cudaStream_t S(void *stream) { return (cudaStream_t)stream; }
+static cudaStream_t S(void *stream) {
+  return (cudaStream_t)stream;
+}
 
 /* ------------------------------------------------------------------ streams, events */
 
@@ -31,7 +35,9 @@ extern "C" int bgpu_stream_new(void **stream) {
   return rc;
 }
 
-extern "C" void bgpu_stream_free(void *stream) { cudaStreamDestroy(S(stream)); }
+extern "C" void bgpu_stream_free(void *stream) {
+  cudaStreamDestroy(S(stream));
+}
 
 struct bgpu_events {
   int n;
@@ -141,7 +147,9 @@ extern "C" int bgpu_ipc_open(const void *handle, void **ptr) {
   return CU(cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess));
 }
 
-extern "C" void bgpu_ipc_close(void *ptr) { cudaIpcCloseMemHandle(ptr); }
+extern "C" void bgpu_ipc_close(void *ptr) {
+  cudaIpcCloseMemHandle(ptr);
+}
 
 /* ------------------------------------------------------------------ the cudaMemcpy baseline */
 
@@ -173,8 +181,8 @@ __global__ void base_positions(const int64_t *idx, int N, int topk, int L, int R
 }
 
 /* Rows grouped by destination, in token order (one warp per token). */
-__global__ void base_pack(const int4 *x, int N, int R, size_t row16, const int *pos,
-                          const int *off, int4 *send) {
+__global__ void base_pack(const int4 *x, int N, int R, size_t row16, const int *pos, const int *off,
+                          int4 *send) {
   const int lane = threadIdx.x & 31;
   for (int t = (blockIdx.x * blockDim.x + threadIdx.x) / 32; t < N;
        t += gridDim.x * blockDim.x / 32)
@@ -189,9 +197,8 @@ __global__ void base_pack(const int4 *x, int N, int R, size_t row16, const int *
 extern "C" int bgpu_base_count(const int64_t *idx, int N, int topk, int L, int R, int *pos,
                                int *dev_scratch, int *counts, void *stream) {
   base_positions<<<R, 1024, 0, S(stream)>>>(idx, N, topk, L, R, pos, dev_scratch);
-  if (CU(cudaGetLastError()) ||
-      CU(cudaMemcpyAsync(counts, dev_scratch, (size_t)R * sizeof(int), cudaMemcpyDeviceToHost,
-                         S(stream))))
+  if (CU(cudaGetLastError()) || CU(cudaMemcpyAsync(counts, dev_scratch, (size_t)R * sizeof(int),
+                                                   cudaMemcpyDeviceToHost, S(stream))))
     return -1;
   return CU(cudaStreamSynchronize(S(stream)));
 }
@@ -200,10 +207,9 @@ extern "C" int bgpu_base_pack(const void *x, int N, int R, size_t row, const int
                               int *dev_scratch, const int *off, void *send, void *stream) {
   int sms = 0;
   int *off_d = dev_scratch + R;
-  if (sm_count(&sms) || CU(cudaMemcpyAsync(off_d, off, (size_t)R * sizeof(int),
-                                           cudaMemcpyHostToDevice, S(stream))))
+  if (sm_count(&sms) ||
+      CU(cudaMemcpyAsync(off_d, off, (size_t)R * sizeof(int), cudaMemcpyHostToDevice, S(stream))))
     return -1;
-  base_pack<<<sms, 512, 0, S(stream)>>>((const int4 *)x, N, R, row / 16, pos, off_d,
-                                        (int4 *)send);
+  base_pack<<<sms, 512, 0, S(stream)>>>((const int4 *)x, N, R, row / 16, pos, off_d, (int4 *)send);
   return CU(cudaGetLastError());
 }

@@ -33,17 +33,19 @@ static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ra
   const struct {
     const char *name;
     double v;
-  } r[] = {{"ratio_dispatch_ceiling", q->d_ceiling}, {"ratio_combine_ceiling", q->c_ceiling},
-           {"ratio_dispatch_baseline", q->d_base},   {"ratio_combine_baseline", q->c_base},
-           {"ratio_total_baseline", q->t_base},      {"ratio_total_baseline_normalised", q->t_base_norm},
-           {"ratio_graph_calls", q->graph},          {"overlap_efficiency", q->overlap}};
+  } r[] = {
+      {"ratio_dispatch_ceiling", q->d_ceiling}, {"ratio_combine_ceiling", q->c_ceiling},
+      {"ratio_dispatch_baseline", q->d_base},   {"ratio_combine_baseline", q->c_base},
+      {"ratio_total_baseline", q->t_base},      {"ratio_total_baseline_normalised", q->t_base_norm},
+      {"ratio_graph_calls", q->graph},          {"overlap_efficiency", q->overlap}};
   for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
     if (r[i].v > 0) fprintf(f, "  \"%s\": %.4f,\n", r[i].name, r[i].v);
   fprintf(f, "  \"check\": \"%s\"\n},\n", bench_passed(v) ? "pass" : "fail");
 }
 
 static void config(FILE *f, const bench_opts_t *o, int R) {
-  fprintf(f, "\"config\": {\"mode\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, "
+  fprintf(f,
+          "\"config\": {\"mode\": \"%s\", \"backend\": \"%s\", \"ranks\": %d, "
           "\"threads\": %d, \"tokens\": %d, \"hidden\": %d, \"topk\": %d, \"experts\": %d, "
           "\"dtype\": \"%s\", \"routing\": \"%s\", \"warmup\": %d, \"iters\": %d, "
           "\"variants\": \"%s\", \"seed\": %llu},\n",
@@ -92,7 +94,8 @@ void bench_json(FILE *f, const bench_opts_t *o, const bench_who_t *who, const ph
   fprintf(f, ",\n");
   summary(f, o, ph, q, v);
   config(f, o, ph->R);
-  fprintf(f, "\"units\": {\"time\": \"ms, slowest rank per iteration\", \"gbps\": \"1e9 bytes/s "
+  fprintf(f,
+          "\"units\": {\"time\": \"ms, slowest rank per iteration\", \"gbps\": \"1e9 bytes/s "
           "per rank: mean bytes over ranks / that time\", \"bytes\": \"logical = DeepEP's "
           "received rows x row bytes (fp8 with scales); cross_rank = payload + metadata of rows "
           "from other ranks\", \"memcpy\": \"bytes copied\"},\n");
@@ -107,8 +110,12 @@ void bench_json(FILE *f, const bench_opts_t *o, const bench_who_t *who, const ph
   tk_json_str(f, b ? b->why : "--baseline off");
   fprintf(f, "},\n\"check\": {\"%s\": %s, \"baseline\": %s, \"agree\": %s, \"first_mismatch\": ",
           v->alone ? "baseline_alone" : "epcomm", v->ok ? "true" : "false",
-          v->base_ok < 0 ? "null" : v->base_ok ? "true" : "false",
-          v->agree < 0 ? "null" : v->agree ? "true" : "false");
+          v->base_ok < 0 ? "null"
+          : v->base_ok   ? "true"
+                         : "false",
+          v->agree < 0 ? "null"
+          : v->agree   ? "true"
+                       : "false");
   tk_json_str(f, v->msg);
   fprintf(f, "}\n}\n");
 }

@@ -6,11 +6,11 @@
  * selections of this rank's tokens x row bytes (fp8: H + H/128 x 4 scale bytes; combine: bf16
  * rows). The expert outputs are generated per (token, expert) once from the first dispatch's
  * view; the last iteration's view and output are checked (bench_ll_check.c). */
+#include "bench_ll.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "bench_ll.h"
 
 int bench_ll_dispatch(ll_t *u, int two_phase) {
   ep_ll_dispatch_args_t a = EP_LL_DISPATCH_ARGS_INIT;
@@ -90,8 +90,8 @@ static void figures(ll_t *u, const ep_ll_recv_view_t *v) {
     c->res->recv_rows += u->count[l];
     c->res->self_rows += (int)(v->recv_layout_range[(size_t)l * u->R + u->me] & 0xffffffff);
   }
-  u->bytes = (bench_bytes_t){(double)sel * row, (double)remote * (row + 8),
-                             (double)sel * u->H * 2, (double)remote * u->H * 2};
+  u->bytes = (bench_bytes_t){(double)sel * row, (double)remote * (row + 8), (double)sel * u->H * 2,
+                             (double)remote * u->H * 2};
 }
 
 static int check_view(ll_t *u, const ep_ll_recv_view_t *hv) {
@@ -117,7 +117,9 @@ static int call_keep(bench_ctx_t *c, void *state, int it) {
   return rc;
 }
 
-static int call_dispatch(bench_ctx_t *c, void *state, int it) { return bench_ll_dispatch(state, 0); }
+static int call_dispatch(bench_ctx_t *c, void *state, int it) {
+  return bench_ll_dispatch(state, 0);
+}
 
 static int call_combine(bench_ctx_t *c, void *state, int it) {
   ll_t *u = state;
@@ -141,8 +143,10 @@ int bench_ll_check_out(bench_ctx_t *c, void *state, int it, const char *label) {
   if (!out) return 1;
   if (bench_digest(out, u->T * u->H * 2, BENCH_DIGEST_SEED) != u->digest_out) {
     char m[BENCH_MSG];
-    snprintf(m, sizeof m, "rank %d: %s: the combined outputs differ from the main combine's "
-             "(checked) ones", c->me, label);
+    snprintf(m, sizeof m,
+             "rank %d: %s: the combined outputs differ from the main combine's "
+             "(checked) ones",
+             c->me, label);
     bench_rank_fail(c->res, 1, m);
   }
   free(out);
@@ -152,8 +156,11 @@ int bench_ll_check_out(bench_ctx_t *c, void *state, int it, const char *label) {
 static int main_rows(ll_t *u, int d, int cm, int m) {
   bench_ctx_t *c = u->c;
   const char *what = "low-latency mode, warm-up and timed";
-  bench_step_t s[] = {{bench_ceiling_copy, m, 0}, {call_dispatch, d, 0}, {call_keep, -1, 0},
-                      {call_combine, cm, 0},      {bench_ll_drop, -1, 0}};
+  bench_step_t s[] = {{bench_ceiling_copy, m, 0},
+                      {call_dispatch, d, 0},
+                      {call_keep, -1, 0},
+                      {call_combine, cm, 0},
+                      {bench_ll_drop, -1, 0}};
   if (!c->dev) return bench_run(c, u, s, 5, what) || check_out(u);
   return bench_run(c, u, s, 1, "the copy ceiling") || bench_run(c, u, s + 1, 4, what) ||
          check_out(u);
@@ -189,8 +196,14 @@ static void release(ll_t *u) {
 
 int bench_ll(bench_ctx_t *c) {
   const bench_opts_t *o = c->o;
-  ll_t u = {.c = c, .R = c->R, .me = c->me, .L = o->experts / c->R, .fp8 = o->dtype == BENCH_FP8,
-            .max_rows = c->R * o->tokens, .T = (size_t)o->tokens, .K = (size_t)o->topk,
+  ll_t u = {.c = c,
+            .R = c->R,
+            .me = c->me,
+            .L = o->experts / c->R,
+            .fp8 = o->dtype == BENCH_FP8,
+            .max_rows = c->R * o->tokens,
+            .T = (size_t)o->tokens,
+            .K = (size_t)o->topk,
             .H = (size_t)o->hidden};
   ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
   cfg.ll_max_tokens = o->tokens, cfg.ll_hidden = o->hidden, cfg.ll_num_experts = o->experts;

@@ -93,8 +93,10 @@ long bench_ll_verify_out(const ll_t *u, const uint16_t *out, char *msg, size_t m
   float *w = malloc(u->T * K * 4 + 4), *acc = malloc(H * 4 + 4);
   uint16_t *y = malloc(H * 2 + 2);
   long bad = 0;
-  if (!idx || !w || !acc || !y) FAIL("rank %d: out of memory for the check", u->me);
-  else bench_gen_route(u->c->o, u->me, idx, w);
+  if (!idx || !w || !acc || !y)
+    FAIL("rank %d: out of memory for the check", u->me);
+  else
+    bench_gen_route(u->c->o, u->me, idx, w);
   for (size_t t = 0; t < u->T && !bad; t++) {
     for (size_t h = 0; h < H; h++) acc[h] = 0.0f;
     for (size_t k = 0; k < K; k++) {

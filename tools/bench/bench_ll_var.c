@@ -12,10 +12,10 @@
 typedef struct {
   ll_t *u;
   const char *label;
-  void *zy;         /* zero copy: the handle's combine buffer */
-  void *graph;      /* graph replay: the captured dispatch + combine */
-  float *sink;      /* overlap: the compute kernel's */
-  int burn, comm;   /* overlap: compute kernel length (0: none), with communication */
+  void *zy;       /* zero copy: the handle's combine buffer */
+  void *graph;    /* graph replay: the captured dispatch + combine */
+  float *sink;    /* overlap: the compute kernel's */
+  int burn, comm; /* overlap: compute kernel length (0: none), with communication */
 } var_t;
 
 static int call_dispatch(bench_ctx_t *c, void *state, int it) {
@@ -57,7 +57,8 @@ static int one_phase(ll_t *u, const char *key, const char *label,
                      int (*fill)(bench_ctx_t *, void *, int),
                      int (*combine)(bench_ctx_t *, void *, int)) {
   var_t v = {u, label, NULL, NULL, NULL, 0, 0};
-  bench_step_t s[] = {{call_dispatch, -1, 0}, {fill, -1, 0},
+  bench_step_t s[] = {{call_dispatch, -1, 0},
+                      {fill, -1, 0},
                       {combine, bench_row(u->c, key, label, BENCH_K_COMBINE), 0},
                       {check_and_drop, -1, 0}};
   return bench_run(u->c, &v, s, 4, label);
@@ -89,8 +90,10 @@ static int check_view(bench_ctx_t *c, void *state, int it) {
   if (bench_ll_view(c, v->u, it) || bench_ll_view_digest(v->u, &v->u->v, &d)) return 1;
   if (d != v->u->digest_view) {
     char m[BENCH_MSG];
-    snprintf(m, sizeof m, "rank %d: two-phase dispatch: the received rows differ from the main "
-             "dispatch's (checked) ones", c->me);
+    snprintf(m, sizeof m,
+             "rank %d: two-phase dispatch: the received rows differ from the main "
+             "dispatch's (checked) ones",
+             c->me);
     bench_rank_fail(c->res, 1, m);
   }
   return 0;
@@ -102,7 +105,8 @@ static int two_phase(ll_t *u) {
   bench_ctx_t *c = u->c;
   var_t v = {u, "two-phase combine", NULL, NULL, NULL, 0, 0};
   bench_step_t s[] = {
-      {send_dispatch, bench_row(c, "dispatch_send", "two-phase dispatch: send", BENCH_K_DISPATCH), 0},
+      {send_dispatch, bench_row(c, "dispatch_send", "two-phase dispatch: send", BENCH_K_DISPATCH),
+       0},
       {receive, bench_row(c, "dispatch_recv", "two-phase dispatch: receive", BENCH_K_TIME), 0},
       {check_view, -1, 0},
       {send_combine, bench_row(c, "combine_send", "two-phase combine: send", BENCH_K_COMBINE), 0},
@@ -135,8 +139,9 @@ static int graph(ll_t *u) {
     fprintf(stderr, "epcomm bench: graph capture: %s\n", bgpu_error());
     rc = 1;
   }
-  bench_step_t s[] = {{replay, bench_row(c, "graph", "graph replay: dispatch+combine", BENCH_K_TIME), 0},
-                      {check_replay, -1, 0}};
+  bench_step_t s[] = {
+      {replay, bench_row(c, "graph", "graph replay: dispatch+combine", BENCH_K_TIME), 0},
+      {check_replay, -1, 0}};
   if (!rc) rc = bench_run(c, &v, s, 2, v.label);
   bgpu_graph_free(v.graph);
   if (u->h) rc |= bench_ll_drop(c, u, 0);

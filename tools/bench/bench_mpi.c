@@ -59,7 +59,7 @@ static void command(const bench_opts_t *o, int R, const char *mpirun, const char
   const struct {
     const char *k;
     long v;
-  } nums[] = {{"--tokens", o->tokens}, {"--hidden", o->hidden},   {"--topk", o->topk},
+  } nums[] = {{"--tokens", o->tokens},   {"--hidden", o->hidden}, {"--topk", o->topk},
               {"--experts", o->experts}, {"--warmup", o->warmup}, {"--iters", o->iters}};
   for (int i = 0; i < 6; i++) {
     snprintf(num[i + 1], 32, "%ld", nums[i].v);
@@ -140,8 +140,10 @@ static void merge(int R, bench_rank_t **rk, bench_rank_t **br, bench_base_t *b) 
         br[r]->digest_out == rk[r]->digest_out)
       continue;
     if (b->agree && b->ok)
-      snprintf(b->why, sizeof b->why, "rank %d: the baseline's outputs differ from epcomm's (rows "
-               "%d vs %d, digests %s)", r, br[r]->recv_rows, rk[r]->recv_rows,
+      snprintf(b->why, sizeof b->why,
+               "rank %d: the baseline's outputs differ from epcomm's (rows "
+               "%d vs %d, digests %s)",
+               r, br[r]->recv_rows, rk[r]->recv_rows,
                br[r]->digest_x != rk[r]->digest_x ? "of recv_x differ" : "of the combine differ");
     b->agree = 0;
   }

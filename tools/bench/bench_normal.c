@@ -4,11 +4,11 @@
  * barrier, ceiling, barrier, dispatch, barrier, combine; on the GPU each row is its own loop of
  * calls issued back to back. The expert outputs are generated once from what the first dispatch
  * delivered; the last iteration's outputs are checked against the generator (bench_check.c). */
+#include "bench_normal.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "bench_normal.h"
 
 /* The allocator callback: outputs grown once and touched, so no iteration pays for page
  * faults (device memory on the GPU). */
@@ -99,7 +99,8 @@ static int make_y(normal_t *u) {
   int32_t *src = bench_fetch(c, u->last.recv_src_idx, (size_t)u->nr * 4);
   int32_t *prefix = bench_fetch(c, u->prefix, (size_t)u->R * u->R * 4);
   uint16_t *y = malloc((size_t)(u->nr ? u->nr : 1) * u->H * 2);
-  int rc = !src || !prefix || !y || !(u->y = bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->H * 2));
+  int rc =
+      !src || !prefix || !y || !(u->y = bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->H * 2));
   for (int s = 0, j = 0; !rc && s < u->R; s++)
     for (; j < prefix[(size_t)s * u->R + u->me] && j < u->nr; j++)
       bench_gen_y_row(c->o, u->me, s, src[j], y + (size_t)j * u->H);
@@ -167,8 +168,11 @@ static int main_rows(normal_t *u, int d, int cm, int m) {
   bench_ctx_t *c = u->c;
   const char *what = "normal mode, warm-up and timed";
   if (!c->dev) {
-    bench_step_t s[] = {{bench_ceiling_copy, m, 0}, {call_dispatch, d, 0}, {call_keep, -1, 0},
-                        {call_combine, cm, 0},      {call_drop, -1, 0}};
+    bench_step_t s[] = {{bench_ceiling_copy, m, 0},
+                        {call_dispatch, d, 0},
+                        {call_keep, -1, 0},
+                        {call_combine, cm, 0},
+                        {call_drop, -1, 0}};
     return bench_run(c, u, s, 5, what) || check_combine(u);
   }
   bench_step_t sm[] = {{bench_ceiling_copy, m, 0}},
@@ -222,8 +226,13 @@ static void buffer_config(const bench_opts_t *o, int dev, ep_buffer_config_t *cf
 
 int bench_normal(bench_ctx_t *c) {
   const bench_opts_t *o = c->o;
-  normal_t u = {.c = c, .R = c->R, .me = c->me, .N = (size_t)o->tokens, .K = (size_t)o->topk,
-                .H = (size_t)o->hidden, .row = bench_row_bytes(o),
+  normal_t u = {.c = c,
+                .R = c->R,
+                .me = c->me,
+                .N = (size_t)o->tokens,
+                .K = (size_t)o->topk,
+                .H = (size_t)o->hidden,
+                .row = bench_row_bytes(o),
                 .ns = (size_t)bench_num_scales(o)};
   ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
   buffer_config(o, o->backend == BENCH_CUDA, &cfg);

@@ -7,27 +7,27 @@
 
 typedef struct {
   bench_ctx_t *c;
-  int R, me, views;      /* views: the main dispatch returns views (EP_CAP_DISPATCH_VIEWS) */
+  int R, me, views;        /* views: the main dispatch returns views (EP_CAP_DISPATCH_VIEWS) */
   size_t N, K, H, row, ns; /* tokens, topk, hidden, row bytes, scales per row */
   /* inputs, where the backend wants them */
   void *x;
   float *xs, *w;
   int64_t *idx;
-  uint16_t *y;   /* expert outputs [nr][H], from the first dispatch's rows */
-  uint16_t *out; /* combine output [N][H] */
+  uint16_t *y;           /* expert outputs [nr][H], from the first dispatch's rows */
+  uint16_t *out;         /* combine output [N][H] */
   int32_t *prefix, *tpe; /* rank_prefix [R][R], recv_tokens_per_expert [E/R] */
-  struct {       /* outputs of the allocator callback: allocated once, at the first count */
+  struct {               /* outputs of the allocator callback: allocated once, at the first count */
     void *x;
     float *scales, *w;
     int64_t *idx;
     int32_t *src;
     int cap;
   } alloc;
-  ep_dispatch_out_t last; /* outputs of the last dispatch */
-  ep_handle_t h;          /* of the last full dispatch, until dropped */
-  int nr;                 /* rows this rank receives */
+  ep_dispatch_out_t last;                     /* outputs of the last dispatch */
+  ep_handle_t h;                              /* of the last full dispatch, until dropped */
+  int nr;                                     /* rows this rank receives */
   uint64_t digest_x, digest_rows, digest_out; /* of the checked main outputs */
-  bench_bytes_t bytes;    /* of this rank's calls, once the first dispatch is checked */
+  bench_bytes_t bytes; /* of this rank's calls, once the first dispatch is checked */
 } normal_t;
 
 /* A full (cached: along `cached`) dispatch with outputs in `mode` (EP_OUTPUT_CALLER: into

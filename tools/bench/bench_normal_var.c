@@ -13,7 +13,7 @@ typedef struct {
   ep_output_mode_t mode; /* dispatch: where the rows go */
   void *rx;              /* EP_OUTPUT_CALLER: the caller's tensors */
   float *rs;
-  const void *x;         /* combine: its input */
+  const void *x; /* combine: its input */
   const char *label;
 } var_t;
 

@@ -19,7 +19,8 @@ typedef struct {
   size_t set_off;             /* its set_* flag, or 0 */
 } opt_t;
 
-static const char *const modes[] = {"normal", "ll", NULL}, *const backends[] = {"cpu", "cuda", NULL},
+static const char *const modes[] = {"normal", "ll", NULL},
+                         *const backends[] = {"cpu", "cuda", NULL},
                          *const routings[] = {"uniform", "zipf", "grouped", NULL},
                          *const dtypes[] = {"bf16", "fp8", NULL},
                          *const baselines[] = {"auto", "on", "off", NULL},
@@ -115,8 +116,10 @@ static int take(const opt_t *d, bench_opts_t *o, const char *v, char *why, size_
   if (d->set_off) *(int *)((char *)o + d->set_off) = 1;
   errno = 0;
   switch (d->kind) {
-    case K_PICK: return pick(d, v, (int *)f, why, n);
-    case K_INT: return integer(d, v, (int *)f, why, n);
+    case K_PICK:
+      return pick(d, v, (int *)f, why, n);
+    case K_INT:
+      return integer(d, v, (int *)f, why, n);
     case K_U64:
       *(uint64_t *)f = strtoull(v, &end, 0);
       if (*v && *v != '-' && !*end && !errno) return 1;
@@ -125,7 +128,8 @@ static int take(const opt_t *d, bench_opts_t *o, const char *v, char *why, size_
       *(double *)f = strtod(v, &end);
       if (*v && !*end && *(double *)f > 0 && *(double *)f <= (double)d->hi) return 1;
       return snprintf(why, n, "%s '%s': want a number > 0 and <= %ld", d->name, v, d->hi), 0;
-    default: return *(const char **)f = v, 1;
+    default:
+      return *(const char **)f = v, 1;
   }
 }
 
@@ -185,24 +189,33 @@ static void mode_defaults(bench_opts_t *o) {
 static int check_combination(const bench_opts_t *o, int tool, char *why, size_t n) {
   int cuda = o->backend == BENCH_CUDA, ll = o->mode == BENCH_LL, fp8 = o->dtype == BENCH_FP8;
   if (fp8 && o->hidden % 128)
-    snprintf(why, n, "--dtype fp8 needs --hidden a multiple of 128 (fp8 scales cover 128 "
-             "channels); --hidden is %d", o->hidden);
+    snprintf(why, n,
+             "--dtype fp8 needs --hidden a multiple of 128 (fp8 scales cover 128 "
+             "channels); --hidden is %d",
+             o->hidden);
   else if ((size_t)o->hidden * (fp8 ? 1 : 2) % 16)
-    snprintf(why, n, "--hidden %d: a row (hidden x %d bytes) must be a multiple of 16 bytes: "
-             "want a multiple of %d", o->hidden, fp8 ? 1 : 2, fp8 ? 16 : 8);
+    snprintf(why, n,
+             "--hidden %d: a row (hidden x %d bytes) must be a multiple of 16 bytes: "
+             "want a multiple of %d",
+             o->hidden, fp8 ? 1 : 2, fp8 ? 16 : 8);
   else if (o->set_sms && !cuda)
-    snprintf(why, n, "--sms %d: only with --backend cuda (SMs per rank); on cpu, --threads T "
-             "sets the worker threads", o->threads);
+    snprintf(why, n,
+             "--sms %d: only with --backend cuda (SMs per rank); on cpu, --threads T "
+             "sets the worker threads",
+             o->threads);
   else if (o->set_sms && o->set_threads)
     snprintf(why, n, "--sms and --threads: give one (on cuda both set the SMs per rank)");
   else if (o->set_compute && !(cuda && ll))
-    snprintf(why, n, "--compute-us: only with --mode ll --backend cuda (the length of the GPU "
+    snprintf(why, n,
+             "--compute-us: only with --mode ll --backend cuda (the length of the GPU "
              "kernel that the two-phase calls overlap)");
   else if (o->baseline == BENCH_BASELINE_ON && ll)
-    snprintf(why, n, "--baseline on: --mode ll has no baseline (the MPI and the cudaMemcpy "
+    snprintf(why, n,
+             "--baseline on: --mode ll has no baseline (the MPI and the cudaMemcpy "
              "baselines implement normal mode)");
   else if (tool == BENCH_TOOL_MPI && cuda)
-    snprintf(why, n, "--backend cuda: the MPI baseline moves host memory (the GPU's baseline, "
+    snprintf(why, n,
+             "--backend cuda: the MPI baseline moves host memory (the GPU's baseline, "
              "cudaMemcpy, runs inside `epcomm bench --backend cuda`)");
   else if (tool == BENCH_TOOL_MPI && ll)
     snprintf(why, n, "--mode ll: only --mode normal has an MPI baseline");
@@ -240,14 +253,19 @@ int bench_fix_experts(bench_opts_t *o, int nranks, char *why, size_t n) {
     o->experts = e;
     return changed;
   }
-  int len = snprintf(why, n, "--experts %d: with %d rank%s and --topk %d, want a multiple of %d "
+  int len = snprintf(why, n,
+                     "--experts %d: with %d rank%s and --topk %d, want a multiple of %d "
                      "from %d to %d (every rank holds experts/%d of them, each token picks %d "
-                     "distinct ones)", o->experts, R, R > 1 ? "s" : "", o->topk, R, lo, hi, R,
-                     o->topk);
+                     "distinct ones)",
+                     o->experts, R, R > 1 ? "s" : "", o->topk, R, lo, hi, R, o->topk);
   if (e != o->experts && len > 0 && (size_t)len < n)
     snprintf(why + len, n - (size_t)len, "; %d would round down to %d", o->experts, e);
   return -1;
 }
 
-const char *bench_routing_name(int r) { return routings[r >= 0 && r <= 2 ? r : 0]; }
-const char *bench_dtype_name(int dtype) { return dtype == BENCH_FP8 ? "fp8" : "bf16"; }
+const char *bench_routing_name(int r) {
+  return routings[r >= 0 && r <= 2 ? r : 0];
+}
+const char *bench_dtype_name(int dtype) {
+  return dtype == BENCH_FP8 ? "fp8" : "bf16";
+}

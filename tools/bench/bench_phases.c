@@ -107,7 +107,9 @@ static double med(const phases_t *ph, const char *key) {
   return p ? p->time.median : 0;
 }
 
-static double over(double a, double b) { return a > 0 && b > 0 ? a / b : 0; }
+static double over(double a, double b) {
+  return a > 0 && b > 0 ? a / b : 0;
+}
 
 ratios_t bench_ratios(const phases_t *ph) {
   ratios_t q;
@@ -134,7 +136,8 @@ verdict_t bench_verdict(int R, bench_rank_t *const *rk, const bench_base_t *b) {
   verdict_t v = {1, -1, -1, bench_row_find(rk[0], "dispatch") < 0, ""};
   for (int r = 0; r < R; r++)
     if (rk[r]->bad) {
-      if (v.ok) snprintf(v.msg, sizeof v.msg, "%s: %s", v.alone ? "baseline" : "epcomm", rk[r]->msg);
+      if (v.ok)
+        snprintf(v.msg, sizeof v.msg, "%s: %s", v.alone ? "baseline" : "epcomm", rk[r]->msg);
       v.ok = 0;
     }
   if (!b || !b->ran) return v;
@@ -143,4 +146,6 @@ verdict_t bench_verdict(int R, bench_rank_t *const *rk, const bench_base_t *b) {
   return v;
 }
 
-int bench_passed(const verdict_t *v) { return v->ok && v->base_ok != 0 && v->agree != 0; }
+int bench_passed(const verdict_t *v) {
+  return v->ok && v->base_ok != 0 && v->agree != 0;
+}

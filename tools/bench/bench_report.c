@@ -6,19 +6,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int ll(const bench_opts_t *o) { return o->mode == BENCH_LL; }
-static int cuda(const bench_opts_t *o) { return o->backend == BENCH_CUDA; }
+static int ll(const bench_opts_t *o) {
+  return o->mode == BENCH_LL;
+}
+static int cuda(const bench_opts_t *o) {
+  return o->backend == BENCH_CUDA;
+}
 
 static void print_config(const bench_opts_t *o, const bench_who_t *who, int R) {
   char workers[40];
-  if (cuda(o) && o->threads > 0) snprintf(workers, sizeof workers, "%d SMs", o->threads);
-  else if (cuda(o)) snprintf(workers, sizeof workers, "the library's SMs");
-  else snprintf(workers, sizeof workers, "%d thread%s", o->threads, o->threads > 1 ? "s" : "");
-  printf("%s: %s mode, %s, %d ranks x %s; per rank %d tokens, hidden %d %s, topk %d, %d experts, "
-         "%s routing; %d warm-up + %d timed iterations\n", who->tool,
-         ll(o) ? "low-latency" : "normal", who->what, R, workers, o->tokens, o->hidden,
-         o->dtype == BENCH_FP8 ? "fp8 (+ fp32 scales)" : "bf16", o->topk, o->experts,
-         bench_routing_name(o->routing), o->warmup, o->iters);
+  if (cuda(o) && o->threads > 0)
+    snprintf(workers, sizeof workers, "%d SMs", o->threads);
+  else if (cuda(o))
+    snprintf(workers, sizeof workers, "the library's SMs");
+  else
+    snprintf(workers, sizeof workers, "%d thread%s", o->threads, o->threads > 1 ? "s" : "");
+  printf(
+      "%s: %s mode, %s, %d ranks x %s; per rank %d tokens, hidden %d %s, topk %d, %d experts, "
+      "%s routing; %d warm-up + %d timed iterations\n",
+      who->tool, ll(o) ? "low-latency" : "normal", who->what, R, workers, o->tokens, o->hidden,
+      o->dtype == BENCH_FP8 ? "fp8 (+ fp32 scales)" : "bf16", o->topk, o->experts,
+      bench_routing_name(o->routing), o->warmup, o->iters);
 }
 
 /* CPU time over wall time of one rank's calls, in percent: both means over the same timed
@@ -74,7 +82,8 @@ static int legend_time(const bench_opts_t *o, const bench_who_t *who, const phas
   len = snprintf(text, n,
                  " Time: the slowest rank per iteration. memcpy: bytes copied per second per rank, "
                  "all ranks copying at once with %d thread%s each. logical: DeepEP's bytes per "
-                 "rank.", o->threads, o->threads > 1 ? "s" : "");
+                 "rank.",
+                 o->threads, o->threads > 1 ? "s" : "");
   if (d && d->cpu[0] >= 0 && len > 0 && (size_t)len < n)
     len += snprintf(text + len, n - (size_t)len,
                     " cpu%%: CPU time of the rank's process (all its threads) over its time, both "
@@ -88,34 +97,41 @@ static int legend_time(const bench_opts_t *o, const bench_who_t *who, const phas
 static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, size_t n) {
   const struct {
     const char *key, *text;
-  } rows[] = {
-      {"dispatch", NULL},
-      {"dispatch_cached", " cached: a dispatch along an earlier one's handle (what DeepEP's tuning "
-                          "loop times)."},
-      {"dispatch_cached_caller", " caller: the rows copied into the caller's tensors."},
-      {"combine_view", " view: the experts' outputs written into the bf16 dispatch view, which "
-                       "combine reads in place."},
-      {"combine_zero_copy", " zero copy: the experts' outputs written into "
-                            "ep_ll_get_combine_buffer's area."},
-      {"dispatch_send", " two-phase: each call only sends, ep_ll_recv completes it; the phases "
-                        "timed apart."},
-      {"graph", " graph replay: dispatch + combine captured once in a CUDA graph."},
-      {"overlap", " overlap: send, a compute kernel over every SM (--compute-us), receive, for "
-                  "dispatch and combine."}};
+  } rows[] = {{"dispatch", NULL},
+              {"dispatch_cached",
+               " cached: a dispatch along an earlier one's handle (what DeepEP's tuning "
+               "loop times)."},
+              {"dispatch_cached_caller", " caller: the rows copied into the caller's tensors."},
+              {"combine_view",
+               " view: the experts' outputs written into the bf16 dispatch view, which "
+               "combine reads in place."},
+              {"combine_zero_copy",
+               " zero copy: the experts' outputs written into "
+               "ep_ll_get_combine_buffer's area."},
+              {"dispatch_send",
+               " two-phase: each call only sends, ep_ll_recv completes it; the phases "
+               "timed apart."},
+              {"graph", " graph replay: dispatch + combine captured once in a CUDA graph."},
+              {"overlap",
+               " overlap: send, a compute kernel over every SM (--compute-us), receive, for "
+               "dispatch and combine."}};
   size_t len = strlen(text);
   for (size_t i = 0; i < sizeof rows / sizeof rows[0] && len < n; i++) {
     if (!bench_phase(ph, rows[i].key)) continue;
     if (rows[i].text)
       len += (size_t)snprintf(text + len, n - len, "%s", rows[i].text);
     else if (o->mode == BENCH_LL)
-      len += (size_t)snprintf(text + len, n - len, " epcomm dispatch and combine: one-phase calls, "
+      len += (size_t)snprintf(text + len, n - len,
+                              " epcomm dispatch and combine: one-phase calls, "
                               "the expert outputs in a tensor.");
     else
-      len += (size_t)snprintf(text + len, n - len, " epcomm dispatch: a full dispatch (count "
+      len += (size_t)snprintf(text + len, n - len,
+                              " epcomm dispatch: a full dispatch (count "
                               "exchange included), outputs %s; combine: the expert outputs in a "
-                              "tensor.", cuda(o) ? "as views inside the buffer (no copy)"
-                                                 : "from an allocator callback, as a framework "
-                                                   "allocates them");
+                              "tensor.",
+                              cuda(o) ? "as views inside the buffer (no copy)"
+                                      : "from an allocator callback, as a framework "
+                                        "allocates them");
   }
 }
 
@@ -203,21 +219,21 @@ static void print_ratios(const bench_opts_t *o, const phases_t *ph, const bench_
                          const ratios_t *q, const verdict_t *v) {
   if (v->alone) return;
   if (q->d_ceiling > 0 || q->c_ceiling > 0)
-    printf("ratio epcomm/ceiling:  dispatch %.2f, combine %.2f (GB/s over %s GB/s)\n",
-           q->d_ceiling, q->c_ceiling, cuda(o) ? "copy" : "memcpy");
+    printf("ratio epcomm/ceiling:  dispatch %.2f, combine %.2f (GB/s over %s GB/s)\n", q->d_ceiling,
+           q->c_ceiling, cuda(o) ? "copy" : "memcpy");
   if (q->t_base > 0)
-    printf("ratio epcomm/baseline: dispatch %.2fx, combine %.2fx, dispatch+combine %.2fx "
-           "(baseline time over epcomm time);\n                       dispatch+combine %.2fx "
-           "with each time over its own run's memcpy time\n", q->d_base, q->c_base, q->t_base,
-           q->t_base_norm);
+    printf(
+        "ratio epcomm/baseline: dispatch %.2fx, combine %.2fx, dispatch+combine %.2fx "
+        "(baseline time over epcomm time);\n                       dispatch+combine %.2fx "
+        "with each time over its own run's memcpy time\n",
+        q->d_base, q->c_base, q->t_base, q->t_base_norm);
   else if (q->d_base > 0)
     printf("ratio epcomm/baseline: dispatch %.2fx (%s time over epcomm time)\n", q->d_base,
            b->name);
   else
     printf("ratio epcomm/baseline: n/a (baseline not run: %s)\n",
            b && b->why[0] ? b->why : "--baseline off");
-  if (q->graph > 0)
-    printf("graph replay / (dispatch + combine), medians: %.2f\n", q->graph);
+  if (q->graph > 0) printf("graph replay / (dispatch + combine), medians: %.2f\n", q->graph);
   if (q->overlap > 0)
     printf("overlap efficiency (communication alone + compute alone) / overlapped: %.2f\n",
            q->overlap);

@@ -23,19 +23,19 @@ typedef struct {
 } phases_t;
 
 typedef struct {
-  double d_ceiling, c_ceiling; /* GB/s over the ceiling's GB/s; 0: no ceiling */
+  double d_ceiling, c_ceiling;   /* GB/s over the ceiling's GB/s; 0: no ceiling */
   double d_base, c_base, t_base; /* baseline time over epcomm time; 0: not measured */
-  double t_base_norm; /* t_base with each run's time over its own ceiling's time */
-  double graph;       /* ll: graph replay over dispatch + combine, medians */
-  double overlap;     /* ll: (communication alone + compute alone) / overlapped */
+  double t_base_norm;            /* t_base with each run's time over its own ceiling's time */
+  double graph;                  /* ll: graph replay over dispatch + combine, medians */
+  double overlap;                /* ll: (communication alone + compute alone) / overlapped */
 } ratios_t;
 
 typedef struct {
-  int ok;         /* every rank's self-check passed (epcomm's, or the baseline's when alone) */
-  int base_ok;    /* -1: no baseline; else its self-check */
-  int agree;      /* -1: not compared */
-  int alone;      /* the baseline alone (no epcomm rows) */
-  char msg[512];  /* the first mismatch */
+  int ok;        /* every rank's self-check passed (epcomm's, or the baseline's when alone) */
+  int base_ok;   /* -1: no baseline; else its self-check */
+  int agree;     /* -1: not compared */
+  int alone;     /* the baseline alone (no epcomm rows) */
+  char msg[512]; /* the first mismatch */
 } verdict_t;
 
 int bench_build_phases(phases_t *ph, int R, bench_rank_t *const *rk); /* -1: out of memory */

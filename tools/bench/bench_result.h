@@ -21,17 +21,18 @@
 /* What a row's bytes are, for GB/s: a dispatch's received bytes, a combine's returned bytes, a
  * copy, or none (a part of a call, a compute kernel: time only). */
 enum { BENCH_K_DISPATCH, BENCH_K_COMBINE, BENCH_K_COPY, BENCH_K_TIME };
-/* Whose figure it is: epcomm's, the ceiling of epcomm's run, a baseline's, the baseline's ceiling. */
+/* Whose figure it is: epcomm's, the ceiling of epcomm's run, a baseline's, the baseline's ceiling.
+ */
 enum { BENCH_G_EPCOMM, BENCH_G_CEILING, BENCH_G_BASE, BENCH_G_BASE_CEILING };
 
 typedef struct {
   char key[32];   /* JSON key, e.g. "dispatch_cached" */
   char label[48]; /* table label, e.g. "epcomm dispatch (cached, views)" */
   int32_t kind, group;
-  double bytes;   /* this rank's bytes per call (DeepEP's definition; copy: bytes copied) */
-  double wire;    /* of which cross rank */
-  double cpu;     /* CPU seconds (process, all threads) per call, mean; < 0: not measured */
-  double csw;     /* context switches per call, mean; < 0: not measured */
+  double bytes; /* this rank's bytes per call (DeepEP's definition; copy: bytes copied) */
+  double wire;  /* of which cross rank */
+  double cpu;   /* CPU seconds (process, all threads) per call, mean; < 0: not measured */
+  double csw;   /* context switches per call, mean; < 0: not measured */
 } bench_row_t;
 
 typedef struct {
@@ -77,11 +78,11 @@ bench_stat_t bench_stats(const double *v, int n);
 
 /* ---- the baseline's outcome, for the report */
 typedef struct {
-  int ran;        /* 1: its rows are in the ranks' results */
-  char why[256];  /* why it did not run, or its failure */
-  int ok;         /* its own self-check passed on every rank */
-  int agree;      /* -1: not compared; 1: its outputs are identical to epcomm's; 0: they differ */
-  char name[40];  /* "MPI baseline", "cudaMemcpy baseline" */
+  int ran;       /* 1: its rows are in the ranks' results */
+  char why[256]; /* why it did not run, or its failure */
+  int ok;        /* its own self-check passed on every rank */
+  int agree;     /* -1: not compared; 1: its outputs are identical to epcomm's; 0: they differ */
+  char name[40]; /* "MPI baseline", "cudaMemcpy baseline" */
 } bench_base_t;
 
 /* CPUs this process may run on (its affinity mask; containers and taskset narrow it). */

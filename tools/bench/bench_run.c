@@ -15,7 +15,9 @@
 
 static const char *last_dev_error = "";
 
-const char *bench_dev_error(void) { return last_dev_error; }
+const char *bench_dev_error(void) {
+  return last_dev_error;
+}
 
 /* The GPU of this rank: EP_CUDA_DEVICE, else the local rank modulo the GPUs (what the library
  * would pick), given to the library explicitly so that the bench's tensors live beside it. */
@@ -34,8 +36,10 @@ int bench_ctx_open(bench_ctx_t *c, ep_buffer_config_t *cfg) {
   const bench_opts_t *o = c->o;
   c->dev = o->backend == BENCH_CUDA;
   cfg->backend = c->dev ? EP_BACKEND_CUDA : EP_BACKEND_CPU;
-  if (c->dev) cfg->num_sms = o->threads;
-  else cfg->num_channels = o->threads;
+  if (c->dev)
+    cfg->num_sms = o->threads;
+  else
+    cfg->num_channels = o->threads;
   if (c->dev && pick_device(c, cfg)) return 1;
   if (c->dev && bgpu_stream_new(&c->stream))
     return fprintf(stderr, "epcomm bench: %s\n", bgpu_error()), 1;
@@ -66,7 +70,9 @@ void *bench_alloc(bench_ctx_t *c, size_t n) {
   return p;
 }
 
-void bench_free(bench_ctx_t *c, void *p) { tk_dev_free(c->dev, p); }
+void bench_free(bench_ctx_t *c, void *p) {
+  tk_dev_free(c->dev, p);
+}
 
 int bench_upload(bench_ctx_t *c, void *dst, const void *host, size_t n) {
   if (!tk_dev_upload(c->dev, dst, host, n)) return 0;
@@ -185,7 +191,8 @@ static int collect(loop_t *l) {
 
 int bench_run(bench_ctx_t *c, void *state, const bench_step_t *steps, int n, const char *what) {
   const bench_opts_t *o = c->o;
-  loop_t l = {c, steps, n, NULL, calloc((size_t)n, sizeof(double)), calloc((size_t)n, sizeof(double))};
+  loop_t l = {
+      c, steps, n, NULL, calloc((size_t)n, sizeof(double)), calloc((size_t)n, sizeof(double))};
   int rc = 1;
   if (!l.cpu || !l.csw) goto out;
   if (c->dev && !(l.ev = bgpu_events_new(2 * n * o->iters))) {

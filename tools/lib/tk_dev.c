@@ -13,7 +13,9 @@
 
 static _Thread_local char last[256];
 
-const char *tk_dev_error(void) { return last; }
+const char *tk_dev_error(void) {
+  return last;
+}
 
 static int fail(const char *fmt, ...) {
   va_list ap;
@@ -25,10 +27,10 @@ static int fail(const char *fmt, ...) {
 
 #ifdef EP_HAVE_CUDA
 /* A CUDA call that must succeed: on failure the function returns -1 with the message. */
-#define DEV(call)                                                                    \
-  do {                                                                               \
-    cudaError_t e_ = (call);                                                         \
-    if (e_ != cudaSuccess) return fail("%s: %s", #call, cudaGetErrorString(e_));     \
+#define DEV(call)                                                                \
+  do {                                                                           \
+    cudaError_t e_ = (call);                                                     \
+    if (e_ != cudaSuccess) return fail("%s: %s", #call, cudaGetErrorString(e_)); \
   } while (0)
 #else
 #define NOT_BUILT() fail("device memory: this build has no CUDA (configure with -DEP_CUDA=ON)")

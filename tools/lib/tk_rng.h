@@ -15,6 +15,8 @@ static inline uint64_t tk_mix64(uint64_t z) {
 }
 
 /* The next value of the stream whose state is *s. */
-static inline uint64_t tk_splitmix(uint64_t *s) { return tk_mix64(*s += TK_GOLDEN64); }
+static inline uint64_t tk_splitmix(uint64_t *s) {
+  return tk_mix64(*s += TK_GOLDEN64);
+}
 
 #endif

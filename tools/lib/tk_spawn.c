@@ -15,7 +15,9 @@
 
 #include "tk_clock.h"
 
-int tk_pipe(int fds[2]) { return pipe2(fds, O_CLOEXEC) ? errno : 0; }
+int tk_pipe(int fds[2]) {
+  return pipe2(fds, O_CLOEXEC) ? errno : 0;
+}
 
 static void put(int fd, const char *s) {
   size_t n = strlen(s);
@@ -83,8 +85,10 @@ int tk_spawn(const tk_spawn_t *s, pid_t *pid) {
   err = p < 0 ? errno : 0;
   if (st[1] >= 0) close(st[1]);
   if (p > 0 && s->new_group) setpgid(p, p); /* here too: a signal right after fork must reach it */
-  if (!err && st[0] >= 0) err = exec_verdict(st[0], p);
-  else if (st[0] >= 0) close(st[0]);
+  if (!err && st[0] >= 0)
+    err = exec_verdict(st[0], p);
+  else if (st[0] >= 0)
+    close(st[0]);
   if (!err) *pid = p;
   return err;
 }

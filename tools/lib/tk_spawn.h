@@ -11,8 +11,8 @@
 #define TK_FD_NULL (-2)    /* the child's stream is /dev/null */
 
 typedef struct {
-  char *const *argv;  /* argv[0]: a path, or a name searched on PATH when search_path */
-  char *const *envp;  /* NULL: this process's environment (as the child has it after setup) */
+  char *const *argv; /* argv[0]: a path, or a name searched on PATH when search_path */
+  char *const *envp; /* NULL: this process's environment (as the child has it after setup) */
   int search_path;
   int fd_in, fd_out, fd_err; /* the child's 0, 1, 2: an open fd, TK_FD_INHERIT or TK_FD_NULL */
   int keep_fd;               /* an fd (normally FD_CLOEXEC) that the child keeps across exec; -1 */
@@ -26,7 +26,8 @@ typedef struct {
    * stderr and exits 127, as a shell would: for parents that relay the child's output. */
   const char *fail_prefix;
 } tk_spawn_t;
-#define TK_SPAWN_INIT {NULL, NULL, 0, TK_FD_INHERIT, TK_FD_INHERIT, TK_FD_INHERIT, -1, 0, NULL, NULL, NULL}
+#define TK_SPAWN_INIT \
+  { NULL, NULL, 0, TK_FD_INHERIT, TK_FD_INHERIT, TK_FD_INHERIT, -1, 0, NULL, NULL, NULL }
 
 /* Forks and execs. Returns 0 with *pid set, or an errno (nothing left running). Descriptors of
  * this process that are not FD_CLOEXEC leak into the child: open pipes with tk_pipe. */
