@@ -1,10 +1,11 @@
 /* The self-checks shared by `epcomm bench` and its MPI baseline (bench_common.h): every output
- * against the generator, with the first mismatch described. */
+ * against the generator and the reference's arithmetic (tools/ref), with the first mismatch
+ * described. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_common.h"
-#include "tk_num.h"
+#include "ref.h" /* the reference's number formats: the checks use its arithmetic */
 
 #define FAIL(...)                                    \
   do {                                               \
@@ -100,12 +101,12 @@ long bench_check_combine(const bench_opts_t *o, int R, int me, const uint16_t *o
     for (int r = 0; r < R; r++) {
       if (!bench_goes_to(idx + (size_t)t * K, K, per, r)) continue;
       bench_gen_y_row(o, r, me, t, y);
-      for (int h = 0; h < H; h++) acc[h] += tk_bf16_to_f32(y[h]);
+      for (int h = 0; h < H; h++) acc[h] += ref_bf16_to_f32(y[h]);
     }
     for (int h = 0; h < H; h++)
-      if (out[(size_t)t * H + h] != tk_f32_to_bf16(acc[h])) {
+      if (out[(size_t)t * H + h] != ref_f32_to_bf16(acc[h])) {
         FAIL("rank %d: combined token %d channel %d is %#06x, expected %#06x", me, t, h,
-             out[(size_t)t * H + h], tk_f32_to_bf16(acc[h]));
+             out[(size_t)t * H + h], ref_f32_to_bf16(acc[h]));
         break;
       }
   }
