@@ -171,7 +171,10 @@ typedef struct {
 } ep_bootstrap_t;
 
 /* Collective. Ranks, job id and failure channel from the environment that `epcomm launch` sets
- * (EP_RANK, EP_NRANKS, EP_JOB_ID, EP_NOTIFY_FD), or that mpirun sets (OMPI_COMM_WORLD_RANK, ...).
+ * (EP_RANK, EP_NRANKS, EP_JOB_ID, EP_NOTIFY_FD), that torchrun sets (RANK, WORLD_SIZE; the job
+ * named by MASTER_ADDR:MASTER_PORT, else TORCHELASTIC_RUN_ID), or that mpirun or srun set
+ * (OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID, ...), tried in that order; EP_JOB_ID, when set,
+ * names the job whatever the launcher.
  * cfg may be NULL for defaults. Every rank creates its groups in the same order. Thread safe.
  * Errors: EP_ERR_NULL_ARG (group), EP_ERR_CONFIG (cfg size/magic), EP_ERR_BOOTSTRAP (no rank or
  * job id in the environment, rendezvous taken), EP_ERR_OUT_OF_RANGE (rank >= size),
@@ -549,8 +552,11 @@ EP_API ep_status_t ep_ll_dispatch(ep_buffer_t buf, const ep_ll_dispatch_args_t *
  * handle has nothing to receive. */
 EP_API ep_status_t ep_ll_recv(ep_buffer_t buf, ep_ll_handle_t handle);
 
-/* Local. The receive side of a completed dispatch. view->size must be set. EP_ERR_INVALID_ARG
- * before the receive is complete; EP_ERR_DESTROYED when the buffer is gone. */
+/* Local. The receive side of a dispatch. view->size must be set. After a two-phase send and
+ * before ep_ll_recv the view already names the arrays the rows will land in (their addresses
+ * never change), but their contents, recv_count included, are defined only once the receive is
+ * complete. EP_ERR_INVALID_ARG for a handle whose call failed; EP_ERR_DESTROYED when the buffer
+ * is gone. */
 EP_API ep_status_t ep_ll_get_recv_view(ep_ll_handle_t handle, ep_ll_recv_view_t *view);
 
 typedef struct {

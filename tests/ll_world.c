@@ -148,10 +148,16 @@ void llw_dispatch(llw_round_t *rd, ep_buffer_t buf, llw_between_fn between, void
   llw_args(rd, &a);
   T_OK(ep_ll_dispatch(buf, &a, &rd->h));
   if (rd->k.two_phase) {
-    ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
-    T_STATUS(EP_ERR_INVALID_ARG, ep_ll_get_recv_view(rd->h, &v)); /* not received yet */
+    /* Before the receive the view already says where the rows will be (not what they are). */
+    ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT, after = EP_LL_RECV_VIEW_INIT;
+    T_OK(ep_ll_get_recv_view(rd->h, &v));
     if (between) between(arg);
     T_OK(ep_ll_recv(buf, rd->h));
+    T_OK(ep_ll_get_recv_view(rd->h, &after));
+    T_CHECK(v.recv_x == after.recv_x && v.recv_x_scales == after.recv_x_scales &&
+            v.recv_count == after.recv_count && v.recv_src_info == after.recv_src_info &&
+            v.recv_layout_range == after.recv_layout_range,
+            "the view before the receive names other arrays than after it");
   }
   llw_check_view(rd);
 }

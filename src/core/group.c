@@ -148,20 +148,50 @@ static const char *env_get(const char *name) {
   return strncmp(name, "EP_", 3) ? getenv(name) : ep_env_str(name);
 }
 
-/* Rank and size from epcomm launch, mpirun (OpenMPI, PMI) or srun. */
-static int env_int(const char *const *names, int *out) {
-  for (; *names; names++) {
-    const char *s = env_get(*names);
-    if (s && *s) {
-      char *end;
-      long v = strtol(s, &end, 10);
-      if (*end == '\0' && v >= 0 && v < (1 << 24)) {
-        *out = (int)v;
-        return 1;
-      }
-    }
-  }
-  return 0;
+/* The launchers whose environment gives a rank and a size, tried in this order: torchrun comes
+ * before mpirun and srun because it may run under them, and then its children's RANK is the one
+ * that counts. A launcher counts only when it set both numbers. */
+typedef struct {
+  const char *rank, *size;
+  bool torchrun; /* the job is named by torch_job_id */
+} env_source_t;
+
+static const env_source_t env_sources[] = {
+    {"EP_RANK", "EP_NRANKS", false},
+    {"RANK", "WORLD_SIZE", true},
+    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", false},
+    {"PMI_RANK", "PMI_SIZE", false},
+    {"SLURM_PROCID", "SLURM_NTASKS", false},
+};
+
+static int env_int(const char *name, int *out) {
+  const char *s = env_get(name);
+  if (!s || !*s) return 0;
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (*end != '\0' || v < 0 || v >= (1 << 24)) return 0;
+  *out = (int)v;
+  return 1;
+}
+
+static const env_source_t *env_ranks(int *rank, int *nranks) {
+  for (size_t i = 0; i < sizeof env_sources / sizeof env_sources[0]; i++)
+    if (env_int(env_sources[i].rank, rank) && env_int(env_sources[i].size, nranks))
+      return &env_sources[i];
+  return NULL;
+}
+
+/* torchrun's ranks share the address of their store, which no other live job on this host can
+ * have; its run id names the job when the store is not given. NULL: neither (then the job's
+ * other launchers name it, src/core/job.c). EP_JOB_ID, when set, wins over both. */
+static const char *torch_job_id(char *buf, size_t n) {
+  const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
+  const char *run = getenv("TORCHELASTIC_RUN_ID"), *given = env_get("EP_JOB_ID");
+  if (given && *given) return NULL;
+  if (addr && *addr && port && *port) snprintf(buf, n, "torch-%s:%s", addr, port);
+  else if (run && *run && strcmp(run, "none") != 0) snprintf(buf, n, "torch-%s", run);
+  else return NULL;
+  return buf;
 }
 
 ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *group) {
@@ -169,19 +199,20 @@ ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *g
   ep_group_config_t c;
   ep_status_t st = load_group_config(cfg, &c, "ep_group_create_from_env");
   if (st) return st;
-  static const char *const rank_names[] = {"EP_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                                           "SLURM_PROCID", NULL};
-  static const char *const size_names[] = {"EP_NRANKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                                           "SLURM_NTASKS", NULL};
   int rank, nranks;
-  if (!env_int(rank_names, &rank) || !env_int(size_names, &nranks))
+  const env_source_t *src = env_ranks(&rank, &nranks);
+  if (!src)
     return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create_from_env: no rank in the environment "
-                  "(EP_RANK/EP_NRANKS): start the program with `epcomm launch -n R` or mpirun");
+                  "(EP_RANK/EP_NRANKS): start the program with `epcomm launch -n R`, torchrun "
+                  "or mpirun");
   if (nranks < 1 || rank >= nranks)
-    return ep_err(EP_ERR_OUT_OF_RANGE, "ep_group_create_from_env: rank %d of %d", rank, nranks);
-  char job[64], name[RENDEZVOUS_MAX];
+    return ep_err(EP_ERR_OUT_OF_RANGE, "ep_group_create_from_env: rank %d of %d (%s, %s)", rank,
+                  nranks, src->rank, src->size);
+  char job[64], name[RENDEZVOUS_MAX], torch_job[64];
   uint8_t key[EP_KEY_BYTES];
-  if ((st = ep_job_from_env(c.job_id, job, sizeof job, key))) return st;
+  const char *given = c.job_id;
+  if (!given && src->torchrun) given = torch_job_id(torch_job, sizeof torch_job);
+  if ((st = ep_job_from_env(given, job, sizeof job, key))) return st;
   /* Every rank creates its groups in the same order, so the counter agrees across ranks. */
   snprintf(name, sizeof name, "%.60s.%u", job, ep_reg_next_env_group());
   ep_group *g;

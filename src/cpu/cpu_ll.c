@@ -103,7 +103,9 @@ void cpu_ll_release(void *state, ep_handle_info_t *h) {
 
 ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v) {
   const cpu_ll_slot_t *sl = h->priv;
-  if (sl->state != LL_RECEIVED && sl->state != LL_COMB_SENT && sl->state != LL_COMBINED)
+  /* A slot's arrays never move: a two-phase caller may learn where its rows will land before
+   * they do (DeepEP's return_recv_hook returns the tensors first); contents follow ep_ll_recv. */
+  if (sl->state == LL_FREE || sl->state == LL_FAILED)
     return ep_err(EP_ERR_INVALID_ARG, "ep_ll_get_recv_view: no view: %s", ep_ll_state_why(sl->state));
   const cpu_ll_t *ll = sl->ll;
   unsigned char *slab = sl->base + ll->lay.slab;

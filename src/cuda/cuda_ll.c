@@ -82,8 +82,9 @@ void cuda_ll_destroy(cuda_state_t *s) {
 
 ep_status_t cuda_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v) {
   const cuda_ll_slot_t *sl = h->priv;
-  if (sl->state != EP_LLS_RECEIVED && sl->state != EP_LLS_COMB_SENT &&
-      sl->state != EP_LLS_COMBINED)
+  /* A slot's arrays never move: a two-phase caller may learn where its rows will land before
+   * they do (DeepEP's return_recv_hook returns the tensors first); contents follow ep_ll_recv. */
+  if (sl->state == EP_LLS_FREE || sl->state == EP_LLS_FAILED)
     return ep_err(EP_ERR_INVALID_ARG, "ep_ll_get_recv_view: no view: %s",
                   ep_ll_state_why(sl->state));
   const epk_ll_layout_t *l = &sl->ll->k.lay;

@@ -1,0 +1,121 @@
+"""Events and streams, as DeepEP means them.
+
+On CUDA tensors each Buffer has a communication stream. A call waits on the caller's current
+stream (or only on ``previous_event``), runs on the communication stream, and then either
+makes the current stream wait for it, or, with ``async_finish``, returns an event recorded
+after it (the tensors it used are recorded on the communication stream, so the caching
+allocator does not reuse them early). ``allocate_on_comm_stream`` allocates the outputs while
+the communication stream is current. On CPU tensors every call is complete when it returns:
+the events it hands out are already complete, and waiting on them does nothing.
+"""
+
+import torch
+
+
+def _cuda_in_use():
+    return torch.cuda.is_available()
+
+
+class EventHandle:
+    """A point on a CUDA stream (DeepEP's EventHandle): recorded on the current stream when
+    made without an event. On a machine without CUDA, a point already passed."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event=None):
+        if event is None and _cuda_in_use():
+            event = torch.cuda.Event()
+            event.record()
+        self.event = event  # torch.cuda.Event, or None: nothing to wait for
+
+    def current_stream_wait(self):
+        if self.event is not None:
+            torch.cuda.current_stream().wait_event(self.event)
+
+    def synchronize(self):
+        if self.event is not None:
+            self.event.synchronize()
+
+
+class EventOverlap:
+    """DeepEP's EventOverlap: an EventHandle (``.event``) and the tensors it keeps alive
+    (``.extra_tensors``). ``with overlap: ...`` runs the block, then the current stream waits
+    for the event."""
+
+    def __init__(self, event=None, extra_tensors=None):
+        self.event = event
+        self.extra_tensors = extra_tensors
+
+    def current_stream_wait(self):
+        assert self.event is not None, "this EventOverlap holds no event (async_finish was not set)"
+        self.event.current_stream_wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.event is not None:
+            self.event.current_stream_wait()
+
+
+_DONE = EventHandle.__new__(EventHandle)
+_DONE.event = None  # the event of a CPU call: complete when the call returned
+
+
+class CpuLaunch:
+    """How a call on CPU tensors is ordered: it is complete when it returns."""
+
+    stream = 0
+
+    def __init__(self, previous_event, async_finish):
+        if previous_event is not None and previous_event.event is not None:
+            previous_event.event.synchronize()
+        self.async_finish = async_finish
+
+    def finish(self, tensors=(), extra=False):
+        if not self.async_finish:
+            return EventOverlap(None)
+        return EventOverlap(_DONE, tuple(tensors) if extra else None)
+
+    def abort(self):
+        pass
+
+
+class CudaLaunch:
+    """How a call on CUDA tensors is ordered (see the module's comment). ``stream`` is the
+    cudaStream_t the C call runs on."""
+
+    def __init__(self, comm, previous_event, async_finish, allocate_on_comm_stream,
+                 on_compute=False):
+        self.compute = torch.cuda.current_stream()
+        # DeepEP runs a low-latency call whose receive is a hook on the compute stream itself.
+        self.launch = self.compute if on_compute else comm
+        if not on_compute:
+            if previous_event is not None and previous_event.event is not None:
+                self.launch.wait_event(previous_event.event.event)
+            else:
+                self.launch.wait_stream(self.compute)
+        self.async_finish = async_finish
+        self.switched = allocate_on_comm_stream and not on_compute
+        if self.switched:
+            torch.cuda.set_stream(self.launch)
+        self.stream = self.launch.cuda_stream
+
+    def finish(self, tensors=(), extra=False):
+        self.abort()
+        if self.async_finish:
+            event = torch.cuda.Event()
+            event.record(self.launch)
+            if self.launch is not self.compute:
+                for t in tensors:
+                    if t is not None and t.is_cuda:
+                        t.record_stream(self.launch)
+            return EventOverlap(EventHandle(event), tuple(tensors) if extra else None)
+        if self.launch is not self.compute:
+            self.compute.wait_stream(self.launch)
+        return EventOverlap(None)
+
+    def abort(self):
+        if self.switched:
+            torch.cuda.set_stream(self.compute)
+            self.switched = False

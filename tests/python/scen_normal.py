@@ -1,0 +1,191 @@
+"""Normal mode, as DeepEP's tests/test_intranode.py exercises it (written afresh): layout,
+dispatch in bf16 and fp8 (column-major scales), with and without top-k (routing by
+is_token_in_rank), cached dispatch, worst-case tokens, combine with weights and biases, the
+stream flags; every output compared bit for bit with the reference (tools/ref/ref.c)."""
+
+import torch
+
+import epcomm
+import ref
+from common import BF16, F32, FP8, I32, I64, Check, bf16, gen, routing
+from epcomm import deep_ep
+
+
+def _world(R, seed, sizes, H, E, topk, fp8):
+    """Every rank's inputs: x (bf16, or fp8 bytes), scales, topk_idx, topk_weights, and a second
+    x for the cached dispatch."""
+    xs, scs, idxs, ws, x2s = [], [], [], [], []
+    S = (H + 127) // 128
+    for r in range(R):
+        g = gen(seed, r)
+        n = sizes[r]
+        if fp8:
+            xs.append(torch.randint(0, 256, (n, H), generator=g, dtype=torch.uint8).view(FP8))
+            x2s.append(torch.randint(0, 256, (n, H), generator=g, dtype=torch.uint8).view(FP8))
+            scs.append(torch.rand((n, S), generator=g) + 0.5)
+        else:
+            xs.append(bf16(g, n, H))
+            x2s.append(bf16(g, n, H))
+        idxs.append(routing(g, n, E, topk))
+        ws.append(torch.rand((n, topk), generator=g))
+    return xs, (scs if fp8 else None), idxs, ws, x2s
+
+
+def _combine_inputs(seed, R, nrs, H, bias_count, sizes):
+    """Every rank's expert outputs y [nr][H] and every source rank's biases."""
+    ys, b0, b1 = [], [], []
+    for r in range(R):
+        g = gen(seed + 17, r)
+        ys.append(bf16(g, nrs[r], H))
+        b0.append(bf16(g, sizes[r], H) if bias_count >= 1 else None)
+        b1.append(bf16(g, sizes[r], H) if bias_count >= 2 else None)
+    return ys, (b0 if bias_count >= 1 else None), (b1 if bias_count >= 2 else None)
+
+
+def _dev(t, device):
+    return None if t is None else t.to(device)
+
+
+def _x_arg(xs, scs, rank, device, column_major=True):
+    if scs is None:
+        return xs[rank].to(device)
+    sc = scs[rank]
+    if column_major:  # as DeepEP's test passes them: [n][S] with strides (1, n)
+        sc = sc.T.contiguous().T
+    return xs[rank].to(device), sc.to(device)
+
+
+def dispatch_combine(ctx, seed, sizes, H, E, topk, fp8=False, with_topk=True, weights=True,
+                     alignment=1, bias=2, async_finish=False, previous=False, comm_alloc=False):
+    """One DeepEP-style round: layout, dispatch, cached dispatch, worst-case dispatch, combine."""
+    R, me, dev = ctx.nranks, ctx.rank, ctx.device
+    xs, scs, idxs, ws, x2s = _world(R, seed, sizes, H, E, topk, fp8)
+    want, st = ref.dispatch(xs, idxs, ws if weights else None, E, alignment, scs)
+    mine = want[me]
+    ck = Check(me, f"dispatch_combine(fp8={fp8}, topk={with_topk}, R={R})")
+    buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
+    try:
+        idx = idxs[me].to(dev)
+        tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
+        flags = dict(async_finish=async_finish, allocate_on_comm_stream=comm_alloc)
+        if previous:
+            flags["previous_event"] = buf.capture()
+        args = dict(x=_x_arg(xs, scs, me, dev), num_tokens_per_rank=tpr, is_token_in_rank=itr,
+                    num_tokens_per_expert=tpe, expert_alignment=alignment,
+                    config=deep_ep.Buffer.get_dispatch_config(R), **flags)
+        if with_topk:
+            args.update(topk_idx=idx, topk_weights=ws[me].to(dev) if weights else None)
+        recv_x, r_idx, r_w, per_expert, handle, event = buf.dispatch(**args)
+        if async_finish:
+            event.current_stream_wait()
+        _check_recv(ck, recv_x, fp8, mine, "dispatch")
+        ck.bits(handle[0], mine["rank_prefix"], "handle[0] rank_prefix_matrix")
+        ck.bits(handle[3], mine["src_idx"], "handle[3] recv_src_idx")
+        ck.eq(per_expert, mine["tokens_per_expert"], "num_recv_tokens_per_expert_list")
+        if with_topk:
+            ck.bits(r_idx, mine["topk_idx"], "recv_topk_idx")
+            ck.bits(r_w, mine["topk_weights"] if weights else None, "recv_topk_weights")
+        else:
+            ck.true(r_idx is None and r_w is None, "recv_topk_idx/weights without topk_idx")
+
+        # Cached dispatch: new tokens along the same routing.
+        want2, st2 = ref.dispatch(x2s, idxs, None, E, alignment, scs)
+        c_x, c_idx, c_w, c_list, c_handle, ev = buf.dispatch(_x_arg(x2s, scs, me, dev),
+                                                             handle=handle, **flags)
+        if async_finish:
+            ev.current_stream_wait()
+        _check_recv(ck, c_x, fp8, want2[me], "cached dispatch")
+        ck.true(c_idx is None and c_w is None and c_list is None and c_handle is None,
+                "a cached dispatch returns None for topk, list and handle")
+        ref.free_dispatch(st2)
+
+        # Worst case: fixed rows, padding -1 / 0.
+        if with_topk:
+            W = sum(sizes)
+            w_x, w_idx, w_w, w_list, w_handle, ev = buf.dispatch(**dict(args, num_worst_tokens=W))
+            if async_finish:
+                ev.current_stream_wait()
+            nr = mine["nr"]
+            ck.eq(w_list, [], "worst-case num_recv_tokens_per_expert_list")
+            wx = w_x[0] if fp8 else w_x
+            ck.eq(wx.size(0), W, "worst-case rows")
+            _check_recv(ck, (w_x[0][:nr], w_x[1][:nr]) if fp8 else w_x[:nr], fp8, mine,
+                        "worst-case dispatch")
+            ck.bits(w_idx[:nr], mine["topk_idx"], "worst-case recv_topk_idx")
+            ck.true(bool((w_idx[nr:] == -1).all()), "worst-case padding topk_idx is -1")
+            ck.true(bool((w_handle[3][nr:] == -1).all()), "worst-case padding src_idx is -1")
+            if weights:
+                ck.true(bool((w_w[nr:] == 0).all()), "worst-case padding weights are 0")
+
+        # Combine the received rows' expert outputs, with the dispatch's weights and biases.
+        nrs = [w_["nr"] for w_ in want]
+        ys, b0, b1 = _combine_inputs(seed, R, nrs, H, bias, sizes)
+        cw = [w_["topk_weights"] for w_ in want] if (weights and with_topk) else None
+        out_want, outw_want = ref.combine(st, H, topk if with_topk else R, ys, cw, b0, b1)
+        bias_arg = None if not bias else (b0[me].to(dev) if bias == 1 else
+                                          (b0[me].to(dev), b1[me].to(dev)))
+        out, out_w, ev = buf.combine(ys[me].to(dev), handle, topk_weights=_dev(r_w, dev),
+                                     bias=bias_arg, config=deep_ep.Buffer.get_combine_config(R),
+                                     **flags)
+        if async_finish:
+            ev.current_stream_wait()
+        ck.bits(out, out_want[me], "combined_x")
+        ck.bits(out_w, outw_want[me] if cw else None, "combined_topk_weights")
+        if with_topk and bias == 0:  # a worst-case handle combines the same
+            yw = torch.cat([ys[me], torch.zeros((sum(sizes) - nrs[me], H), dtype=BF16)])
+            out3, _, _ = buf.combine(yw.to(dev), w_handle)
+            ck.bits(out3, out_want[me], "combined_x after a worst-case dispatch")
+        ref.free_dispatch(st)
+    finally:
+        buf.destroy()
+    ck.done()
+    return mine["nr"]
+
+
+def _check_recv(ck, recv_x, fp8, want, what):
+    if fp8:
+        ck.true(isinstance(recv_x, tuple) and recv_x[0].dtype == FP8 and recv_x[1].dtype == F32,
+                f"{what}: recv_x is (fp8, float32 scales)")
+        ck.bits(recv_x[0], want["x"], f"{what}: recv_x (fp8)")
+        ck.bits(recv_x[1], want["scales"], f"{what}: recv_x_scales")
+    else:
+        ck.true(recv_x.dtype == BF16, f"{what}: recv_x dtype {recv_x.dtype}")
+        ck.bits(recv_x, want["x"], f"{what}: recv_x (bf16)")
+
+
+def layout(ctx, seed, n, E, topk):
+    R, me = ctx.nranks, ctx.rank
+    idx = routing(gen(seed, me), n, E, topk)
+    ck = Check(me, "layout")
+    with epcomm.Buffer(ctx.pg, device=ctx.device) as buf:
+        tpr, rdma, tpe, itr, ev = buf.get_dispatch_layout(idx.to(ctx.device), E)
+    wtpr, wtpe, witr = ref.layout(idx, E, R)
+    ck.true(rdma is None and isinstance(ev, deep_ep.EventOverlap), "layout's 2nd and 5th values")
+    ck.true(tpr.dtype == I32 and tpe.dtype == I32 and itr.dtype == torch.bool, "layout dtypes")
+    ck.bits(tpr, wtpr, "num_tokens_per_rank")
+    ck.bits(tpe, wtpe, "num_tokens_per_expert")
+    ck.bits(itr, witr, "is_token_in_rank")
+    ck.done()
+
+
+def dispatch_odd_sizes(ctx, seed, H, E, topk):
+    """A rank with no tokens, tokens going nowhere, hidden not a multiple of 128."""
+    sizes = [0 if r == 1 else 5 + 3 * r for r in range(ctx.nranks)]
+    return dispatch_combine(ctx, seed, sizes, H, E, topk, bias=1)
+
+
+def cached_other_format(ctx, seed, sizes, H, E, topk):
+    """DeepEP resends a bf16 dispatch's layout with fp8 tokens (its tuning loop does): the rows
+    are those of the same routing in the new format."""
+    R, me, dev = ctx.nranks, ctx.rank, ctx.device
+    xs, _, idxs, ws, _ = _world(R, seed, sizes, H, E, topk, False)
+    x8s, scs, _, _, _ = _world(R, seed + 1, sizes, H, E, topk, True)
+    want, st = ref.dispatch(x8s, idxs, None, E, 1, scs)
+    ck = Check(me, "cached dispatch in another format")
+    with deep_ep.Buffer(ctx.pg, device=dev) as buf:
+        _, _, _, _, handle, _ = buf.dispatch(xs[me].to(dev), topk_idx=idxs[me].to(dev),
+                                             topk_weights=ws[me].to(dev), num_experts=E)
+        recv, *_ = buf.dispatch(_x_arg(x8s, scs, me, dev), handle=handle)
+        _check_recv(ck, recv, True, want[me], "fp8 along a bf16 handle")
+    ref.free_dispatch(st)
+    ck.done()
