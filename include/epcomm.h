@@ -283,6 +283,7 @@ typedef enum {
   EP_CAP_GRAPH_CAPTURE = 1u << 3,  /* calls that never wait on the host can be captured in a
                                       CUDA graph (worst-case and cached dispatch, combine, every
                                       low-latency call) */
+  EP_CAP_COMBINE_BUFFER = 1u << 4, /* ep_get_combine_buffer: a combine input inside the buffer */
 } ep_cap_t;
 
 typedef enum {
@@ -428,8 +429,9 @@ typedef struct {
   ep_handle_t handle;        /* from this rank's matching (non-cached) dispatch */
   const void *x;             /* bf16 [rows][hidden] in the row order of the dispatch output;
                                 CUDA: when x lies in the buffer's receive area (a bf16 dispatch
-                                view written in place), peers read it where it is; otherwise it
-                                is first copied into the buffer (one more pass over the rows) */
+                                view written in place) or is ep_get_combine_buffer's memory,
+                                peers read it where it is; otherwise it is first copied into the
+                                buffer (one more pass over the rows) */
   const float *topk_weights; /* [rows][topk] or NULL */
   const void *bias[2];       /* bf16 [num_tokens][hidden] each, or NULL */
   void *stream;
@@ -446,6 +448,17 @@ typedef struct {
  * of t. Errors as for ep_dispatch; EP_ERR_INVALID_ARG / EP_ERR_DESTROYED for a handle that is
  * not a live handle of this buffer. */
 EP_API ep_status_t ep_combine(ep_buffer_t buf, const ep_combine_args_t *args);
+
+/* Local. Memory inside the buffer shaped like the combine input x of `handle` (bf16
+ * [rows][hidden], rows = the handle's dispatch output rows, in their order): write the experts'
+ * outputs there and pass *x as args->x of the combine along `handle`; the peers then read the
+ * rows where they are (CUDA: no staging pass, the speed of x = a bf16 dispatch view, also after
+ * an fp8 dispatch). Valid until the next ep_combine on the buffer (whatever its handle) or the
+ * buffer's destroy; other dispatches leave it alone. Backends with EP_CAP_COMBINE_BUFFER.
+ * EP_ERR_TOO_LARGE when the buffer's combine area cannot hold the rows (raise queue_bytes: the
+ * area is R x num_channels x queue_bytes); EP_ERR_UNSUPPORTED on other backends (the CPU backend
+ * reads any x where it is). */
+EP_API ep_status_t ep_get_combine_buffer(ep_buffer_t buf, ep_handle_t handle, void **x);
 
 /* Handle queries and destroy (local, thread safe). */
 EP_API ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens);

@@ -387,6 +387,23 @@ static void combine_table(fx_t *f) {
   t_case = "combine: args NULL";
   T_STATUS(EP_ERR_NULL_ARG, ep_combine(f->b, NULL));
   T_CHECK(strstr(ep_last_error(), "args is NULL"), "message: %s", ep_last_error());
+  /* ep_get_combine_buffer: arguments named; the memory only on backends that have it. */
+  t_case = "ep_get_combine_buffer";
+  void *cb = NULL;
+  T_STATUS(EP_ERR_NULL_ARG, ep_get_combine_buffer(f->b, h, NULL));
+  T_STATUS(EP_ERR_NULL_ARG, ep_get_combine_buffer(NULL, h, &cb));
+  T_STATUS(EP_ERR_DESTROYED, ep_get_combine_buffer(f->b, f->dead_handle, &cb));
+  T_CHECK(cb == NULL, "a failing ep_get_combine_buffer wrote x");
+  ep_buffer_info_t bi = EP_BUFFER_INFO_INIT;
+  T_OK(ep_buffer_query(f->b, &bi));
+  ep_status_t cst = ep_get_combine_buffer(f->b, h, &cb);
+  if (bi.caps & EP_CAP_COMBINE_BUFFER)
+    T_CHECK((cst == EP_OK && cb) || cst == EP_ERR_TOO_LARGE, "ep_get_combine_buffer: %s (%s)",
+            ep_status_name(cst), ep_last_error());
+  else
+    T_CHECK(cst == EP_ERR_UNSUPPORTED && cb == NULL && strstr(ep_last_error(), "backend"),
+            "ep_get_combine_buffer without the capability: %s (%s)", ep_status_name(cst),
+            ep_last_error());
   T_OK(ep_handle_destroy(h));
   still_works(f, "the combine table");
 }

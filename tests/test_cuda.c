@@ -7,7 +7,11 @@
  *                         call; the context stays usable (a fresh buffer then works)
  *   test_cuda cycles N    N x (group, buffer, dispatch + combine, destroy): device memory flat
  *   test_cuda overflow    outputs too small on one rank: EP_ERR_TOO_LARGE there, the rows are
- *                         drained, the other ranks complete, the buffer stays usable */
+ *                         drained, the other ranks complete, the buffer stays usable
+ *   test_cuda cbuf N      N rounds of dispatch (bf16 or fp8 alternately, views) + combine whose x
+ *                         is ep_get_combine_buffer's memory, written by the "experts" (with and
+ *                         without weights, with a bias), each checked against the reference;
+ *                         a buffer too small for the rows refuses with EP_ERR_TOO_LARGE */
 #include <unistd.h>
 
 #include "common.h"
@@ -317,6 +321,137 @@ static int overflow(void) {
   return T_PASS;
 }
 
+/* ------------------------------------------------------------------ combine buffer */
+
+static int cbuf(int rounds) {
+  ep_group_t g;
+  inputs_t in = {0};
+  t_init(&g, &in.me, &in.R);
+  const int R = in.R, me = in.me;
+  in.E = 4 * R, in.wct = NMAX * R;
+  ep_buffer_config_t cfg = cuda_cfg(0);
+  ep_buffer_t b;
+  T_OK(ep_buffer_create(g, &cfg, &b));
+  ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
+  T_OK(ep_buffer_query(b, &info));
+  T_CHECK(info.caps & EP_CAP_COMBINE_BUFFER, "caps %#x lack EP_CAP_COMBINE_BUFFER", info.caps);
+  uint16_t *y[64] = {0}, *bias[64] = {0};
+  void *x = t_dalloc(NMAX * H * 2), *idx = t_dalloc(NMAX * TOPK * 8), *w = t_dalloc(NMAX * TOPK * 4);
+  void *sc = t_dalloc(NMAX * (H / 128) * 4), *b0 = t_dalloc(NMAX * H * 2);
+  void *out = t_dalloc(NMAX * H * 2), *outw = t_dalloc(NMAX * TOPK * 4);
+  for (int round = 0; round < rounds; round++) {
+    make_inputs(&in, 100 + round);
+    const int fp8 = round & 1, with_w = (round >> 1) & 1;
+    float *scales[64] = {0};
+    for (int s = 0; s < R; s++) {
+      t_rng r = t_seed(0xb1a5 + (uint64_t)round, (uint64_t)s);
+      free(bias[s]);
+      bias[s] = t_xmalloc((size_t)NMAX * H * 2);
+      for (int i = 0; i < NMAX * H; i++) bias[s][i] = t_rand_bf16(&r);
+      scales[s] = t_xmalloc((size_t)NMAX * (H / 128) * 4);
+      for (int i = 0; i < NMAX * (H / 128); i++) scales[s][i] = t_unit(&r) + 0.5f;
+    }
+    /* fp8 rows: the bf16 bytes' low halves as e4m3 codes (any byte is a valid code to move). */
+    const size_t row = fp8 ? H : H * 2;
+    uint8_t *x8 = t_xmalloc((size_t)NMAX * H);
+    for (int i = 0; i < in.n[me] * H; i++) x8[i] = (uint8_t)(in.x[me][i] & 0x7e);
+    t_copy_to_dev(x, fp8 ? (void *)x8 : (void *)in.x[me], (size_t)in.n[me] * row);
+    t_copy_to_dev(sc, scales[me], (size_t)NMAX * (H / 128) * 4);
+    t_copy_to_dev(idx, in.idx[me], (size_t)NMAX * TOPK * 8);
+    t_copy_to_dev(w, in.w[me], (size_t)NMAX * TOPK * 4);
+    t_copy_to_dev(b0, bias[me], (size_t)NMAX * H * 2);
+    ep_dispatch_args_t a = {.size = sizeof a, .x = x, .x_scales = fp8 ? sc : NULL,
+                            .dtype = fp8 ? EP_DTYPE_FP8_E4M3 : EP_DTYPE_BF16,
+                            .num_scales = fp8 ? H / 128 : 0, .num_tokens = in.n[me], .hidden = H,
+                            .topk_idx = idx, .topk_weights = w, .topk = TOPK,
+                            .num_experts = in.E};
+    ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_VIEWS};
+    T_OK(ep_dispatch(b, &a, &o));
+    const int nr = o.num_recv_tokens;
+    /* The experts' outputs: random rows of every rank (rebuilt by everyone for the reference),
+     * written straight into the combine buffer. */
+    for (int s = 0; s < R; s++) {
+      t_rng r = t_seed(0xc0b1 + (uint64_t)round, (uint64_t)s);
+      free(y[s]);
+      y[s] = t_xmalloc((size_t)in.wct * H * 2);
+      for (size_t i = 0; i < (size_t)in.wct * H; i++) y[s][i] = t_rand_bf16(&r);
+    }
+    void *cb = NULL;
+    T_OK(ep_get_combine_buffer(b, o.handle, &cb));
+    T_CHECK(cb != NULL, "ep_get_combine_buffer gave NULL");
+    t_copy_to_dev(cb, y[me], (size_t)nr * H * 2);
+    ep_combine_args_t c = {.size = sizeof c, .handle = o.handle, .x = cb,
+                           .topk_weights = with_w ? o.recv_topk_weights : NULL,
+                           .bias = {b0, NULL}, .out = out, .out_topk_weights = with_w ? outw : NULL};
+    T_OK(ep_combine(b, &c));
+    /* The reference: the same dispatch on the host, then the combine of y. */
+    ref_rank_input_t ri[64];
+    uint8_t *xs[64];
+    for (int s = 0; s < R; s++) {
+      xs[s] = t_xmalloc((size_t)NMAX * H);
+      for (int i = 0; i < in.n[s] * H; i++) xs[s][i] = (uint8_t)(in.x[s][i] & 0x7e);
+      ri[s] = (ref_rank_input_t){in.n[s], fp8 ? (const void *)xs[s] : (const void *)in.x[s],
+                                 fp8 ? scales[s] : NULL, in.idx[s], in.w[s]};
+    }
+    ref_recv_t rr[64];
+    memset(rr, 0, sizeof rr);
+    T_CHECK(ref_dispatch(R, in.E, TOPK, row, fp8 ? H / 128 : 0, 1, ri, rr) == 0, "reference");
+    T_CHECK(rr[me].nr == nr, "round %d: %d rows received, the reference has %d", round, nr, rr[me].nr);
+    uint16_t *ro[64];
+    float *row_w[64];
+    const float *wv[64];
+    const uint16_t *bv[64];
+    for (int s = 0; s < R; s++) {
+      ro[s] = t_xmalloc((size_t)NMAX * H * 2), row_w[s] = t_xmalloc(NMAX * TOPK * 4);
+      wv[s] = rr[s].topk_weights, bv[s] = bias[s];
+    }
+    T_CHECK(ref_combine(R, H, TOPK, ri, rr, (const uint16_t *const *)y, with_w ? wv : NULL, bv,
+                        NULL, ro, with_w ? row_w : NULL) == 0, "reference combine");
+    uint16_t *got = t_to_host(out, (size_t)NMAX * H * 2);
+    T_CHECK(!memcmp(got, ro[me], (size_t)in.n[me] * H * 2), "round %d (%s%s): combine out differs "
+            "from the reference", round, fp8 ? "fp8" : "bf16", with_w ? ", weights" : "");
+    if (with_w) {
+      float *gw = t_to_host(outw, (size_t)NMAX * TOPK * 4);
+      T_CHECK(!memcmp(gw, row_w[me], (size_t)in.n[me] * TOPK * 4), "round %d: out weights", round);
+      free(gw);
+    }
+    for (int s = 0; s < R; s++)
+      free(ro[s]), free(row_w[s]), free(xs[s]), free(scales[s]), ref_free_recv(&rr[s]);
+    free(got), free(x8);
+    T_OK(ep_handle_destroy(o.handle));
+  }
+  T_OK(ep_buffer_destroy(b));
+  /* A combine area too small for the rows: refused, naming queue_bytes. */
+  cfg.queue_bytes = 4096;
+  T_OK(ep_buffer_create(g, &cfg, &b));
+  make_inputs(&in, 999);
+  for (int s = 0; s < R; s++) in.n[s] = NMAX; /* every rank receives well over 4096 * R bytes */
+  for (int s = 0; s < R; s++)
+    for (int i = 0; i < NMAX * TOPK; i++) in.idx[s][i] = i % TOPK == 0 ? (i / TOPK) % in.E : -1;
+  t_copy_to_dev(x, in.x[me], (size_t)NMAX * H * 2);
+  t_copy_to_dev(idx, in.idx[me], (size_t)NMAX * TOPK * 8);
+  void *rx = t_dalloc((size_t)in.wct * H * 2);
+  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = NMAX,
+                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E};
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
+                         .capacity = in.wct};
+  T_OK(ep_dispatch(b, &a, &o));
+  void *cb = NULL;
+  ep_status_t st = ep_get_combine_buffer(b, o.handle, &cb);
+  T_CHECK(st == EP_ERR_TOO_LARGE && strstr(ep_last_error(), "queue_bytes") && cb == NULL,
+          "a combine buffer too small: %s (%s), expected EP_ERR_TOO_LARGE naming queue_bytes",
+          ep_status_name(st), ep_last_error());
+  T_OK(ep_handle_destroy(o.handle));
+  T_OK(ep_buffer_destroy(b));
+  void *all[] = {x, idx, w, sc, b0, out, outw, rx};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) t_dfree(all[i]);
+  for (int s = 0; s < R; s++) free(y[s]), free(bias[s]);
+  free_inputs(&in);
+  t_fini(g);
+  if (me == 0) printf("test_cuda cbuf: R=%d, %d rounds checked\n", R, rounds);
+  return T_PASS;
+}
+
 /* ------------------------------------------------------------------ lifecycle cycles */
 
 static size_t free_mem(void) {
@@ -359,6 +494,7 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "timeout")) return timeout();
   if (!strcmp(mode, "cycles")) return cycles(argc > 2 ? atoi(argv[2]) : 100);
   if (!strcmp(mode, "overflow")) return overflow();
+  if (!strcmp(mode, "cbuf")) return cbuf(argc > 2 ? atoi(argv[2]) : 8);
   fprintf(stderr, "unknown mode %s\n", mode);
   return T_FAIL;
 }

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
-#   steps: build quick suite sanitize bench epbench doctor scan ll llsan llbench
+#   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
 #   (bench = `epcomm bench --backend cuda` at R=2/4/8, bf16 and fp8, DeepEP's sizes and SMs per
 #   rank, every variant and the cudaMemcpy baseline, tables and JSON into OUT_DIR; epbench is the
-#   same step under its older name; scan = the same with more SMs per rank; low-latency mode:
-#   ll = the cuda.ll* and cuda.bench* tests, llsan = compute-sanitizer memcheck and racecheck on
-#   small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend cuda` at R=2/4/8 with
-#   128 tokens (bf16 and fp8), then 16/32/64 tokens)
+#   same step under its older name; scan = the same with more SMs per rank; trace = the same with
+#   EP_CUDA_TRACE=1 at R=2 and 8: mean time of each phase of a normal-mode call)
+#   (llopt = `epcomm bench --mode ll --backend cuda` at R=2/4/8 once per EP_CUDA_LL_OPT variant in
+#   $LLOPT (default "0 1 3 7 15 31", R in $LLR, default "2 4 8"), bf16 and fp8, one line each;
+#   lltrace = EP_CUDA_LL_TRACE=1 at R in $LLTR (default "2 8") for OPT in $LLTROPT (default
+#   "0 31"): the mean time of every kernel phase, rank 0's lines)
+#   (low-latency mode: ll = the cuda.ll* and cuda.bench* tests, llsan = compute-sanitizer memcheck
+#   and racecheck on small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend
+#   cuda` at R=2/4/8 with 128 tokens (bf16 and fp8), then 16/32/64 tokens)
 # WITH_MPS: path of shared/gpu/with-mps (ranks sharing one GPU run concurrently under MPS).
 # Every step is bounded by `timeout`; logs go to OUT_DIR; a one-line summary per step to stdout.
 set -u -o pipefail
@@ -19,6 +24,15 @@ b=build-gpu
 mkdir -p "$out"
 export EP_TIMEOUT_S=${EP_TIMEOUT_S:-15}
 ok=1
+# us KEY FILE: the median time in us of phase KEY of an `epcomm bench --json` file ("-": absent);
+# summary KEY FILE: a value of its summary block.
+us() {
+  sed -n "s/^  \"$1\": {.*\"time_ms\": {\"median\": \([^,]*\),.*/\1/p" "$2" 2>/dev/null |
+    awk 'END { if (NR) printf "%.1f", $1 * 1000; else printf "-" }'
+}
+summary() {
+  sed -n "s/^  \"$1\": \([^,]*\),*$/\1/p" "$2" 2>/dev/null | awk 'END { printf "%s", NR ? $1 : "-" }'
+}
 for s in $steps; do
   t0=$SECONDS
   case $s in
@@ -32,7 +46,7 @@ for s in $steps; do
         2>&1 | tee "$out/quick.log" | tail -8 || ok=0
       [ $ok = 1 ] || break ;;
     suite)
-      timeout 300 "$mps" tests/run.sh --filter '^cuda\.(normal|graph|timeout|cycles|overflow)' $b 2>&1 |
+      timeout 300 "$mps" tests/run.sh --filter '^cuda\.(normal|graph|timeout|cycles|overflow|cbuf)' $b 2>&1 |
         tee "$out/suite.log" |
         grep -v '^PASS' || true ;;
     sanitize)
@@ -90,6 +104,54 @@ for s in $steps; do
           echo "ll bench R=$R tokens $1 $2: exit $?"
           grep -v '^\[[1-9]' "$out/llbench-r$R-t$1-$2.log" | sed 's/^\[0\] //' |
             grep -E '^(epcomm|two-phase|graph|overlap|ratio|check|first)'
+        done
+      done ;;
+    llopt)
+      # Low-latency kernel variants side by side (same build, EP_CUDA_LL_OPT bits), 128 tokens,
+      # the FMA kernel sized ~60 us so that the overlap efficiency can exceed 1.3. Medians in us
+      # from each run's JSON (bf16 run; fp8 run for d8 and d8snd).
+      printf '%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s\n' R opt d16 d8 c_view \
+        c_call c_zc d16snd d16rcv d8snd c_snd c_rcv graph ovl check
+      for R in ${LLR:-2 4 8}; do
+        for o in ${LLOPT:-0 1 3 7 15 31}; do
+          note=""
+          for dt in bf16 fp8; do
+            EP_CUDA_LL_OPT=$o timeout 60 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench \
+              --mode ll --backend cuda --dtype $dt --compute-us ${LL_COMPUTE_US:-60} \
+              --json "$out/llopt-r$R-o$o-$dt.json" >"$out/llopt-r$R-o$o-$dt.log" 2>&1 ||
+              note="$note $dt: exit $?"
+          done
+          j=$out/llopt-r$R-o$o-bf16.json j8=$out/llopt-r$R-o$o-fp8.json
+          ck=exact
+          grep -q '"check": "pass"' "$j" 2>/dev/null && grep -q '"check": "pass"' "$j8" 2>/dev/null ||
+            ck=FAILED
+          printf '%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s%s\n' $R $o \
+            "$(us dispatch "$j")" "$(us dispatch "$j8")" "$(us combine_view "$j")" \
+            "$(us combine "$j")" "$(us combine_zero_copy "$j")" "$(us dispatch_send "$j")" \
+            "$(us dispatch_recv "$j")" "$(us dispatch_send "$j8")" "$(us combine_send "$j")" \
+            "$(us combine_recv "$j")" "$(summary ratio_graph_calls "$j")" \
+            "$(summary overlap_efficiency "$j")" $ck "$note"
+        done
+      done ;;
+    trace)
+      # Normal mode: where the time of a call goes (EP_CUDA_TRACE: notify plan, hello, wait for
+      # peers, gap, data kernel), over everything epcomm bench runs, rank 0's lines.
+      for rs in ${TRR:-2:24 8:16}; do
+        set -- ${rs%%:*} ${rs#*:}
+        for dt in bf16 fp8; do
+          EP_CUDA_TRACE=1 timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/epcomm bench \
+            --backend cuda --sms $2 --dtype $dt >"$out/trace-r$1-$dt.log" 2>&1
+          echo "trace R=$1, $2 SMs, $dt: exit $?"
+          grep -h 'epcomm trace rank 0:' "$out/trace-r$1-$dt.log" | sed 's/.*rank 0: //'
+        done
+      done ;;
+    lltrace)
+      for R in ${LLTR:-2 8}; do
+        for o in ${LLTROPT:-0 31}; do
+          EP_CUDA_LL_OPT=$o EP_CUDA_LL_TRACE=1 timeout 60 "$mps" $b/bin/epcomm launch -n $R \
+            $b/bin/epcomm bench --mode ll --backend cuda --iters 100 >"$out/lltrace-r$R-o$o.log" 2>&1
+          echo "trace R=$R EP_CUDA_LL_OPT=$o: exit $?"
+          grep -h 'll trace rank 0:' "$out/lltrace-r$R-o$o.log" | sed 's/.*rank 0: //'
         done
       done ;;
     doctor)

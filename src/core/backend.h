@@ -210,6 +210,9 @@ struct ep_backend_ops {
    * results. On failure `out` is left for the core to discard. */
   ep_status_t (*dispatch)(void *state, ep_dispatch_call_t *c, ep_handle_info_t *out);
   ep_status_t (*combine)(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
+  /* Local, optional: memory of the buffer for the combine input of handle h
+   * (ep_get_combine_buffer); NULL: the backend has none. */
+  ep_status_t (*combine_buffer)(void *state, const ep_handle_info_t *h, void **x);
   /* This rank rejected its arguments for the next normal-mode collective call: tell the peers so
    * that their matching call fails at once (EP_ERR_PEER_INVALID) instead of timing out. */
   void (*reject)(void *state);

@@ -77,13 +77,21 @@ ep_status_t ep_bio_watch(ep_boot_t *b) {
                      b->live->how);
 }
 
+static ep_status_t watch_center(ep_boot_t *b) {
+  int r = b->live ? ep_live_check(b->live) : -1;
+  return r == 0 || r == b->rank ? ep_bio_watch(b) : EP_OK;
+}
+
 ep_status_t ep_bio_wait(ep_boot_t *b, int fd, short events, double deadline, int peer) {
   for (;;) {
     struct pollfd p = {fd, events, 0};
     int n = poll(&p, 1, ep_bio_ms_left(deadline, SLICE_MS));
     if (n > 0) return EP_OK;
     if (n < 0 && errno != EINTR) return ep_err(EP_ERR_SYSTEM, "bootstrap: poll: %s", strerror(errno));
-    ep_status_t st = ep_bio_watch(b);
+    /* A leaf talks only to rank 0, which hears of every death and says so in its answer (or
+     * closes: EOF). A leaf must not judge others itself: in the last exchange of a destroy, a
+     * released leaf may exit before rank 0 has written this leaf's release. */
+    ep_status_t st = b->rank != 0 && peer == 0 ? watch_center(b) : ep_bio_watch(b);
     if (st) return st;
     if (ep_now() >= deadline)
       return ep_bio_fail(EP_ERR_TIMEOUT, peer, "bootstrap: deadline passed waiting for rank %d "

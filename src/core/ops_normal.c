@@ -274,3 +274,23 @@ ep_status_t ep_combine(ep_buffer_t buffer, const ep_combine_args_t *args) {
   ep_buffer_put(b);
   return st;
 }
+
+ep_status_t ep_get_combine_buffer(ep_buffer_t buffer, ep_handle_t handle, void **x) {
+  static const char op[] = "ep_get_combine_buffer";
+  NEED(x, EP_ERR_NULL_ARG, "%s: x is NULL", op);
+  NEED(buffer, EP_ERR_NULL_ARG, "%s: buf is NULL", op);
+  /* A local query, like ep_ll_get_combine_buffer: it pins the buffer without excluding calls. */
+  ep_buffer *b;
+  ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, false, (void **)&b);
+  if (st) return ep_err_named(st, op, "buf");
+  ep_handle *h = NULL;
+  void *p = NULL;
+  if (!(st = ep_handle_get(b, handle, op, "handle", EP_HANDLE_NORMAL, &h)))
+    st = b->ops->combine_buffer ? b->ops->combine_buffer(b->state, &h->info, &p)
+                                : ep_err(EP_ERR_UNSUPPORTED, "%s: the %s backend has no combine "
+                                         "buffer (it reads any x where it is)", op, b->ops->name);
+  if (!st) *x = p;
+  if (h) ep_handle_put(h);
+  ep_reg_release(b->id);
+  return st;
+}

@@ -45,6 +45,7 @@ typedef struct {
   struct cuda_ll *ll;      /* low-latency mode (cuda_ll.h), NULL when disabled */
   int fit_blocks;          /* this rank's share of its GPU's SMs (SMs / ranks on the GPU) */
   uint64_t off_ll;         /* its region in the pool */
+  epk_trace_t *trace_mem;  /* EP_CUDA_TRACE: device sums of the normal-mode phases, else NULL */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */
@@ -98,5 +99,6 @@ int cuda_set_device(int dev, int *prev);
 ep_status_t cuda_layout(void *state, const ep_layout_args_t *a);
 ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *c, ep_handle_info_t *out);
 ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h);
+ep_status_t cuda_combine_buffer(void *state, const ep_handle_info_t *h, void **x);
 
 #endif

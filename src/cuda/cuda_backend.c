@@ -1,4 +1,5 @@
 /* The CUDA backend's ops table, and buffer create/destroy. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,41 @@ static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, siz
   return EP_OK;
 }
 
+/* EP_CUDA_TRACE=1: device memory for the phase sums of normal-mode calls (ep_kernels.h). */
+static ep_status_t trace_setup(cuda_state_t *s) {
+  if (!ep_env_long("EP_CUDA_TRACE", 0)) return EP_OK;
+  epk_trace_t t;
+  memset(&t, 0, sizeof t);
+  epk_trace_fold(&t); /* no call yet: points cleared, kind -1 */
+  ep_status_t st = cuda_check(s, cudaMalloc((void **)&s->trace_mem, sizeof t), "ep_buffer_create",
+                              "trace");
+  if (!st) st = cuda_check(s, cudaMemcpy(s->trace_mem, &t, sizeof t, cudaMemcpyHostToDevice),
+                           "ep_buffer_create", "trace");
+  if (!st) s->kb.trace = s->trace_mem;
+  return st;
+}
+
+/* The means of every phase per kind of call, in microseconds, on stderr (kernels quiesced). */
+static void trace_print(cuda_state_t *s) {
+  static const char *kind[EPK_TR_KINDS] = {"dispatch (full)", "dispatch (cached)", "combine"};
+  static const char *pt[EPK_TR_POINTS] = {"", "notify: plan", "post", "wait peers", "finish",
+                                          "gap to data", "data kernel"};
+  epk_trace_t t;
+  if (cudaMemcpy(&t, s->trace_mem, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess) return;
+  epk_trace_fold(&t); /* the last call */
+  for (int k = 0; k < EPK_TR_KINDS; k++) {
+    if (!t.n[k]) continue;
+    char line[512];
+    int o = snprintf(line, sizeof line, "epcomm trace rank %d: %-17s %6llu calls, mean us: total "
+                     "%.1f", s->rank, kind[k], (unsigned long long)t.n[k],
+                     1e-3 * (double)t.sum[k][0] / (double)t.n[k]);
+    for (int i = 1; i < EPK_TR_POINTS && o > 0 && o < (int)sizeof line; i++)
+      o += snprintf(line + o, sizeof line - (size_t)o, ", %s %.1f", pt[i],
+                    1e-3 * (double)t.sum[k][i] / (double)t.n[k]);
+    fprintf(stderr, "%s\n", line);
+  }
+}
+
 static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {
   cuda_state_t *s = calloc(1, sizeof *s);
   if (!s) return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
@@ -30,7 +66,9 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   int prev = -1;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
   ep_status_t st = cuda_mem_setup(s, cfg);
+  if (!st) st = trace_setup(s);
   if (st) {
+    if (s->trace_mem) cudaFree(s->trace_mem);
     cuda_mem_teardown(s, false);
     free(s);
   } else {
@@ -55,6 +93,10 @@ static ep_status_t cuda_destroy(void *state, bool collective) {
     st = ep_ctx_fail(s->ctx, EP_ERR_TIMEOUT, -1, "ep_buffer_destroy", "quiesce",
                      "kernels of this buffer did not finish; they were told to stop");
   if (collective && !st) st = ep_ctx_barrier(s->ctx);
+  if (s->trace_mem) {
+    if (!st) trace_print(s);
+    cudaFree(s->trace_mem);
+  }
   cuda_mem_teardown(s, collective && !st);
   if (prev >= 0 && prev != s->device) cudaSetDevice(prev);
   free(s);
@@ -75,7 +117,8 @@ static ep_status_t cuda_available(void) {
 static const struct ep_backend_ops cuda_ops = {
     .name = "cuda",
     .id = EP_BACKEND_CUDA,
-    .caps = EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE,
+    .caps = EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE |
+            EP_CAP_COMBINE_BUFFER,
     .dispatch_view_lifetime = EP_LIFETIME_NEXT_DISPATCH,
     .ll_view_lifetime = EP_LIFETIME_HANDLE,
     .available = cuda_available,
@@ -85,6 +128,7 @@ static const struct ep_backend_ops cuda_ops = {
     .layout = cuda_layout,
     .dispatch = cuda_dispatch,
     .combine = cuda_combine,
+    .combine_buffer = cuda_combine_buffer,
     .reject = cuda_reject,
     .ll_dispatch = cuda_ll_dispatch,
     .ll_recv = cuda_ll_recv,

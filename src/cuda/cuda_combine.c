@@ -19,6 +19,31 @@ static int64_t direct_offset(const cuda_state_t *s, const void *x, int64_t rows,
   return (int64_t)(p - s->pool);
 }
 
+/* ep_get_combine_buffer: the start of area C, when it holds the handle's rows (and, after them,
+ * the weights of at least one row per rank). A combine whose x is that pointer reads it in place
+ * (direct, like a view in area D) and stages only weights, after the rows. */
+static uint64_t c_rows_bytes(const ep_handle_info_t *h) {
+  return epk_al((uint64_t)h->recv_rows * (uint64_t)h->hidden * 2, 256);
+}
+
+static bool fits_area_c(const cuda_state_t *s, const ep_handle_info_t *h, uint64_t wrow) {
+  const uint64_t need = c_rows_bytes(h);
+  return need + 512 + (uint64_t)s->nranks * wrow <= s->kb.area_bytes;
+}
+
+ep_status_t cuda_combine_buffer(void *state, const ep_handle_info_t *h, void **x) {
+  cuda_state_t *s = state;
+  const uint64_t wrow = 4 * (uint64_t)(h->topk > 0 ? h->topk : 0);
+  if (!fits_area_c(s, h, wrow))
+    return ep_err(EP_ERR_TOO_LARGE, "ep_get_combine_buffer: %d rows of %d bytes (%llu with room "
+                  "for weights) do not fit the combine area of %llu bytes: raise queue_bytes",
+                  h->recv_rows, h->hidden * 2,
+                  (unsigned long long)(c_rows_bytes(h) + 512 + (uint64_t)s->nranks * wrow),
+                  (unsigned long long)s->kb.area_bytes);
+  *x = s->pool + s->kb.off_area_c;
+  return EP_OK;
+}
+
 static ep_status_t check(cuda_state_t *s, const ep_combine_args_t *a, const ep_handle_info_t *h,
                          bool has_w) {
   const void *ptrs[] = {a->x, a->out, a->bias[0], a->bias[1]};
@@ -28,6 +53,13 @@ static ep_status_t check(cuda_state_t *s, const ep_combine_args_t *a, const ep_h
       return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, OP, "arguments",
                          "%s must be 16-byte aligned on the CUDA backend", names[i]);
   uint64_t row = (uint64_t)h->hidden * 2, wrow = has_w ? (uint64_t)h->topk * 4 : 0;
+  if (a->x == s->pool + s->kb.off_area_c) {
+    if (!fits_area_c(s, h, wrow))
+      return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
+                         "x is the combine buffer, but this handle's %d rows do not fit it "
+                         "(ep_get_combine_buffer refuses this handle)", h->recv_rows);
+    return EP_OK;
+  }
   int64_t rows = epk_stage_rows(s->kb.area_bytes, row, wrow);
   if (rows < s->nranks)
     return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
@@ -50,7 +82,9 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
     return rc;
   }
   const uint64_t row = (uint64_t)h->hidden * 2;
-  const int64_t xoff = direct_offset(s, a->x, h->recv_rows, row);
+  const bool in_c = a->x == s->pool + s->kb.off_area_c;
+  const int64_t xoff = in_c ? (int64_t)s->kb.off_area_c : direct_offset(s, a->x, h->recv_rows, row);
+  const int wgap256 = in_c ? (int)(c_rows_bytes(h) / 256) : 0;
   epk_notify_t n;
   memset(&n, 0, sizeof n);
   ep_call_combine_key(a, h, &n.key);
@@ -61,11 +95,12 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
   n.has_w = has_w;
   n.num_tokens = h->num_tokens;
   n.direct = xoff >= 0;
+  n.wgap256 = wgap256;
   n.recv_rows = h->recv_rows;
   n.plan = p->plan;
   n.xrow = row;
   n.wrow = has_w ? (uint64_t)h->topk * 4 : 0;
-  epk_combine_t k = {h->num_tokens, h->hidden, h->topk, has_w, xoff >= 0, 0, xoff,
+  epk_combine_t k = {h->num_tokens, h->hidden, h->topk, has_w, xoff >= 0, wgap256, xoff,
                      h->recv_rows, a->x, a->topk_weights, a->bias[0], a->bias[1], a->out,
                      a->out_topk_weights, p->plan, p->src, p->src_cap};
   rc = cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");

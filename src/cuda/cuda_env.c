@@ -17,6 +17,18 @@ static const ep_env_row_t cuda_rows[] = {
     EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_ASYNC", "0", "0", "1",
                    "1: low-latency calls never wait on the host for their verdict (as in a "
                    "graph capture: a failure is returned by the next call, counts are -1)"),
+    EP_ENV_ROW_INT("cuda", "EP_CUDA_TRACE", "0", "0", "1",
+                   "1: time the phases of normal-mode calls on the GPU (%globaltimer: count "
+                   "exchange plan, hello, wait for peers, data kernel) and print their means on "
+                   "stderr when the buffer is destroyed"),
+    EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_OPT", "31", "0", "31",
+                   "low-latency kernel variants, a bit mask (same results, for timing them): "
+                   "1 parallel gate numbering, 2 fp8 cast once per token during the gate, 4 "
+                   "combine metadata precomputed, 8 flags raised in parallel, 16 one kernel for "
+                   "a one-phase combine"),
+    EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_TRACE", "0", "0", "1",
+                   "1: time the phases of the low-latency kernels on the GPU (%globaltimer) "
+                   "and print their means on stderr when the buffer is destroyed"),
 };
 
 EP_ENV_MODULE(cuda, cuda_rows);

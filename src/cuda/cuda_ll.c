@@ -33,6 +33,11 @@ static ep_status_t shared_memory(cuda_state_t *s, cuda_ll_t *ll) {
   size_t need = 4 * (2 * (size_t)ll->k.lay.E + (size_t)s->nranks);
   int most = 0;
   cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, s->device);
+  /* The parallel numbering's marks: 16 warps x E words, when they fit (else the serial one). */
+  if ((ll->k.opt & EPK_LL_OPT_GATE) && need + 64 * (size_t)ll->k.lay.E + 4096 <= (size_t)most)
+    need += 64 * (size_t)ll->k.lay.E;
+  else
+    ll->k.opt &= ~EPK_LL_OPT_GATE;
   if (need + 4096 > (size_t)most)
     return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "init",
                        "cfg->ll_num_experts: %d experts need %zu bytes of shared memory in one "
@@ -56,10 +61,20 @@ ep_status_t cuda_ll_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   long want = cfg->num_sms > 0 ? cfg->num_sms : ep_env_long("EP_CUDA_SMS", 0);
   ll->k.blocks = want > 0 && want < s->fit_blocks ? (int)want : s->fit_blocks;
   ll->async = ep_env_long("EP_CUDA_LL_ASYNC", 0) != 0;
+  ll->k.opt = (int)ep_env_long("EP_CUDA_LL_OPT", EPK_LL_OPT_ALL) & EPK_LL_OPT_ALL;
+  ll->k.trace = ep_env_long("EP_CUDA_LL_TRACE", 0) != 0;
   ep_status_t st = cuda_check(s, cudaMalloc(&ll->priv_mem, lay.p_total), OP, "private memory");
   if (!st) st = cuda_check(s, cudaMemset(ll->priv_mem, 0, lay.p_total), OP, "private memory");
   if (st) return st;
   ll->k.priv = ll->priv_mem;
+  if (ll->k.trace) {
+    epk_ll_trace_t t;
+    memset(&t, 0, sizeof t);
+    t.at[0] = ~0ull;
+    st = cuda_check(s, cudaMemcpy((uint8_t *)ll->priv_mem + lay.p_trace, &t, sizeof t,
+                                  cudaMemcpyHostToDevice), OP, "private memory");
+    if (st) return st;
+  }
   for (int i = 0; i < EPK_LL_SLOTS; i++) {
     cuda_ll_slot_t *sl = &ll->slot[i];
     sl->index = i;
@@ -70,9 +85,41 @@ ep_status_t cuda_ll_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   return shared_memory(s, ll);
 }
 
+/* EP_CUDA_LL_TRACE=1: the mean time of every phase of every kind of low-latency kernel this
+ * buffer ran, in microseconds, on stderr (one line per kind). */
+static void print_trace(cuda_state_t *s, cuda_ll_t *ll) {
+  static const char *kind[EPK_LL_TR_KINDS] = {
+      "dispatch bf16 one phase", "dispatch bf16 send", "dispatch fp8 one phase", "dispatch fp8 send",
+      "dispatch receive", "combine send (push)", "combine send (zero copy)", "combine receive",
+      "combine one phase (fused)"};
+  static const char *dpt[] = {"number", "post", "peers", "place", "copy", "flags", "recv"};
+  static const char *cpt[] = {"check", "push", "flags"};
+  static const char *rpt[] = {"await", "reduce", "flags"};
+  static const char *fpt[] = {"check", "push", "flags", "await", "reduce", "zdone"};
+  epk_ll_trace_t t;
+  if (cudaMemcpy(&t, (uint8_t *)ll->priv_mem + ll->k.lay.p_trace, sizeof t,
+                 cudaMemcpyDeviceToHost) != cudaSuccess)
+    return;
+  for (int k = 0; k < EPK_LL_TR_KINDS; k++) {
+    if (!t.n[k]) continue;
+    const char **pt = k <= EPK_LL_TR_D8_SEND ? dpt : k == EPK_LL_TR_DRECV ? NULL
+                      : k == EPK_LL_TR_CRECV ? rpt : k == EPK_LL_TR_C1 ? fpt : cpt;
+    const int np = k <= EPK_LL_TR_D8_SEND ? 7 : k == EPK_LL_TR_DRECV ? 0 : k == EPK_LL_TR_C1 ? 6 : 3;
+    char line[512];
+    int o = snprintf(line, sizeof line, "epcomm ll trace rank %d: %-26s %6llu calls, mean us: "
+                     "kernel %.1f", s->rank, kind[k], (unsigned long long)t.n[k],
+                     1e-3 * (double)t.sum[k][0] / (double)t.n[k]);
+    for (int i = 0; i < np && o > 0 && o < (int)sizeof line; i++)
+      o += snprintf(line + o, sizeof line - (size_t)o, ", %s %.1f", pt[i],
+                    1e-3 * (double)t.sum[k][i + 1] / (double)t.n[k]);
+    fprintf(stderr, "%s\n", line);
+  }
+}
+
 void cuda_ll_destroy(cuda_state_t *s) {
   cuda_ll_t *ll = s->ll;
   if (!ll) return;
+  if (ll->priv_mem && ll->k.trace) print_trace(s, ll);
   if (ll->priv_mem) cudaFree(ll->priv_mem);
   free(ll);
   s->ll = NULL;

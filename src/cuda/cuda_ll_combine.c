@@ -63,12 +63,14 @@ ep_status_t cuda_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handl
   if (eager && !a->two_phase) cuda_ll_eager(s, st, &rticket);
   sl->out = a->out;
   epk_ll_combine_t k = kernel_args(sl, a, ticket);
+  const bool fused = !a->two_phase && (s->ll->k.opt & EPK_LL_OPT_FUSE);
+  k.recv_too = fused, k.rticket = rticket;
   s->err_key.f[EP_CF_TOPK] = sl->topk;
   s->err_key.f[EP_CF_EXPERTS] = s->ll->k.lay.E;
-  /* Both kernels are queued before the host waits: first for this rank's check (its own error
-   * comes first), then for the peers' flags. */
+  /* Both kernels (or the one that does both) are queued before the host waits: first for this
+   * rank's check (its own error comes first), then for the peers' flags. */
   rc = cuda_check(s, epk_ll_launch_combine(&s->kb, &s->ll->k, &k, st), OP, "launch");
-  if (!rc && !a->two_phase) rc = receive(s, sl, st, rticket, OP);
+  if (!rc && !a->two_phase && !fused) rc = receive(s, sl, st, rticket, OP);
   if (!rc && eager) rc = cuda_ll_wait(s, &s->host->ll_send, ticket, OP, "check");
   if (!rc && rticket) rc = cuda_ll_wait(s, &s->host->ll_recv, rticket, OP, "recv");
   cuda_leave(s, st, true);

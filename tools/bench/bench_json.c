@@ -12,7 +12,8 @@ static void stat(FILE *f, const char *k, bench_stat_t s, double scale) {
   fprintf(f, "\"%s\": {\"median\": ", k);
   tk_json_num(f, s.median * scale), fputs(", \"p10\": ", f);
   tk_json_num(f, s.p10 * scale), fputs(", \"p90\": ", f);
-  tk_json_num(f, s.p90 * scale), fputs("}", f);
+  tk_json_num(f, s.p90 * scale), fputs(", \"mean\": ", f);
+  tk_json_num(f, s.mean * scale), fputs("}", f);
 }
 
 static void summary_gbps(FILE *f, const phases_t *ph, const char *key, const char *name) {

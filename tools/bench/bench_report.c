@@ -105,6 +105,12 @@ static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, s
               {"combine_view",
                " view: the experts' outputs written into the bf16 dispatch view, which "
                "combine reads in place."},
+              {"combine_cbuf",
+               " comb. buf: the experts' outputs written into ep_get_combine_buffer's "
+               "memory, read in place by the peers."},
+              {"write_combine_cbuf",
+               " write + combine: the experts' write (a device copy of their rows) "
+               "and the combine, timed together."},
               {"combine_zero_copy",
                " zero copy: the experts' outputs written into "
                "ep_ll_get_combine_buffer's area."},

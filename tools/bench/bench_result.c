@@ -90,7 +90,7 @@ static double quantile(const double *s, int n, double q) {
 }
 
 bench_stat_t bench_stats(const double *v, int n) {
-  bench_stat_t st = {0, 0, 0};
+  bench_stat_t st = {0, 0, 0, 0};
   double *s = n > 0 ? malloc((size_t)n * sizeof *s) : NULL;
   if (!s) return st;
   memcpy(s, v, (size_t)n * sizeof *s);
@@ -98,6 +98,7 @@ bench_stat_t bench_stats(const double *v, int n) {
   st.median = quantile(s, n, 0.5);
   st.p10 = quantile(s, n, 0.1);
   st.p90 = quantile(s, n, 0.9);
+  for (int i = 0; i < n; i++) st.mean += s[i] / n;
   free(s);
   return st;
 }

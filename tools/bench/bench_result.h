@@ -71,9 +71,10 @@ bench_rank_t *bench_rank_unpack(const void *in, size_t n); /* NULL: malformed or
 
 /* ---- statistics */
 typedef struct {
-  double median, p10, p90;
+  double median, p10, p90, mean;
 } bench_stat_t;
-/* Quantiles of v[n] (sorted copy, linear interpolation). */
+/* Quantiles of v[n] (sorted copy, linear interpolation), and the mean (JSON only: what DeepEP's
+ * own tests report, for side-by-side tables). */
 bench_stat_t bench_stats(const double *v, int n);
 
 /* ---- the baseline's outcome, for the report */

@@ -92,8 +92,9 @@ __device__ void stage(const epk_buf_t &b, const epk_combine_t &a, const cstate &
                       int tc) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, R = b.nranks;
   const uint64_t xrow = (uint64_t)a.hidden * 2, wrow = (uint64_t)a.topk * 4;
-  const int64_t cap = epk_stage_rows(b.area_bytes, a.direct ? 0 : xrow, a.has_w ? wrow : 0);
-  const uint64_t sx = b.off_area_c, sw = b.off_area_c + (a.direct ? 0 : epk_al(cap * xrow, 256));
+  const uint64_t wgap = 256ull * (uint64_t)a.wgap256; /* x in area C: weights after it */
+  const int64_t cap = epk_stage_rows(b.area_bytes - wgap, a.direct ? 0 : xrow, a.has_w ? wrow : 0);
+  const uint64_t sx = b.off_area_c, sw = b.off_area_c + (a.direct ? wgap : epk_al(cap * xrow, 256));
   uint8_t *pool = b.peers[b.rank];
   int M;
   round_rows(b, a, c, k, K, tc, &M);
@@ -273,6 +274,7 @@ __global__ void __launch_bounds__(CT, 1) epk_combine_kernel(epk_buf_t b, epk_com
   extern __shared__ long long csm[];
   const int R = b.nranks;
   if (epk_stopped(b)) return; /* the hello failed: nothing moves */
+  epk_tr_min(b, EPK_TR_D_START);
   int *ints = reinterpret_cast<int *>(csm + 2 * R);
   cstate c = {csm, csm + R, ints, ints + R, ints + 2 * R, ints + 3 * R, ints + 4 * R};
   const int K = b.priv->comb_k, tc = b.priv->comb_tc;
@@ -295,6 +297,7 @@ __global__ void __launch_bounds__(CT, 1) epk_combine_kernel(epk_buf_t b, epk_com
   /* Our rows (perhaps the caller's x itself) stay readable until every source is done. */
   if (!wait_all(b, b.off_cdone, (uint32_t)K, EPK_PH_CDONE)) return;
   finish(b);
+  epk_tr_max(b, EPK_TR_D_END);
 }
 
 }  // namespace

@@ -79,6 +79,17 @@ struct epk_waiter {
   }
 };
 
+/* EP_CUDA_TRACE points (ep_kernels.h): thread 0 of the calling block. */
+static __device__ __forceinline__ void epk_tr_set(const epk_buf_t &b, int i) {
+  if (b.trace && threadIdx.x == 0) atomicExch(&b.trace->at[i], (unsigned long long)epk_now());
+}
+static __device__ __forceinline__ void epk_tr_min(const epk_buf_t &b, int i) {
+  if (b.trace && threadIdx.x == 0) atomicMin(&b.trace->at[i], (unsigned long long)epk_now());
+}
+static __device__ __forceinline__ void epk_tr_max(const epk_buf_t &b, int i) {
+  if (b.trace && threadIdx.x == 0) atomicMax(&b.trace->at[i], (unsigned long long)epk_now());
+}
+
 /* Block-wide exclusive sum of one int per thread; *total gets the sum. All threads call it. */
 template <int NT>
 static __device__ __forceinline__ int epk_block_scan(int v, int *total) {

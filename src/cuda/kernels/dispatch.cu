@@ -257,6 +257,7 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   __shared__ int s_rw, s_flag;
   const int R = b.nranks;
   if (epk_stopped(b)) return; /* the count exchange failed: nothing moves */
+  epk_tr_min(b, EPK_TR_D_START);
   dstate st = {dsm, reinterpret_cast<int *>(dsm + R), reinterpret_cast<int *>(dsm + R) + R,
                reinterpret_cast<int *>(dsm + R) + 2 * R};
   if (threadIdx.x == 0) s_rw = 0;
@@ -294,6 +295,7 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   }
   if (mode != EPK_MODE_DRAIN) fill_tail(a, nr);
   finish(b);
+  epk_tr_max(b, EPK_TR_D_END);
 }
 
 }  // namespace

@@ -69,7 +69,8 @@ typedef struct {
   uint32_t seq; /* the call's sequence number; stored last, with release semantics */
   ep_call_key_t key; /* what the call is; compared field by field (detail of a mismatch) */
   int32_t num_tokens, direct, recv_rows;
-  int32_t pad[3];
+  int32_t wgap256; /* combine: bytes of area C before its staged weights / 256 (x in area C) */
+  int32_t pad[2];
   /* then int32 to_rank[R] (tokens this source sends to each rank) and
    *      int32 experts[E/R] (its selections of the slot owner's local experts) */
 } epk_hello_t;
@@ -111,6 +112,41 @@ typedef struct {
   epk_ll_report_t ll_recv; /* low-latency combine receive: the peers' flags */
 } epk_host_t;
 
+/* EP_CUDA_TRACE=1: %globaltimer at the phase boundaries of every normal-mode call, summed per
+ * kind of call on the device; the means are printed when the buffer is destroyed. Points: the
+ * notify kernel's start, plan done, hello posted, every peer's hello seen, end; the data
+ * kernel's first block start and last block end. A call's points are folded into the sums by
+ * the next call's notify (or by the host at destroy). */
+enum { EPK_TR_FULL, EPK_TR_CACHED, EPK_TR_COMBINE, EPK_TR_KINDS };
+enum {
+  EPK_TR_N_START, EPK_TR_N_PLAN, EPK_TR_N_POST, EPK_TR_N_GATHER, EPK_TR_N_END, EPK_TR_D_START,
+  EPK_TR_D_END, EPK_TR_POINTS
+};
+typedef struct {
+  unsigned long long at[EPK_TR_POINTS]; /* the current call's points (0: not reached) */
+  int32_t kind, pad;                    /* its kind, -1: none */
+  unsigned long long sum[EPK_TR_KINDS][EPK_TR_POINTS]; /* [i]: at[i] - at[i - 1]; [0]: total */
+  unsigned long long n[EPK_TR_KINDS];
+} epk_trace_t;
+
+/* The fold of one call's points into the sums (device: the next notify; host: at destroy). */
+EPK_HD void epk_trace_fold(epk_trace_t *t) {
+  if (t->kind >= 0 && t->kind < EPK_TR_KINDS && t->at[EPK_TR_N_START] && t->at[EPK_TR_D_END]) {
+    unsigned long long prev = t->at[0];
+    for (int i = 1; i < EPK_TR_POINTS; i++) {
+      unsigned long long v = t->at[i] && t->at[i] != ~0ull ? t->at[i] : prev;
+      v = v < prev ? prev : v;
+      t->sum[t->kind][i] += v - prev;
+      prev = v;
+    }
+    t->sum[t->kind][0] += prev - t->at[0];
+    t->n[t->kind]++;
+  }
+  for (int i = 0; i < EPK_TR_POINTS; i++) t->at[i] = 0;
+  t->at[EPK_TR_D_START] = ~0ull;
+  t->kind = -1;
+}
+
 /* What every kernel knows about its buffer; constant from create to destroy. */
 typedef struct {
   int rank, nranks, blocks, pad0;
@@ -122,6 +158,7 @@ typedef struct {
   uint64_t timeout_ns;
   uint64_t slot_bytes, off_hello, off_arrive, off_consumed, off_staged, off_cdone, off_ctab;
   uint64_t off_area_d, off_area_c, area_bytes, pool_bytes;
+  epk_trace_t *trace;      /* EP_CUDA_TRACE, else NULL */
 } epk_buf_t;
 
 EPK_HD uint64_t epk_al(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -178,7 +215,7 @@ typedef struct {
   ep_call_key_t key; /* the core's description of the call, posted as it is */
   int kind; /* EPK_NOTIFY_*: what the kernel does */
   int hidden, dtype, topk, num_experts, num_scales, has_w, num_tokens, direct, recv_rows;
-  int align, pad;
+  int align, wgap256;       /* COMBINE: x lies in area C, its weights staged after it */
   const int64_t *topk_idx; /* DISPATCH */
   int32_t *plan;           /* DISPATCH writes it; CACHED and COMBINE read it */
   int32_t *rank_prefix, *recv_per_expert; /* optional outputs */
@@ -211,8 +248,10 @@ typedef struct {
 } epk_dispatch_t;
 
 typedef struct {
-  int num_tokens, hidden, topk, has_w, direct, pad;
-  int64_t x_off, x_rows; /* direct: byte offset of x in this rank's pool; rows of x */
+  int num_tokens, hidden, topk, has_w, direct, wgap256;
+  int64_t x_off, x_rows; /* direct: byte offset of x in this rank's pool; rows of x. x in area C
+                            (ep_get_combine_buffer): direct, weights staged wgap256 * 256 bytes
+                            into area C */
   const void *x;
   const float *w;
   const void *bias0, *bias1;

@@ -129,6 +129,42 @@ __device__ __forceinline__ bool last_block(uint32_t *counter) {
   return true;
 }
 
+/* ------------------------------------------------------------------ trace (EP_CUDA_LL_TRACE) */
+
+__device__ __forceinline__ epk_ll_trace_t *trace(const epk_ll_t &ll) {
+  return reinterpret_cast<epk_ll_trace_t *>(ll.priv + ll.lay.p_trace);
+}
+/* Point i of the current kernel: the earliest (first block start), set once, or the latest. */
+__device__ __forceinline__ void tr_min(const epk_ll_t &ll, int i) {
+  if (ll.trace && threadIdx.x == 0) atomicMin(&trace(ll)->at[i], (unsigned long long)epk_now());
+}
+__device__ __forceinline__ void tr_set(const epk_ll_t &ll, int i) {
+  if (ll.trace && threadIdx.x == 0) atomicExch(&trace(ll)->at[i], (unsigned long long)epk_now());
+}
+__device__ __forceinline__ void tr_max(const epk_ll_t &ll, int i) {
+  if (ll.trace && threadIdx.x == 0) atomicMax(&trace(ll)->at[i], (unsigned long long)epk_now());
+}
+/* The last block, thread 0, once every other block's points are in (after last_block): point
+ * `last` is now; the deltas go to the sums of `kind`, the points are reset. A point nobody set
+ * (0) takes the previous one's time. */
+__device__ __forceinline__ void tr_commit(const epk_ll_t &ll, int kind, int last) {
+  if (!ll.trace) return;
+  epk_ll_trace_t *t = trace(ll);
+  t->at[last] = epk_now();
+  unsigned long long prev = t->at[0];
+  for (int i = 1; i <= last; i++) {
+    unsigned long long v = t->at[i] ? t->at[i] : prev;
+    v = v < prev ? prev : v;
+    t->sum[kind][i] += v - prev;
+    prev = v;
+  }
+  t->sum[kind][0] += prev - t->at[0];
+  t->n[kind]++;
+  t->at[0] = ~0ull;
+  for (int i = 1; i < EPK_LL_TR_POINTS; i++) t->at[i] = 0;
+  __threadfence();
+}
+
 /* ------------------------------------------------------------------ numerics */
 
 __device__ __forceinline__ float bf16_f32(uint32_t b16) { return __uint_as_float(b16 << 16); }

@@ -70,6 +70,60 @@ __device__ void number_rows(const epk_ll_t &ll, const epk_ll_dispatch_t &a, int3
   __syncthreads();
 }
 
+/* EPK_LL_OPT_GATE: the ids checked and the rows numbered in one pass, a thread per token (chunks
+ * of DT tokens): wm[w][e] collects the lanes of warp w whose token selects e, a lane's row among
+ * its warp's is the popcount of the lanes below it, then (in place) wm[w][e] becomes the rows of
+ * e in the warps before w. rowpos[t][k] ends as the row of (t, k) among this rank's rows for its
+ * expert (token order), cnt[e] as this rank's selections of e. Returns the first bad entry of
+ * topk_idx (out of range, or an expert repeated within its token) or -1, as first_bad does. */
+__device__ long long number_rows_fast(const epk_ll_t &ll, const epk_ll_dispatch_t &a,
+                                      int32_t *rowpos, int32_t *cnt, uint32_t *wm) {
+  __shared__ unsigned long long s_bad;
+  const int E = ll.lay.E, K = a.topk, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  if (threadIdx.x == 0) s_bad = ~0ull;
+  for (int e = threadIdx.x; e < E; e += DT) cnt[e] = 0;
+  for (int t0 = 0; t0 < a.n; t0 += DT) {
+    const int nt = min(DT, a.n - t0), nw = (nt + 31) / 32;
+    for (int i = threadIdx.x; i < nw * E; i += DT) wm[i] = 0;
+    __syncthreads();
+    const bool mine = (int)threadIdx.x < nt;
+    const int64_t t = (int64_t)t0 + threadIdx.x;
+    const int64_t *ids = a.topk_idx + t * K;
+    for (int k = 0; mine && k < K; k++) {
+      const int64_t e = __ldg(ids + k);
+      bool bad = e < -1 || e >= E;
+      for (int j = 0; !bad && e >= 0 && j < k; j++) bad = __ldg(ids + j) == e;
+      if (bad) atomicMin(&s_bad, (unsigned long long)(t * K + k));
+      else if (e >= 0) atomicOr(&wm[w * E + e], 1u << lane);
+    }
+    __syncwarp(); /* a warp's marks are its own lanes' */
+    for (int k = 0; mine && k < K; k++) {
+      const int64_t e = __ldg(ids + k);
+      if (e >= 0 && e < E) rowpos[t * K + k] = __popc(wm[w * E + e] & ((1u << lane) - 1u));
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += DT) {
+      int32_t run = cnt[e];
+      for (int v = 0; v < nw; v++) {
+        const uint32_t m = wm[v * E + e];
+        wm[v * E + e] = (uint32_t)run;
+        run += __popc(m);
+      }
+      cnt[e] = run;
+    }
+    __syncthreads();
+    for (int k = 0; mine && k < K; k++) {
+      const int64_t e = __ldg(ids + k);
+      if (e >= 0 && e < E) rowpos[t * K + k] += (int32_t)wm[w * E + e];
+    }
+    __syncthreads(); /* wm is cleared for the next chunk */
+  }
+  __syncthreads(); /* s_bad and cnt, also when there are no tokens */
+  const long long r = s_bad == ~0ull ? -1 : (long long)s_bad;
+  __syncthreads();
+  return r;
+}
+
 /* Waits until every rank's record of call `q` is complete (seq >= q + 1). */
 __device__ bool wait_entries(const epk_buf_t &b, const epk_ll_t &ll, uint32_t q, uint32_t phase) {
   bool fail = false;
@@ -168,6 +222,19 @@ __device__ int place(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispat
     atomicAdd(&s_nrecv, (int)begin);
   }
   __syncthreads();
+  if (ll.opt & EPK_LL_OPT_CMETA) { /* the combine's push finds row f's expert from these */
+    int32_t *pre = slot_arr<int32_t>(ll, a.slot, ll.lay.ps_prefix);
+    int32_t run = 0;
+    for (int l0 = 0; l0 < L; l0 += DT) {
+      const int l = l0 + threadIdx.x;
+      int tot;
+      const int ex = epk_block_scan<DT>(l < L ? count[l] : 0, &tot);
+      if (l < L) pre[l] = run + ex;
+      run += tot;
+    }
+    if (threadIdx.x == 0) pre[L] = run;
+    __syncthreads();
+  }
   return s_nrecv;
 }
 
@@ -178,11 +245,20 @@ __device__ bool gate(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispat
   uint32_t *mask = reinterpret_cast<uint32_t *>(smem + ll.lay.E);
   epk_ll_report_t v = no_report();
   epk_ll_slot_t *st = slot_state(ll, a.slot);
-  const long long bad = first_bad(ll, a);
-  if (bad < 0) number_rows(ll, a, slot_arr<int32_t>(ll, a.slot, ll.lay.ps_rowpos), cnt, mask);
+  int32_t *rowpos = slot_arr<int32_t>(ll, a.slot, ll.lay.ps_rowpos);
+  long long bad;
+  if (ll.opt & EPK_LL_OPT_GATE) {
+    bad = number_rows_fast(ll, a, rowpos, cnt,
+                           reinterpret_cast<uint32_t *>(smem + 2 * ll.lay.E + b.nranks));
+  } else {
+    bad = first_bad(ll, a);
+    if (bad < 0) number_rows(ll, a, rowpos, cnt, mask);
+  }
+  tr_set(ll, 1);
   /* The record of q-2 (same parity) may be read until every rank has entered q-1. */
   bool ok = q <= 1 || wait_entries(b, ll, q - 1, EPK_PH_LL_ENTER);
   if (ok) post_entry(b, ll, a, q, bad < 0 ? EPK_LL_ENTERED : EPK_LL_REJECTED, cnt);
+  tr_set(ll, 2);
   if (ok && bad >= 0 && threadIdx.x == 0) { /* ours: named by its entry, peers fail at once */
     const int64_t e = __ldg(a.topk_idx + bad);
     v.item = (int32_t)bad, v.value = e;
@@ -194,6 +270,7 @@ __device__ bool gate(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispat
       }
   }
   ok = ok && bad < 0 && wait_entries(b, ll, q, EPK_PH_LL_GATE);
+  tr_set(ll, 3);
   __shared__ epk_ll_report_t s_v;
   if (ok) verdict(b, ll, q, &v);
   if (threadIdx.x == 0) s_v = v;
@@ -212,6 +289,7 @@ __device__ bool gate(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispat
     __threadfence();
     st_rel_gpu(&priv(ll)->gate, q);
   }
+  tr_set(ll, 4);
   return ok;
 }
 
@@ -308,6 +386,64 @@ __device__ void send_item(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_d
   });
 }
 
+/* EPK_LL_OPT_PRECAST: warps of blocks part, part + parts, ... cast tokens once into the stage
+ * (the same cast_row, so the same bits), each token's readiness published as the call's number. */
+__device__ void cast_stage(const epk_ll_t &ll, const epk_ll_dispatch_t &a, uint32_t q, int part,
+                           int parts) {
+  const int H = ll.lay.H, NS = ll.lay.NS, lane = threadIdx.x & 31;
+  uint8_t *stage = ll.priv + ll.lay.p_stage;
+  uint32_t *sc = reinterpret_cast<uint32_t *>(ll.priv + ll.lay.p_stage_sc);
+  uint32_t *ready = reinterpret_cast<uint32_t *>(ll.priv + ll.lay.p_ready);
+  for (int t = part * DW + (threadIdx.x >> 5); t < a.n; t += parts * DW) {
+    const int4 *x = reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.x) + (int64_t)t * H);
+    uint32_t *tsc = sc + (int64_t)t * NS;
+    cast_row(x, H, a.fmt, stage + (int64_t)t * H, [&](int blk, bool ue8m0, float inv, int ex) {
+      tsc[blk] = ue8m0 ? (uint32_t)(ex + 127) : __float_as_uint(inv);
+    });
+    __syncwarp();
+    if (lane == 0) st_rel_gpu(ready + t, q);
+  }
+}
+
+/* One (token, k) of an fp8 dispatch from the stage: the row, its scales, token and route. */
+__device__ void send_item_staged(const epk_buf_t &b, const epk_ll_t &ll,
+                                 const epk_ll_dispatch_t &a, long long i, const int32_t *peer,
+                                 uint32_t q) {
+  const int64_t e = __ldg(a.topk_idx + i);
+  if (e < 0) return;
+  const int L = ll.lay.L, H = ll.lay.H, NS = ll.lay.NS, RT = ll.lay.RT, lane = threadIdx.x & 31;
+  const int d = (int)(e / L), le = (int)(e - (int64_t)d * L);
+  const int t = (int)(i / a.topk), k = (int)(i % a.topk);
+  const int row = __ldcg(slot_arr<int32_t>(ll, a.slot, ll.lay.ps_rowpos) + i);
+  const int64_t r = (int64_t)le * RT + row;
+  uint8_t *c = ctrl(b, ll, d, peer[d]), *slab = data(b, ll, d, peer[d]) + ll.lay.d_slab;
+  if (lane == 0) {
+    reinterpret_cast<int32_t *>(c + ll.lay.c_src)[r] = t;
+    reinterpret_cast<int32_t *>(c + ll.lay.c_route)[r] = b.rank * 256 + k;
+    const uint32_t *ready = reinterpret_cast<const uint32_t *>(ll.priv + ll.lay.p_ready) + t;
+    waiter w;
+    w.reset();
+    while (ld_acq_gpu(ready) != q)
+      if (w.tick(b, -1, EPK_PH_LL_GATE, 2)) break;
+  }
+  __syncwarp();
+  epk_warp_copy<true>(reinterpret_cast<int4 *>(slab + r * H),
+                      reinterpret_cast<const int4 *>(ll.priv + ll.lay.p_stage + (int64_t)t * H),
+                      H / 16);
+  const uint32_t *sc = reinterpret_cast<const uint32_t *>(ll.priv + ll.lay.p_stage_sc) + (int64_t)t * NS;
+  uint8_t *scales = slab + (int64_t)L * RT * H;
+  const bool cols = a.fmt & EPK_LL_COLS, ue8m0 = a.fmt & EPK_LL_UE8M0;
+  for (int blk = lane; blk < NS; blk += 32) { /* the layouts of cast_row's callback in send_item */
+    const uint32_t v = __ldcg(sc + blk);
+    if (ue8m0)
+      scales[cols ? (((int64_t)le * (NS / 4) + blk / 4) * RT + row) * 4 + blk % 4 : r * NS + blk] =
+          (uint8_t)v;
+    else
+      reinterpret_cast<float *>(scales)[cols ? ((int64_t)le * NS + blk) * RT + row : r * NS + blk] =
+          __uint_as_float(v);
+  }
+}
+
 /* ------------------------------------------------------------------ receive */
 
 /* This rank's rows of the slot's dispatch have all arrived; and when the slot's previous
@@ -334,35 +470,54 @@ __device__ void receive(const epk_buf_t &b, const epk_ll_t &ll, int slot) {
 
 __global__ void __launch_bounds__(DT, 1)
     ll_dispatch_kernel(epk_buf_t b, epk_ll_t ll, epk_ll_dispatch_t a) {
-  extern __shared__ int32_t smem[]; /* gate: cnt[E], mask[E]; then peer[R] */
+  extern __shared__ int32_t smem[]; /* gate: cnt[E], mask[E]; peer[R]; (OPT_GATE) wm[16][E] */
   int32_t *peer = smem + 2 * ll.lay.E;
   const uint32_t q = *reinterpret_cast<volatile uint32_t *>(&priv(ll)->q) + 1; /* stable: the
                                                      last block of this kernel advances it */
+  tr_min(ll, 0);
+  const bool staged = (a.fmt & EPK_LL_FP8) && (ll.opt & EPK_LL_OPT_PRECAST);
+  if (staged && blockIdx.x > 0) cast_stage(ll, a, q, blockIdx.x - 1, gridDim.x - 1);
   const bool ok = blockIdx.x == 0 ? gate(b, ll, a, q, smem) : await_gate(b, ll, q);
+  if (staged && gridDim.x == 1) cast_stage(ll, a, q, 0, 1);
   if (ok) {
     const int32_t *ps = slot_arr<int32_t>(ll, a.slot, ll.lay.ps_peer);
     for (int r = threadIdx.x; r < b.nranks; r += DT) peer[r] = __ldcg(ps + r);
     __syncthreads();
     const long long nk = (long long)a.n * a.topk, step = (long long)gridDim.x * DW;
     for (long long i = (long long)blockIdx.x * DW + (threadIdx.x >> 5); i < nk; i += step)
-      send_item(b, ll, a, i, peer);
-  }
-  __shared__ int s_last;
-  const bool last = last_block(&priv(ll)->done_send);
-  if (threadIdx.x == 0) {
-    s_last = last;
-    if (last) {
-      for (int d = 0; ok && d < b.nranks; d++)
-        epk_st_rel(flag(ctrl(b, ll, d, peer[d]), ll.lay.c_data, b.rank), q + 1);
-      priv(ll)->q = q;
-    }
+      if (staged) send_item_staged(b, ll, a, i, peer, q);
+      else send_item(b, ll, a, i, peer);
   }
   __syncthreads();
-  if (s_last && a.recv_too) receive(b, ll, a.slot);
+  tr_max(ll, 5);
+  __shared__ int s_last;
+  const bool last = last_block(&priv(ll)->done_send);
+  if (threadIdx.x == 0) s_last = last;
+  __syncthreads();
+  if (s_last) {
+    if (ll.opt & EPK_LL_OPT_FLAGS) { /* one release store per rank, all at once */
+      for (int d = threadIdx.x; ok && d < b.nranks; d += DT)
+        epk_st_rel(flag(ctrl(b, ll, d, peer[d]), ll.lay.c_data, b.rank), q + 1);
+    } else if (threadIdx.x == 0) {
+      for (int d = 0; ok && d < b.nranks; d++)
+        epk_st_rel(flag(ctrl(b, ll, d, peer[d]), ll.lay.c_data, b.rank), q + 1);
+    }
+    if (threadIdx.x == 0) priv(ll)->q = q;
+    tr_set(ll, 6);
+    if (a.recv_too) receive(b, ll, a.slot);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const bool fp8 = a.fmt & EPK_LL_FP8;
+      tr_commit(ll, a.recv_too ? (fp8 ? EPK_LL_TR_D8 : EPK_LL_TR_D16)
+                               : (fp8 ? EPK_LL_TR_D8_SEND : EPK_LL_TR_D16_SEND), 7);
+    }
+  }
 }
 
 __global__ void __launch_bounds__(128, 1) ll_dispatch_recv_kernel(epk_buf_t b, epk_ll_t ll, int slot) {
+  tr_min(ll, 0);
   receive(b, ll, slot);
+  if (threadIdx.x == 0) tr_commit(ll, EPK_LL_TR_DRECV, 1);
 }
 
 /* A rejected dispatch still takes its number: after every rank entered q-1, the record of q

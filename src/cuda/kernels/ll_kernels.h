@@ -104,8 +104,45 @@ typedef struct {
   /* private device memory */
   uint64_t p_slot, p_slot_bytes; /* slot i's state at p_slot + i * p_slot_bytes */
   uint64_t ps_peer, ps_rowpos, ps_idx, ps_w, ps_use;
+  uint64_t ps_prefix;            /* [L + 1] exclusive prefix of this slot's count[] (combine push) */
+  uint64_t ps_rec;               /* [T][K] int4 per (token, k) of a combine: expert rank (-1: not
+                                    reduced), row at the expert (l * RT + row), weight bits */
+  uint64_t p_stage, p_stage_sc;  /* fp8 cast once per token: [T][H] e4m3, [T][NS] u32 scales */
+  uint64_t p_ready;              /* [T] u32: the dispatch call whose cast of token t is staged */
+  uint64_t p_trace;              /* epk_ll_trace_t */
   uint64_t p_total;
 } epk_ll_layout_t;
+
+/* Variants of the kernels (EP_CUDA_LL_OPT, a bit mask; all on by default), so that one GPU run
+ * times them side by side. Every variant gives the same bits. */
+enum {
+  EPK_LL_OPT_GATE = 1,    /* the gate numbers the rows with every thread of its block (warp ballots
+                             per expert) instead of warp 0 alone, ids checked in the same pass */
+  EPK_LL_OPT_PRECAST = 2, /* fp8: the other blocks cast each token once while block 0 runs the
+                             gate; the rows are then copied from that stage (not cast per (t, k)) */
+  EPK_LL_OPT_CMETA = 4,   /* combine: the push reads a prefix of the counts written by the gate
+                             (not a serial sum in every block); the receive reads one 16-byte
+                             record per (t, k) prepared by the send's check */
+  EPK_LL_OPT_FLAGS = 8,   /* flags to the R ranks raised by R threads at once, not one by one */
+  EPK_LL_OPT_FUSE = 16,   /* a one-phase combine is one kernel (send, then receive) instead of
+                             two launches */
+  EPK_LL_OPT_ALL = 31
+};
+
+/* EP_CUDA_LL_TRACE=1: %globaltimer at the phase boundaries of every low-latency kernel, summed
+ * per kind of kernel; the means are printed when the buffer is destroyed (cuda_ll.c). */
+enum {
+  EPK_LL_TR_D16, EPK_LL_TR_D16_SEND, EPK_LL_TR_D8, EPK_LL_TR_D8_SEND, EPK_LL_TR_DRECV,
+  EPK_LL_TR_CPUSH, EPK_LL_TR_CZC, EPK_LL_TR_CRECV, EPK_LL_TR_C1, EPK_LL_TR_KINDS
+};
+#define EPK_LL_TR_POINTS 8
+typedef struct {
+  unsigned long long at[EPK_LL_TR_POINTS]; /* the current kernel's points (0: first block start,
+                                              a min; others: set once or a max over blocks) */
+  unsigned long long sum[EPK_LL_TR_KINDS][EPK_LL_TR_POINTS]; /* sum of at[i] - at[i - 1]; [0]:
+                                              of at[last] - at[0] */
+  unsigned long long n[EPK_LL_TR_KINDS];
+} epk_ll_trace_t;
 
 EPK_HD uint64_t epk_ll_al(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -144,8 +181,15 @@ EPK_HD void epk_ll_layout(int T, int H, int E, int K, int R, epk_ll_layout_t *l)
   l->ps_idx = so, so += epk_ll_al(8 * TK, 64);
   l->ps_w = so, so += epk_ll_al(4 * TK, 64);
   l->ps_use = so, so += epk_ll_al(TK, 64);
+  l->ps_prefix = so, so += epk_ll_al(4 * (L + 1), 64);
+  l->ps_rec = so, so += epk_ll_al(16 * TK, 64);
   l->p_slot_bytes = epk_ll_al(so, 256);
-  l->p_total = l->p_slot + EPK_LL_SLOTS * l->p_slot_bytes;
+  o = l->p_slot + EPK_LL_SLOTS * l->p_slot_bytes;
+  l->p_stage = o, o += epk_ll_al((uint64_t)T * (uint64_t)H, 256);
+  l->p_stage_sc = o, o += epk_ll_al((uint64_t)T * 4 * (uint64_t)(H / 128), 256);
+  l->p_ready = o, o += epk_ll_al(4 * (uint64_t)T, 256);
+  l->p_trace = o, o += epk_ll_al(sizeof(epk_ll_trace_t), 256);
+  l->p_total = o;
 }
 
 /* What every low-latency kernel knows about its buffer; constant from create to destroy. */
@@ -154,6 +198,8 @@ typedef struct {
   uint8_t *priv;  /* private device memory: epk_ll_priv_t, then the slots' states */
   int blocks;     /* blocks of the data kernels (the buffer's, see epk_buf_t) */
   int smem;       /* dynamic shared memory of the dispatch send kernel */
+  int opt;        /* EPK_LL_OPT_* */
+  int trace;      /* EP_CUDA_LL_TRACE */
 } epk_ll_t;
 
 typedef struct {
@@ -171,7 +217,9 @@ typedef struct {
   void *out;                   /* bf16 [n][H] (receive) */
   int n, topk, slot, zero_copy;
   uint32_t ticket;             /* != 0: publish the verdict (check / flags) to the host */
-  uint32_t pad;
+  uint32_t rticket;            /* recv_too: the receive's ticket (the flags' verdict) */
+  int recv_too;                /* the send kernel also receives (one phase, EPK_LL_OPT_FUSE) */
+  int pad;
 } epk_ll_combine_t;
 
 /* Once per buffer: kernel attributes (dynamic shared memory beyond the default). */

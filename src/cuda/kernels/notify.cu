@@ -138,6 +138,7 @@ __device__ void fill_header(epk_hello_t *h, const epk_notify_t &a, int status) {
   h->num_tokens = a.num_tokens;
   h->direct = a.direct;
   h->recv_rows = a.recv_rows;
+  h->wgap256 = a.wgap256;
 }
 
 /* Writes this rank's hello into every peer's slot, then publishes all of them. */
@@ -252,7 +253,8 @@ __device__ void finish_combine(const epk_buf_t &b, const epk_notify_t &a, uint32
       epk_fail(b, EP_ERR_TOO_LARGE, EPK_PH_CHECK, r, (uint32_t)need, true);
       return;
     }
-    int64_t cap = epk_stage_rows(b.area_bytes, rd(&h->direct) ? 0 : a.xrow, a.wrow);
+    int64_t cap = epk_stage_rows(b.area_bytes - 256ull * (uint64_t)rd(&h->wgap256),
+                                 rd(&h->direct) ? 0 : a.xrow, a.wrow);
     fits &= need <= cap;
     min_cap = min(min_cap, cap);
     max_n = max(max_n, (int64_t)ntok[r]);
@@ -281,6 +283,13 @@ __global__ void __launch_bounds__(NT, 1) epk_notify_kernel(epk_buf_t b, epk_noti
     s_seq = b.priv->seq + 1;
     b.priv->seq = s_seq;
     b.priv->call_status = 0;
+    if (b.trace) { /* the previous call's data kernel has ended (stream order): fold it */
+      epk_trace_fold(b.trace);
+      b.trace->kind = a.kind == EPK_NOTIFY_DISPATCH ? EPK_TR_FULL
+                      : a.kind == EPK_NOTIFY_CACHED ? EPK_TR_CACHED
+                      : a.kind == EPK_NOTIFY_COMBINE ? EPK_TR_COMBINE : -1;
+      b.trace->at[EPK_TR_N_START] = epk_now();
+    }
   }
   __syncthreads();
   const uint32_t seq = s_seq;
@@ -301,15 +310,19 @@ __global__ void __launch_bounds__(NT, 1) epk_notify_kernel(epk_buf_t b, epk_noti
       plan_rows(b, a, cnt_me);
     }
   }
+  epk_tr_set(b, EPK_TR_N_PLAN);
   post(b, a, seq, status, cnt_me);
+  epk_tr_set(b, EPK_TR_N_POST);
   if (status != EPK_HELLO_OK || !gather(b, seq) || !compare(b, seq)) {
     publish(b, a);
     return;
   }
+  epk_tr_set(b, EPK_TR_N_GATHER);
   if (a.kind == EPK_NOTIFY_DISPATCH) finish_dispatch(b, a, seq);
   if (a.kind != EPK_NOTIFY_COMBINE) write_prefix(b, a);
   else finish_combine(b, a, seq);
   publish(b, a);
+  epk_tr_set(b, EPK_TR_N_END);
 }
 
 }  // namespace

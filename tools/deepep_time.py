@@ -1,0 +1,489 @@
+#!/usr/bin/env python3
+"""Times DeepEP V1 (a built source tree, imported as `deep_ep`) at epcomm's benchmark sizes, and
+prints one table of ratios against `epcomm bench --backend cuda --json` results of the same run.
+
+Our own harness: it imports the built deep_ep and times its public calls with CUDA events; it
+copies nothing of DeepEP's tests. Used by tools/deepep_side_by_side.sh; by hand (GPU machine, with
+the ranks under MPS when they share a GPU):
+
+  PYTHONPATH=DEEPEP_BUILD python3 tools/deepep_time.py normal --ranks 2 --sms 24 --tokens 4096,512,128
+  PYTHONPATH=DEEPEP_BUILD python3 tools/deepep_time.py ll --ranks 2 --tokens 128 --experts 288
+  python3 tools/deepep_time.py report OUT_DIR      # the table: DeepEP's logs, epcomm's JSON
+
+normal: intranode dispatch (bf16, fp8 e4m3 with per-128 float scales, column-major as DeepEP's
+  own tests pass them) and combine (bf16, no weights, no bias), R processes on one GPU, a gloo
+  process group, DeepEP's Config with `--sms` SMs. Per size: `full` = get_dispatch_layout +
+  dispatch with topk (the count exchange and DeepEP's host wait for the receive count), `cached`
+  = dispatch along the handle, `combine` = combine of the bf16 dispatch's recv_x along its handle.
+  DeepEP's chunk size is tuned per operation over a few values (its tests tune too), the best
+  kept; its default config is one of the candidates. Time: CUDA events around each call on the
+  current stream, calls back to back, the mean over --iters calls after warm-up (DeepEP's own
+  method), the slowest rank's mean; compared with the mean of epcomm bench's per-iteration slowest
+  rank (its JSON's "mean").
+low-latency: low_latency_dispatch (bf16, fp8) and low_latency_combine (y in a tensor of ours, and
+  zero copy), T tokens, E experts; `--hook 1` (default) sends with return_recv_hook=True and calls
+  the hook at once, timing send and receive apart and together; `--hook 0` is DeepEP's one-kernel
+  form. Median and p90 over --iters calls, slowest rank; compared with epcomm bench's median.
+
+Each run prints `DEEPEP {json}` lines (rank 0) that `report` reads."""
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+
+def log(rank, *a):
+    if rank == 0:
+        print(*a, flush=True)
+
+
+def emit(rank, **kv):
+    if rank == 0:
+        print("DEEPEP " + json.dumps(kv), flush=True)
+
+
+# ----------------------------------------------------------------------------- workers
+
+def setup(rank, world, port):
+    import torch
+    import torch.distributed as dist
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    ndev = torch.cuda.device_count()
+    torch.cuda.set_device(rank % ndev)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    return torch, dist, dist.new_group(list(range(world)), backend="gloo")
+
+
+def time_seq(torch, dist, group, fn, npoints, warmup, iters):
+    """fn(mark) issues one iteration and calls mark(i) at its points i = 0 .. npoints-1 (a CUDA
+    event recorded on the current stream; mark is a no-op in warm-up). Returns ev(i, j): the
+    microseconds from point i to point j, one per iteration."""
+    for _ in range(warmup):
+        fn(lambda i: None)
+    torch.cuda.synchronize()
+    dist.barrier(group=group)
+    evs = [[torch.cuda.Event(enable_timing=True) for _ in range(npoints)] for _ in range(iters)]
+    for ev in evs:
+        fn(lambda i, ev=ev: ev[i].record())
+    torch.cuda.synchronize()
+    return lambda i, j: [ev[i].elapsed_time(ev[j]) * 1e3 for ev in evs]
+
+
+def slowest(dist, group, world, v):
+    out = [None] * world
+    dist.all_gather_object(out, v, group=group)
+    return max(out)
+
+
+def stats(xs):
+    s = sorted(xs)
+    return sum(s) / len(s), s[len(s) // 2], s[int(0.9 * (len(s) - 1))]
+
+
+def cast_fp8(torch, x):
+    """Per-token, per-128-channel e4m3 cast; scales float [N][H/128], column-major like DeepEP's
+    tests pass them (a transposed contiguous copy)."""
+    n, h = x.shape
+    v = x.float().view(n, h // 128, 128)
+    amax = v.abs().amax(dim=2).clamp(min=1e-4)
+    q = (v * (448.0 / amax.unsqueeze(2))).to(torch.float8_e4m3fn).view(n, h)
+    s = (amax / 448.0).contiguous()
+    return q, s.T.contiguous().T
+
+
+def routing(torch, n, e, topk, seed):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    scores = torch.rand((n, e), device="cuda", generator=g) + 1e-3
+    return torch.topk(scores, topk, dim=-1, sorted=False).indices
+
+
+def normal_worker(rank, args, port):
+    torch, dist, group = setup(rank, args.ranks, port)
+    import deep_ep
+    R, S, H, K, E = args.ranks, args.sms, args.hidden, args.topk, args.experts
+    deep_ep.Buffer.set_num_sms(S)
+    nvl_bytes = int(args.nvl_mb) << 20
+    buf = deep_ep.Buffer(group, nvl_bytes, 0, low_latency_mode=False, num_qps_per_rank=1,
+                         explicitly_destroy=True)
+    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    log(rank, f"deepep normal: R={R}, {S} SMs per rank, H={H}, topk {K}, E={E}; device reports "
+        f"{sm_count} SMs; {args.iters} timed calls after {args.warmup} warm-up, mean, slowest rank")
+    dflt_d, dflt_c = deep_ep.Buffer.get_dispatch_config(R), deep_ep.Buffer.get_combine_config(R)
+    d_cfgs = [("default", dflt_d)] + [(c, deep_ep.Config(S, int(c), 256))
+                                      for c in args.dispatch_chunks.split(",") if c]
+    c_cfgs = [("default", dflt_c)] + [(c, deep_ep.Config(S, int(c), 256))
+                                      for c in args.combine_chunks.split(",") if c]
+    for name, cfg in d_cfgs + c_cfgs:
+        need = cfg.get_nvl_buffer_size_hint(H * 2, R)
+        if need > nvl_bytes:
+            raise SystemExit(f"config {name} needs {need} NVL bytes > --nvl-mb {args.nvl_mb}")
+
+    def mean_us(fn, warmup, iters):
+        t = time_seq(torch, dist, group, fn, 2, warmup, iters)(0, 1)
+        return slowest(dist, group, R, stats(t)[0])
+
+    def tune(make, cfgs):
+        """The best of DeepEP's candidate configs (short runs), then the figure (a full run)."""
+        best = None
+        for name, cfg in cfgs:
+            t = mean_us(make(cfg), 3, 10)
+            if best is None or t < best[0]:
+                best = (t, name, cfg)
+        return mean_us(make(best[2]), args.warmup, args.iters), best[1], best[2]
+
+    for N in [int(t) for t in args.tokens.split(",")]:
+        torch.manual_seed(1000 + rank)
+        x = (torch.rand((N, H), device="cuda") * 2 - 1).to(torch.bfloat16)
+        x8 = cast_fp8(torch, x)
+        idx = routing(torch, N, E, K, 77 + rank).to(deep_ep.topk_idx_t)
+        w = torch.ones((N, K), dtype=torch.float32, device="cuda")
+        _, _, _, in_rank, _ = buf.get_dispatch_layout(idx, E)
+
+        def full(xx, cfg):
+            def f(mark):
+                mark(0)
+                pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
+                buf.dispatch(xx, num_tokens_per_rank=pr, is_token_in_rank=ir,
+                             num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w, config=cfg)
+                mark(1)
+            return f
+
+        res, recv = {}, {}
+        for dt, xx in (("bf16", x), ("fp8", x8)):
+            pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
+            recv[dt] = buf.dispatch(xx, num_tokens_per_rank=pr, is_token_in_rank=ir,
+                                    num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w,
+                                    config=dflt_d)
+
+            def cached(cfg, xx=xx, h=recv[dt][4]):
+                def f(mark):
+                    mark(0)
+                    buf.dispatch(xx, handle=h, config=cfg)
+                    mark(1)
+                return f
+            t, cname, ccfg = tune(cached, d_cfgs)
+            res[f"dispatch_{dt}_cached"] = (t, cname)
+            res[f"dispatch_{dt}_full"] = (mean_us(full(xx, ccfg), args.warmup, args.iters), cname)
+
+        recv_x, h16 = recv["bf16"][0], recv["bf16"][4]
+        # Check: the combine of the dispatched rows gives x * (ranks the token went to), exactly.
+        comb = buf.combine(recv_x, h16, config=dflt_c)[0]
+        want = (x.float() * in_rank.sum(dim=1, keepdim=True).float()).to(torch.bfloat16)
+        bad = slowest(dist, group, R, int((comb != want).sum().item()))
+
+        def combine(cfg):
+            def f(mark):
+                mark(0)
+                buf.combine(recv_x, h16, config=cfg)
+                mark(1)
+            return f
+        t, cname, ccfg = tune(combine, c_cfgs)
+        res["combine"] = (t, cname)
+        # The experts' write (a copy of their output rows into the tensor DeepEP combines) + combine.
+        ybuf = torch.empty_like(recv_x)
+
+        def write_combine(mark):
+            mark(0)
+            ybuf.copy_(recv_x)
+            buf.combine(ybuf, h16, config=ccfg)
+            mark(1)
+        res["write_combine"] = (mean_us(write_combine, args.warmup, args.iters), cname)
+        nrecv = slowest(dist, group, R, int(recv_x.size(0)))
+        for op, (t, cname) in res.items():
+            emit(rank, impl="deepep", mode="normal", R=R, sms=S, tokens=N, op=op, us=round(t, 1),
+                 chunk=cname)
+        emit(rank, impl="deepep", mode="normal", R=R, sms=S, tokens=N, op="check",
+             mismatches=bad, max_recv_rows=nrecv)
+        log(rank, f"deepep normal N={N}: " + ", ".join(f"{k} {v[0]:.1f} us (chunk {v[1]})"
+                                                      for k, v in res.items())
+            + f"; combine check: {bad} mismatches")
+        del recv, recv_x, h16, comb, ybuf
+    dist.barrier(group=group)
+    buf.destroy()
+    dist.barrier(group=group)
+    dist.destroy_process_group()
+
+
+def ll_worker(rank, args, port):
+    torch, dist, group = setup(rank, args.ranks, port)
+    import deep_ep
+    R, T, H, K = args.ranks, args.tokens_ll, args.hidden, args.topk
+    E = args.experts - args.experts % R
+    L = E // R
+    hook = bool(args.hook)
+    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    rdma = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, R, E)
+    log(rank, f"deepep low-latency: R={R}, T={T}, H={H}, topk {K}, E={E}; "
+        f"{'send, then the receive hook' if hook else 'one kernel per call'}; device reports "
+        f"{sm_count} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="
+        f"{os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', 'unset')}); RDMA buffer "
+        f"{rdma >> 20} MiB; {args.iters} calls after {args.warmup} warm-up, median/p90")
+    t0 = time.time()
+    buf = deep_ep.Buffer(group, 0, rdma, low_latency_mode=True, num_qps_per_rank=L,
+                         allow_nvlink_for_low_latency_mode=True, explicitly_destroy=True)
+    log(rank, f"deepep low-latency: buffer ready in {time.time() - t0:.1f} s")
+    torch.manual_seed(2000 + rank)
+    x = (torch.rand((T, H), device="cuda") * 2 - 1).to(torch.bfloat16)
+    idx = routing(torch, T, E, K, 99 + rank).to(deep_ep.topk_idx_t)
+    w = torch.full((T, K), 1.0 / K, dtype=torch.float32, device="cuda")
+    y_any = (torch.rand((L, R * T, H), device="cuda") * 2 - 1).to(torch.bfloat16)
+
+    def dispatch(fp8, mark, a, b):
+        r = buf.low_latency_dispatch(x, idx, T, E, use_fp8=fp8, async_finish=False,
+                                     return_recv_hook=hook)
+        mark(a)
+        if hook:
+            r[4]()
+        mark(b)
+        return r
+
+    def combine(h, y, zc, mark, a, b):
+        out, _, hk = buf.low_latency_combine(y, idx, w, h, zero_copy=zc, async_finish=False,
+                                             return_recv_hook=hook)
+        mark(a)
+        if hook:
+            hk()
+        mark(b)
+        return out
+
+    res = {}
+
+    def put(name, t):
+        _, med, p90 = stats(t)
+        res[name] = (slowest(dist, group, R, med), slowest(dist, group, R, p90))
+
+    # Dispatch + combine pairs (a handle is combined once); y = the rows as dispatched (bf16) or
+    # a tensor of the right shape (fp8). Points: 0 | dispatch send 1 | receive 2 | combine send 3
+    # | receive 4.
+    for fp8 in (False, True):
+        tag = "fp8" if fp8 else "bf16"
+
+        def pair(mark, fp8=fp8):
+            mark(0)
+            r = dispatch(fp8, mark, 1, 2)
+            combine(r[2], y_any if fp8 else r[0], False, mark, 3, 4)
+        ev = time_seq(torch, dist, group, pair, 5, args.warmup, args.iters)
+        put(f"dispatch_{tag}", ev(0, 2))
+        put(f"combine_{tag}y", ev(2, 4))
+        if hook:
+            put(f"dispatch_{tag}_send", ev(0, 1))
+            put(f"dispatch_{tag}_recv", ev(1, 2))
+            put(f"combine_{tag}y_send", ev(2, 3))
+            put(f"combine_{tag}y_recv", ev(3, 4))
+    # Check: y = the dispatched rows, weights 1/K: out = x * (selected / K), exact in fp32.
+    nomark = lambda i: None  # noqa: E731
+    r = dispatch(False, nomark, 0, 0)
+    out = combine(r[2], r[0], False, nomark, 0, 0)
+    want = (x.float() * ((idx >= 0).sum(dim=1, keepdim=True).float() / K)).to(torch.bfloat16)
+    bad = slowest(dist, group, R, int((out != want).sum().item()))
+
+    # Zero copy: the experts' outputs written into DeepEP's next combine buffer (not timed).
+    def zc_pair(mark):
+        r = dispatch(False, nomark, 0, 0)
+        zb = buf.get_next_low_latency_combine_buffer(r[2])
+        zb.copy_(r[0])
+        mark(0)
+        combine(r[2], zb, True, mark, 1, 2)
+    try:
+        ev = time_seq(torch, dist, group, zc_pair, 3, args.warmup, args.iters)
+        put("combine_zero_copy", ev(0, 2))
+    except Exception as e:  # noqa: BLE001
+        log(rank, f"deepep low-latency: zero copy not timed: {e}")
+    for op, (med, p90) in res.items():
+        emit(rank, impl="deepep", mode="ll", R=R, tokens=T, experts=E, hook=int(hook), op=op,
+             us=round(med, 1), p90=round(p90, 1))
+    emit(rank, impl="deepep", mode="ll", R=R, tokens=T, experts=E, hook=int(hook), op="check",
+         mismatches=bad, sms_seen=sm_count,
+         mps_pct=os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", ""))
+    log(rank, "deepep low-latency (median us): " + ", ".join(f"{k} {v[0]:.1f}"
+                                                             for k, v in res.items())
+        + f"; combine check: {bad} mismatches")
+    dist.barrier(group=group)
+    buf.destroy()
+    dist.barrier(group=group)
+    dist.destroy_process_group()
+
+
+def spawn(worker, args):
+    import random
+    import torch.multiprocessing as mp
+    port = 20000 + random.randrange(20000)
+    mp.spawn(worker, args=(args, port), nprocs=args.ranks, join=True)
+
+
+# ----------------------------------------------------------------------------- report
+
+# epcomm bench's rows (JSON phase keys) of a bf16 / fp8 run -> the op names of the table
+EP_NORMAL = {
+    "bf16": {"dispatch": "dispatch_bf16_full", "dispatch_cached": "dispatch_bf16_cached",
+             "dispatch_cached_caller": "dispatch_bf16_cached_copy", "combine_view": "combine_view",
+             "combine": "combine_tensor", "combine_cbuf": "combine_cbuf",
+             "write_combine_cbuf": "write_combine_cbuf",
+             "write_combine_tensor": "write_combine_tensor"},
+    "fp8": {"dispatch": "dispatch_fp8_full", "dispatch_cached": "dispatch_fp8_cached"},
+}
+# epcomm op -> the DeepEP op it is compared with
+VS_NORMAL = [
+    ("dispatch_fp8_full", "dispatch_fp8_full", "fp8 dispatch, full (views)"),
+    ("dispatch_fp8_cached", "dispatch_fp8_cached", "fp8 dispatch, cached (views)"),
+    ("dispatch_bf16_full", "dispatch_bf16_full", "bf16 dispatch, full (views)"),
+    ("dispatch_bf16_cached", "dispatch_bf16_cached", "bf16 dispatch, cached (views)"),
+    ("dispatch_bf16_cached_copy", "dispatch_bf16_cached", "bf16 dispatch, cached, caller tensors"),
+    ("combine_view", "combine", "combine, x = dispatch view"),
+    ("combine_tensor", "combine", "combine, x = separate tensor"),
+    ("combine_cbuf", "combine", "combine, x = ep_get_combine_buffer"),
+    ("write_combine_cbuf", "write_combine", "experts' write + combine (buffer)"),
+    ("write_combine_tensor", "write_combine", "experts' write + combine (tensor)"),
+]
+EP_LL = {
+    "bf16": {"dispatch": "dispatch_bf16", "combine": "combine_caller",
+             "combine_view": "combine_view", "combine_zero_copy": "combine_zero_copy",
+             "dispatch_send": "dispatch_bf16_send", "dispatch_recv": "dispatch_bf16_recv",
+             "combine_send": "combine_send", "combine_recv": "combine_recv"},
+    "fp8": {"dispatch": "dispatch_fp8"},
+}
+VS_LL = [
+    ("dispatch_bf16", "dispatch_bf16", "dispatch bf16"),
+    ("dispatch_fp8", "dispatch_fp8", "dispatch fp8"),
+    ("combine_caller", "combine_bf16y", "combine, y in a tensor"),
+    ("combine_zero_copy", "combine_zero_copy", "combine, zero copy"),
+    ("dispatch_bf16_send", "dispatch_bf16_send", "dispatch bf16: send phase"),
+    ("dispatch_bf16_recv", "dispatch_bf16_recv", "dispatch bf16: receive phase"),
+    ("combine_send", "combine_bf16y_send", "combine: send phase"),
+    ("combine_recv", "combine_bf16y_recv", "combine: receive phase"),
+    ("dispatch_bf16", "dispatch_bf16_1k", "dispatch bf16 (DeepEP one kernel)"),
+    ("dispatch_fp8", "dispatch_fp8_1k", "dispatch fp8 (DeepEP one kernel)"),
+    ("combine_caller", "combine_bf16y_1k", "combine, y in a tensor (DeepEP one kernel)"),
+]
+
+
+def parse_epcomm(path):
+    """(mode, R, sms, tokens) and {op: us} from one `epcomm bench --backend cuda --json` file:
+    normal mode by the mean (DeepEP's statistic), low latency by the median."""
+    try:
+        d = json.load(open(path))
+    except (OSError, ValueError):
+        return None, {}
+    cfg = d.get("config", {})
+    mode, dtype = cfg.get("mode"), cfg.get("dtype")
+    key = (mode, cfg.get("ranks"), cfg.get("threads") if mode == "normal" else 0, cfg.get("tokens"))
+    table = (EP_NORMAL if mode == "normal" else EP_LL).get(dtype, {})
+    stat = "mean" if mode == "normal" else "median"
+    ops = {}
+    for k, op in table.items():
+        t = d.get("phases", {}).get(k, {}).get("time_ms", {}).get(stat)
+        if t is not None:
+            ops[op] = 1e3 * t
+    if d.get("summary", {}).get("check") != "pass":
+        ops["_check"] = "FAILED"
+    return key, ops
+
+
+def parse_deepep(path):
+    out = []
+    for line in open(path, errors="replace"):
+        i = line.find("DEEPEP {")
+        if i >= 0:
+            try:
+                out.append(json.loads(line[i + 7:]))
+            except ValueError:
+                pass
+    return out
+
+
+def report(d):
+    import glob
+    ep = {}
+    for p in sorted(glob.glob(os.path.join(d, "epcomm-*.json"))):
+        key, ops = parse_epcomm(p)
+        if key:
+            ep.setdefault(key, {}).update(ops)  # the bf16 and the fp8 run of one size
+    dp = {}
+    notes = []
+    for p in sorted(glob.glob(os.path.join(d, "deepep-*.log"))):
+        rows = parse_deepep(p)
+        for r in rows:
+            if r.get("op") == "check":
+                if r.get("mps_pct"):
+                    notes.append(f"DeepEP low-latency R={r['R']}: run with "
+                                 f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={r['mps_pct']} (it saw "
+                                 f"{r.get('sms_seen')} SMs); epcomm without")
+                if r.get("mismatches"):
+                    notes.append(f"DeepEP {r['mode']} R={r['R']} tokens {r['tokens']}: combine check "
+                                 f"{r['mismatches']} mismatches")
+                continue
+            if r["mode"] == "normal":
+                dp[("normal", r["R"], r["sms"], r["tokens"], r["op"])] = r["us"]
+            else:  # DeepEP's one-kernel form (no receive hook) apart
+                dp[("ll", r["R"], 0, r["tokens"], r["op"] + ("" if r.get("hook", 1) else "_1k"))] = r["us"]
+        if not rows:
+            tail = open(p, errors="replace").read().strip().splitlines()[-3:]
+            notes.append(f"{os.path.basename(p)}: no DeepEP figures ({' | '.join(tail)[:300]})")
+    print("\nside by side, same GPU, same run (x = DeepEP time / epcomm time: > 1 means epcomm is "
+          "faster); us")
+    fmt = "{:<6} {:>3} {:>4} {:>6}  {:<40} {:>9} {:>9} {:>7}"
+    print(fmt.format("mode", "R", "SMs", "tokens", "operation", "epcomm", "DeepEP", "x"))
+    for key in sorted(ep, key=lambda k: (k[0], k[1], -k[3])):
+        mode, R, sms, N = key
+        for eop, dop, label in (VS_NORMAL if mode == "normal" else VS_LL):
+            e = ep[key].get(eop)
+            dv = dp.get((mode, R, sms, N, dop))
+            if (e is None and dv is None) or (dv is None and dop.endswith("_1k")):
+                continue
+            x = f"{dv / e:.2f}" if e and dv else "-"
+            print(fmt.format(mode, R, sms or "", N, label, f"{e:.1f}" if e else "-",
+                             f"{dv:.1f}" if dv else "-", x))
+        if mode == "normal":
+            f, c = ep[key].get("dispatch_fp8_full"), ep[key].get("dispatch_fp8_cached")
+            b, bc = ep[key].get("dispatch_bf16_full"), ep[key].get("dispatch_bf16_cached")
+            if f and c and b and bc:
+                print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full - cached (count exchange): "
+                      f"fp8 {f - c:.1f}, bf16 {b - bc:.1f} us")
+        if ep[key].get("_check"):
+            notes.append(f"epcomm {mode} R={R} tokens {N}: check FAILED")
+    for k in sorted(set((m, R, s, N) for (m, R, s, N, _) in dp) - set(ep)):
+        notes.append(f"DeepEP {k} has figures but no epcomm log matched")
+    for n in notes:
+        print("note:", n)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    n = sub.add_parser("normal")
+    n.add_argument("--ranks", type=int, required=True)
+    n.add_argument("--sms", type=int, default=24)
+    n.add_argument("--tokens", default="4096")
+    n.add_argument("--hidden", type=int, default=7168)
+    n.add_argument("--topk", type=int, default=8)
+    n.add_argument("--experts", type=int, default=256)
+    n.add_argument("--iters", type=int, default=30)
+    n.add_argument("--warmup", type=int, default=10)
+    n.add_argument("--nvl-mb", type=int, default=1024)
+    n.add_argument("--dispatch-chunks", default="4,8,16,24,32")
+    n.add_argument("--combine-chunks", default="2,4,8,12,16")
+    ll = sub.add_parser("ll")
+    ll.add_argument("--ranks", type=int, required=True)
+    ll.add_argument("--tokens", dest="tokens_ll", type=int, default=128)
+    ll.add_argument("--hidden", type=int, default=7168)
+    ll.add_argument("--topk", type=int, default=8)
+    ll.add_argument("--experts", type=int, default=288)
+    ll.add_argument("--iters", type=int, default=200)
+    ll.add_argument("--warmup", type=int, default=20)
+    ll.add_argument("--hook", type=int, default=1)
+    rp = sub.add_parser("report")
+    rp.add_argument("dir")
+    args = ap.parse_args()
+    if args.cmd == "report":
+        return report(args.dir)
+    spawn(normal_worker if args.cmd == "normal" else ll_worker, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
