@@ -128,9 +128,4 @@ void dr_check_add(dr_checks_t *c, const char *check, int status, const char *fix
 void dr_env_run(dr_checks_t *out, uint64_t config_bytes);
 const char *dr_status_name(int status);
 
-/* ---- output helpers -------------------------------------------------------------------------- */
-
-/* Writes s as a JSON string (quotes included); invalid UTF-8 becomes U+FFFD. */
-void dr_json_str(FILE *f, const char *s);
-
 #endif
