@@ -6,7 +6,8 @@
 #include <epcomm.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
+
+#include "tk_clock.h"
 
 #define CHECK(call)                                                  \
   do {                                                               \
@@ -18,11 +19,7 @@
 
 enum { H = 64, WARMUP = 200 };
 
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
-}
+static double now_us(void) { return 1e6 * tk_now_s(); }
 
 static int cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;

@@ -1,7 +1,8 @@
 /*
  * epcomm-bench-mpi: the dispatch/combine a CPU user would write without epcomm, on MPI
  * (docs/SEMANTICS.md §9),
- * with the same options, data and checks as `epcomm bench` (tools/bench_common.c).
+ * with the same options, data, checks, statistics and report as `epcomm bench` (ep_benchcore:
+ * tools/bench/).
  *
  * dispatch: route (which ranks each token goes to, once per rank), count exchange
  *   (MPI_Allgather of the per-destination counts: every rank learns rank_prefix), pack (one copy
@@ -16,7 +17,8 @@
  * vectorise for this machine, as a tuned user's would: the comparison is about moving data, not
  * about an unvectorised loop.
  *
- * Run by `epcomm bench` (which passes --raw FILE and merges the results) or on its own:
+ * Run by `epcomm bench` (which passes --raw FILE and merges the results into its own report) or
+ * on its own, with epcomm bench's report (table, --json):
  *   mpirun -n 4 --oversubscribe --bind-to none build/bin/epcomm-bench-mpi [options]
  */
 #include <mpi.h>
@@ -25,7 +27,9 @@
 #include <string.h>
 
 #include "bench_common.h"
-#include "ref.h"
+#include "bench_result.h"
+#include "epcomm.h" /* the version macros only: this program never links the library */
+#include "tk_num.h"
 
 typedef struct {
   const bench_opts_t *o;
@@ -51,21 +55,6 @@ typedef struct {
   uint16_t *y, *cbuf, *out;
   float *acc;
 } base_t;
-
-/* bf16 <-> fp32 as tests/ref.c defines them, inline so that the reduction loops vectorise. */
-static inline float bf16_to_f32(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
@@ -180,10 +169,10 @@ static void combine(base_t *b, MPI_Datatype tcomb) {
     for (int d = 0; d < R; d++) {
       if (!b->in_rank[(size_t)t * R + d]) continue;
       const uint16_t *restrict row = b->cbuf + (size_t)(b->sdis[d] + cur[d]++) * H;
-      for (int h = 0; h < H; h++) acc[h] += bf16_to_f32(row[h]);
+      for (int h = 0; h < H; h++) acc[h] += tk_bf16_to_f32(row[h]);  /* inline: the loop vectorises */
     }
     uint16_t *restrict out = b->out + (size_t)t * H;
-    for (int h = 0; h < H; h++) out[h] = f32_to_bf16(acc[h]);
+    for (int h = 0; h < H; h++) out[h] = tk_f32_to_bf16(acc[h]);
   }
   free(cur);
 }
@@ -194,41 +183,68 @@ static void make_y(base_t *b) {
       bench_gen_y_row(b->o, b->me, s, b->rsrc[j], b->y + (size_t)j * b->o->hidden);
 }
 
-/* Rank 0: per rank "rank r rows digest_x digest_out" then dispatch/combine/memcpy seconds per
- * iteration. */
-static void report(const bench_opts_t *o, base_t *b, int ok, const char *msg, const double *t,
-                   double copy_bytes) {
-  int R = b->R, I = o->iters;
-  size_t per = 3 + 3 * (size_t)I; /* rows, digest_x, digest_out (as doubles' bits), times */
-  double *mine = calloc(per, sizeof *mine), *all = b->me == 0 ? calloc(per * R, sizeof *all) : NULL;
-  uint64_t dx = bench_digest(b->rx, (size_t)b->nr * b->row, 1469598103934665603ull);
-  if (b->ns) dx = bench_digest(b->rscales, (size_t)b->nr * b->ns * 4, dx);
-  uint64_t dout = bench_digest(b->out, (size_t)o->tokens * o->hidden * 2, 1469598103934665603ull);
-  mine[0] = b->nr;
-  memcpy(&mine[1], &dx, 8);
-  memcpy(&mine[2], &dout, 8);
-  memcpy(&mine[3], t, 3 * (size_t)I * sizeof *t);
-  MPI_Gather(mine, (int)per, MPI_DOUBLE, all, (int)per, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-  if (b->me == 0) {
-    FILE *f = o->raw ? fopen(o->raw, "we") : stdout;
-    if (!f) f = stdout;
-    if (!o->raw) printf("epcomm-bench-mpi: %d ranks, %d tokens, hidden %d, topk %d, %d experts, "
-                        "%s; seconds per iteration (dispatch combine memcpy) per rank:\n", R, o->tokens,
-                        o->hidden, o->topk, o->experts, bench_routing_name(o->routing));
-    fprintf(f, "epcomm-bench-mpi 2 %d %d ok %d copy %.0f\n", R, I, ok, copy_bytes);
-    for (int r = 0; r < R; r++) {
-      const double *a = all + per * r;
-      uint64_t x1, x2;
-      memcpy(&x1, &a[1], 8), memcpy(&x2, &a[2], 8);
-      fprintf(f, "rank %d %d %llx %llx\n", r, (int)a[0], (unsigned long long)x1,
-              (unsigned long long)x2);
-      for (int i = 0; i < I; i++)
-        fprintf(f, "%.9f %.9f %.9f\n", a[3 + i], a[3 + I + i], a[3 + 2 * I + i]);
-    }
-    fprintf(f, "msg %s\n", ok ? "-" : msg);
-    if (f != stdout) fclose(f);
+/* This rank's results in epcomm bench's form: the baseline's rows, its check, its digests. */
+static bench_rank_t *results(const bench_opts_t *o, base_t *b, long bad, const char *msg,
+                             const double *t, double copy_bytes) {
+  int I = o->iters;
+  bench_rank_t *r = bench_rank_new(I);
+  if (!r) return NULL;
+  bench_bytes_t by = bench_normal_bytes(o, b->nr, b->rcnt[b->me]);
+  bench_row_add(r, "baseline_dispatch", "MPI baseline dispatch", BENCH_K_DISPATCH, BENCH_G_BASE,
+                by.d_bytes, by.d_wire);
+  bench_row_add(r, "baseline_combine", "MPI baseline combine", BENCH_K_COMBINE, BENCH_G_BASE,
+                by.c_bytes, by.c_wire);
+  bench_row_add(r, "baseline_memcpy", "memcpy ceiling, MPI run", BENCH_K_COPY,
+                BENCH_G_BASE_CEILING, copy_bytes, 0);
+  for (int k = 0; k < 3; k++) memcpy(bench_row_times(r, k), t + (size_t)k * I, (size_t)I * 8);
+  r->recv_rows = b->nr, r->self_rows = b->rcnt[b->me];
+  bench_rank_fail(r, bad, msg);
+  r->digest_x = bench_digest(b->rx, (size_t)b->nr * b->row, BENCH_DIGEST_SEED);
+  r->digest_rows = r->digest_x;
+  if (b->ns) r->digest_x = bench_digest(b->rscales, (size_t)b->nr * b->ns * 4, r->digest_x);
+  r->digest_out = bench_digest(b->out, (size_t)o->tokens * o->hidden * 2, BENCH_DIGEST_SEED);
+  return r;
+}
+
+/* Rank 0: the raw results for epcomm bench to merge (header line, then every rank's packed
+ * results), or the report of epcomm bench (table, --json) when run alone. */
+static int conclude(const bench_opts_t *o, int R, const char *all, size_t sz) {
+  if (o->raw) {
+    FILE *f = fopen(o->raw, "we");
+    int ok = f && fprintf(f, "epcomm-bench-mpi 3 %d %zu\n", R, sz) > 0 &&
+             fwrite(all, 1, sz * (size_t)R, f) == sz * (size_t)R;
+    if (f) ok &= fclose(f) == 0;
+    if (!ok) fprintf(stderr, "epcomm-bench-mpi: cannot write %s\n", o->raw);
+    return ok ? 0 : 2;
   }
-  free(mine), free(all);
+  bench_rank_t **rk = calloc((size_t)R, sizeof *rk);
+  int rc = rk ? 0 : 2;
+  for (int r = 0; !rc && r < R; r++) rc = (rk[r] = bench_rank_unpack(all + sz * r, sz)) ? 0 : 2;
+  char version[32];
+  snprintf(version, sizeof version, "%d.%d.%d", EP_VERSION_MAJOR, EP_VERSION_MINOR,
+           EP_VERSION_PATCH);
+  bench_who_t who = {"epcomm-bench-mpi", version, "MPI_Alltoallv baseline alone",
+                     bench_usable_cpus()};
+  if (!rc) rc = bench_report(o, &who, R, rk, NULL);
+  for (int r = 0; rk && r < R; r++) bench_rank_free(rk[r]);
+  free(rk);
+  return rc;
+}
+
+/* Everyone's results to rank 0, which concludes. Returns the exit status (on every rank). */
+static int report(const bench_opts_t *o, base_t *b, long bad, const char *msg, const double *t,
+                  double copy_bytes) {
+  bench_rank_t *r = results(o, b, bad, msg, t, copy_bytes);
+  if (!r) MPI_Abort(MPI_COMM_WORLD, 2);
+  size_t sz = bench_rank_packed_size(r);
+  char *mine = malloc(sz), *all = b->me == 0 ? malloc(sz * (size_t)b->R) : NULL;
+  if (!mine || (b->me == 0 && !all)) MPI_Abort(MPI_COMM_WORLD, 2);
+  bench_rank_pack(r, mine);
+  MPI_Gather(mine, (int)sz, MPI_BYTE, all, (int)sz, MPI_BYTE, 0, MPI_COMM_WORLD);
+  int rc = b->me == 0 ? conclude(o, b->R, all, sz) : 0;
+  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  free(mine), free(all), bench_rank_free(r);
+  return rc;
 }
 
 static void setup(base_t *b, const bench_opts_t *o, int R, int me) {
@@ -256,11 +272,7 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &R);
   MPI_Comm_rank(MPI_COMM_WORLD, &me);
   bench_opts_t o;
-  int rc = bench_parse(argc, argv, "epcomm-bench-mpi", 1, &o);
-  if (!rc && o.mode == BENCH_LL) {
-    if (me == 0) fprintf(stderr, "epcomm-bench-mpi: only --mode normal has an MPI baseline\n");
-    rc = 2;
-  }
+  int rc = bench_parse(argc, argv, "epcomm-bench-mpi", BENCH_TOOL_MPI, &o);
   if (rc) {
     MPI_Finalize();
     return rc == 1 << 8 ? 0 : rc;
@@ -282,7 +294,7 @@ int main(int argc, char **argv) {
   /* The same memcpy ceiling as epcomm bench's, one copy per iteration right before the exchange,
    * so that the two runs (one after the other on a shared machine) can be compared relative to
    * each one's own ceiling as well as by raw time. */
-  size_t cn = (size_t)128 << 20; /* as tools/bench_ceiling.c */
+  size_t cn = (size_t)128 << 20; /* as tools/bench/bench_ceiling.c */
   unsigned char *csrc = xmalloc(cn), *cdst = xmalloc(cn);
   /* OpenMPI sets up its shared-memory fast paths to a peer only after some traffic (vader: eager
    * buffers after 16 sends): warm the path so that a short run does not time its set-up. */
@@ -312,9 +324,9 @@ int main(int argc, char **argv) {
   long bad2 = bench_check_combine(&o, R, me, b.out, m2, sizeof m2);
   int ok = !bad && !bad2, all_ok = 0;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  report(&o, &b, all_ok, bad ? m1 : m2, t, (double)cn);
+  rc = report(&o, &b, bad + bad2, bad ? m1 : m2, t, (double)cn);
   MPI_Type_free(&trow), MPI_Type_free(&tmeta), MPI_Type_free(&tcomb);
   free(t), free(csrc), free(cdst);
   MPI_Finalize();
-  return all_ok ? 0 : 1;
+  return rc ? rc : all_ok ? 0 : 1;
 }

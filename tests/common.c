@@ -1,17 +1,12 @@
 #include "common.h"
 
+#include "tk_dev.h"
+#include "tk_num.h"
 
 int t_rank = -1;
 const char *t_case = NULL;
 
-uint16_t t_rand_bf16(t_rng *r) {
-  float f = (t_unit(r) - 0.5f) * 8.0f;
-  union {
-    float f;
-    uint32_t u;
-  } v = {f};
-  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
+uint16_t t_rand_bf16(t_rng *r) { return tk_f32_to_bf16((t_unit(r) - 0.5f) * 8.0f); }
 
 void *t_xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
@@ -43,40 +38,28 @@ bool t_cuda(void) {
 }
 
 void t_require_backend(void) {
-  if (!t_cuda()) return;
-#ifdef EP_HAVE_CUDA
-  int n = 0;
-  cudaError_t e = cudaGetDeviceCount(&n);
-  if (e == cudaSuccess && n > 0) return;
-  printf("skipped: no GPU (%s)\n", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-#else
-  printf("skipped: no GPU (the CUDA backend is not built)\n");
-#endif
+  char why[160];
+  if (!t_cuda() || tk_dev_count(why, sizeof why) > 0) return;
+  printf("skipped: no GPU (%s)\n", why);
   fflush(stdout);
   exit(T_SKIP);
 }
 
+/* A device helper that must succeed. */
+#define T_DEV(call)                                  \
+  do {                                               \
+    if ((call) != 0) T_FAILF("%s", tk_dev_error());  \
+  } while (0)
+
 void *t_dalloc(size_t n) {
-  if (!t_cuda()) return t_xmalloc(n);
-#ifdef EP_HAVE_CUDA
-  void *p = NULL;
-  T_CUDA(cudaMalloc(&p, n ? n : 1));
-  T_CUDA(cudaMemset(p, T_POISON, n ? n : 1));
+  if (!t_cuda()) return t_xmalloc(n); /* exact size: ASan sees any overrun */
+  void *p = tk_dev_alloc(1, n, T_POISON);
+  if (!p) T_FAILF("%s", tk_dev_error());
   return p;
-#else
-  T_FAILF("t_dalloc: CUDA not built");
-#endif
 }
 
 void t_copy_to_dev(void *dev, const void *host, size_t n) {
-  if (!n) return;
-  if (!t_cuda()) {
-    memcpy(dev, host, n);
-    return;
-  }
-#ifdef EP_HAVE_CUDA
-  T_CUDA(cudaMemcpy(dev, host, n, cudaMemcpyHostToDevice));
-#endif
+  T_DEV(tk_dev_upload(t_cuda(), dev, host, n));
 }
 
 void *t_to_dev(const void *host, size_t n) {
@@ -88,30 +71,13 @@ void *t_to_dev(const void *host, size_t n) {
 
 void *t_to_host(const void *dev, size_t n) {
   void *h = t_xmalloc(n);
-  if (!n || !dev) return h;
-  if (!t_cuda()) {
-    memcpy(h, dev, n);
-    return h;
-  }
-#ifdef EP_HAVE_CUDA
-  T_CUDA(cudaMemcpy(h, dev, n, cudaMemcpyDeviceToHost));
-#endif
+  if (n && dev) T_DEV(tk_dev_download(t_cuda(), h, dev, n));
   return h;
 }
 
 void t_dfree(void *dev) {
-  if (!dev) return;
-  if (!t_cuda()) {
-    free(dev);
-    return;
-  }
-#ifdef EP_HAVE_CUDA
-  T_CUDA(cudaFree(dev));
-#endif
+  if (t_cuda()) tk_dev_free(1, dev);
+  else free(dev);
 }
 
-void t_dsync(void) {
-#ifdef EP_HAVE_CUDA
-  if (t_cuda()) T_CUDA(cudaDeviceSynchronize());
-#endif
-}
+void t_dsync(void) { T_DEV(tk_dev_sync(t_cuda(), NULL)); }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "epcomm.h"
+#include "tk_rng.h"
 
 #define T_PASS 0
 #define T_FAIL 1
@@ -48,16 +49,11 @@ extern const char *t_case;  /* current case description, for messages */
               ep_status_name(want), ep_last_error());                                 \
   } while (0)
 
-/* splitmix64: tiny, seedable, identical everywhere. */
+/* splitmix64 (tools/lib/tk_rng.h): tiny, seedable, identical everywhere. */
 typedef struct {
   uint64_t s;
 } t_rng;
-static inline uint64_t t_next(t_rng *r) {
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+static inline uint64_t t_next(t_rng *r) { return tk_splitmix(&r->s); }
 static inline t_rng t_seed(uint64_t a, uint64_t b) {
   t_rng r = {a * 0x100000001b3ull ^ (b + 0x51ed27ull)};
   t_next(&r);
@@ -82,8 +78,8 @@ void *t_xmalloc(size_t n); /* never NULL; fills with a poison byte */
 #endif
 
 /* Backend under test. EP_BACKEND=cuda selects the CUDA backend: tensors then live in device
- * memory, and the helpers below move them (on the CPU backend they are plain malloc/memcpy, so
- * one test body runs on both). */
+ * memory, and the helpers below move them (on the CPU backend they are host memory and memcpy,
+ * so one test body runs on both; tools/lib/tk_dev.h does the work). */
 bool t_cuda(void);
 /* For the CUDA backend: exit 77 with a visible "skipped: ..." line when it cannot run here (not
  * built, or no GPU). Call first, before the group. */

@@ -1,6 +1,6 @@
 /* One checked round of dispatch + combine, for the tests that must show that data still move
  * correctly after something went wrong elsewhere (a forked child, a rejected call). Every rank
- * builds every rank's inputs from (seed, rank), runs the reference (tests/ref.c) for the whole
+ * builds every rank's inputs from (seed, rank), runs the reference (tools/ref/ref.c) for the whole
  * group and compares its own outputs with it bit for bit. */
 #ifndef EP_TESTS_ROUND_H
 #define EP_TESTS_ROUND_H

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `epcomm bench` end to end at tiny sizes: the MPI_Alltoallv baseline through the launcher (its
-# outputs checked against the reference and against epcomm's), --json, and bench/plot making a
+# outputs checked against the reference and against epcomm's), --json, the baseline program alone
+# under mpirun (the same options and the same report, table and JSON), and bench/plot making a
 # PNG from the results. No performance threshold: only completion and the self-checks.
 # Usage: tests/test_bench.sh BUILD_DIR. Exit 77 (skip) when neither MPI nor gnuplot is there.
 set -u
@@ -31,6 +32,19 @@ for t in 32 96; do
   grep -q 'ratio epcomm/ceiling:' "$tmp/out$t" || fail "no ceiling ratio in the table"
 done
 echo "bench: self-checks pass (baseline $baseline)"
+if [ $have_mpi = 1 ]; then # the baseline alone: epcomm bench's options and report
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  btl=(--mca btl self,vader)
+  [ -n "${OMPI_MCA_btl:-}" ] && btl=()
+  timeout 100 mpirun -n 2 --oversubscribe --bind-to none "${btl[@]}" "$build/bin/epcomm-bench-mpi" \
+    --tokens 32 --hidden 256 --topk 4 --experts 16 --warmup 1 --iters 2 --routing zipf \
+    --json "$tmp/mpi.json" >"$tmp/mpi.out" 2>&1 || fail "epcomm-bench-mpi alone: $(tail -n 5 "$tmp/mpi.out")"
+  grep -q '^epcomm-bench-mpi: normal mode, MPI_Alltoallv baseline alone' "$tmp/mpi.out" ||
+    fail "epcomm-bench-mpi alone: not epcomm bench's report: $(head -n 3 "$tmp/mpi.out")"
+  grep -q '^MPI baseline dispatch+combine ' "$tmp/mpi.out" || fail "no dispatch+combine row"
+  grep -q '"check": "pass"' "$tmp/mpi.json" || fail "epcomm-bench-mpi alone: self-check did not pass"
+  echo "baseline alone: same report, self-check passes"
+fi
 if [ $have_plot = 1 ]; then
   "$src/bench/plot" -o "$tmp/plot.png" "$tmp/r32.json" "$tmp/r96.json" >/dev/null || fail "bench/plot failed"
   [ "$(head -c 4 "$tmp/plot.png" | od -An -tx1 | tr -d ' ')" = 89504e47 ] || fail "bench/plot wrote no PNG"

@@ -25,18 +25,13 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "tk_clock.h"
 
 static const char *death_file;
 
-static double mono(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void die_now(void) {
   FILE *f = fopen(death_file, "w");
-  if (f) fprintf(f, "%.9f\n", mono()), fclose(f);
+  if (f) fprintf(f, "%.9f\n", tk_now_s()), fclose(f);
   raise(SIGKILL);
 }
 
@@ -52,7 +47,7 @@ static double detection_s(void) {
     double t = 0;
     if (f && fscanf(f, "%lf", &t) == 1) {
       fclose(f);
-      return mono() - t;
+      return tk_now_s() - t;
     }
     if (f) fclose(f);
     nanosleep(&(struct timespec){0, 10000000}, NULL);
@@ -211,9 +206,9 @@ static int timeout(void) {
   b.n = 8;
   int late = R - 1;
   if (me == late) nanosleep(&(struct timespec){3, 0}, NULL);
-  double t0 = mono();
+  double t0 = tk_now_s();
   ep_status_t st = big_dispatch(buf, &b, R);
-  double dt = mono() - t0;
+  double dt = tk_now_s() - t0;
   if (me == late) {
     T_CHECK((st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED) &&
                 strstr(ep_last_error(), "too late"),
@@ -283,15 +278,15 @@ static int stopped_rank(bool in_barrier) {
   if (in_barrier) T_OK(ep_buffer_destroy(buf)); /* the barrier is then the group's next call */
   if (me == victim) stop_self();
   if (in_barrier && me == 0) nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
-  double t0 = mono();
+  double t0 = tk_now_s();
   ep_status_t st = in_barrier ? ep_group_barrier(g) : big_combine(buf, &b);
-  double t_fail = mono() - t0;
+  double t_fail = tk_now_s() - t0;
   char msg[512];
   snprintf(msg, sizeof msg, "%s", ep_last_error());
   T_OK(ep_handle_destroy(b.h));
   if (!in_barrier) T_OK(ep_buffer_destroy(buf)); /* broken: local, EP_OK */
   T_OK(ep_group_destroy(g));                     /* broken by the timeout too: local, EP_OK */
-  stopped_report(me, victim, st, msg, t_fail, mono() - t0, T, in_barrier ? "barrier" : "combine");
+  stopped_report(me, victim, st, msg, t_fail, tk_now_s() - t0, T, in_barrier ? "barrier" : "combine");
   free(b.x), free(b.rx), free(b.out), free(b.idx);
   return T_PASS;
 }
@@ -306,7 +301,7 @@ static int early_death(const char *how) {
   int victim = during ? 1 : R - 1;
   if (me == victim && !during) {
     FILE *f = fopen(death_file, "w");
-    if (f) fprintf(f, "%.9f\n", mono()), fclose(f);
+    if (f) fprintf(f, "%.9f\n", tk_now_s()), fclose(f);
     if (!strcmp(how, "kill")) raise(SIGKILL);
     exit(!strcmp(how, "exit1") ? 1 : 0);
   }
@@ -338,12 +333,12 @@ static int loop(const char *dir) {
   fprintf(f, "%d %s\n", (int)getpid(), getenv("EP_JOB_ID") ? getenv("EP_JOB_ID") : "-");
   fclose(f);
   ep_status_t st = EP_OK;
-  double t0 = mono(), t_fail = 0;
-  while (st == EP_OK && mono() - t0 < 30) {
+  double t0 = tk_now_s(), t_fail = 0;
+  while (st == EP_OK && tk_now_s() - t0 < 30) {
     st = big_dispatch(buf, &b, R);
     if (!st) st = big_combine(buf, &b);
     if (!st) T_OK(ep_handle_destroy(b.h));
-    t_fail = mono();
+    t_fail = tk_now_s();
   }
   char msg[512];
   snprintf(msg, sizeof msg, "%s", ep_last_error());

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "ll_world.h"
+#include "tk_clock.h"
 
 static const llw_cfg_t cfgs[] = {
     {16, 256, 48, 9}, /* general */
@@ -133,11 +134,7 @@ enum { D1, C1, DS, DR, CS, CR, NFIG }; /* one-phase dispatch, combine; two-phase
 static const char *fig_names[] = {"dispatch", "combine", "dispatch send", "dispatch recv",
                                   "combine send", "combine recv"};
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
-}
+static double now_us(void) { return 1e6 * tk_now_s(); }
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;

@@ -1,5 +1,5 @@
 /* The combine reduction kernels (src/cpu/cpu_reduce.c): every kernel this CPU has must give the
- * same bits as the scalar loop, and that loop the reference's arithmetic (tests/ref.c), over random
+ * same bits as the scalar loop, and that loop the reference's arithmetic (tools/ref/ref.c), over random
  * rows with the awkward values mixed in: +-0, denormals, +-inf, values whose sum overflows, NaN
  * (every NaN result is the canonical 0x7fff, whatever payload the adds propagated). */
 #include <stdio.h>

@@ -1,11 +1,12 @@
-/* Unit tests of the reference implementation (ref.c) on hand-computed cases; every expected value
+/* Unit tests of the reference implementation (tools/ref/ref.c) on hand-computed cases; every expected value
  * below was derived by hand (the derivation is in the comments), not copied from a run.
  *
  *   test_ref          all tests; conversions: every bf16 / e4m3 code, and fp32 inputs built to hit
  *                     every binade and every rounding tie (+- 1 ulp)   (well under a second)
  *   test_ref --full   also every one of the 2^32 fp32 inputs for both encoders (about a minute)
  * Exit 0: pass; 1: fail (each failure printed).
- * Build: cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -O2 test_ref.c ref.c -lm */
+ * Build: cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -O2 -I../tools/ref -I../tools/lib
+ *        test_ref.c ../tools/ref/ref.c ../tools/lib/tk_num.c -lm */
 #include "ref.h"
 
 #include <math.h>

@@ -16,8 +16,9 @@
 #             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/R, then gives up on DeepEP's low-latency mode
 #             ($DS_LL_ONE_KERNEL=1 also tries DeepEP's one-kernel form at R=2, bounded)
 #     report  the table (also in OUT_DIR/table.txt)
-# Every run is bounded by `timeout`; logs: OUT_DIR/{epcomm,deepep}-*.log; nothing in the
-# repository or in DEEPEP_SRC is modified (DeepEP is built in a copy).
+# Every run is bounded by `timeout`; logs: OUT_DIR/{epcomm,deepep}-*.log, and epcomm-*.json (one
+# `epcomm bench --json` per size and dtype), which the report reads; nothing in the repository or
+# in DEEPEP_SRC is modified (DeepEP is built in a copy).
 # DeepEP's build: setup.py finds NVSHMEM through the nvidia-nvshmem wheel (low-latency kernels
 # need it); DS_NVSHMEM=0 builds without it (normal mode only). Build flags as seen working on the
 # H200 image (../shared/gpu/README.md): CPATH/NVCC_APPEND_FLAGS -I/usr/local/cuda/include/cccl,
@@ -120,15 +121,21 @@ runpy.run_path("setup.py", run_name="__main__")'
         echo "DeepEP normal R=$R, $S SMs: exit $?"
         summary "$out/deepep-normal-r$R.log" 5
         for N in $tokens; do
-          epbench "$out/epcomm-normal-r$R-t$N.log" 120 "$R" --threads "$S" --tokens "$N" --iters 30
-          echo "epcomm normal R=$R, $S SMs, $N tokens: exit $?"
+          for dt in bf16 fp8; do
+            epbench "$out/epcomm-normal-r$R-t$N-$dt.log" 120 "$R" --sms "$S" --tokens "$N" \
+              --dtype $dt --iters 30 --json "$out/epcomm-normal-r$R-t$N-$dt.json"
+            echo "epcomm normal R=$R, $S SMs, $N tokens, $dt: exit $?"
+          done
         done
       done ;;
     ll)
       pct=""
       for R in $ll_ranks; do
-        epbench "$out/epcomm-ll-r$R-t$ll_tokens.log" 90 "$R" --mode ll --tokens "$ll_tokens"
-        echo "epcomm low-latency R=$R, $ll_tokens tokens: exit $?"
+        for dt in bf16 fp8; do
+          epbench "$out/epcomm-ll-r$R-t$ll_tokens-$dt.log" 90 "$R" --mode ll --tokens "$ll_tokens" \
+            --dtype $dt --json "$out/epcomm-ll-r$R-t$ll_tokens-$dt.json"
+          echo "epcomm low-latency R=$R, $ll_tokens tokens, $dt: exit $?"
+        done
         [ "$pct" = none ] && continue
         envs=()
         [ -n "$pct" ] && envs=(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / R)))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Times DeepEP V1 (a built source tree, imported as `deep_ep`) at epcomm's benchmark sizes, and
-prints one table of ratios against `epcomm bench --backend cuda` logs of the same run.
+prints one table of ratios against `epcomm bench --backend cuda --json` results of the same run.
 
 Our own harness: it imports the built deep_ep and times its public calls with CUDA events; it
 copies nothing of DeepEP's tests. Used by tools/deepep_side_by_side.sh; by hand (GPU machine, with
@@ -8,7 +8,7 @@ the ranks under MPS when they share a GPU):
 
   PYTHONPATH=DEEPEP_BUILD python3 tools/deepep_time.py normal --ranks 2 --sms 24 --tokens 4096,512,128
   PYTHONPATH=DEEPEP_BUILD python3 tools/deepep_time.py ll --ranks 2 --tokens 128 --experts 288
-  python3 tools/deepep_time.py report OUT_DIR      # the table, from the logs of both sides
+  python3 tools/deepep_time.py report OUT_DIR      # the table: DeepEP's logs, epcomm's JSON
 
 normal: intranode dispatch (bf16, fp8 e4m3 with per-128 float scales, column-major as DeepEP's
   own tests pass them) and combine (bf16, no weights, no bias), R processes on one GPU, a gloo
@@ -17,12 +17,13 @@ normal: intranode dispatch (bf16, fp8 e4m3 with per-128 float scales, column-maj
   = dispatch along the handle, `combine` = combine of the bf16 dispatch's recv_x along its handle.
   DeepEP's chunk size is tuned per operation over a few values (its tests tune too), the best
   kept; its default config is one of the candidates. Time: CUDA events around each call on the
-  current stream, calls back to back, the mean over --iters calls after warm-up (DeepEP's and
-  cuda_bench's method), the slowest rank's mean.
+  current stream, calls back to back, the mean over --iters calls after warm-up (DeepEP's own
+  method), the slowest rank's mean; compared with the mean of epcomm bench's per-iteration slowest
+  rank (its JSON's "mean").
 low-latency: low_latency_dispatch (bf16, fp8) and low_latency_combine (y in a tensor of ours, and
   zero copy), T tokens, E experts; `--hook 1` (default) sends with return_recv_hook=True and calls
   the hook at once, timing send and receive apart and together; `--hook 0` is DeepEP's one-kernel
-  form. Median and p90 over --iters calls, slowest rank (cuda_bench_ll's method).
+  form. Median and p90 over --iters calls, slowest rank; compared with epcomm bench's median.
 
 Each run prints `DEEPEP {json}` lines (rank 0) that `report` reads."""
 import argparse
@@ -318,17 +319,14 @@ def spawn(worker, args):
 
 # ----------------------------------------------------------------------------- report
 
+# epcomm bench's rows (JSON phase keys) of a bf16 / fp8 run -> the op names of the table
 EP_NORMAL = {
-    "dispatch fp8 (full, views)": "dispatch_fp8_full",
-    "dispatch fp8 (cached, views)": "dispatch_fp8_cached",
-    "dispatch bf16 (full, views)": "dispatch_bf16_full",
-    "dispatch bf16 (cached, views)": "dispatch_bf16_cached",
-    "dispatch bf16 (cached, copy)": "dispatch_bf16_cached_copy",
-    "combine bf16 (x = view)": "combine_view",
-    "combine bf16 (x = tensor)": "combine_tensor",
-    "combine bf16 (x = comb. buf)": "combine_cbuf",
-    "write + combine (comb. buf)": "write_combine_cbuf",
-    "write + combine (x = tensor)": "write_combine_tensor",
+    "bf16": {"dispatch": "dispatch_bf16_full", "dispatch_cached": "dispatch_bf16_cached",
+             "dispatch_cached_caller": "dispatch_bf16_cached_copy", "combine_view": "combine_view",
+             "combine": "combine_tensor", "combine_cbuf": "combine_cbuf",
+             "write_combine_cbuf": "write_combine_cbuf",
+             "write_combine_tensor": "write_combine_tensor"},
+    "fp8": {"dispatch": "dispatch_fp8_full", "dispatch_cached": "dispatch_fp8_cached"},
 }
 # epcomm op -> the DeepEP op it is compared with
 VS_NORMAL = [
@@ -344,15 +342,11 @@ VS_NORMAL = [
     ("write_combine_tensor", "write_combine", "experts' write + combine (tensor)"),
 ]
 EP_LL = {
-    "dispatch bf16 (one phase)": "dispatch_bf16",
-    "dispatch fp8 (one phase)": "dispatch_fp8",
-    "combine, y = caller memory (one phase)": "combine_caller",
-    "combine, y = bf16 view (one phase)": "combine_view",
-    "combine, zero copy (one phase)": "combine_zero_copy",
-    "dispatch bf16: send (two phases)": "dispatch_bf16_send",
-    "dispatch bf16: receive": "dispatch_bf16_recv",
-    "combine: send (two phases)": "combine_send",
-    "combine: receive": "combine_recv",
+    "bf16": {"dispatch": "dispatch_bf16", "combine": "combine_caller",
+             "combine_view": "combine_view", "combine_zero_copy": "combine_zero_copy",
+             "dispatch_send": "dispatch_bf16_send", "dispatch_recv": "dispatch_bf16_recv",
+             "combine_send": "combine_send", "combine_recv": "combine_recv"},
+    "fp8": {"dispatch": "dispatch_fp8"},
 }
 VS_LL = [
     ("dispatch_bf16", "dispatch_bf16", "dispatch bf16"),
@@ -370,27 +364,23 @@ VS_LL = [
 
 
 def parse_epcomm(path):
-    """(mode, R, sms, tokens) and {op: us} from one `epcomm bench --backend cuda` log."""
-    txt = open(path, errors="replace").read()
+    """(mode, R, sms, tokens) and {op: us} from one `epcomm bench --backend cuda --json` file:
+    normal mode by the mean (DeepEP's statistic), low latency by the median."""
+    try:
+        d = json.load(open(path))
+    except (OSError, ValueError):
+        return None, {}
+    cfg = d.get("config", {})
+    mode, dtype = cfg.get("mode"), cfg.get("dtype")
+    key = (mode, cfg.get("ranks"), cfg.get("threads") if mode == "normal" else 0, cfg.get("tokens"))
+    table = (EP_NORMAL if mode == "normal" else EP_LL).get(dtype, {})
+    stat = "mean" if mode == "normal" else "median"
     ops = {}
-    m = re.search(r"R=(\d+) ranks.*?(\d+) SMs per rank, (\d+) tokens", txt)
-    if m:
-        key = ("normal", int(m.group(1)), int(m.group(2)), int(m.group(3)))
-        table = EP_NORMAL
-    else:
-        m = re.search(r"low-latency bench: R=(\d+) ranks.*?(\d+) tokens per rank", txt)
-        if not m:
-            return None, {}
-        key = ("ll", int(m.group(1)), 0, int(m.group(2)))
-        table = EP_LL
-    for line in txt.splitlines():
-        line = re.sub(r"^\[0\] ", "", line)
-        for name, op in table.items():
-            if line.startswith(name):
-                nums = re.findall(r"\s([\d.]+)", line[len(name):])
-                if nums:
-                    ops[op] = float(nums[0])
-    if "check: FAILED" in txt or "combine check: FAILED" in txt:
+    for k, op in table.items():
+        t = d.get("phases", {}).get(k, {}).get("time_ms", {}).get(stat)
+        if t is not None:
+            ops[op] = 1e3 * t
+    if d.get("summary", {}).get("check") != "pass":
         ops["_check"] = "FAILED"
     return key, ops
 
@@ -410,10 +400,10 @@ def parse_deepep(path):
 def report(d):
     import glob
     ep = {}
-    for p in sorted(glob.glob(os.path.join(d, "epcomm-*.log"))):
+    for p in sorted(glob.glob(os.path.join(d, "epcomm-*.json"))):
         key, ops = parse_epcomm(p)
         if key:
-            ep[key] = ops
+            ep.setdefault(key, {}).update(ops)  # the bf16 and the fp8 run of one size
     dp = {}
     notes = []
     for p in sorted(glob.glob(os.path.join(d, "deepep-*.log"))):

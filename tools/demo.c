@@ -7,11 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli.h"
 #include "epcomm.h"
 #include "ref.h"
+#include "tk_clock.h"
+#include "tk_rng.h"
 
 typedef struct {
   int tokens, hidden, topk, experts, iters;
@@ -32,35 +33,22 @@ typedef struct {
     }                                                                                   \
   } while (0)
 
-static uint64_t mix(uint64_t *s) {
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 /* Rank r's tokens, rebuilt identically by every rank (the reference needs all of them). */
 static void make_input(const demo_opts_t *o, int r, uint16_t *x, int64_t *idx) {
   uint64_t s = 1234567 + (uint64_t)r;
   for (size_t i = 0; i < (size_t)o->tokens * o->hidden; i++)
-    x[i] = ref_f32_to_bf16((float)(int)(mix(&s) % 2001 - 1000) / 256.0f);
+    x[i] = ref_f32_to_bf16((float)(int)(tk_splitmix(&s) % 2001 - 1000) / 256.0f);
   for (int t = 0; t < o->tokens; t++)
     for (int k = 0; k < o->topk; k++) {
       int64_t e;
       int dup;
       do { /* topk distinct experts, like torch.topk over router scores */
-        e = (int64_t)(mix(&s) % (uint64_t)o->experts);
+        e = (int64_t)(tk_splitmix(&s) % (uint64_t)o->experts);
         dup = 0;
         for (int j = 0; j < k; j++) dup |= idx[(size_t)t * o->topk + j] == e;
       } while (dup);
       idx[(size_t)t * o->topk + k] = e;
     }
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* The reference for the whole group; returns whether this rank's outputs match it. */
@@ -170,17 +158,17 @@ static void run_iters(ep_buffer_t buf, const demo_opts_t *o, const uint16_t *x,
     a.topk_idx = idx, a.topk = o->topk, a.num_experts = o->experts;
     ep_dispatch_out_t d = EP_DISPATCH_OUT_INIT;
     d.mode = EP_OUTPUT_CALLER, d.recv_x = rx, d.capacity = cap;
-    double t0 = now_s();
+    double t0 = tk_now_s();
     CHECK(ep_dispatch(buf, &a, &d));
-    double t1 = now_s();
+    double t1 = tk_now_s();
     int nr = d.num_recv_tokens;
     ep_handle_t h = d.handle;
     for (size_t i = 0; i < (size_t)nr * o->hidden; i++)
       y[i] = ref_f32_to_bf16(2.0f * ref_bf16_to_f32(rx[i]));
     ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = y, .out = out};
-    double t2 = now_s();
+    double t2 = tk_now_s();
     CHECK(ep_combine(buf, &c));
-    double t3 = now_s();
+    double t3 = tk_now_s();
     CHECK(ep_handle_destroy(h));
     if (t1 - t0 < f->dispatch_s) f->dispatch_s = t1 - t0; /* best of the iterations */
     if (t3 - t2 < f->combine_s) f->combine_s = t3 - t2;

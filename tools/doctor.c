@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "cli.h"
+#include "tk_json.h"
 
 static int usage(FILE *f) {
   fprintf(f,
@@ -26,35 +27,6 @@ static int usage(FILE *f) {
           "The rulebook is $EP_DOCTOR_RULES, else ../share/epcomm/doctor-rules.txt from the epcomm\n"
           "binary. See docs/DOCTOR.md.\n");
   return f == stdout ? 0 : 2;
-}
-
-/* ---- JSON ------------------------------------------------------------------------------------ */
-
-static int utf8_len(const unsigned char *s) {
-  int n = s[0] >= 0xF0 && s[0] <= 0xF4 ? 4 : s[0] >= 0xE0 ? 3 : s[0] >= 0xC2 && s[0] < 0xE0 ? 2 : 0;
-  for (int i = 1; i < n; i++)
-    if ((s[i] & 0xC0) != 0x80) return 0;
-  return n;
-}
-
-void dr_json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-    if (*p == '"' || *p == '\\') {
-      fprintf(f, "\\%c", *p);
-    } else if (*p < 0x20) {
-      fprintf(f, *p == '\n' ? "\\n" : *p == '\t' ? "\\t" : "\\u%04x", *p);
-    } else if (*p < 0x80) {
-      fputc(*p, f);
-    } else {
-      int n = utf8_len(p);
-      if (n)
-        fwrite(p, 1, (size_t)n, f), p += n - 1;
-      else
-        fputs("\\ufffd", f); /* logs are bytes; JSON must be UTF-8 */
-    }
-  }
-  fputc('"', f);
 }
 
 /* ---- groups: one per (cause, phase), unknown lines per (masked text, phase) ------------------ */
@@ -236,7 +208,7 @@ static void json_line_ref(FILE *f, const dr_log_t *log, size_t i) {
           l->stream == 'o'   ? "out"
           : l->stream == 'e' ? "err"
                              : "?");
-  dr_json_str(f, l->text);
+  tk_json_str(f, l->text);
   fputc('}', f);
 }
 
@@ -244,13 +216,13 @@ static void json_group(FILE *f, const report_t *r, const group_t *g) {
   fprintf(f, "    {\"phase\": \"%s\", \"count\": %zu, ", dr_phase_name(g->phase), g->count);
   if (g->rule >= 0) {
     const dr_rule_t *rule = &r->rb->rules[g->rule];
-    fputs("\"cause_id\": ", f), dr_json_str(f, rule->id);
-    fputs(", \"tool\": ", f), dr_json_str(f, rule->tool);
+    fputs("\"cause_id\": ", f), tk_json_str(f, rule->id);
+    fputs(", \"tool\": ", f), tk_json_str(f, rule->tool);
     fprintf(f, ", \"phase_hint\": \"%s\", \"cause\": ", dr_phase_name(rule->phase_hint));
-    dr_json_str(f, rule->cause);
-    fputs(", \"fix\": ", f), dr_json_str(f, rule->fix);
+    tk_json_str(f, rule->cause);
+    fputs(", \"fix\": ", f), tk_json_str(f, rule->fix);
   } else {
-    fputs("\"cause_id\": \"unknown\", \"pattern\": ", f), dr_json_str(f, g->key);
+    fputs("\"cause_id\": \"unknown\", \"pattern\": ", f), tk_json_str(f, g->key);
   }
   fputs(", \"first\": ", f), json_line_ref(f, r->log, g->first), fputc('}', f);
 }
@@ -264,7 +236,7 @@ static void json_lines(FILE *f, const report_t *r) {
     if (!l->warn) continue;
     fprintf(f, "%s\n    {\"line\": %zu, \"phase\": \"%s\", \"cause_id\": ", comma++ ? "," : "",
             i + 1, dr_phase_name(l->phase));
-    dr_json_str(f, l->rule >= 0 ? r->rb->rules[l->rule].id : "unknown");
+    tk_json_str(f, l->rule >= 0 ? r->rb->rules[l->rule].id : "unknown");
     fputs(", \"at\": ", f), json_line_ref(f, log, i), fputc('}', f);
   }
   fputs("\n  ]\n", f);
@@ -279,12 +251,12 @@ static void report_json(FILE *f, const report_t *r) {
   fprintf(f, "  \"signal\": %d,\n  \"ignored\": %zu,\n  \"command\": ", log->signal, log->ignored);
   if (r->argv) {
     fputc('[', f);
-    for (char **a = r->argv; *a; a++) fputs(a == r->argv ? "" : ", ", f), dr_json_str(f, *a);
+    for (char **a = r->argv; *a; a++) fputs(a == r->argv ? "" : ", ", f), tk_json_str(f, *a);
     fputc(']', f);
   } else {
-    fputs("null, \"file\": ", f), dr_json_str(f, r->file);
+    fputs("null, \"file\": ", f), tk_json_str(f, r->file);
   }
-  fputs(",\n  \"rulebook\": ", f), dr_json_str(f, r->rb->path);
+  fputs(",\n  \"rulebook\": ", f), tk_json_str(f, r->rb->path);
   fputs(",\n  \"end_of_work\": ", f);
   if (log->last >= 0) {
     fprintf(f, "{\"kind\": \"%s\", \"first_work_line\": %ld, \"at\": ", log->end_kind,
@@ -387,9 +359,9 @@ static void env_row(const dr_check_t *k, int w) {
 }
 
 static void env_json(const dr_check_t *k, int first) {
-  fputs(first ? "\n {\"check\": " : ",\n {\"check\": ", stdout), dr_json_str(stdout, k->check);
+  fputs(first ? "\n {\"check\": " : ",\n {\"check\": ", stdout), tk_json_str(stdout, k->check);
   printf(", \"status\": \"%s\", \"detail\": ", dr_status_name(k->status));
-  dr_json_str(stdout, k->detail), fputs(", \"fix\": ", stdout), dr_json_str(stdout, k->fix);
+  tk_json_str(stdout, k->detail), fputs(", \"fix\": ", stdout), tk_json_str(stdout, k->fix);
   fputc('}', stdout);
 }
 

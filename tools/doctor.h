@@ -132,9 +132,4 @@ void dr_net_run(dr_checks_t *out);
 /* NCCL_SOCKET_IFNAME must leave an interface that is up: DR_INFO, or DR_FAIL with *fix. */
 int dr_judge_socket_ifname(const char *v, const char **fix);
 
-/* ---- output helpers -------------------------------------------------------------------------- */
-
-/* Writes s as a JSON string (quotes included); invalid UTF-8 becomes U+FFFD. */
-void dr_json_str(FILE *f, const char *s);
-
 #endif

@@ -3,12 +3,12 @@
  * this file only parses it. Rules are data so that a new message needs no rebuild. */
 #include <ctype.h>
 #include <errno.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "doctor.h"
+#include "tk_spawn.h"
 
 /* Where the rulebook is, relative to the directory of the epcomm executable: the same in the
  * build tree and in an installed tree (cmake/install.cmake sets it from the install dirs). */
@@ -29,12 +29,8 @@ int dr_rules_locate(char *buf, size_t len) {
   const char *env = getenv("EP_DOCTOR_RULES");
   char cand[2][4096] = {{0}};
   if (env && *env) snprintf(cand[0], sizeof cand[0], "%s", env);
-  char exe[4096];
-  ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (k > 0) {
-    exe[k] = '\0';
-    snprintf(cand[1], sizeof cand[1], "%s/%s", dirname(exe), EP_RULES_FROM_BIN);
-  }
+  char dir[4096];
+  if (tk_self_dir(dir, sizeof dir)) snprintf(cand[1], sizeof cand[1], "%s/%s", dir, EP_RULES_FROM_BIN);
   /* An explicit $EP_DOCTOR_RULES that is wrong is an error, not a reason to use another file. */
   int last = env && *env ? 1 : 2;
   for (int i = 0; i < last; i++)

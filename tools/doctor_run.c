@@ -9,7 +9,6 @@
  * Lines a launcher tagged with a rank are measured against that rank's own work lines. */
 #include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -19,6 +18,8 @@
 #include <unistd.h>
 
 #include "doctor.h"
+#include "tk_clock.h"
+#include "tk_spawn.h"
 
 /* ---- the line store -------------------------------------------------------------------------- */
 
@@ -71,12 +72,6 @@ typedef struct {
   size_t len, cap;
 } stream_t;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void write_all(int fd, const char *p, size_t n) {
   while (n > 0) {
     ssize_t k = write(fd, p, n);
@@ -114,7 +109,7 @@ static void close_stream(stream_t *s, dr_log_t *log, double t0, FILE *lf) {
   if (s->fd < 0) return;
   close(s->fd);
   s->fd = -1;
-  split_lines(s, log, now_s() - t0, lf, 1);
+  split_lines(s, log, tk_now_s() - t0, lf, 1);
 }
 
 /* One read from a ready pipe: pass the bytes through unchanged, then keep the lines. */
@@ -133,7 +128,7 @@ static int pump(stream_t *s, dr_log_t *log, double t0, FILE *lf) {
   }
   memcpy(s->buf + s->len, chunk, (size_t)k);
   s->len += (size_t)k;
-  return split_lines(s, log, now_s() - t0, lf, 0);
+  return split_lines(s, log, tk_now_s() - t0, lf, 0);
 }
 
 static volatile pid_t g_child = -1;
@@ -143,21 +138,36 @@ static void forward_signal(int sig) {
   if (g_child > 0) kill(g_child, sig);
 }
 
-static void child_exec(char **argv, int out[2], int err[2], int status_fd) {
+/* In the child before exec (the doctor is single-threaded, so setenv is safe here). */
+static int child_setup(void *ctx) {
+  (void)ctx;
   signal(SIGPIPE, SIG_DFL); /* ignored dispositions survive exec: give the command the defaults */
   signal(SIGINT, SIG_DFL);
   signal(SIGQUIT, SIG_DFL);
-  dup2(out[1], STDOUT_FILENO);
-  dup2(err[1], STDERR_FILENO);
-  close(out[0]), close(out[1]), close(err[0]), close(err[1]);
   /* Python block-buffers a piped stdout, which would move the test summary after the warnings
    * printed at exit and hide the very ordering the doctor reads. */
   setenv("PYTHONUNBUFFERED", "1", 0);
   unsetenv("EP_DOCTOR_RULES"); /* the doctor's own: the library would call it unknown */
-  execvp(argv[0], argv);
-  int e = errno;
-  write_all(status_fd, (const char *)&e, sizeof e);
-  _exit(127);
+  return 0;
+}
+
+/* The command with its stdout and stderr on pipes; 0, or -1 after saying why. */
+static int start(char **argv, int out[2], int err[2], pid_t *pid) {
+  int e = tk_pipe(out);
+  if (!e && (e = tk_pipe(err))) close(out[0]), close(out[1]);
+  if (e) {
+    fprintf(stderr, "epcomm doctor: pipe: %s\n", strerror(e));
+    return -1;
+  }
+  tk_spawn_t sp = TK_SPAWN_INIT;
+  sp.argv = argv, sp.search_path = 1, sp.fd_out = out[1], sp.fd_err = err[1];
+  sp.child_setup = child_setup;
+  e = tk_spawn(&sp, pid);
+  close(out[1]), close(err[1]);
+  if (!e) return 0;
+  fprintf(stderr, "epcomm doctor: cannot run '%s': %s\n", argv[0], strerror(e));
+  close(out[0]), close(err[0]);
+  return -1;
 }
 
 /* Seconds the pipes are still read after the command exited. What the command itself wrote is in
@@ -174,22 +184,22 @@ static int drain(stream_t *s, pid_t pid, dr_log_t *log, double t0, FILE *lf) {
     int n = 0, map[2];
     for (int i = 0; i < 2; i++)
       if (s[i].fd >= 0) p[n] = (struct pollfd){s[i].fd, POLLIN, 0}, map[n++] = i;
-    if (n == 0 || (reaped && now_s() >= stop_at)) break;
-    int ms = reaped ? (int)((stop_at - now_s()) * 1e3) + 1 : 20; /* exit seen within 20 ms */
+    if (n == 0 || (reaped && tk_now_s() >= stop_at)) break;
+    int ms = reaped ? (int)((stop_at - tk_now_s()) * 1e3) + 1 : 20; /* exit seen within 20 ms */
     if (poll(p, (nfds_t)n, ms) < 0 && errno != EINTR) break;
     for (int j = 0; j < n; j++)
       if (p[j].revents) pump(&s[map[j]], log, t0, lf);
     if (!reaped && waitpid(pid, &ws, WNOHANG) == pid) {
       reaped = 1;
-      log->wall_s = now_s() - t0;
-      stop_at = now_s() + DRAIN_S;
+      log->wall_s = tk_now_s() - t0;
+      stop_at = tk_now_s() + DRAIN_S;
     }
   }
   close_stream(&s[0], log, t0, lf), close_stream(&s[1], log, t0, lf);
   if (!reaped) {
     while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
     }
-    log->wall_s = now_s() - t0;
+    log->wall_s = tk_now_s() - t0;
   }
   return ws;
 }
@@ -257,25 +267,14 @@ static FILE *open_log(const char *path, char **argv) {
 
 int dr_capture(char **argv, int quiet_stdout, const char *log_path, dr_log_t *log) {
   memset(log, 0, sizeof *log);
-  int out[2], err[2], st[2];
-  if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(st, O_CLOEXEC)) {
-    fprintf(stderr, "epcomm doctor: pipe: %s\n", strerror(errno));
-    return -1;
-  }
+  int out[2], err[2];
+  pid_t pid;
   FILE *lf = open_log(log_path, argv);
-  double t0 = now_s();
-  pid_t pid = fork();
-  if (pid == 0) child_exec(argv, out, err, st[1]);
-  close(out[1]), close(err[1]), close(st[1]);
-  int e = 0;
-  if (pid < 0 || read(st[0], &e, sizeof e) == (ssize_t)sizeof e) {
-    fprintf(stderr, "epcomm doctor: cannot run '%s': %s\n", argv[0], strerror(pid < 0 ? errno : e));
-    if (pid > 0) waitpid(pid, NULL, 0);
-    close(out[0]), close(err[0]), close(st[0]);
+  double t0 = tk_now_s();
+  if (start(argv, out, err, &pid)) {
     if (lf) fclose(lf);
     return -1;
   }
-  close(st[0]);
   /* Like system(): Ctrl-C stops the command, and the doctor lives to report on it. */
   struct sigaction ign = {.sa_handler = SIG_IGN}, fwd = {.sa_handler = forward_signal}, old[4];
   g_child = pid;

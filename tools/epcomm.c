@@ -16,8 +16,8 @@ static const struct {
      "launch -n R [--timeout S] [--grace S] [--no-tag] [--] PROGRAM ARGS...\n"
      "                    start R local ranks of PROGRAM; stdin goes to rank 0"},
     {"bench", ep_cmd_bench,
-     "bench [--mode normal|ll] [--tokens N] ... [--json [FILE]]\n"
-     "                    measure dispatch/combine (run it under launch)"},
+     "bench [--mode normal|ll] [--backend cpu|cuda] [--tokens N] ... [--json [FILE]]\n"
+     "                    measure dispatch/combine on either backend (run it under launch)"},
     {"doctor", ep_cmd_doctor,
      "doctor env | run -- CMD | verify -- CMD | classify LOG | rules\n"
      "                    diagnose the communication warnings of any program"},

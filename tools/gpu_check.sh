@@ -5,15 +5,17 @@
 #   net (across pretend hosts, issue 14: the NCCL engine on one GPU with a NCCL_HOSTID per rank,
 #   then the cpu path's net.* tests through MPI; NCCL's library and header are looked for in the
 #   PyTorch wheel when the toolkit has none: set EP_NCCL_LIB / NCCL_HOME to choose)
-#   (trace = bin/cuda_bench with EP_CUDA_TRACE=1 at R=2 and 8: mean time of each phase of a
-#   normal-mode call)
-#   (llopt = bin/cuda_bench_ll at R=2/4/8 once per EP_CUDA_LL_OPT variant in $LLOPT (default
-#   "0 1 3 7 15 31", R in $LLR, default "2 4 8"), one line each; lltrace = EP_CUDA_LL_TRACE=1 at
-#   R in $LLTR (default "2 8") for OPT in $LLTROPT (default "0 31"):
-#   the mean time of every kernel phase, rank 0's lines)
-#   (low-latency mode: ll = the cuda.ll* tests, llsan = compute-sanitizer memcheck and racecheck
-#   on small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend cuda` at R=2/4/8
-#   with 128 tokens, then 16/32/64 tokens)
+#   (bench = `epcomm bench --backend cuda` at R=2/4/8, bf16 and fp8, DeepEP's sizes and SMs per
+#   rank, every variant and the cudaMemcpy baseline, tables and JSON into OUT_DIR; epbench is the
+#   same step under its older name; scan = the same with more SMs per rank; trace = the same with
+#   EP_CUDA_TRACE=1 at R=2 and 8: mean time of each phase of a normal-mode call)
+#   (llopt = `epcomm bench --mode ll --backend cuda` at R=2/4/8 once per EP_CUDA_LL_OPT variant in
+#   $LLOPT (default "0 1 3 7 15 31", R in $LLR, default "2 4 8"), bf16 and fp8, one line each;
+#   lltrace = EP_CUDA_LL_TRACE=1 at R in $LLTR (default "2 8") for OPT in $LLTROPT (default
+#   "0 31"): the mean time of every kernel phase, rank 0's lines)
+#   (low-latency mode: ll = the cuda.ll* and cuda.bench* tests, llsan = compute-sanitizer memcheck
+#   and racecheck on small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend
+#   cuda` at R=2/4/8 with 128 tokens (bf16 and fp8), then 16/32/64 tokens)
 # WITH_MPS: path of shared/gpu/with-mps (ranks sharing one GPU run concurrently under MPS).
 # Every step is bounded by `timeout`; logs go to OUT_DIR; a one-line summary per step to stdout.
 set -u -o pipefail
@@ -25,6 +27,15 @@ b=build-gpu
 mkdir -p "$out"
 export EP_TIMEOUT_S=${EP_TIMEOUT_S:-15}
 ok=1
+# us KEY FILE: the median time in us of phase KEY of an `epcomm bench --json` file ("-": absent);
+# summary KEY FILE: a value of its summary block.
+us() {
+  sed -n "s/^  \"$1\": {.*\"time_ms\": {\"median\": \([^,]*\),.*/\1/p" "$2" 2>/dev/null |
+    awk 'END { if (NR) printf "%.1f", $1 * 1000; else printf "-" }'
+}
+summary() {
+  sed -n "s/^  \"$1\": \([^,]*\),*$/\1/p" "$2" 2>/dev/null | awk 'END { printf "%s", NR ? $1 : "-" }'
+}
 for s in $steps; do
   t0=$SECONDS
   case $s in
@@ -58,20 +69,16 @@ for s in $steps; do
       export EP_BACKEND=cuda
       san memcheck san-memcheck-normal.log 1 $b/tests/test_normal
       unset EP_BACKEND ;;
-    bench)
+    bench|epbench)
+      # One program for both backends: the same options, checks and statistics as on the CPU.
       for R in 2 4 8; do
-        timeout 120 "$mps" $b/bin/epcomm launch -n $R $b/bin/cuda_bench >"$out/bench-r$R.log" 2>&1
-        echo "bench R=$R: exit $?"
-        grep -v '^\[[1-9]' "$out/bench-r$R.log" | sed 's/^\[0\] //' | tail -14
-      done ;;
-    epbench)
-      # The same GPU benchmark through the public command, at DeepEP's SMs per rank.
-      for rs in "2 24" "4 24" "8 16"; do
-        set -- $rs
-        timeout 150 "$mps" $b/bin/epcomm launch -n $1 $b/bin/epcomm bench --backend cuda \
-          --threads $2 >"$out/epbench-r$1.log" 2>&1
-        echo "epcomm bench --backend cuda, R=$1, $2 SMs per rank: exit $?"
-        grep -v '^\[[1-9]' "$out/epbench-r$1.log" | sed 's/^\[0\] //' | tail -16
+        for dt in bf16 fp8; do
+          timeout 150 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench --backend cuda \
+            --dtype $dt --json "$out/bench-r$R-$dt.json" >"$out/bench-r$R-$dt.log" 2>&1
+          echo "epcomm bench --backend cuda, R=$R, $dt: exit $?"
+          grep -v '^\[[1-9]' "$out/bench-r$R-$dt.log" | sed 's/^\[0\] //' |
+            grep -E '^(epcomm|copy ceiling|cudaMemcpy|ratio|check|first)'
+        done
       done ;;
     net)
       lib=${EP_NCCL_LIB:-$(find /opt /usr -name 'libnccl.so.2' 2>/dev/null | head -1)}
@@ -87,7 +94,7 @@ for s in $steps; do
       done
       timeout 300 tests/run.sh --filter '^net' $b 2>&1 | tee "$out/net-cpu.log" | tail -4 || true ;;
     ll)
-      timeout 560 "$mps" tests/run.sh --filter '^cuda\.ll' $b 2>&1 | tee "$out/ll.log" |
+      timeout 560 "$mps" tests/run.sh --filter '^cuda\.(ll|bench)' $b 2>&1 | tee "$out/ll.log" |
         grep -v '^PASS' || true ;;
     llsan)
       # No MPS (see sanitize); small shapes, one rank pair.
@@ -107,50 +114,60 @@ for s in $steps; do
       unset EP_BACKEND ;;
     llbench)
       for R in 2 4 8; do
-        for T in 128 64 32 16; do
-          timeout 45 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench --mode ll --backend cuda \
-            --tokens $T >"$out/llbench-r$R-t$T.log" 2>&1
-          echo "ll bench R=$R tokens $T: exit $?"
-          grep -v '^\[[1-9]' "$out/llbench-r$R-t$T.log" | sed 's/^\[0\] //' | grep -E '^(dispatch|combine|graph|overlap|check)'
+        for run in "128 bf16" "128 fp8" "64 bf16" "32 bf16" "16 bf16"; do
+          set -- $run
+          timeout 60 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench --mode ll --backend cuda \
+            --tokens $1 --dtype $2 --json "$out/llbench-r$R-t$1-$2.json" \
+            >"$out/llbench-r$R-t$1-$2.log" 2>&1
+          echo "ll bench R=$R tokens $1 $2: exit $?"
+          grep -v '^\[[1-9]' "$out/llbench-r$R-t$1-$2.log" | sed 's/^\[0\] //' |
+            grep -E '^(epcomm|two-phase|graph|overlap|ratio|check|first)'
         done
       done ;;
     llopt)
       # Low-latency kernel variants side by side (same build, EP_CUDA_LL_OPT bits), 128 tokens,
-      # the FMA kernel sized ~60 us so that the overlap efficiency can exceed 1.3.
+      # the FMA kernel sized ~60 us so that the overlap efficiency can exceed 1.3. Medians in us
+      # from each run's JSON (bf16 run; fp8 run for d8 and d8snd).
       printf '%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s\n' R opt d16 d8 c_view \
         c_call c_zc d16snd d16rcv d8snd c_snd c_rcv graph ovl check
       for R in ${LLR:-2 4 8}; do
         for o in ${LLOPT:-0 1 3 7 15 31}; do
-          EP_CUDA_LL_OPT=$o timeout 60 "$mps" $b/bin/epcomm launch -n $R $b/bin/cuda_bench_ll \
-            --compute-us ${LL_COMPUTE_US:-60} >"$out/llopt-r$R-o$o.log" 2>&1
-          rc=$?
-          sed 's/^\[0\] //' "$out/llopt-r$R-o$o.log" | awk -v R=$R -v o=$o -v rc=$rc '
-            /^dispatch bf16 \(one/ {d16=$(NF-1)} /^dispatch fp8 \(one/ {d8=$(NF-1)}
-            /^combine, y = bf16 view/ {cv=$(NF-1)} /^combine, y = caller/ {cc=$(NF-1)}
-            /^combine, zero copy/ {cz=$(NF-1)} /^dispatch bf16: send/ {ds=$(NF-1)}
-            /^dispatch bf16: receive/ {dr=$(NF-1)} /^dispatch fp8: send/ {d8s=$(NF-1)}
-            /^combine: send/ {cs=$(NF-1)} /^combine: receive/ {cr=$(NF-1)}
-            /^graph replay \/ / {g=$NF} /^overlap efficiency/ {ov=$NF}
-            /^check:/ {ck=($2=="every") ? "exact" : "FAILED"}
-            END {printf "%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s%s\n", R, o,
-                 d16, d8, cv, cc, cz, ds, dr, d8s, cs, cr, g, ov, ck, rc ? " exit " rc : ""}'
+          note=""
+          for dt in bf16 fp8; do
+            EP_CUDA_LL_OPT=$o timeout 60 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench \
+              --mode ll --backend cuda --dtype $dt --compute-us ${LL_COMPUTE_US:-60} \
+              --json "$out/llopt-r$R-o$o-$dt.json" >"$out/llopt-r$R-o$o-$dt.log" 2>&1 ||
+              note="$note $dt: exit $?"
+          done
+          j=$out/llopt-r$R-o$o-bf16.json j8=$out/llopt-r$R-o$o-fp8.json
+          ck=exact
+          grep -q '"check": "pass"' "$j" 2>/dev/null && grep -q '"check": "pass"' "$j8" 2>/dev/null ||
+            ck=FAILED
+          printf '%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s%s\n' $R $o \
+            "$(us dispatch "$j")" "$(us dispatch "$j8")" "$(us combine_view "$j")" \
+            "$(us combine "$j")" "$(us combine_zero_copy "$j")" "$(us dispatch_send "$j")" \
+            "$(us dispatch_recv "$j")" "$(us dispatch_send "$j8")" "$(us combine_send "$j")" \
+            "$(us combine_recv "$j")" "$(summary ratio_graph_calls "$j")" \
+            "$(summary overlap_efficiency "$j")" $ck "$note"
         done
       done ;;
     trace)
       # Normal mode: where the time of a call goes (EP_CUDA_TRACE: notify plan, hello, wait for
-      # peers, gap, data kernel), over everything bin/cuda_bench runs, rank 0's lines.
+      # peers, gap, data kernel), over everything epcomm bench runs, rank 0's lines.
       for rs in ${TRR:-2:24 8:16}; do
         set -- ${rs%%:*} ${rs#*:}
-        EP_CUDA_TRACE=1 timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/cuda_bench --sms $2 \
-          >"$out/trace-r$1.log" 2>&1
-        echo "trace R=$1, $2 SMs: exit $?"
-        grep -h 'epcomm trace rank 0:' "$out/trace-r$1.log" | sed 's/.*rank 0: //'
+        for dt in bf16 fp8; do
+          EP_CUDA_TRACE=1 timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/epcomm bench \
+            --backend cuda --sms $2 --dtype $dt >"$out/trace-r$1-$dt.log" 2>&1
+          echo "trace R=$1, $2 SMs, $dt: exit $?"
+          grep -h 'epcomm trace rank 0:' "$out/trace-r$1-$dt.log" | sed 's/.*rank 0: //'
+        done
       done ;;
     lltrace)
       for R in ${LLTR:-2 8}; do
         for o in ${LLTROPT:-0 31}; do
           EP_CUDA_LL_OPT=$o EP_CUDA_LL_TRACE=1 timeout 60 "$mps" $b/bin/epcomm launch -n $R \
-            $b/bin/cuda_bench_ll --iters 100 >"$out/lltrace-r$R-o$o.log" 2>&1
+            $b/bin/epcomm bench --mode ll --backend cuda --iters 100 >"$out/lltrace-r$R-o$o.log" 2>&1
           echo "trace R=$R EP_CUDA_LL_OPT=$o: exit $?"
           grep -h 'll trace rank 0:' "$out/lltrace-r$R-o$o.log" | sed 's/.*rank 0: //'
         done
@@ -158,13 +175,15 @@ for s in $steps; do
     doctor)
       $b/bin/epcomm doctor env 2>&1 | tee "$out/doctor-env.txt" | tail -30 ;;
     scan)
-      # Where the time goes: the same sizes with more SMs per rank.
+      # Where the time goes: the same sizes with more SMs per rank (main rows only).
       for rs in "2 32" "2 48" "4 32"; do
         set -- $rs
-        timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/cuda_bench --sms $2 \
-          >"$out/scan-r$1-s$2.log" 2>&1
-        echo "bench R=$1 --sms $2: exit $?"
-        grep -E '^\[0\] (dispatch|combine)' "$out/scan-r$1-s$2.log" | sed 's/^\[0\] //'
+        for dt in bf16 fp8; do
+          timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/epcomm bench --backend cuda \
+            --sms $2 --dtype $dt --variants main --baseline off >"$out/scan-r$1-s$2-$dt.log" 2>&1
+          echo "bench R=$1 --sms $2 $dt: exit $?"
+          grep -E '^\[0\] epcomm (dispatch|combine) ' "$out/scan-r$1-s$2-$dt.log" | sed 's/^\[0\] //'
+        done
       done ;;
   esac
   echo "== step $s: $((SECONDS - t0)) s"

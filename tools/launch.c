@@ -34,6 +34,8 @@
 #include "cli.h"
 
 #include "launch.h"
+#include "tk_clock.h"
+#include "tk_rng.h"
 
 static const char usage_text[] =
     "usage: epcomm launch -n R [--hosts H] [--timeout S] [--grace S] [--no-tag] [--] PROGRAM "
@@ -76,12 +78,6 @@ const int launch_handled_sigs[N_HANDLED] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SI
 /* The only global: a signal handler can reach state only through a static. It holds the write end
  * of the self-pipe, so the handler does nothing but one write(), which is async-signal-safe. */
 static volatile sig_atomic_t sig_wr_fd = -1;
-
-double launch_now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Blocks until everything is written; a vanished reader (EPIPE) just drops the output. */
 void launch_write_all(int fd, const char *p, size_t n) {
@@ -305,7 +301,7 @@ static void signal_all(struct launch *l, int sig) {
 static void escalate(struct launch *l, int sig, enum phase next, double wait_s) {
   if (sig) signal_all(l, sig);
   l->phase = next;
-  l->phase_at = launch_now_s() + wait_s;
+  l->phase_at = tk_now_s() + wait_s;
 }
 
 static void on_timeout(struct launch *l) {
@@ -337,7 +333,7 @@ static bool timeout_armed(const struct launch *l) {
 
 static void check_deadlines(struct launch *l) {
   if (l->live == 0) return;
-  double t = launch_now_s();
+  double t = tk_now_s();
   if (timeout_armed(l) && t >= l->timeout_at)
     on_timeout(l);
   else if (l->phase != PH_RUN && t >= l->phase_at)
@@ -349,7 +345,7 @@ static int poll_timeout_ms(const struct launch *l) {
   double at = l->live == 0 ? l->drain_at : l->phase != PH_RUN ? l->phase_at : -1;
   if (l->live > 0 && timeout_armed(l) && (at < 0 || l->timeout_at < at)) at = l->timeout_at;
   if (at < 0) return -1;
-  double ms = (at - launch_now_s()) * 1e3 + 1.0;
+  double ms = (at - tk_now_s()) * 1e3 + 1.0;
   return ms <= 0 ? 0 : ms >= INT_MAX ? INT_MAX : (int)ms;
 }
 
@@ -413,7 +409,7 @@ static void rank_exited(struct launch *l, int r, int st) {
   for (int k = 0; k < l->started; k++) notify_read(l, k);
   p->live = false;
   launch_close_fd(&p->notify_fd);
-  if (--l->live == 0) l->drain_at = launch_now_s() + DRAIN_WAIT_S;
+  if (--l->live == 0) l->drain_at = tk_now_s() + DRAIN_WAIT_S;
   /* What it wrote is in its pipes already: relay that before announcing its death. Bounded, for
    * a descendant holding the pipe may keep writing. */
   for (int k = 0, i = 0; k < 2; k++, i = 0)
@@ -491,7 +487,7 @@ static int build_pollfds(struct launch *l) {
 
 static void run_loop(struct launch *l) {
   while ((l->live > 0 || l->open_streams > 0) && !l->gave_up) {
-    if (l->live == 0 && launch_now_s() >= l->drain_at) break;
+    if (l->live == 0 && tk_now_s() >= l->drain_at) break;
     int n = build_pollfds(l);
     int rc = poll(l->pfd, (nfds_t)n, poll_timeout_ms(l));
     if (rc < 0 && errno != EINTR && errno != EAGAIN) {
@@ -521,7 +517,7 @@ static void start_ranks(struct launch *l) {
     escalate(l, SIGTERM, PH_TERM, TERM_WAIT_S);
     return;
   }
-  if (l->timeout > 0) l->timeout_at = launch_now_s() + l->timeout;
+  if (l->timeout > 0) l->timeout_at = tk_now_s() + l->timeout;
 }
 
 static void on_signal(int sig) {
@@ -587,7 +583,7 @@ static void make_job_id(struct launch *l) {
   if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    rnd = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)ts.tv_sec ^ (uintptr_t)l;
+    rnd = tk_mix64((uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 30 ^ (uintptr_t)l);
   }
   snprintf(l->job_id, sizeof l->job_id, "%ld-%016llx", (long)getpid(), (unsigned long long)rnd);
 }

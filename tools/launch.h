@@ -79,8 +79,6 @@ struct launch {
   struct rlimit old_nofile;
 };
 
-
-double launch_now_s(void);
 void launch_write_all(int fd, const char *p, size_t n);
 void launch_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void launch_close_fd(int *fd);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "launch.h"
+#include "tk_spawn.h"
 
 static bool is_own_var(const char *e) {
   static const char *const own[] = {
@@ -41,51 +42,39 @@ static char **build_env(const struct launch *l, int r, int notify_fd) {
   return env;
 }
 
-static _Noreturn void child_fail(const char *prog, int err) {
-  const char *e = strerror(err);
-  launch_write_all(2, "epcomm launch: cannot run '", 27);
-  launch_write_all(2, prog, strlen(prog));
-  launch_write_all(2, "': ", 3);
-  launch_write_all(2, e, strlen(e));
-  launch_write_all(2, "\n", 1);
-  _exit(127);
-}
-
-/* In the child, between fork() and exec: async-signal-safe calls, and strerror() (the launcher is
- * single-threaded, so no lock can be held). Every launcher fd has FD_CLOEXEC: exec closes all but
- * the three we dup2() and the notify end we un-flag. */
-static _Noreturn void child_exec(struct launch *l, int out_w, int err_w, int notify, char **env,
-                                 bool keep_stdin) {
+/* In the child, first (before the streams are set and exec): async-signal-safe calls only. */
+static int child_setup(void *ctx) {
+  struct launch *l = ctx;
   /* A rank must not outlive the launcher (kill -9 of it would leave orphans computing forever):
    * the kernel kills it when we die. We may have died already, before the call: check. */
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != l->self) _exit(EXIT_INTERNAL);
-  setpgid(0, 0);
   for (int i = 0; i < N_HANDLED; i++) sigaction(launch_handled_sigs[i], &l->old_act[i], NULL);
   sigprocmask(SIG_SETMASK, &l->old_mask, NULL);
   setrlimit(RLIMIT_NOFILE, &l->old_nofile);
+  return 0;
+}
+
+/* Starts rank r: its own process group, stdout and stderr on the launcher's pipes, the notify end
+ * kept across exec. Every other launcher fd has FD_CLOEXEC. Signals stay blocked across fork()
+ * so that the child never runs our handler (it would write into the launcher's self-pipe) before
+ * it restores the original dispositions. A failed exec is a rank that says why on its stderr
+ * (relayed with its tag) and exits 127. */
+static int fork_rank(struct launch *l, int r, int fds[6], char **env) {
   /* stdin: rank 0 keeps a pipe or file (as mpirun forwards stdin to rank 0); everyone else gets
    * /dev/null: R ranks sharing one stdin would split its input at random, and a rank in its own
    * (background) process group that read the terminal would be stopped by SIGTTIN. */
-  int nul = keep_stdin ? -1 : open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (nul >= 0) dup2(nul, 0);
-  if (dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0 || fcntl(notify, F_SETFD, 0) < 0)
-    child_fail(l->prog[0], errno);
-  execvpe(l->prog[0], l->prog, env);
-  child_fail(l->prog[0], errno);
-}
-
-/* Forks rank r. Signals stay blocked across fork() so that the child never runs our handler (it
- * would write into the launcher's self-pipe) before it restores the original dispositions. */
-static int fork_rank(struct launch *l, int r, int fds[6], char **env) {
-  sigset_t run_mask;
   bool keep_stdin = r == 0 && !isatty(STDIN_FILENO);
+  tk_spawn_t sp = TK_SPAWN_INIT;
+  sp.argv = l->prog, sp.envp = env, sp.search_path = 1, sp.new_group = 1;
+  sp.fd_in = keep_stdin ? TK_FD_INHERIT : TK_FD_NULL, sp.fd_out = fds[1], sp.fd_err = fds[3];
+  sp.keep_fd = fds[5], sp.child_setup = child_setup, sp.ctx = l;
+  sp.fail_prefix = "epcomm launch: ";
+  sigset_t run_mask;
+  pid_t pid;
   sigprocmask(SIG_BLOCK, &l->handled, &run_mask);
-  pid_t pid = fork();
-  if (pid == 0) child_exec(l, fds[1], fds[3], fds[5], env, keep_stdin);
-  int err = errno;
+  int err = tk_spawn(&sp, &pid);
   sigprocmask(SIG_SETMASK, &run_mask, NULL);
-  if (pid < 0) return err;
-  setpgid(pid, pid); /* also here: a signal sent right after fork() must reach the group */
+  if (err) return err;
   struct rank *p = &l->rk[r];
   *p = (struct rank){.pid = pid, .live = true, .notify_ok = true, .notify_fd = fds[4]};
   for (int k = 0; k < 2; k++) {
@@ -99,7 +88,7 @@ static int fork_rank(struct launch *l, int r, int fds[6], char **env) {
 int launch_start_rank(struct launch *l, int r) {
   int fds[6] = {-1, -1, -1, -1, -1, -1}, err = 0;
   char **env = NULL;
-  if (pipe2(fds, O_CLOEXEC) || pipe2(fds + 2, O_CLOEXEC) ||
+  if (tk_pipe(fds) || tk_pipe(fds + 2) ||
       socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds + 4))
     err = errno;
   if (!err && !(env = build_env(l, r, fds[5]))) err = ENOMEM;

@@ -18,7 +18,7 @@ def library():
 
 
 def reference_library():
-    """The single-process reference of docs/SEMANTICS.md (tests/ref.c), for tests."""
+    """The single-process reference of docs/SEMANTICS.md (tools/ref/ref.c), for tests."""
     return os.path.join(HERE, "lib", "libepcomm_ref.so")
 
 

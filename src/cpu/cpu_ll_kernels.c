@@ -1,5 +1,5 @@
 /* Row kernels of low-latency mode: the fp8 cast of a bf16 row and the weighted reduction of the
- * combine. Both are bit-exact with SEMANTICS.md §5 and §6.5 (and tests/ref.c), in a portable
+ * combine. Both are bit-exact with SEMANTICS.md §5 and §6.5 (and tools/ref/ref.c), in a portable
  * scalar form and an AVX2 + FMA form picked at buffer creation when the processor has it. The
  * scalar form uses fmaf(): one rounding per step whatever the compiler's contraction flags. */
 #include <math.h>

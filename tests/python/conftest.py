@@ -1,6 +1,6 @@
 """The Python suite of epcomm (README.md, "Python"): DeepEP's intranode and low-latency test
 programs' semantics, written afresh, on CPU tensors with gloo at 2, 3 and 4 ranks, every result
-compared bit for bit with the reference (tests/ref.c); misuse; lifecycle and silence at exit.
+compared bit for bit with the reference (tools/ref/ref.c); misuse; lifecycle and silence at exit.
 Each test runs in a world of R worker processes (_pool.py). The "cuda" variants run the same
 scenarios with CUDA tensors, several ranks on one GPU (under MPS), and are skipped without one.
 """

@@ -1,4 +1,4 @@
-"""The reference implementation of docs/SEMANTICS.md (tests/ref.c, shipped in the package as
+"""The reference implementation of docs/SEMANTICS.md (tools/ref/ref.c, shipped in the package as
 lib/libepcomm_ref.so), through ctypes: every rank computes all ranks' results at once from the
 inputs of all ranks, and compares its own part with what epcomm delivered, bit for bit."""
 

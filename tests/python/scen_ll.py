@@ -2,7 +2,7 @@
 four casts (bf16, fp8, fp8 with power-of-two scales, fp8 with UE8M0 exponent bytes), with and
 without receive hooks, cumulative receive statistics, combine with weights and masked slots,
 into a given `out`, a handle combined twice, zero copy; every output compared bit for bit with
-the reference (tests/ref.c)."""
+the reference (tools/ref/ref.c)."""
 
 import torch
 

@@ -1,7 +1,7 @@
 """Normal mode, as DeepEP's tests/test_intranode.py exercises it (written afresh): layout,
 dispatch in bf16 and fp8 (column-major scales), with and without top-k (routing by
 is_token_in_rank), cached dispatch, worst-case tokens, combine with weights and biases, the
-stream flags; every output compared bit for bit with the reference (tests/ref.c)."""
+stream flags; every output compared bit for bit with the reference (tools/ref/ref.c)."""
 
 import torch
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "tk_clock.h"
 
 /* Our stderr is a terminal, or a pipe to a parent (epcomm launch, mpirun) whose stderr is one.
  * The parent's is read from /proc without opening it. */
@@ -29,14 +30,14 @@ static int stderr_reaches_terminal(void) {
 void bench_progress_init(bench_progress_t *p, const bench_opts_t *o, int rank) {
   memset(p, 0, sizeof *p);
   p->on = rank == 0 && !o->json && stderr_reaches_terminal();
-  p->t0 = bench_now();
+  p->t0 = tk_now_s();
 }
 
 void bench_progress_stage(bench_progress_t *p, const char *what, int total) {
   if (!p || !p->on) return;
   snprintf(p->what, sizeof p->what, "%s", what);
   p->total = total;
-  p->start = bench_now();
+  p->start = tk_now_s();
   p->next = 1.0;
   if (total > 0)
     fprintf(stderr, "epcomm bench: %s: %d iterations (%.1f s so far)\n", what, total,
@@ -47,7 +48,7 @@ void bench_progress_stage(bench_progress_t *p, const char *what, int total) {
 
 void bench_progress_step(bench_progress_t *p, int done) {
   if (!p || !p->on) return;
-  double t = bench_now() - p->start;
+  double t = tk_now_s() - p->start;
   if (t < p->next) return;
   while (p->next <= t) p->next *= 2;
   fprintf(stderr, "epcomm bench: %s: %d of %d done after %.1f s\n", p->what, done, p->total, t);

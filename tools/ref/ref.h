@@ -1,7 +1,8 @@
 /*
- * Reference implementation of docs/SEMANTICS.md §2-6 for the tests: single process, all R ranks
- * simulated at once, written to be obviously correct rather than fast. No dependency on the
- * library.
+ * Reference implementation of docs/SEMANTICS.md §2-6: single process, all R ranks simulated at
+ * once, written to be obviously correct rather than fast. No dependency on the library; the
+ * tests, `epcomm demo`, `epcomm bench` and its MPI baseline check their results against it
+ * (static target ep_ref).
  *
  * Arithmetic follows DeepEP's kernels (SEMANTICS.md §4.2, §5, §6.5; notes at each function):
  *   - normal combine: acc = float(bias0) + float(bias1) (absent = +0), then += float(row) for the
@@ -11,24 +12,25 @@
  *   - low-latency combine: see ref_ll_combine (FMA or separate multiply, chosen by the caller).
  * Every function that can fail returns 0 on success and -1 on bad arguments.
  */
-#ifndef EPCOMM_TESTS_REF_H
-#define EPCOMM_TESTS_REF_H
+#ifndef EPCOMM_TOOLS_REF_H
+#define EPCOMM_TOOLS_REF_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tk_num.h"
+
 /* ------------------------------------------------------------------ numerics */
 
-/* fp32 -> bf16, round to nearest even; overflow gives inf; NaN gives 0x7fff (the canonical NaN
- * that CUDA's cvt.rn.bf16.f32 produces). */
-uint16_t ref_f32_to_bf16(float f);
-float ref_bf16_to_f32(uint16_t b); /* exact */
-
-/* fp32 -> OCP fp8 e4m3fn (bias 7, 3 mantissa bits, subnormals down to 2^-9, no infinities):
- * round to nearest even (subnormals included); |value| that rounds above 448 (inf included)
- * saturates to +-448 (0x7e / 0xfe); NaN -> 0x7f. -0 -> 0x80. Like __NV_SATFINITE. */
-uint8_t ref_f32_to_e4m3(float f);
-float ref_e4m3_to_f32(uint8_t v); /* exact; 0x7f / 0xff -> NaN */
+/* The number formats of docs/SEMANTICS.md, defined once in the tool library (tools/lib/tk_num.h,
+ * where each rule is spelled out); tests/test_ref.c checks them on every code.
+ *   bf16: round to nearest even; overflow gives inf; NaN gives 0x7fff (CUDA's canonical NaN).
+ *   e4m3fn: nearest even with subnormals; |value| rounding above 448 (inf too) saturates to
+ *           +-448; NaN -> 0x7f; decoding 0x7f / 0xff gives NaN. */
+static inline uint16_t ref_f32_to_bf16(float f) { return tk_f32_to_bf16(f); }
+static inline float ref_bf16_to_f32(uint16_t b) { return tk_bf16_to_f32(b); }
+static inline uint8_t ref_f32_to_e4m3(float f) { return tk_f32_to_e4m3(f); }
+static inline float ref_e4m3_to_f32(uint8_t v) { return tk_e4m3_to_f32(v); }
 
 /* ------------------------------------------------------------ SEMANTICS.md §2 layout */
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# `epcomm bench` on either backend through one command line: `--backend cuda` where there is no
+# GPU is a skip that says so ("skipped: no GPU", exit 77, rank 0 only) and, where there is one, a
+# checked run; options a program or backend cannot run are refused by name before any work, by
+# epcomm bench and by the MPI baseline program alike (the same parser).
+# usage: tests/test_bench_cli.sh BUILD_DIR     one line per check; exit 0 all passed, 1 otherwise
+set -u
+build=$(cd "${1:?usage: test_bench_cli.sh BUILD_DIR}" && pwd)
+bin=$build/bin/epcomm
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/epcomm-test-bench-cli.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+check() {
+  if [ -z "$2" ]; then passed=$((passed + 1)); printf 'PASS %s\n' "$1"
+  else failed=$((failed + 1)); printf 'FAIL %s: %s\n' "$1" "$2"; fi
+}
+run() { timeout -s KILL 120 "$@" >"$tmp/out" 2>"$tmp/err" </dev/null; rc=$?; }
+has() { grep -qE -- "$2" "$tmp/$1"; }
+count() { grep -cE -- "$2" "$tmp/$1"; }
+tiny=(--tokens 64 --hidden 256 --topk 2 --experts 8 --warmup 1 --iters 2)
+
+# ---- --backend cuda: a skip without a GPU, a checked run with one
+for mode in normal ll; do
+  why=""
+  run "$bin" launch -n 2 "$bin" bench --backend cuda --mode $mode "${tiny[@]}" --json "$tmp/r.json"
+  if [ "$rc" = 77 ]; then
+    [ "$(count out 'skipped: no GPU')" = 1 ] || why="exit 77, but $(count out 'skipped: no GPU') 'skipped: no GPU' lines: $(cat "$tmp/out")"
+    has out '^\[0\] skipped: no GPU \(.+\)$' || why="$why; the skip does not say why: $(cat "$tmp/out")"
+  elif [ "$rc" = 0 ]; then # a GPU is here: the run must have checked itself
+    grep -q '"check": "pass"' "$tmp/r.json" || why="ran on a GPU, but the self-check did not pass"
+  else
+    why="status $rc (want 77 without a GPU, 0 with one): $(tail -n 3 "$tmp/err")"
+  fi
+  check "bench --backend cuda --mode $mode: skipped: no GPU, or a passing run" "$why"
+done
+
+# ---- combinations refused by name: exit 2, one message from rank 0 naming the option
+refuse() { # want-regex args...
+  local want=$1
+  shift
+  run "$bin" launch -n 2 "$bin" bench "$@"
+  local why=""
+  [ "$rc" = 2 ] || why="status $rc, want 2"
+  [ "$(count err 'epcomm bench:')" = 1 ] || why="$why; $(count err 'epcomm bench:') messages, want 1"
+  has err "^\[0\] epcomm bench: $want" || why="$why; no /$want/ in: $(head -n 1 "$tmp/err")"
+  check "bench $* refused" "$why"
+}
+refuse "--sms 8: only with --backend cuda" --sms 8
+refuse "--sms and --threads: give one" --backend cuda --sms 8 --threads 2
+refuse "--compute-us: only with --mode ll --backend cuda" --compute-us 50
+refuse "--compute-us: only with --mode ll --backend cuda" --backend cuda --compute-us 50
+refuse "--baseline on: --mode ll has no baseline" --mode ll --baseline on
+refuse "option --raw is not one of epcomm bench's" --raw "$tmp/x"
+refuse "unknown option '--frobnicate'" --frobnicate 1
+refuse "--variants 'some': want one of all\|main" --variants some
+refuse "--backend 'tpu': want one of cpu\|cuda" --backend tpu
+
+# ---- the MPI baseline program: the same parser, its own subset
+mpi=$build/bin/epcomm-bench-mpi
+# Started alone (an MPI singleton), as root too: OpenMPI refuses root without these.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+if [ -x "$mpi" ]; then
+  for args in "--backend cuda" "--mode ll" "--baseline on" "--sms 4"; do
+    run "$mpi" $args
+    why=""
+    [ "$rc" = 2 ] || why="status $rc, want 2"
+    has err "^epcomm-bench-mpi: (${args%% *}|option ${args%% *})" ||
+      why="$why; the refusal does not name ${args%% *}: $(head -n 1 "$tmp/err")"
+    check "epcomm-bench-mpi $args refused" "$why"
+  done
+else
+  printf 'SKIP epcomm-bench-mpi refusals (not built: no MPI)\n'
+fi
+
+printf '%d passed, %d failed\n' "$passed" "$failed"
+[ "$failed" = 0 ]

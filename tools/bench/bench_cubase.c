@@ -1,0 +1,120 @@
+/* The cudaMemcpy baseline of the GPU (`--baseline`, normal mode): what a CUDA user would write
+ * without epcomm. Count exchange through the host (a count kernel, the counts to the host, an
+ * allgather), a pack kernel (rows grouped by destination, in token order), one cudaMemcpyAsync
+ * per peer into its receive buffer mapped by CUDA IPC, then a barrier: the rows land grouped by
+ * source in token order, epcomm's layout. Rows only (no scales or metadata). Timed by the host
+ * clock (the call waits for its copies and the barrier); its received rows are checked against
+ * the generator and against epcomm's. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_gpu.h"
+#include "bench_normal.h"
+
+typedef struct {
+  normal_t *u;
+  int *pos, *scratch;      /* device: [N][R] positions; 2 x R ints for the kernels */
+  char *send, *recv;       /* device: [N x R rows] each */
+  char **peer;             /* [R] the peers' recv, mapped */
+  int *counts, *all, *off; /* host: [R] this rank's counts, [R][R] everyone's, [R] offsets */
+} base_t;
+
+static int call_base(bench_ctx_t *c, void *state, int it) {
+  base_t *b = state;
+  normal_t *u = b->u;
+  int R = u->R, N = (int)u->N;
+  if (bgpu_base_count(u->idx, N, (int)u->K, c->o->experts / R, R, b->pos, b->scratch, b->counts,
+                      c->stream))
+    goto gpu_fail;
+  TRY(ep_group_allgather(c->g, b->counts, b->all, (size_t)R * sizeof(int)));
+  for (int d = 0, run = 0; d < R; d++) b->off[d] = run, run += b->counts[d];
+  if (bgpu_base_pack(u->x, N, R, u->row, b->pos, b->scratch, b->off, b->send, c->stream))
+    goto gpu_fail;
+  for (int d = 0; d < R; d++) {
+    size_t at = 0;
+    for (int q = 0; q < u->me; q++) at += (size_t)b->all[q * R + d];
+    if (bench_copy(c, b->peer[d] + at * u->row, b->send + (size_t)b->off[d] * u->row,
+                   (size_t)b->counts[d] * u->row))
+      goto dev_fail;
+  }
+  if (bench_sync(c)) goto dev_fail;
+  TRY(ep_group_barrier(c->g));
+  return 0;
+gpu_fail:
+  fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n", bgpu_error());
+  return 1;
+dev_fail:
+  fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n", bench_dev_error());
+fail:
+  return 1;
+}
+
+/* Every rank's receive buffer mapped into every other rank. */
+static int map_peers(base_t *b) {
+  bench_ctx_t *c = b->u->c;
+  char mine[BGPU_IPC_BYTES], *all = malloc((size_t)c->R * BGPU_IPC_BYTES);
+  int rc = !all || bgpu_ipc_get(b->recv, mine);
+  if (!rc) TRY(ep_group_allgather(c->g, mine, all, BGPU_IPC_BYTES));
+  for (int r = 0; !rc && r < c->R; r++)
+    if (r == c->me)
+      b->peer[r] = b->recv;
+    else
+      rc = bgpu_ipc_open(all + (size_t)r * BGPU_IPC_BYTES, (void **)&b->peer[r]);
+  if (rc) fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n", bgpu_error());
+  free(all);
+  return rc;
+fail:
+  free(all);
+  return 1;
+}
+
+/* Its rows against the generator, and against epcomm's main dispatch (same layout). */
+static int check(base_t *b) {
+  normal_t *u = b->u;
+  bench_ctx_t *c = u->c;
+  int nr = 0;
+  for (int q = 0; q < u->R; q++) nr += b->all[q * u->R + u->me];
+  void *x = bench_fetch(c, b->recv, (size_t)nr * u->row);
+  if (!x) return 1;
+  bench_recv_t rv = {nr, x, NULL, NULL, NULL, NULL, NULL, NULL};
+  c->res->base_ran = 1;
+  c->res->base_bad = bench_check_dispatch(c->o, u->R, u->me, &rv, c->res->base_msg, BENCH_MSG);
+  c->res->base_differs =
+      nr != u->nr || bench_digest(x, (size_t)nr * u->row, BENCH_DIGEST_SEED) != u->digest_rows;
+  free(x);
+  return 0;
+}
+
+static void unmap(base_t *b) {
+  bench_ctx_t *c = b->u->c;
+  for (int r = 0; b->peer && r < c->R; r++)
+    if (r != c->me && b->peer[r]) bgpu_ipc_close(b->peer[r]);
+  if (ep_group_barrier(c->g)) /* no rank frees its buffer while a peer still maps it */
+    fprintf(stderr, "epcomm bench: ep_group_barrier: %s\n", ep_last_error());
+}
+
+int bench_cubase(normal_t *u) {
+  bench_ctx_t *c = u->c;
+  int R = u->R;
+  size_t rows = u->N * (size_t)R;
+  base_t b = {u,
+              bench_alloc(c, rows * sizeof(int)),
+              bench_alloc(c, 2 * (size_t)R * sizeof(int)),
+              bench_alloc(c, rows * u->row),
+              bench_alloc(c, rows * u->row),
+              calloc((size_t)R, sizeof(char *)),
+              calloc((size_t)R, sizeof(int)),
+              calloc((size_t)R * R, sizeof(int)),
+              calloc((size_t)R, sizeof(int))};
+  int rc = !b.pos || !b.scratch || !b.send || !b.recv || !b.peer || !b.counts || !b.all || !b.off;
+  if (!rc) rc = map_peers(&b);
+  bench_step_t s[] = {
+      {call_base,
+       bench_row(c, "baseline_dispatch", "cudaMemcpy baseline dispatch", BENCH_K_DISPATCH), 1}};
+  if (!rc) rc = bench_run(c, &b, s, 1, "the cudaMemcpy baseline") || check(&b);
+  if (b.peer) unmap(&b);
+  bench_free(c, b.pos), bench_free(c, b.scratch), bench_free(c, b.send), bench_free(c, b.recv);
+  free(b.peer), free(b.counts), free(b.all), free(b.off);
+  return rc;
+}

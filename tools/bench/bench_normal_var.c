@@ -1,0 +1,144 @@
+/* Normal-mode variants, after the main rows: a cached dispatch (what DeepEP's tuning loop
+ * times) with the main output mode and into caller tensors; a combine whose input is the bf16
+ * dispatch view the experts wrote into (backends with views); a combine whose input is
+ * ep_get_combine_buffer's memory, alone and with the experts' write, beside the same write into
+ * a separate tensor (backends with a combine buffer). Each is its own loop; its last outputs must
+ * be identical to the main rows' checked ones (digests). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "bench_normal.h"
+
+typedef struct {
+  normal_t *u;
+  ep_handle_t h;         /* the handle it runs along */
+  ep_output_mode_t mode; /* dispatch: where the rows go */
+  void *rx;              /* EP_OUTPUT_CALLER: the caller's tensors */
+  float *rs;
+  const void *x; /* combine: its input */
+  const char *label;
+} var_t;
+
+static int call_cached(bench_ctx_t *c, void *state, int it) {
+  var_t *v = state;
+  return bench_normal_dispatch(v->u, v->h, v->mode, v->rx, v->rs);
+}
+
+static int call_combine(bench_ctx_t *c, void *state, int it) {
+  var_t *v = state;
+  ep_combine_args_t a = EP_COMBINE_ARGS_INIT;
+  a.handle = v->h, a.x = v->x, a.out = v->u->out, a.stream = c->stream;
+  TRY(ep_combine(c->buf, &a));
+  return 0;
+fail:
+  return 1;
+}
+
+static void differs(bench_ctx_t *c, const char *label, const char *what) {
+  char m[BENCH_MSG];
+  snprintf(m, sizeof m, "rank %d: %s: %s differ from the main rows' (checked) ones", c->me, label,
+           what);
+  bench_rank_fail(c->res, 1, m);
+}
+
+/* The last iteration's received rows against the main dispatch's. */
+static int check_rows(bench_ctx_t *c, void *state, int it) {
+  var_t *v = state;
+  uint64_t d;
+  if (it != c->o->iters - 1) return 0;
+  if (bench_normal_digest(v->u, v->u->last.recv_x, v->u->last.recv_x_scales, &d)) return 1;
+  if (d != v->u->digest_x) differs(c, v->label, "the received rows");
+  return 0;
+}
+
+static int check_out(bench_ctx_t *c, void *state, int it) {
+  var_t *v = state;
+  if (it != c->o->iters - 1) return 0;
+  uint16_t *out = bench_fetch(c, v->u->out, v->u->N * v->u->H * 2);
+  if (!out) return 1;
+  if (bench_digest(out, v->u->N * v->u->H * 2, BENCH_DIGEST_SEED) != v->u->digest_out)
+    differs(c, v->label, "the combined outputs");
+  free(out);
+  return 0;
+}
+
+static int cached(normal_t *u, var_t *v, const char *key) {
+  bench_step_t s[] = {{call_cached, bench_row(u->c, key, v->label, BENCH_K_DISPATCH), 0},
+                      {check_rows, -1, 0}};
+  return bench_run(u->c, v, s, 2, v->label);
+}
+
+/* The experts write their outputs into the dispatch view, which combine then reads in place. */
+static int combine_view(normal_t *u) {
+  bench_ctx_t *c = u->c;
+  var_t v = {u, NULL, EP_OUTPUT_VIEWS, NULL, NULL, NULL, "epcomm combine, x = view"};
+  if (bench_normal_dispatch(u, NULL, EP_OUTPUT_VIEWS, NULL, NULL)) return 1;
+  v.h = u->h, u->h = NULL, v.x = u->last.recv_x;
+  bench_step_t s[] = {{call_combine, bench_row(c, "combine_view", v.label, BENCH_K_COMBINE), 0},
+                      {check_out, -1, 0}};
+  int rc = bench_copy(c, u->last.recv_x, u->y, (size_t)u->nr * u->H * 2);
+  if (rc) fprintf(stderr, "epcomm bench: %s\n", bench_dev_error());
+  if (!rc) rc = bench_run(c, &v, s, 2, v.label);
+  ep_handle_destroy(v.h);
+  return rc;
+}
+
+/* The experts' write (a device copy of their output rows into x), then the combine of x. */
+static int call_write_combine(bench_ctx_t *c, void *state, int it) {
+  var_t *v = state;
+  if (!bench_copy(c, (void *)v->x, v->u->y, (size_t)v->u->nr * v->u->H * 2))
+    return call_combine(c, state, it);
+  return fprintf(stderr, "epcomm bench: %s\n", bench_dev_error()), 1;
+}
+
+static int write_combine(normal_t *u, var_t *v, const char *key, const char *label,
+                         int (*call)(bench_ctx_t *, void *, int)) {
+  v->label = label;
+  bench_step_t s[] = {{call, bench_row(u->c, key, label, BENCH_K_COMBINE), 0}, {check_out, -1, 0}};
+  return bench_run(u->c, v, s, 2, label);
+}
+
+/* Memory inside the buffer that the experts write and the peers read in place: the combine
+ * alone (written once: nothing else writes the area between these calls), then the experts'
+ * write + combine, into the buffer and into a separate tensor. */
+static int combine_buffer(normal_t *u, ep_output_mode_t mode) {
+  bench_ctx_t *c = u->c;
+  size_t bytes = (size_t)(u->nr ? u->nr : 1) * u->H * 2;
+  var_t v = {u, NULL, mode, NULL, NULL, NULL, ""};
+  if (bench_normal_dispatch(u, NULL, mode, NULL, NULL)) return 1;
+  v.h = u->h, u->h = NULL;
+  void *cb = NULL, *tensor = NULL;
+  int rc = bench_said(ep_get_combine_buffer(c->buf, v.h, &cb), "ep_get_combine_buffer");
+  if (!rc && (rc = bench_copy(c, cb, u->y, (size_t)u->nr * u->H * 2)))
+    fprintf(stderr, "epcomm bench: %s\n", bench_dev_error());
+  v.x = cb;
+  if (!rc) rc = write_combine(u, &v, "combine_cbuf", "epcomm combine, x = comb. buf", call_combine);
+  if (!rc)
+    rc = write_combine(u, &v, "write_combine_cbuf", "epcomm write + combine, comb. buf",
+                       call_write_combine);
+  v.x = tensor = rc ? NULL : bench_alloc(c, bytes);
+  if (!rc)
+    rc = !tensor || write_combine(u, &v, "write_combine_tensor",
+                                  "epcomm write + combine, x = tensor", call_write_combine);
+  bench_free(c, tensor);
+  ep_handle_destroy(v.h);
+  return rc;
+}
+
+int bench_normal_variants(normal_t *u) {
+  bench_ctx_t *c = u->c;
+  ep_output_mode_t main_mode = u->views ? EP_OUTPUT_VIEWS : EP_OUTPUT_ALLOC;
+  if (bench_normal_dispatch(u, NULL, main_mode, NULL, NULL)) return 1;
+  var_t v = {u, u->h, main_mode, NULL, NULL, NULL, "epcomm dispatch, cached"};
+  u->h = NULL;
+  int rc = cached(u, &v, "dispatch_cached");
+  v.mode = EP_OUTPUT_CALLER, v.label = "epcomm dispatch, cached, caller";
+  v.rx = rc ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->row);
+  v.rs = rc || !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);
+  if (!rc) rc = !v.rx || (u->ns && !v.rs) || cached(u, &v, "dispatch_cached_caller");
+  bench_free(c, v.rx), bench_free(c, v.rs);
+  if (!rc && u->views && c->o->dtype == BENCH_BF16) rc = combine_view(u);
+  if (!rc && (c->caps & EP_CAP_COMBINE_BUFFER)) rc = combine_buffer(u, main_mode);
+  ep_handle_destroy(v.h);
+  return rc;
+}

@@ -1,0 +1,221 @@
+/* The backend-neutral driver of `epcomm bench` (bench.h): the buffer and where tensors live,
+ * rows of results, and the measured loop with its two clocks (the host's around a synchronous
+ * call on the CPU backend, CUDA events on the stream on the GPU). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "bench.h"
+#include "bench_gpu.h"
+#include "tk_clock.h"
+#include "tk_dev.h"
+
+/* ------------------------------------------------------------------ buffer and tensors */
+
+static const char *last_dev_error = "";
+
+const char *bench_dev_error(void) {
+  return last_dev_error;
+}
+
+/* The GPU of this rank: EP_CUDA_DEVICE, else the local rank modulo the GPUs (what the library
+ * would pick), given to the library explicitly so that the bench's tensors live beside it. */
+static int pick_device(bench_ctx_t *c, ep_buffer_config_t *cfg) {
+  char why[160];
+  int n = tk_dev_count(why, sizeof why);
+  const char *env = getenv("EP_CUDA_DEVICE"), *local = getenv("EP_LOCAL_RANK");
+  if (n <= 0) return fprintf(stderr, "epcomm bench: no GPU: %s\n", why), 1;
+  cfg->cuda_device = env && *env ? atoi(env) : (local && *local ? atoi(local) : c->me) % n;
+  if (!tk_dev_select(cfg->cuda_device)) return 0;
+  fprintf(stderr, "epcomm bench: GPU %d: %s\n", cfg->cuda_device, tk_dev_error());
+  return 1;
+}
+
+int bench_ctx_open(bench_ctx_t *c, ep_buffer_config_t *cfg) {
+  const bench_opts_t *o = c->o;
+  c->dev = o->backend == BENCH_CUDA;
+  cfg->backend = c->dev ? EP_BACKEND_CUDA : EP_BACKEND_CPU;
+  if (c->dev)
+    cfg->num_sms = o->threads;
+  else
+    cfg->num_channels = o->threads;
+  if (c->dev && pick_device(c, cfg)) return 1;
+  if (c->dev && bgpu_stream_new(&c->stream))
+    return fprintf(stderr, "epcomm bench: %s\n", bgpu_error()), 1;
+  ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
+  TRY(ep_buffer_create(c->g, cfg, &c->buf));
+  TRY(ep_buffer_query(c->buf, &info));
+  c->caps = info.caps;
+  c->ceiling = bench_ceiling_new(c);
+  return c->ceiling ? 0 : 1;
+fail:
+  return 1;
+}
+
+void bench_ctx_close(bench_ctx_t *c) {
+  if (c->dev) tk_dev_sync(1, c->stream);
+  bench_ceiling_free(c, c->ceiling);
+  c->ceiling = NULL;
+  if (c->buf && ep_buffer_destroy(c->buf))
+    fprintf(stderr, "epcomm bench: ep_buffer_destroy: %s\n", ep_last_error());
+  c->buf = NULL;
+  if (c->stream) bgpu_stream_free(c->stream);
+  c->stream = NULL;
+}
+
+void *bench_alloc(bench_ctx_t *c, size_t n) {
+  void *p = tk_dev_alloc(c->dev, n, 0);
+  if (!p) fprintf(stderr, "epcomm bench: %s\n", last_dev_error = tk_dev_error());
+  return p;
+}
+
+void bench_free(bench_ctx_t *c, void *p) {
+  tk_dev_free(c->dev, p);
+}
+
+int bench_upload(bench_ctx_t *c, void *dst, const void *host, size_t n) {
+  if (!tk_dev_upload(c->dev, dst, host, n)) return 0;
+  last_dev_error = tk_dev_error();
+  return -1;
+}
+
+int bench_copy(bench_ctx_t *c, void *dst, const void *src, size_t n) {
+  if (!tk_dev_copy(c->dev, dst, src, n, c->stream)) return 0;
+  last_dev_error = tk_dev_error();
+  return -1;
+}
+
+int bench_sync(bench_ctx_t *c) {
+  if (!tk_dev_sync(c->dev, c->stream)) return 0;
+  last_dev_error = tk_dev_error();
+  return -1;
+}
+
+void *bench_fetch(bench_ctx_t *c, const void *src, size_t n) {
+  void *h = bench_sync(c) ? NULL : tk_dev_fetch(c->dev, src, n);
+  if (!h) fprintf(stderr, "epcomm bench: %s\n", last_dev_error = tk_dev_error());
+  return h;
+}
+
+int bench_said(ep_status_t st, const char *call) {
+  if (st == EP_OK) return 0;
+  fprintf(stderr, "epcomm bench: %s: %s: %s\n", call, ep_status_name(st), ep_last_error());
+  return 1;
+}
+
+int bench_row(bench_ctx_t *c, const char *key, const char *label, int kind) {
+  int group = kind == BENCH_K_COPY ? BENCH_G_CEILING : BENCH_G_EPCOMM;
+  if (!strncmp(key, "baseline_", 9)) group = BENCH_G_BASE;
+  return bench_row_add(c->res, key, label, kind, group, 0, 0);
+}
+
+void bench_main_rows(bench_ctx_t *c, int row[3]) {
+  row[0] = bench_row(c, "dispatch", "epcomm dispatch", BENCH_K_DISPATCH);
+  row[1] = bench_row(c, "combine", "epcomm combine", BENCH_K_COMBINE);
+  row[2] = bench_row(c, "memcpy", c->dev ? "copy ceiling" : "memcpy ceiling", BENCH_K_COPY);
+  if (c->ceiling) c->res->row[row[2]].bytes = bench_ceiling_bytes(c->ceiling);
+}
+
+void bench_apply_bytes(bench_ctx_t *c, const bench_bytes_t *b) {
+  for (int i = 0; i < c->res->nrows; i++) {
+    bench_row_t *r = &c->res->row[i];
+    if (r->kind == BENCH_K_DISPATCH) r->bytes = b->d_bytes, r->wire = b->d_wire;
+    if (r->kind == BENCH_K_COMBINE) r->bytes = b->c_bytes, r->wire = b->c_wire;
+  }
+}
+
+/* ------------------------------------------------------------------ the measured loop */
+
+typedef struct {
+  bench_ctx_t *c;
+  const bench_step_t *steps;
+  int n;
+  bgpu_events_t *ev; /* 2 per step and timed iteration (GPU) */
+  double *cpu, *csw; /* per step, sums over the timed iterations (host clock) */
+} loop_t;
+
+static void usage_now(double *cpu, double *csw) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  *cpu = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+         (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+  *csw = (double)(ru.ru_nvcsw + ru.ru_nivcsw);
+}
+
+static int event_clock(const loop_t *l, int k) {
+  return l->c->dev && !l->steps[k].host_clock;
+}
+
+/* One step of iteration `it`, timed into its row when it has one. */
+static int step(loop_t *l, void *state, int k, int it) {
+  bench_ctx_t *c = l->c;
+  const bench_step_t *s = &l->steps[k];
+  int timed = s->row >= 0 && it >= 0, ev = 2 * (it * l->n + k);
+  if (s->row >= 0 && !c->dev && ep_group_barrier(c->g)) {
+    fprintf(stderr, "epcomm bench: ep_group_barrier: %s\n", ep_last_error());
+    return 1;
+  }
+  double u0[2] = {0, 0}, u1[2] = {0, 0};
+  if (timed && event_clock(l, k) && bgpu_record(l->ev, ev, c->stream)) goto gpu_fail;
+  if (timed && !c->dev) usage_now(&u0[0], &u0[1]);
+  double t0 = tk_now_s();
+  if (s->call(c, state, it)) return 1;
+  double t1 = tk_now_s();
+  if (timed && event_clock(l, k) && bgpu_record(l->ev, ev + 1, c->stream)) goto gpu_fail;
+  if (!timed || event_clock(l, k)) return 0;
+  bench_row_times(c->res, s->row)[it] = t1 - t0;
+  if (!c->dev) usage_now(&u1[0], &u1[1]), l->cpu[k] += u1[0] - u0[0], l->csw[k] += u1[1] - u0[1];
+  return 0;
+gpu_fail:
+  fprintf(stderr, "epcomm bench: %s\n", bgpu_error());
+  return 1;
+}
+
+/* After the loop: GPU times from the events, CPU means into the rows. */
+static int collect(loop_t *l) {
+  bench_ctx_t *c = l->c;
+  int I = c->o->iters;
+  for (int k = 0; k < l->n; k++) {
+    int row = l->steps[k].row;
+    if (row < 0) continue;
+    if (!c->dev) c->res->row[row].cpu = l->cpu[k] / I, c->res->row[row].csw = l->csw[k] / I;
+    for (int it = 0; it < I && event_clock(l, k); it++) {
+      double s = bgpu_elapsed(l->ev, 2 * (it * l->n + k), 2 * (it * l->n + k) + 1);
+      if (s < 0) return fprintf(stderr, "epcomm bench: %s\n", bgpu_error()), 1;
+      bench_row_times(c->res, row)[it] = s;
+    }
+  }
+  return 0;
+}
+
+int bench_run(bench_ctx_t *c, void *state, const bench_step_t *steps, int n, const char *what) {
+  const bench_opts_t *o = c->o;
+  loop_t l = {
+      c, steps, n, NULL, calloc((size_t)n, sizeof(double)), calloc((size_t)n, sizeof(double))};
+  int rc = 1;
+  if (!l.cpu || !l.csw) goto out;
+  if (c->dev && !(l.ev = bgpu_events_new(2 * n * o->iters))) {
+    fprintf(stderr, "epcomm bench: %s\n", bgpu_error());
+    goto out;
+  }
+  bench_progress_stage(o->progress, what, o->warmup + o->iters);
+  if (bench_sync(c)) {
+    fprintf(stderr, "epcomm bench: before %s: %s\n", what, bench_dev_error());
+    goto out;
+  }
+  if (ep_group_barrier(c->g)) {
+    fprintf(stderr, "epcomm bench: before %s: %s\n", what, ep_last_error());
+    goto out;
+  }
+  for (int it = -o->warmup; it < o->iters; it++) {
+    bench_progress_step(o->progress, it + o->warmup);
+    for (int k = 0; k < n; k++)
+      if (step(&l, state, k, it)) goto out;
+  }
+  rc = bench_sync(c) ? 1 : collect(&l);
+out:
+  bgpu_events_free(l.ev);
+  free(l.cpu), free(l.csw);
+  return rc;
+}
