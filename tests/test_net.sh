@@ -61,4 +61,15 @@ kill_case() { # ranks hosts victim
 kill_case 4 2 3
 kill_case 4 2 0
 kill_case 6 3 4
+
+# epcomm bench --hosts: checked outputs (the combine in its hierarchical order, the MPI baseline's
+# in its flat one), the bytes through the network and inside hosts next to the flat baseline's.
+"$epcomm" launch -n 4 --hosts 2 --timeout 100 "$epcomm" bench --hosts 2 --tokens 64 --hidden 256 \
+  --topk 4 --experts 16 --warmup 1 --iters 2 --variants main >"$tmp/o" 2>&1 ||
+  say "bench --hosts 2: $(tail -c 800 "$tmp/o")"
+for want in "4 ranks on 2 hosts" "epcomm dispatch (measured)" \
+  "flat all-to-all combine (routing)" "bytes per (token, other host) pair" \
+  "check: epcomm matches the reference on every rank; baseline matches"; do
+  grep -q "$want" "$tmp/o" || say "bench --hosts 2: no '$want': $(tail -c 800 "$tmp/o")"
+done
 exit $fail
