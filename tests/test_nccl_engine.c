@@ -4,7 +4,7 @@
  * clean close; then, across hosts, a cuda buffer is refused by name (the CUDA data path across
  * hosts is not written yet).
  *
- * Run across pretend hosts under mpirun (tests/gpu_net.sh): every rank claims its own NCCL host
+ * Run across pretend hosts under mpirun (tools/gpu_check.sh, step net): every rank claims its own NCCL host
  * (NCCL_HOSTID), so that several ranks can share one GPU; NCCL then uses its socket transport.
  * Exits 77 ("skipped: ...") without a GPU, without NCCL, or in a build without the engine. */
 #include "common.h"

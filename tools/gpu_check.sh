@@ -87,12 +87,12 @@ for s in $steps; do
         echo "net: the build found no nccl.h: the NCCL engine is not built (its test skips)"
       for rh in "2 2" "4 2" "4 4"; do
         set -- $rh
-        timeout 150 "$mps" mpirun -n $1 --oversubscribe --bind-to none --mca btl self,vader \
+        timeout 60 "$mps" mpirun -n $1 --oversubscribe --bind-to none --mca btl self,vader \
           -x EP_HOSTS=$2 -x EP_NCCL_LIB -x EP_TIMEOUT_S -x NCCL_DEBUG=WARN \
           $b/tests/test_nccl_engine >"$out/net-nccl-r$1-h$2.log" 2>&1
         echo "NCCL engine, R=$1 on $2 pretend hosts, one GPU: exit $? ($(tail -n 1 "$out/net-nccl-r$1-h$2.log"))"
       done
-      timeout 300 tests/run.sh --filter '^net' $b 2>&1 | tee "$out/net-cpu.log" | tail -4 || true ;;
+      timeout 180 "$mps" tests/run.sh --filter '^(net|cuda\.net)' $b 2>&1 | tee "$out/net-cpu.log" | tail -4 || true ;;
     ll)
       timeout 560 "$mps" tests/run.sh --filter '^cuda\.(ll|bench)' $b 2>&1 | tee "$out/ll.log" |
         grep -v '^PASS' || true ;;
