@@ -317,8 +317,9 @@ typedef struct {
   ep_lifetime_t ll_view_lifetime;       /* ep_ll_get_recv_view */
   size_t bytes;           /* what ep_buffer_size_hint says for this buffer */
   ep_buffer_config_t config; /* resolved: defaults and environment applied */
-  /* Since 0.3: hosts, and the bytes this rank has sent since the buffer was created, through
-   * the network engine (to other hosts) and through memory shared with the ranks of its host. */
+  /* Added after API 0.2 (at the end: a 0.2-sized struct gets the fields it has): hosts, and the
+   * bytes this rank has sent since the buffer was created, through the network engine (to other
+   * hosts) and through memory shared with the ranks of its host. */
   int nhosts, host, local_rank, local_size;
   uint64_t net_bytes_sent;
   uint64_t local_bytes_sent;
@@ -340,9 +341,9 @@ typedef struct {
   int32_t *tokens_per_rank;   /* [R] tokens that go to each rank (once per rank) */
   int32_t *tokens_per_expert; /* [E] selections of each expert */
   uint8_t *is_token_in_rank;  /* [num_tokens][R] 0/1 */
-  /* Since 0.3 (a 0.2-sized struct is still accepted): hosts of the group (ep_group_query), as
-   * DeepEP's num_tokens_per_rdma_rank and is_token_in_rdma_rank; one host when the group does
-   * not span hosts. */
+  /* Added after API 0.2, at the end (a 0.2-sized struct is still accepted): hosts of the group
+   * (ep_group_query), as DeepEP's num_tokens_per_rdma_rank and is_token_in_rdma_rank; one host
+   * when the group does not span hosts. */
   int32_t *tokens_per_host;   /* [nhosts] tokens that go to each host (once per host) */
   uint8_t *is_token_in_host;  /* [num_tokens][nhosts] 0/1 */
 } ep_layout_args_t;
