@@ -208,6 +208,22 @@ EP_API ep_status_t ep_group_allgather(ep_group_t group, const void *send, void *
 /* Last error recorded on this group (operation, phase, peer); "" if none. */
 EP_API const char *ep_group_last_error(ep_group_t group);
 
+/* Where the ranks of a group run. A group spans hosts when its ranks are on several machines
+ * (under mpirun or srun), when EP_HOST_ID names hosts, or when EP_HOSTS=H splits the job into H
+ * pretend hosts (tests). Ranks of one host share memory; between hosts a network engine (MPI
+ * for cpu buffers, NCCL for cuda) carries the data, each token once per host
+ * (docs/SEMANTICS.md §3.9). Hosts are numbered by their lowest rank, and a rank's local rank is
+ * its index among the ranks of its host. */
+typedef struct {
+  size_t size;    /* in: sizeof(ep_group_info_t): EP_GROUP_INFO_INIT */
+  int rank, nranks;
+  int nhosts, host;           /* hosts of the group; this rank's (0 .. nhosts-1) */
+  int local_rank, local_size; /* every host holds local_size ranks */
+} ep_group_info_t;
+#define EP_GROUP_INFO_INIT EP_ARGS_INIT_(ep_group_info_t)
+/* Local, thread safe. info->size must be set. */
+EP_API ep_status_t ep_group_query(ep_group_t group, ep_group_info_t *info);
+
 /* ---------------------------------------------------------------- buffer */
 typedef struct {
   size_t size;    /* sizeof(ep_buffer_config_t) */
@@ -301,6 +317,12 @@ typedef struct {
   ep_lifetime_t ll_view_lifetime;       /* ep_ll_get_recv_view */
   size_t bytes;           /* what ep_buffer_size_hint says for this buffer */
   ep_buffer_config_t config; /* resolved: defaults and environment applied */
+  /* Added after API 0.2 (at the end: a 0.2-sized struct gets the fields it has): hosts, and the
+   * bytes this rank has sent since the buffer was created, through the network engine (to other
+   * hosts) and through memory shared with the ranks of its host. */
+  int nhosts, host, local_rank, local_size;
+  uint64_t net_bytes_sent;
+  uint64_t local_bytes_sent;
 } ep_buffer_info_t;
 #define EP_BUFFER_INFO_INIT EP_ARGS_INIT_(ep_buffer_info_t)
 
@@ -319,6 +341,11 @@ typedef struct {
   int32_t *tokens_per_rank;   /* [R] tokens that go to each rank (once per rank) */
   int32_t *tokens_per_expert; /* [E] selections of each expert */
   uint8_t *is_token_in_rank;  /* [num_tokens][R] 0/1 */
+  /* Added after API 0.2, at the end (a 0.2-sized struct is still accepted): hosts of the group
+   * (ep_group_query), as DeepEP's num_tokens_per_rdma_rank and is_token_in_rdma_rank; one host
+   * when the group does not span hosts. */
+  int32_t *tokens_per_host;   /* [nhosts] tokens that go to each host (once per host) */
+  uint8_t *is_token_in_host;  /* [num_tokens][nhosts] 0/1 */
 } ep_layout_args_t;
 #define EP_LAYOUT_ARGS_INIT EP_ARGS_INIT_(ep_layout_args_t)
 

@@ -24,6 +24,14 @@ void t_init(ep_group_t *g, int *rank, int *nranks) {
 
 void t_fini(ep_group_t g) { T_OK(ep_group_destroy(g)); }
 
+void t_hosts(ep_group_t g, int *nhosts, int **host_of) {
+  ep_group_info_t i = EP_GROUP_INFO_INIT;
+  T_OK(ep_group_query(g, &i));
+  *nhosts = i.nhosts;
+  *host_of = t_xmalloc((size_t)i.nranks * sizeof(int));
+  T_OK(ep_group_allgather(g, &i.host, *host_of, sizeof(int)));
+}
+
 bool t_cuda(void) {
   const char *b = getenv("EP_BACKEND");
   return b && !strcmp(b, "cuda");

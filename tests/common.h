@@ -94,5 +94,7 @@ void t_dsync(void);                       /* wait for the device (no-op on cpu) 
 /* Group from `epcomm launch`, and a buffer on it (cfg NULL: defaults). */
 void t_init(ep_group_t *g, int *rank, int *nranks);
 void t_fini(ep_group_t g);
+/* Hosts of the group: their number and, for every rank, its host (malloc'd; collective). */
+void t_hosts(ep_group_t g, int *nhosts, int **host_of);
 
 #endif

@@ -346,6 +346,19 @@ static void layout_table(fx_t *f) {
   t_case = "layout: args NULL";
   poison(f);
   expect(f, ep_get_dispatch_layout(f->b, NULL), EP_ERR_NULL_ARG, "args is NULL", t_case);
+  /* The struct grew after API 0.2 (host outputs at its end): the 0.2 size still works, a size
+   * it never had does not. */
+  reset_inputs(f);
+  ep_layout_args_t l = EP_LAYOUT_ARGS_INIT;
+  l.topk_idx = f->idx, l.num_tokens = N, l.topk = K, l.num_experts = f->E;
+  l.tokens_per_rank = f->pr, l.tokens_per_expert = f->pe, l.is_token_in_rank = f->in_rank;
+  l.size = offsetof(ep_layout_args_t, tokens_per_host);
+  t_case = "layout: API 0.2 size";
+  T_OK(ep_get_dispatch_layout(f->b, &l));
+  l.size = offsetof(ep_layout_args_t, is_token_in_host);
+  t_case = "layout: a size between";
+  poison(f);
+  expect(f, ep_get_dispatch_layout(f->b, &l), EP_ERR_CONFIG, "args: size", t_case);
 }
 
 static void combine_table(fx_t *f) {

@@ -49,7 +49,8 @@ static void test_registry(void) {
     const ep_env_var_t *v = ep_env_var(i);
     T_CHECK(v && !strncmp(v->name, "EP_", 3), "row %d", i);
     T_CHECK(*v->accepted && *v->description && *v->type, "%s: empty fields", v->name);
-    T_CHECK(!strcmp(v->module, "core") || !strcmp(v->module, "cpu") || !strcmp(v->module, "cuda"),
+    T_CHECK(!strcmp(v->module, "core") || !strcmp(v->module, "cpu") || !strcmp(v->module, "cuda") ||
+                !strcmp(v->module, "net"),
             "%s: module %s", v->name, v->module);
     T_CHECK(ep_env_var_find(v->name) == v, "%s is not unique", v->name);
     T_OK(ep_env_check_value(v->name, v->default_value)); /* the default is a valid value */

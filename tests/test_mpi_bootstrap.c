@@ -1,7 +1,12 @@
 /* A group bootstrapped by another framework's collectives (ep_group_create): MPI_Allgather and
  * MPI_Barrier as the user callbacks of ep_group_create, under mpirun. The group then runs a
  * dispatch/combine checked against the reference, and everything is torn down before
- * MPI_Finalize (epcomm's own threads and sockets are gone by then). */
+ * MPI_Finalize (epcomm's own threads and sockets are gone by then).
+ *
+ * With EP_HOSTS set (mpirun -x EP_HOSTS=2) the group spans pretend hosts and epcomm's network
+ * engine uses the MPI this program initialized itself: epcomm must neither initialize nor
+ * finalize it, so MPI still works after every epcomm object is gone (a barrier, then the
+ * program's own MPI_Finalize). */
 #include <mpi.h>
 
 #include "common.h"
@@ -16,7 +21,8 @@ static int mpi_barrier(void *ctx) { return MPI_Barrier(*(MPI_Comm *)ctx); }
 enum { N = 37, H = 256, K = 4 };
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+  int provided;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm comm = MPI_COMM_WORLD;
   int me, R;
   MPI_Comm_rank(comm, &me);
@@ -57,11 +63,19 @@ int main(int argc, char **argv) {
   ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = rx, .out = out};
   T_OK(ep_combine(b, &c));
   T_OK(ep_handle_destroy(h));
+  ep_group_info_t gi = EP_GROUP_INFO_INIT;
+  T_OK(ep_group_query(g, &gi));
   T_OK(ep_buffer_destroy(b));
   T_OK(ep_group_destroy(g));
+  int finalized = 1;
+  MPI_Finalized(&finalized);
+  T_CHECK(!finalized, "epcomm finalized an MPI it did not initialize");
+  T_CHECK(MPI_Barrier(comm) == MPI_SUCCESS, "MPI no longer works after the group");
   for (int s = 0; s < R; s++) ref_free_recv(&rr[s]);
   free(x), free(rx), free(idx), free(in), free(rr), free(out);
-  if (me == 0) printf("test_mpi_bootstrap: %d MPI ranks, group from MPI callbacks, dispatch checked\n", R);
+  if (me == 0)
+    printf("test_mpi_bootstrap: %d MPI ranks on %d host(s), group from MPI callbacks, dispatch "
+           "checked, MPI left to the program\n", R, gi.nhosts);
   MPI_Finalize();
   return T_PASS;
 }

@@ -21,10 +21,12 @@ typedef struct {
   int topk, E; /* E 0: = R; E < 0: -E experts per rank */
   int routing, nmode, path;
   int weights, nbias, align, cached;
+  int wide; /* combine inputs of widely different magnitudes: the order of the sum shows */
 } tcase_t;
 
 typedef struct {
   int R, me;
+  int nhosts, *host_of;  /* hosts of the group (EP_HOSTS, EP_HOST_ID, machines) */
   ep_buffer_t buf;       /* default queues */
   ep_buffer_t small_buf; /* 64 KiB queues: many trips for large N */
 } ctx_t;
@@ -140,6 +142,25 @@ static void cmp_bytes(const void *got, const void *want, size_t n, const char *w
           w[i]);
 }
 
+/* The host outputs of the layout (tokens per host, is-token-in-host). */
+static void check_layout_hosts(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d,
+                               const dev_in_t *dv) {
+  int n = d->in.n, H = x->nhosts;
+  int32_t *ph = t_dalloc((size_t)H * 4), *wh = t_xmalloc((size_t)H * 4);
+  uint8_t *ih = t_dalloc((size_t)n * H + 1), *wih = t_xmalloc((size_t)n * H + 1);
+  T_CHECK(ref_layout_hosts(d->idx, n, c->topk, E, x->R, H, x->host_of, wh, wih) == 0,
+          "reference host layout failed");
+  ep_layout_args_t l = EP_LAYOUT_ARGS_INIT;
+  l.topk_idx = dv->idx, l.num_tokens = n, l.topk = c->topk, l.num_experts = E;
+  l.tokens_per_host = ph, l.is_token_in_host = ih;
+  T_OK(ep_get_dispatch_layout(x->buf, &l));
+  void *hh = t_to_host(ph, (size_t)H * 4), *hih = t_to_host(ih, (size_t)n * H);
+  cmp_bytes(hh, wh, (size_t)H * 4, "tokens_per_host");
+  cmp_bytes(hih, wih, (size_t)n * H, "is_token_in_host");
+  t_dfree(ph), t_dfree(ih);
+  free(wh), free(wih), free(hh), free(hih);
+}
+
 static void check_layout(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d,
                          const dev_in_t *dv) {
   int n = d->in.n, R = x->R;
@@ -158,6 +179,7 @@ static void check_layout(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d
   cmp_bytes(hi, wi, (size_t)n * R, "is_token_in_rank");
   t_dfree(pr), t_dfree(pe), t_dfree(ir);
   free(wr), free(we), free(wi), free(hr), free(he), free(hi);
+  check_layout_hosts(x, c, E, d, dv);
 }
 
 typedef struct {
@@ -308,6 +330,13 @@ static void check_cached(ctx_t *x, const tcase_t *c, int E, rank_data_t *all, ui
   free(want), free(in), t_dfree(rx), t_dfree(rs);
 }
 
+/* A bf16 value of either sign with an exponent anywhere in 2^-24 .. 2^24: sums of such values
+ * round differently in different orders, so the order of the reduction is checked too. */
+static uint16_t wide_bf16(t_rng *r) {
+  uint16_t e = (uint16_t)(127 - 24 + t_below(r, 49)), m = (uint16_t)t_below(r, 128);
+  return (uint16_t)((t_below(r, 2) << 15) | (e << 7) | m);
+}
+
 /* Combine: every rank's expert output is random; the reference reduces for the whole group. */
 static void check_combine(ctx_t *x, const tcase_t *c, rank_data_t *all, ref_recv_t *rr,
                           uint64_t seed, const got_t *g, ep_buffer_t buf) {
@@ -321,18 +350,20 @@ static void check_combine(ctx_t *x, const tcase_t *c, rank_data_t *all, ref_recv
     t_rng r = t_seed(seed ^ 0xb1a5, (uint64_t)s);
     int n = all[s].in.n, rows = rr[s].nr;
     y[s] = t_xmalloc((size_t)rows * H * 2 + 2);
-    for (size_t i = 0; i < (size_t)rows * H; i++) y[s][i] = t_rand_bf16(&r);
+    for (size_t i = 0; i < (size_t)rows * H; i++) y[s][i] = c->wide ? wide_bf16(&r) : t_rand_bf16(&r);
     b0[s] = c->nbias > 0 ? t_xmalloc((size_t)n * H * 2 + 2) : NULL;
     b1[s] = c->nbias > 1 ? t_xmalloc((size_t)n * H * 2 + 2) : NULL;
-    for (size_t i = 0; b0[s] && i < (size_t)n * H; i++) b0[s][i] = t_rand_bf16(&r);
-    for (size_t i = 0; b1[s] && i < (size_t)n * H; i++) b1[s][i] = t_rand_bf16(&r);
+    for (size_t i = 0; b0[s] && i < (size_t)n * H; i++) b0[s][i] = c->wide ? wide_bf16(&r) : t_rand_bf16(&r);
+    for (size_t i = 0; b1[s] && i < (size_t)n * H; i++) b1[s][i] = c->wide ? wide_bf16(&r) : t_rand_bf16(&r);
     out[s] = t_xmalloc((size_t)n * H * 2 + 2);
     ow[s] = t_xmalloc((size_t)n * c->topk * 4 + 4);
     w[s] = rr[s].topk_weights;
     in[s] = all[s].in;
   }
-  T_CHECK(ref_combine(R, H, c->topk, in, rr, (const uint16_t *const *)y, c->weights ? w : NULL,
-                      (const uint16_t *const *)b0, (const uint16_t *const *)b1, out, ow) == 0,
+  T_CHECK(ref_combine_hosts(R, x->nhosts, x->host_of, H, c->topk, in, rr,
+                            (const uint16_t *const *)y, c->weights ? w : NULL,
+                            (const uint16_t *const *)b0, (const uint16_t *const *)b1, out,
+                            ow) == 0,
           "reference combine failed");
   int n = all[me].in.n, rows = rr[me].nr;
   uint16_t *dout = t_dalloc((size_t)n * H * 2 + 2);
@@ -399,29 +430,33 @@ static void run_case(ctx_t *x, const tcase_t *c, int idx) {
 
 /* H, dtype, topk, E, routing, N, path, weights, biases, alignment, cached */
 static const tcase_t cases[] = {
-    {8, EP_DTYPE_BF16, 1, 0, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 0, 0, 0},        /* 16-byte rows */
-    {16, EP_DTYPE_FP8_E4M3, 2, 64, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 0, 0, 1},  /* 16-byte fp8 */
-    {128, EP_DTYPE_BF16, 8, 64, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 1, 4, 1},
-    {128, EP_DTYPE_BF16, 9, 288, RT_MASKED, NM_SMALL, P_WORST, 1, 2, 1, 1},
-    {256, EP_DTYPE_FP8_E4M3, 8, 256, RT_SKEW, NM_SMALL, P_SYNC, 1, 0, 8, 1},
-    {256, EP_DTYPE_BF16, 8, 256, RT_SKEW, NM_ZERO_SOME, P_ALLOC, 1, 2, 0, 0},
-    {512, EP_DTYPE_FP8_E4M3, 9, 288, RT_EMPTY_RANK, NM_SMALL, P_WORST, 1, 0, 0, 1},
-    {64, EP_DTYPE_BF16, 2, 0, RT_EMPTY_RANK, NM_ZERO_SOME, P_SYNC, 0, 1, 0, 1},
-    {64, EP_DTYPE_BF16, 8, 64, RT_DUP, NM_SMALL, P_SYNC, 1, 0, 2, 0},
-    {1024, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_LARGE, P_SYNC, 1, 1, 0, 1},   /* many trips */
-    {2048, EP_DTYPE_FP8_E4M3, 8, 64, RT_UNIFORM, NM_LARGE, P_WORST, 0, 0, 0, 1},
-    {7168, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 2, 0, 1},
-    {7168, EP_DTYPE_FP8_E4M3, 8, 288, RT_MASKED, NM_SMALL, P_SYNC, 1, 0, 0, 1},
-    {7168, EP_DTYPE_BF16, 1, 0, RT_SKEW, NM_ZERO_SOME, P_WORST, 1, 0, 0, 0},
-    {96, EP_DTYPE_BF16, 9, 0, RT_MASKED, NM_SMALL, P_ALLOC, 1, 1, 3, 0},
-    {64, EP_DTYPE_BF16, 32, -1024, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 1, 0, 1}, /* no whitelists */
-    {8, EP_DTYPE_BF16, 33, -1024, RT_MASKED, NM_SMALL, P_WORST, 1, 2, 0, 1},
-    {128, EP_DTYPE_BF16, 8, 64, RT_UNIFORM, NM_SMALL, P_VIEW, 1, 1, 0, 1},     /* views */
-    {256, EP_DTYPE_FP8_E4M3, 8, 256, RT_SKEW, NM_SMALL, P_VIEW, 1, 0, 2, 1},
-    {7168, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_SMALL, P_VIEW, 1, 2, 0, 0},
-    {1024, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_LARGE, P_VIEW, 0, 0, 0, 1},
-    {512, EP_DTYPE_FP8_E4M3, 9, 288, RT_EMPTY_RANK, NM_SMALL, P_WVIEW, 1, 0, 0, 1},
-    {256, EP_DTYPE_BF16, 8, 256, RT_MASKED, NM_ZERO_SOME, P_WVIEW, 1, 1, 0, 1},
+    {8, EP_DTYPE_BF16, 1, 0, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 0, 0, 0, 0},        /* 16-byte rows */
+    {16, EP_DTYPE_FP8_E4M3, 2, 64, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 0, 0, 1, 0},  /* 16-byte fp8 */
+    {128, EP_DTYPE_BF16, 8, 64, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 1, 4, 1, 0},
+    {128, EP_DTYPE_BF16, 9, 288, RT_MASKED, NM_SMALL, P_WORST, 1, 2, 1, 1, 0},
+    {256, EP_DTYPE_FP8_E4M3, 8, 256, RT_SKEW, NM_SMALL, P_SYNC, 1, 0, 8, 1, 0},
+    {256, EP_DTYPE_BF16, 8, 256, RT_SKEW, NM_ZERO_SOME, P_ALLOC, 1, 2, 0, 0, 0},
+    {512, EP_DTYPE_FP8_E4M3, 9, 288, RT_EMPTY_RANK, NM_SMALL, P_WORST, 1, 0, 0, 1, 0},
+    {64, EP_DTYPE_BF16, 2, 0, RT_EMPTY_RANK, NM_ZERO_SOME, P_SYNC, 0, 1, 0, 1, 0},
+    {64, EP_DTYPE_BF16, 8, 64, RT_DUP, NM_SMALL, P_SYNC, 1, 0, 2, 0, 0},
+    {1024, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_LARGE, P_SYNC, 1, 1, 0, 1, 0},   /* many trips */
+    {2048, EP_DTYPE_FP8_E4M3, 8, 64, RT_UNIFORM, NM_LARGE, P_WORST, 0, 0, 0, 1, 0},
+    {7168, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 2, 0, 1, 0},
+    {7168, EP_DTYPE_FP8_E4M3, 8, 288, RT_MASKED, NM_SMALL, P_SYNC, 1, 0, 0, 1, 0},
+    {7168, EP_DTYPE_BF16, 1, 0, RT_SKEW, NM_ZERO_SOME, P_WORST, 1, 0, 0, 0, 0},
+    {96, EP_DTYPE_BF16, 9, 0, RT_MASKED, NM_SMALL, P_ALLOC, 1, 1, 3, 0, 0},
+    {64, EP_DTYPE_BF16, 32, -1024, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 1, 0, 1, 0}, /* no whitelists */
+    {8, EP_DTYPE_BF16, 33, -1024, RT_MASKED, NM_SMALL, P_WORST, 1, 2, 0, 1, 0},
+    {128, EP_DTYPE_BF16, 8, 64, RT_UNIFORM, NM_SMALL, P_VIEW, 1, 1, 0, 1, 0},     /* views */
+    {256, EP_DTYPE_FP8_E4M3, 8, 256, RT_SKEW, NM_SMALL, P_VIEW, 1, 0, 2, 1, 0},
+    {7168, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_SMALL, P_VIEW, 1, 2, 0, 0, 0},
+    {1024, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_LARGE, P_VIEW, 0, 0, 0, 1, 0},
+    {512, EP_DTYPE_FP8_E4M3, 9, 288, RT_EMPTY_RANK, NM_SMALL, P_WVIEW, 1, 0, 0, 1, 0},
+    {256, EP_DTYPE_BF16, 8, 256, RT_MASKED, NM_ZERO_SOME, P_WVIEW, 1, 1, 0, 1, 0},
+    /* wide magnitudes: the reduction order (§4.2, §4.6) decides the bits */
+    {128, EP_DTYPE_BF16, 8, 64, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 2, 0, 0, 1},
+    {64, EP_DTYPE_BF16, 9, 0, RT_MASKED, NM_ZERO_SOME, P_ALLOC, 1, 0, 0, 0, 1},
+    {512, EP_DTYPE_BF16, 8, 256, RT_SKEW, NM_LARGE, P_SYNC, 1, 1, 0, 0, 1},
 };
 
 int main(int argc, char **argv) {
@@ -430,6 +465,7 @@ int main(int argc, char **argv) {
   t_require_backend();
   t_init(&g, &x.me, &x.R);
   int repeat = argc > 1 ? atoi(argv[1]) : 1;
+  t_hosts(g, &x.nhosts, &x.host_of);
   ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
   T_OK(ep_buffer_create(g, &cfg, &x.buf));
   cfg.queue_bytes = 64 << 10;
@@ -441,6 +477,7 @@ int main(int argc, char **argv) {
   T_OK(ep_buffer_destroy(x.small_buf));
   T_OK(ep_buffer_destroy(x.buf));
   t_fini(g);
-  if (x.me == 0) printf("test_normal: R=%d, %d cases passed\n", x.R, ran);
+  free(x.host_of);
+  if (x.me == 0) printf("test_normal: R=%d on %d host(s), %d cases passed\n", x.R, x.nhosts, ran);
   return T_PASS;
 }

@@ -460,6 +460,24 @@ static void test_combine(void) {
   CHECK(ref_combine(3, 1, 3, in3, rv3, y3, w3, NULL, NULL, out3, outw3) == 0, "combine R=3");
   CHECK(o3 == BF_0, "ascending rank order: got 0x%04x, want 0x0000", o3);
   CHECK(ow3[0] == 0.0f && ow3[1] == 6.0f && ow3[2] == 0.0f, "weights %g %g %g", ow3[0], ow3[1], ow3[2]);
+
+  /* Across hosts (§4.6): ranks 0 | 1, 2 on two hosts: host 1's partial first, 1 + -2^24 =
+   * -(2^24 - 1) (exact), then 2^24 + that = 1. One host (or host_of NULL) is §4.2: 0. */
+  const int host_of[3] = {0, 1, 1}, one_host[3] = {0, 0, 0};
+  CHECK(ref_combine_hosts(3, 2, host_of, 1, 3, in3, rv3, y3, w3, NULL, NULL, out3, outw3) == 0,
+        "combine across hosts");
+  CHECK(o3 == BF_1, "host partials: got 0x%04x, want 0x3f80", o3);
+  CHECK(ow3[0] == 1.0f && ow3[1] == 6.0f, "host-partial weights %g %g", ow3[0], ow3[1]);
+  CHECK(ref_combine_hosts(3, 1, one_host, 1, 3, in3, rv3, y3, w3, NULL, NULL, out3, outw3) == 0 &&
+            o3 == BF_0, "one host is the flat order: got 0x%04x", o3);
+  CHECK(ref_combine_hosts(3, 2, NULL, 1, 3, in3, rv3, y3, w3, NULL, NULL, out3, outw3) == -1,
+        "hosts without host_of");
+  /* Host outputs of the layout: the token goes to both hosts, once each. */
+  int32_t per_host[2];
+  uint8_t in_host[2];
+  CHECK(ref_layout_hosts(ids3, 1, 3, 3, 3, 2, host_of, per_host, in_host) == 0 &&
+            per_host[0] == 1 && per_host[1] == 1 && in_host[0] == 1 && in_host[1] == 1,
+        "layout hosts");
   for (int r = 0; r < 3; r++) ref_free_recv(&rv3[r]);
 }
 

@@ -127,5 +127,9 @@ void dr_check_add(dr_checks_t *c, const char *check, int status, const char *fix
 /* Runs every environment check; config_bytes is the shared memory one job needs. */
 void dr_env_run(dr_checks_t *out, uint64_t config_bytes);
 const char *dr_status_name(int status);
+/* The checks about jobs across hosts (tools/doctor_net.c): the split into hosts, the engines. */
+void dr_net_run(dr_checks_t *out);
+/* NCCL_SOCKET_IFNAME must leave an interface that is up: DR_INFO, or DR_FAIL with *fix. */
+int dr_judge_socket_ifname(const char *v, const char **fix);
 
 #endif

@@ -544,7 +544,9 @@ static const struct {
     {"NCCL_CUMEM_ENABLE", "NCCL allocates with the cuMem* virtual memory API", NULL},
     {"NCCL_IB_DISABLE", "disables the InfiniBand/RoCE transport (sockets instead)", NULL},
     {"NCCL_IB_HCA", "InfiniBand adapters NCCL may use", NULL},
-    {"NCCL_SOCKET_IFNAME", "network interfaces for NCCL's sockets and bootstrap", NULL},
+    {"NCCL_SOCKET_IFNAME", "network interfaces for NCCL's sockets and bootstrap",
+     dr_judge_socket_ifname},
+    {"NCCL_HOSTID", "host identity NCCL uses instead of the hostname", NULL},
     {"NCCL_NET_GDR_LEVEL", "largest distance for GPUDirect RDMA", NULL},
     {"NCCL_ALGO", "forces collective algorithms", NULL},
     {"NCCL_PROTO", "forces protocols (LL, LL128, Simple)", NULL},
@@ -667,6 +669,7 @@ void dr_env_run(dr_checks_t *out, uint64_t config_bytes) {
   check_cudart(out, &cu, &st);
   check_nccl(out, &st);
   check_mpi(out);
+  dr_net_run(out);
   check_nvshmem(out);
   check_mps(out, &st);
   check_devshm(out);

@@ -2,6 +2,9 @@
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
 #   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
+#   net (across pretend hosts, issue 14: the NCCL engine on one GPU with a NCCL_HOSTID per rank,
+#   then the cpu path's net.* tests through MPI; NCCL's library and header are looked for in the
+#   PyTorch wheel when the toolkit has none: set EP_NCCL_LIB / NCCL_HOME to choose)
 #   (bench = `epcomm bench --backend cuda` at R=2/4/8, bf16 and fp8, DeepEP's sizes and SMs per
 #   rank, every variant and the cudaMemcpy baseline, tables and JSON into OUT_DIR; epbench is the
 #   same step under its older name; scan = the same with more SMs per rank; trace = the same with
@@ -37,7 +40,9 @@ for s in $steps; do
   t0=$SECONDS
   case $s in
     build)
-      { cmake -S . -B $b -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
+      nccl_inc=$(find /usr/local/cuda/include /opt -name nccl.h -path '*include*' 2>/dev/null | head -1)
+      { cmake -S . -B $b -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+          ${nccl_inc:+-DEP_NCCL_INCLUDE=$(dirname "$nccl_inc")} &&
           ninja -C $b; } >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem \
         --format=csv >"$out/gpu.txt" 2>&1 ;;
@@ -75,6 +80,19 @@ for s in $steps; do
             grep -E '^(epcomm|copy ceiling|cudaMemcpy|ratio|check|first)'
         done
       done ;;
+    net)
+      lib=${EP_NCCL_LIB:-$(find /opt /usr -name 'libnccl.so.2' 2>/dev/null | head -1)}
+      export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 EP_NCCL_LIB=$lib
+      grep -q 'NCCL engine ON' "$out/build.log" 2>/dev/null ||
+        echo "net: the build found no nccl.h: the NCCL engine is not built (its test skips)"
+      for rh in "2 2" "4 2" "4 4"; do
+        set -- $rh
+        timeout 60 "$mps" mpirun -n $1 --oversubscribe --bind-to none --mca btl self,vader \
+          -x EP_HOSTS=$2 -x EP_NCCL_LIB -x EP_TIMEOUT_S -x NCCL_DEBUG=WARN \
+          $b/tests/test_nccl_engine >"$out/net-nccl-r$1-h$2.log" 2>&1
+        echo "NCCL engine, R=$1 on $2 pretend hosts, one GPU: exit $? ($(tail -n 1 "$out/net-nccl-r$1-h$2.log"))"
+      done
+      timeout 180 "$mps" tests/run.sh --filter '^(net|cuda\.net)' $b 2>&1 | tee "$out/net-cpu.log" | tail -4 || true ;;
     ll)
       timeout 560 "$mps" tests/run.sh --filter '^cuda\.(ll|bench)' $b 2>&1 | tee "$out/ll.log" |
         grep -v '^PASS' || true ;;

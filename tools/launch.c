@@ -38,7 +38,8 @@
 #include "tk_rng.h"
 
 static const char usage_text[] =
-    "usage: epcomm launch -n R [--timeout S] [--grace S] [--no-tag] [--] PROGRAM ARGS...";
+    "usage: epcomm launch -n R [--hosts H] [--timeout S] [--grace S] [--no-tag] [--] PROGRAM "
+    "ARGS...";
 
 /* --help: what each option does, and the two things users ask about: which deadline is which,
  * and where stdin goes. */
@@ -56,6 +57,13 @@ static const char help_text[] =
     "  --grace S     seconds the other ranks get to finish after one fails or a signal is\n"
     "                forwarded, and between SIGTERM and SIGKILL after --timeout (default 10)\n"
     "  --no-tag      relay the output without the \"[r] \" tags\n"
+    "  --hosts H     split the R ranks into H pretend hosts (EP_HOSTS=H: consecutive ranks,\n"
+    "                R/H per host) that talk only through the network engine, as on a\n"
+    "                cluster. The engine is MPI, whose ranks mpirun must start: the launcher\n"
+    "                then becomes `mpirun -n R --oversubscribe --bind-to none` (shared\n"
+    "                memory transport) with the same program, --timeout passed on, output\n"
+    "                tagged by mpirun (\"[1,r]<stdout>:\"); deaths and exits are mpirun's\n"
+    "                to report. Real hosts: run mpirun --hostfile or srun yourself.\n"
     "  --            ends the options: everything after it is PROGRAM and its arguments\n"
     "stdin: rank 0 reads the launcher's stdin when that is a pipe or a file (`cmd | epcomm\n"
     "launch ...`, `< file`), as mpirun forwards it; the other ranks read /dev/null, and so does\n"
@@ -169,7 +177,12 @@ static int parse_option(struct launch *l, int argc, char **argv, int *i) {
     l->tag = false;
     return -1;
   }
-  if ((m = take_value("-n", argc, argv, i, &v)) != 0) {
+  if ((m = take_value("--hosts", argc, argv, i, &v)) != 0) {
+    if (m < 0) return usage_error("option --hosts needs a value");
+    if (!parse_num(v, 1, MAX_RANKS, true, false, &x))
+      return usage_error("invalid --hosts '%s' (want an integer from 1 to %d)", v, MAX_RANKS);
+    l->hosts = (int)x;
+  } else if ((m = take_value("-n", argc, argv, i, &v)) != 0) {
     if (m < 0) return usage_error("option -n needs a value");
     if (!parse_num(v, 1, MAX_RANKS, true, false, &x))
       return usage_error("invalid -n '%s' (want an integer from 1 to %d)", v, MAX_RANKS);
@@ -204,6 +217,9 @@ static int parse_args(struct launch *l, int argc, char **argv) {
   }
   if (l->nranks == 0) return usage_error("missing -n R");
   if (i >= argc) return usage_error("missing PROGRAM");
+  if (l->hosts && l->nranks % l->hosts)
+    return usage_error("--hosts %d does not divide -n %d (every host holds the same number of "
+                       "ranks)", l->hosts, l->nranks);
   l->prog = argv + i;
   return -1;
 }
@@ -632,6 +648,7 @@ int ep_cmd_launch(int argc, char **argv) {
   struct launch l = {.sigpipe = {-1, -1}}; /* ~64 KiB, mostly the two output buffers */
   int rc = parse_args(&l, argc, argv);
   if (rc >= 0) return rc;
+  if (l.hosts > 1) return launch_exec_mpirun(&l);
   rc = EXIT_INTERNAL;
   if (setup(&l) == 0) {
     start_ranks(&l);

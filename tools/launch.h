@@ -55,6 +55,7 @@ struct outbuf {
 
 struct launch {
   int nranks, started, live, open_streams;
+  int hosts;   /* --hosts H: the ranks form H pretend hosts and run under mpirun (0: not set) */
   double timeout, grace; /* timeout 0: none */
   bool tag;
   char **prog; /* PROGRAM ARGS..., NULL-terminated (points into argv) */
@@ -83,5 +84,8 @@ void launch_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void launch_close_fd(int *fd);
 /* Starts rank r (pipes, notify socketpair, fork, exec); 0 or an errno. */
 int launch_start_rank(struct launch *l, int r);
+
+/* --hosts: becomes mpirun (tools/launch_hosts.c); returns only on failure, with the status. */
+int launch_exec_mpirun(const struct launch *l);
 
 #endif

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "epcomm.h"
+#include "net/net.h"
 
 /* ------------------------------------------------------------------ services of the core */
 
@@ -25,11 +26,36 @@ int ep_ctx_rank(const ep_ctx_t *ctx);
 int ep_ctx_nranks(const ep_ctx_t *ctx);
 double ep_ctx_timeout(const ep_ctx_t *ctx); /* seconds, > 0 */
 
-/* Bootstrap exchanges through the group's local channel, bounded by the deadline. */
+/* Hosts of the group. One host (nhosts 1, local == global) unless the group spans hosts; then
+ * ranks of one host share memory (the intranode path) and every host holds local_size ranks.
+ * Hosts are numbered by their lowest rank, local indices by rank within a host. */
+typedef struct {
+  int nhosts, host;           /* hosts of the group; this rank's */
+  int local_rank, local_size; /* this rank's index among the ranks of its host; their number */
+  int *host_of;               /* [R] host of every rank */
+  int *local_of;              /* [R] local index of every rank */
+  int *rank_at;               /* [nhosts][local_size] rank of (host, local index) */
+  void *mem;                  /* the group's */
+} ep_topo_t;
+const ep_topo_t *ep_ctx_topo(const ep_ctx_t *ctx);
+
+/* Bootstrap exchanges of the group, bounded by the deadline: every rank of the group (across
+ * hosts through the world engine). */
 ep_status_t ep_ctx_allgather(ep_ctx_t *ctx, const void *send, void *recv, size_t bytes);
-/* Every rank passes one fd; fds[r] receives a duplicate of rank r's fd (fds[rank] = own dup). */
+/* The ranks of this host only: each passes one fd; fds[l] receives a duplicate of the fd of
+ * local index l (fds[local_rank] = own dup). */
 ep_status_t ep_ctx_allgather_fd(ep_ctx_t *ctx, int fd, int *fds);
 ep_status_t ep_ctx_barrier(ep_ctx_t *ctx);
+
+/* Collective, during buffer creation of a group that spans hosts: an endpoint of the named
+ * network engine ("mpi", "nccl") over every rank of the group, for this buffer (device: the
+ * CUDA device of a device engine, else -1). The backend owns it and closes it at destroy
+ * (e->close(n, clean)). */
+ep_status_t ep_ctx_net_open(ep_ctx_t *ctx, const char *engine, int device,
+                            const struct ep_net_engine **e, ep_net_t **n);
+/* Liveness as an ep_net_check_fn (ctx is the ep_ctx_t): EP_OK, or EP_ERR_PEER_FAILED with a
+ * message naming the rank, its host and what happened. */
+ep_status_t ep_ctx_liveness(void *ctx);
 
 /* Non-blocking: EP_OK, or EP_ERR_PEER_FAILED with *dead set to a dead peer (and *how a static
  * description such as "killed by signal 9" when the launcher said so). */
@@ -43,11 +69,15 @@ ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char 
 
 /* Mark the buffer unusable (collective state may be inconsistent after this failure). */
 void ep_ctx_mark_broken(ep_ctx_t *ctx);
+/* A rank of the group died or did not answer: closing engine endpoints must not wait for it. */
+bool ep_ctx_peer_lost(const ep_ctx_t *ctx);
 
 /* Integer from the environment registry (src/core/env.c), e.g. EP_SPIN_US; a size row's
  * N[K|M|G] is in bytes. Group and buffer creation have checked every set variable, so `dflt` is
  * what an unset or empty one means. */
 long ep_env_long(const char *name, long dflt);
+/* Text of a registered variable, NULL when unset or empty. */
+const char *ep_env_text(const char *name);
 
 /* The EP_* variables a module reads: one table of rows per module (core, cpu, cuda), each
  * defined with EP_ENV_MODULE in the module's own sources and compiled whether or not its backend
@@ -228,6 +258,8 @@ struct ep_backend_ops {
    * (combine = true): tell the peers so that their matching call fails at once
    * (EP_ERR_PEER_INVALID) instead of timing out. */
   void (*ll_reject)(void *state, bool combine);
+  /* Optional, local: bytes sent so far through the network engine and to ranks of this host. */
+  void (*traffic)(void *state, uint64_t *net, uint64_t *local);
 };
 
 /* Every backend module defines one `const struct ep_backend_ops *ep_backend_<name>(void)`; the

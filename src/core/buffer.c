@@ -13,6 +13,7 @@ int ep_ctx_rank(const ep_ctx_t *ctx) { return ctx->buf->group->rank; }
 int ep_ctx_nranks(const ep_ctx_t *ctx) { return ctx->buf->group->nranks; }
 double ep_ctx_timeout(const ep_ctx_t *ctx) { return ctx->buf->timeout_s; }
 void ep_ctx_mark_broken(ep_ctx_t *ctx) { ctx->buf->broken = true; }
+bool ep_ctx_peer_lost(const ep_ctx_t *ctx) { return ctx->buf->group->peer_lost; }
 
 /* Bootstrap exchanges of a buffer: part of its group's current collective call (buffer create or
  * destroy, buffer_life.c), which holds the group's channel; a failure breaks the group too. */
@@ -38,6 +39,28 @@ ep_status_t ep_ctx_barrier(ep_ctx_t *ctx) {
 
 ep_status_t ep_ctx_check_peers(ep_ctx_t *ctx, int *dead, const char **how) {
   return ep_group_check(ctx->buf->group, dead, how);
+}
+
+ep_status_t ep_ctx_liveness(void *ctx) { return ep_ctx_check_peers(ctx, NULL, NULL); }
+
+const ep_topo_t *ep_ctx_topo(const ep_ctx_t *ctx) { return &ctx->buf->group->topo; }
+
+static ep_status_t net_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
+  return ep_ctx_allgather(ctx, send, recv, bytes);
+}
+
+ep_status_t ep_ctx_net_open(ep_ctx_t *ctx, const char *engine, int device,
+                            const struct ep_net_engine **e, ep_net_t **n) {
+  ep_group *g = ctx->buf->group;
+  *n = NULL;
+  if (!(*e = ep_net_find(engine))) return EP_ERR_UNSUPPORTED;
+  ep_net_open_t how = {g->rank, g->nranks, device, ep_now() + ctx->buf->timeout_s, net_allgather,
+                       ctx};
+  ep_status_t st = (*e)->open(&how, n);
+  if (!st)
+    ep_log_at(EP_LOG_INFO, g->rank, "init", "network engine %s open: %d ranks on %d hosts",
+              engine, g->nranks, g->topo.nhosts);
+  return st;
 }
 
 ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char *op,
@@ -109,7 +132,7 @@ ep_status_t ep_buffer_after(ep_buffer *b, ep_status_t st, const char *op) {
   if (status_breaks(st)) b->broken = true;
   /* A peer that timed out or died leaves every collective of the group in doubt: its destroys
    * must not wait a second deadline for the same peer. */
-  if (st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED) b->group->broken = true;
+  if (st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED) b->group->broken = b->group->peer_lost = true;
   /* Backends report through ep_ctx_fail; a bare status from them still gets the op name. */
   ep_err_prefix(op);
   ep_errbox_put(&b->err, ep_last_error());
@@ -147,6 +170,9 @@ ep_status_t ep_buffer_query(ep_buffer_t buffer, ep_buffer_info_t *info) {
   i.ll_view_lifetime = i.caps & EP_CAP_LOW_LATENCY ? b->ops->ll_view_lifetime : EP_LIFETIME_NONE;
   i.bytes = b->bytes;
   i.config = b->cfg;
+  const ep_topo_t *t = &b->group->topo;
+  i.nhosts = t->nhosts, i.host = t->host, i.local_rank = t->local_rank, i.local_size = t->local_size;
+  if (b->ops->traffic) b->ops->traffic(b->state, &i.net_bytes_sent, &i.local_bytes_sent);
   ep_reg_release(b->id);
   memcpy(info, &i, info->size); /* an older caller's smaller struct gets the fields it has */
   return EP_OK;

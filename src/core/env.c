@@ -156,6 +156,11 @@ const char *ep_env_str(const char *name) {
   return getenv(name);
 }
 
+const char *ep_env_text(const char *name) {
+  const char *s = ep_env_str(name);
+  return s && *s ? s : NULL;
+}
+
 /* The value of a set, valid variable; NULL otherwise (creation has rejected invalid ones). */
 static const char *valid_value(const char *name, const ep_env_row_t **row) {
   *row = row_find(name, strlen(name));

@@ -18,11 +18,6 @@
 
 #define RENDEZVOUS_MAX EP_RENDEZVOUS_MAX
 
-typedef struct {
-  int32_t pid;
-  char hostkey[EP_HOSTKEY_MAX];
-} peer_info_t;
-
 static void host_key(char *out) {
   char host[64] = "?", boot[40] = "";
   gethostname(host, sizeof host);
@@ -51,7 +46,10 @@ ep_status_t ep_group_fail(ep_group *g, ep_status_t st, const char *op) {
 void ep_group_free(ep_group *g) {
   if (!g) return;
   ep_boot_close(&g->boot);
+  /* The world engine goes last: closing it may finalize MPI (when epcomm initialized it). */
+  ep_world_close(g->world, !g->peer_lost);
   ep_live_fini(&g->live);
+  ep_topo_free(&g->topo);
   free(g->hostkeys);
   free(g->buffers);
   pthread_mutex_destroy(&g->lock);
@@ -78,27 +76,99 @@ static void tell_launcher(int notify_fd, const char *what, int rank) {
   if (notify_fd >= 0) (void)!send(notify_fd, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-/* Everything after the rendezvous name is known: connect, exchange pids and hosts. The liveness
- * watch starts first: a rank that dies before it connects is reported by the launcher. */
-static ep_status_t group_init(ep_group *g, const char *name, const uint8_t *key, int notify_fd) {
+/* Pids and machines of every rank; liveness watches the ranks of this host. */
+static ep_status_t keep_identities(ep_group *g, const ep_ident_t *all) {
+  g->hostkeys = calloc((size_t)g->nranks, sizeof *g->hostkeys);
+  if (!g->hostkeys) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
+  for (int r = 0; r < g->nranks; r++) {
+    memcpy(g->hostkeys[r], all[r].hostkey, EP_HOSTKEY_MAX);
+    g->hostkeys[r][EP_HOSTKEY_MAX - 1] = '\0';
+    if (g->topo.host_of[r] == g->topo.host)
+      ep_live_set_pid(&g->live, g->topo.local_of[r], all[r].pid,
+                      !strcmp(all[r].hostkey, all[g->rank].hostkey));
+  }
+  return EP_OK;
+}
+
+/* One host: connect every rank, exchange pids and machines. The liveness watch starts first: a
+ * rank that dies before it connects is reported by the launcher. */
+static ep_status_t group_init(ep_group *g, const char *name, const uint8_t *key, int notify_fd,
+                              const ep_ident_t *mine) {
   double deadline = ep_now() + g->timeout_s;
   if (ep_live_init(&g->live, g->rank, g->nranks, notify_fd) != 0)
     return ep_err(EP_ERR_NO_MEMORY, "out of memory");
-  ep_status_t st = ep_boot_open(&g->boot, name, key, g->rank, g->nranks, &g->live, deadline);
+  ep_status_t st = ep_topo_single(g->nranks, g->rank, &g->topo);
+  if (!st) st = ep_boot_open(&g->boot, name, key, g->rank, g->nranks, &g->live, deadline);
   if (st) return st;
-  peer_info_t me = {(int32_t)getpid(), ""}, *all = calloc((size_t)g->nranks, sizeof *all);
-  g->hostkeys = calloc((size_t)g->nranks, sizeof *g->hostkeys);
-  if (!all || !g->hostkeys) st = ep_err(EP_ERR_NO_MEMORY, "out of memory");
-  host_key(me.hostkey);
+  ep_ident_t *all = calloc((size_t)g->nranks, sizeof *all);
+  if (!all) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
   ep_boot_begin(&g->boot, EP_OP_GROUP_CREATE);
-  if (!st) st = ep_boot_allgather(&g->boot, &me, all, sizeof me, EP_OK, deadline);
-  for (int r = 0; !st && r < g->nranks; r++) {
-    memcpy(g->hostkeys[r], all[r].hostkey, EP_HOSTKEY_MAX);
-    g->hostkeys[r][EP_HOSTKEY_MAX - 1] = '\0';
-    ep_live_set_pid(&g->live, r, all[r].pid, !strcmp(g->hostkeys[r], me.hostkey));
-  }
+  st = ep_boot_allgather(&g->boot, mine, all, sizeof *mine, EP_OK, deadline);
+  if (!st) st = keep_identities(g, all);
   free(all);
   return st;
+}
+
+/* Across hosts: the world engine carries the group's exchanges; the ranks of each host meet on
+ * their own local channel ("<rendezvous>.h<host>"), for what only a host can share. Identities
+ * first, so that a bad split of hosts fails on every rank alike before anyone waits for a local
+ * channel that cannot form. */
+static ep_status_t group_init_net(ep_group *g, const char *name, const uint8_t *key,
+                                  int notify_fd, const ep_ident_t *mine) {
+  double deadline = ep_now() + g->timeout_s;
+  ep_ident_t *all = calloc((size_t)g->nranks, sizeof *all);
+  if (!all) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
+  ep_boot_begin(&g->boot, EP_OP_GROUP_CREATE);
+  int peer;
+  ep_status_t st = ep_world_open(&g->world, g->rank, g->nranks, deadline);
+  if (!st)
+    st = ep_world_allgather(g->world, EP_OP_GROUP_CREATE, g->boot.seq, mine, all, sizeof *mine,
+                            EP_OK, deadline, g->timeout_s, NULL, NULL, &peer);
+  if (!st) st = ep_topo_build(all, g->nranks, g->rank, &g->topo);
+  if (!st && ep_live_init(&g->live, g->topo.local_rank, g->topo.local_size, notify_fd) != 0)
+    st = ep_err(EP_ERR_NO_MEMORY, "out of memory");
+  if (!st) st = keep_identities(g, all);
+  free(all);
+  char local[EP_RENDEZVOUS_MAX];
+  snprintf(local, sizeof local, "%.68s.h%d", name, g->topo.host);
+  if (!st)
+    st = ep_boot_open(&g->boot, local, key, g->topo.local_rank, g->topo.local_size, &g->live,
+                      deadline);
+  if (!st) ep_boot_begin(&g->boot, EP_OP_GROUP_CREATE); /* the local channel counts alike */
+  return st;
+}
+
+/* Spanning hosts needs the world engine, which needs a launcher that starts MPI jobs. Said
+ * before anything is loaded, for a job started by `epcomm launch` without --hosts. */
+static ep_status_t check_world_launcher(const ep_ident_t *mine, const char *op) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", NULL};
+  for (int i = 0; vars[i]; i++)
+    if (getenv(vars[i])) return EP_OK;
+  if (mine->has_id)
+    return ep_err(EP_ERR_BOOTSTRAP, "%s: EP_HOST_ID=%s puts ranks on several hosts, which talk "
+                  "through MPI: start the ranks with mpirun (or srun --mpi=pmix)", op,
+                  mine->host_id);
+  if (mine->hosts <= 1)
+    return ep_err(EP_ERR_BOOTSTRAP, "%s: the job's ranks run on several machines, whose groups "
+                  "talk through MPI: start the ranks with mpirun --hostfile or srun --mpi=pmix "
+                  "(torchrun across machines is not supported yet)", op);
+  return ep_err(EP_ERR_BOOTSTRAP, "%s: EP_HOSTS=%d splits the job into %d hosts, which talk "
+                "through MPI: start the ranks with `epcomm launch -n R --hosts %d` or mpirun",
+                op, mine->hosts, mine->hosts, mine->hosts);
+}
+
+/* A job whose ranks are not all on this machine spans hosts: mpirun, srun and torchrun say how
+ * many of the job's ranks run here. (torchrun jobs across machines then need MPI too: said by
+ * check_world_launcher, instead of ranks waiting for peers that can never reach them.) */
+static bool job_spans_machines(void) {
+  static const char *const pairs[][2] = {{"OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE"},
+                                         {"LOCAL_WORLD_SIZE", "WORLD_SIZE"}};
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    const char *local = getenv(pairs[i][0]), *all = getenv(pairs[i][1]);
+    if (local && all && strcmp(local, all)) return true;
+  }
+  const char *nodes = getenv("SLURM_STEP_NUM_NODES");
+  return nodes && strcmp(nodes, "1") && getenv("PMIX_RANK");
 }
 
 static ep_status_t group_new(int rank, int nranks, const ep_group_config_t *cfg, ep_group **out) {
@@ -117,17 +187,21 @@ static ep_status_t group_new(int rank, int nranks, const ep_group_config_t *cfg,
   return EP_OK;
 }
 
-static ep_status_t group_finish(ep_group *g, const char *name, const uint8_t *key, int notify_fd,
-                                ep_group_t *out) {
-  ep_status_t st = group_init(g, name, key, notify_fd);
+static ep_status_t group_finish(ep_group *g, const char *op, const char *name, const uint8_t *key,
+                                int notify_fd, const ep_ident_t *mine, bool net, ep_group_t *out) {
+  ep_status_t st = net ? group_init_net(g, name, key, notify_fd, mine)
+                       : group_init(g, name, key, notify_fd, mine);
   if (!st) st = ep_reg_add(EP_OBJ_GROUP, g, g->rank, &g->id);
   if (st) {
+    ep_err_prefix(op);
     ep_log_at(EP_LOG_INFO, g->rank, "init", "group creation failed: %s", ep_last_error());
     ep_group_free(g);
     return st;
   }
-  ep_log_at(EP_LOG_INFO, g->rank, "init", "group %#" PRIx64 " up: %d ranks, rendezvous %s, "
-            "timeout %.1f s", g->id, g->nranks, name, g->timeout_s);
+  ep_log_at(EP_LOG_INFO, g->rank, "init", "group %#" PRIx64 " up: %d ranks on %d host(s) (this "
+            "rank: host %d, local rank %d of %d), rendezvous %s, timeout %.1f s", g->id, g->nranks,
+            g->topo.nhosts, g->topo.host, g->topo.local_rank, g->topo.local_size, name,
+            g->timeout_s);
   tell_launcher(notify_fd, "up", g->rank);
   *out = ep_id_to_ptr(g->id);
   return EP_OK;
@@ -215,17 +289,32 @@ ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *g
   if ((st = ep_job_from_env(given, job, sizeof job, key))) return st;
   /* Every rank creates its groups in the same order, so the counter agrees across ranks. */
   snprintf(name, sizeof name, "%.60s.%u", job, ep_reg_next_env_group());
+  ep_ident_t me;
+  char hk[EP_HOSTKEY_MAX];
+  host_key(hk);
+  ep_ident_fill(&me, hk);
+  bool net = ep_ident_wants_hosts(&me) || job_spans_machines();
+  if (net && (st = check_world_launcher(&me, "ep_group_create_from_env"))) return st;
   ep_group *g;
   if ((st = group_new(rank, nranks, &c, &g))) return st;
   int notify_fd = notify_fd_from_env();
   tell_launcher(notify_fd, "join", rank);
-  return group_finish(g, name, key, notify_fd, group);
+  return group_finish(g, "ep_group_create_from_env", name, key, notify_fd, &me, net, group);
 }
 
 typedef struct {
   char name[RENDEZVOUS_MAX];
   uint8_t key[EP_KEY_BYTES];
+  ep_ident_t ident; /* every rank's own: whether the group spans hosts */
 } rendezvous_t;
+
+/* Does any rank ask for hosts, or run on another machine than rank 0? */
+static bool spans_hosts(const rendezvous_t *all, int R) {
+  for (int r = 0; r < R; r++)
+    if (ep_ident_wants_hosts(&all[r].ident) || strcmp(all[r].ident.hostkey, all[0].ident.hostkey))
+      return true;
+  return false;
+}
 
 static ep_status_t random_rendezvous(rendezvous_t *rv) {
   uint64_t rnd;
@@ -257,22 +346,29 @@ ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t 
   if ((st = load_group_config(cfg, &c, "ep_group_create"))) return st;
   /* Rank 0 picks a random rendezvous name and job key; the user's allgather carries them to
    * everyone (and to no one else: the callbacks are the user's own channel). */
-  rendezvous_t mine = {"", {0}}, *all = calloc((size_t)boot->nranks, sizeof *all);
+  rendezvous_t mine, *all = calloc((size_t)boot->nranks, sizeof *all);
   if (!all) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
+  memset(&mine, 0, sizeof mine);
+  char hk[EP_HOSTKEY_MAX];
+  host_key(hk);
+  ep_ident_fill(&mine.ident, hk);
   if (boot->rank == 0 && (st = random_rendezvous(&mine))) {
     free(all);
     return st;
   }
   int cb = boot->allgather(boot->ctx, &mine, all, sizeof mine);
+  bool net = cb == 0 && spans_hosts(all, boot->nranks);
   rendezvous_t rv = all[0];
+  ep_ident_t ident = mine.ident; /* the secrets are wiped below, not who this rank is */
   explicit_bzero(all, (size_t)boot->nranks * sizeof *all);
   explicit_bzero(&mine, sizeof mine);
   free(all);
   if (cb != 0) return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create: the user allgather callback failed");
   rv.name[RENDEZVOUS_MAX - 1] = '\0';
+  if (net && (st = check_world_launcher(&ident, "ep_group_create"))) return st;
   ep_group *g;
   st = group_new(boot->rank, boot->nranks, &c, &g);
-  if (!st) st = group_finish(g, rv.name, rv.key, -1, group);
+  if (!st) st = group_finish(g, "ep_group_create", rv.name, rv.key, -1, &ident, net, group);
   explicit_bzero(&rv, sizeof rv);
   /* The callbacks' own barrier keeps the user's framework in step with ours. */
   if (!st && boot->barrier && boot->barrier(boot->ctx) != 0) {

@@ -7,6 +7,8 @@
 #include "bootstrap.h"
 #include "internal.h"
 #include "liveness.h"
+#include "topo.h"
+#include "world.h"
 
 #define EP_HOSTKEY_MAX 96
 
@@ -15,10 +17,17 @@ struct ep_group_s {
   ep_id_t id;
   int rank, nranks;
   double timeout_s;
-  ep_boot_t boot;
-  ep_live_t live;
+  ep_topo_t topo;                   /* hosts; one host holding every rank unless the group spans
+                                       hosts (docs/ARCHITECTURE.md, "Across hosts") */
+  ep_world_t *world;                /* spanning hosts: the exchanges across hosts, else NULL */
+  ep_boot_t boot;                   /* the ranks of this host (all ranks when on one host) */
+  ep_live_t live;                   /* indexed like `boot`: local ranks */
+  char remote_how[160];             /* what a notice from another host said */
+  char local_how[160];              /* across hosts: a death on this host, with host and pid */
   char (*hostkeys)[EP_HOSTKEY_MAX]; /* [nranks]: hostname + boot id */
   _Atomic bool broken;              /* a collective failed: destroys skip their exchanges */
+  _Atomic bool peer_lost;           /* a rank died or did not answer: the world engine must not
+                                       wait for it at the end (MPI_Finalize would) */
   pthread_mutex_t lock;             /* guards the buffer list */
   pthread_mutex_t boot_lock;        /* one collective call at a time on the bootstrap channel */
   pthread_t call_thread;            /* the thread whose call holds boot_lock */
@@ -56,6 +65,11 @@ enum { EP_XCHG_BYTES, EP_XCHG_FD, EP_XCHG_BARRIER };
  * other than a peer's rejection breaks the group. */
 ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, size_t bytes,
                           int fd, int *fds, ep_status_t mine, double timeout_s);
+
+/* The group's rank of local index `l` of this host. */
+static inline int ep_group_local_to_rank(const ep_group *g, int l) {
+  return g->topo.rank_at[g->topo.host * g->topo.local_size + l];
+}
 
 /* Job id and key from the environment (job.c); cfg_job, when set, is the id. */
 ep_status_t ep_job_from_env(const char *cfg_job, char *id, size_t n, uint8_t key[EP_KEY_BYTES]);

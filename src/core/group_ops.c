@@ -1,5 +1,6 @@
 /* Groups in use: liveness, the collective calls on the bootstrap channel (numbered, so that a
  * rank in another call is named instead of paired with), and teardown. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -8,15 +9,39 @@
 
 /* ------------------------------------------------------------------ liveness */
 
-ep_status_t ep_group_check(ep_group *g, int *dead, const char **how) {
-  int r = ep_live_check(&g->live);
-  if (r < 0) return EP_OK;
+/* A rank of this host died (local index l): tell the other hosts, once, and say so. */
+static ep_status_t local_death(ep_group *g, int l, int *dead, const char **how) {
+  int r = ep_group_local_to_rank(g, l);
   if (dead) *dead = r;
   if (how) *how = g->live.how;
   g->broken = true;
-  if (r == g->rank) /* the launcher is gone: nobody will report deaths or stop the job now */
+  g->peer_lost = true;
+  if (l == g->topo.local_rank) /* the launcher is gone: nobody will report deaths now */
     return ep_err(EP_ERR_PEER_FAILED, "rank %d %s; giving up", r, g->live.how);
-  return ep_err(EP_ERR_PEER_FAILED, "rank %d (pid %d) %s", r, (int)g->live.pids[r], g->live.how);
+  if (!g->world)
+    return ep_err(EP_ERR_PEER_FAILED, "rank %d (pid %d) %s", r, (int)g->live.pids[l], g->live.how);
+  snprintf(g->local_how, sizeof g->local_how, "(host %d, pid %d) %s", g->topo.host,
+           (int)g->live.pids[l], g->live.how);
+  if (how) *how = g->local_how;
+  ep_world_notify(g->world, r, g->local_how);
+  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, g->local_how);
+}
+
+/* A notice from another host first: it reports the first death, where a rank of this host may
+ * just have exited after hearing the same notice. */
+ep_status_t ep_group_check(ep_group *g, int *dead, const char **how) {
+  int r, reporter;
+  char said[96];
+  if (!g->world || !ep_world_heard(g->world, &r, &reporter, said, sizeof said)) {
+    int l = ep_live_check(&g->live);
+    return l >= 0 ? local_death(g, l, dead, how) : EP_OK;
+  }
+  snprintf(g->remote_how, sizeof g->remote_how, "%s (reported by rank %d)", said, reporter);
+  if (dead) *dead = r;
+  if (how) *how = g->remote_how;
+  g->broken = true;
+  g->peer_lost = true;
+  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, g->remote_how);
 }
 
 ep_status_t ep_group_explain(ep_group *g, ep_status_t st) {
@@ -35,11 +60,7 @@ ep_status_t ep_group_explain(ep_group *g, ep_status_t st) {
   return st;
 }
 
-bool ep_group_same_host(const ep_group *g) {
-  for (int r = 0; r < g->nranks; r++)
-    if (strcmp(g->hostkeys[r], g->hostkeys[g->rank])) return false;
-  return true;
-}
+bool ep_group_same_host(const ep_group *g) { return g->topo.nhosts == 1; }
 
 ep_status_t ep_group_add_buffer(ep_group *g, ep_id_t buf) {
   pthread_mutex_lock(&g->lock);
@@ -72,6 +93,7 @@ ep_status_t ep_group_call_begin(ep_group *g, int op) {
   g->call_thread = pthread_self();
   g->in_call = true;
   ep_boot_begin(&g->boot, op);
+  if (g->world) g->world->step = 0;
   return g->broken ? ep_err(EP_ERR_BROKEN, "group is broken by an earlier failure") : EP_OK;
 }
 
@@ -84,18 +106,41 @@ bool ep_group_in_call(const ep_group *g) {
   return g->in_call && pthread_equal(g->call_thread, pthread_self());
 }
 
+static ep_status_t liveness(void *ctx) { return ep_group_check(ctx, NULL, NULL); }
+
+/* Across hosts: the world engine, named with the host of the rank a failure is about. */
+static ep_status_t world_xchg(ep_group *g, int kind, const void *send, void *recv, size_t bytes,
+                              ep_status_t mine, double timeout_s, int *peer) {
+  double deadline = ep_now() + timeout_s;
+  ep_status_t st = ep_world_allgather(g->world, g->boot.op, g->boot.seq, send, recv,
+                                      kind == EP_XCHG_BARRIER ? 0 : bytes, mine, deadline,
+                                      timeout_s, liveness, g, peer);
+  if (st && st != mine && *peer >= 0 && *peer != g->rank) {
+    char msg[EP_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s (rank %d is on host %d)", ep_last_error(), *peer,
+             g->topo.host_of[*peer]);
+    ep_err_set_msg(msg);
+  }
+  return st;
+}
+
 ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, size_t bytes,
                           int fd, int *fds, ep_status_t mine, double timeout_s) {
   if (g->broken) return mine ? mine : ep_err(EP_ERR_BROKEN, "group is broken by an earlier failure");
   double deadline = ep_now() + timeout_s;
-  ep_status_t st = kind == EP_XCHG_BYTES ? ep_boot_allgather(&g->boot, send, recv, bytes, mine,
-                                                             deadline)
-                   : kind == EP_XCHG_FD  ? ep_boot_allgather_fd(&g->boot, fd, fds, deadline)
-                                         : ep_boot_barrier(&g->boot, mine, deadline);
+  int peer = -1;
+  ep_status_t st;
+  if (g->world && kind != EP_XCHG_FD)
+    st = world_xchg(g, kind, send, recv, bytes, mine, timeout_s, &peer);
+  else
+    st = kind == EP_XCHG_BYTES ? ep_boot_allgather(&g->boot, send, recv, bytes, mine, deadline)
+         : kind == EP_XCHG_FD  ? ep_boot_allgather_fd(&g->boot, fd, fds, deadline)
+                               : ep_boot_barrier(&g->boot, mine, deadline);
   if (st == mine || st == EP_ERR_PEER_INVALID) return st; /* the channel is in step */
   /* A verdict that this rank came too late stands, though the peers may have left since. */
-  if (ep_boot_failed_peer() != g->rank) st = ep_group_explain(g, st);
+  if (g->world ? peer != g->rank : ep_boot_failed_peer() != g->rank) st = ep_group_explain(g, st);
   g->broken = true; /* a peer may be gone, or in another call: no collective call is safe now */
+  if (st != EP_ERR_MISMATCH) g->peer_lost = true;
   return st;
 }
 
@@ -124,6 +169,24 @@ ep_status_t ep_group_nranks(ep_group_t group, int *nranks) {
   if (st) return st;
   *nranks = g->nranks;
   ep_reg_release(g->id);
+  return EP_OK;
+}
+
+ep_status_t ep_group_query(ep_group_t group, ep_group_info_t *info) {
+  static const char op[] = "ep_group_query";
+  if (!info) return ep_err(EP_ERR_NULL_ARG, "%s: info is NULL", op);
+  if (info->size < sizeof(size_t) || info->size > sizeof(ep_group_info_t) ||
+      info->size % sizeof(int) != 0)
+    return ep_err(EP_ERR_CONFIG, "%s: info->size is %zu, this library accepts %zu..%zu (use "
+                  "EP_GROUP_INFO_INIT)", op, info->size, sizeof(size_t), sizeof(ep_group_info_t));
+  ep_group *g;
+  ep_status_t st = group_get(group, false, &g, op);
+  if (st) return st;
+  ep_group_info_t i = {info->size,        g->rank,           g->nranks,
+                       g->topo.nhosts,    g->topo.host,      g->topo.local_rank,
+                       g->topo.local_size};
+  ep_reg_release(g->id);
+  memcpy(info, &i, info->size);
   return EP_OK;
 }
 

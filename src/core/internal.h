@@ -74,5 +74,9 @@ ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *
  * argument ("ep_dispatch: out"). */
 ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op,
                          const char *argname);
+/* The same for a struct that grew since API 0.2: `oldest` is its 0.2 size (offsetof the first
+ * field added since), also accepted; the newer fields then stay zero. */
+ep_status_t ep_args_load_since(void *dst, size_t full, size_t oldest, const void *args,
+                               const char *op, const char *argname);
 
 #endif

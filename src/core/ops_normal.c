@@ -1,6 +1,7 @@
 /* Public entry points of normal mode: layout, dispatch, combine. The core checks everything
  * that can be checked without reading tensor contents, describes the call (src/core/call.c),
  * then hands over to the backend. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +38,8 @@ ep_status_t ep_get_dispatch_layout(ep_buffer_t buffer, const ep_layout_args_t *a
   if (st) return st;
   ep_layout_args_t a;
   memset(&a, 0, sizeof a);
-  if (!(st = ep_args_load(&a, sizeof a, args, op, "args")))
+  if (!(st = ep_args_load_since(&a, sizeof a, offsetof(ep_layout_args_t, tokens_per_host), args,
+                                op, "args")))
     st = check_routing(b->group->nranks, a.topk_idx, a.num_tokens, a.topk, a.num_experts, op);
   if (!st) st = ep_buffer_after(b, b->ops->layout(b->state, &a), op);
   ep_buffer_put(b);

@@ -110,16 +110,26 @@ ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *
   return EP_OK;
 }
 
-ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op,
-                         const char *argname) {
+ep_status_t ep_args_load_since(void *dst, size_t full, size_t oldest, const void *args,
+                               const char *op, const char *argname) {
   if (!args) return ep_err(EP_ERR_NULL_ARG, "%s: %s is NULL", op, argname);
-  /* Every args and out struct of API 0.2 is read and written whole: a smaller one would leave
-   * fields the call relies on (out->handle, args->cached) outside the caller's memory. When a
-   * struct grows in a later version, its 0.2 size becomes the smallest accepted here. */
+  /* An args or out struct is read and written whole: a size this library never had would
+   * leave fields the call relies on (out->handle, args->cached) outside the caller's memory.
+   * A struct that grew is accepted at each size it has had (`oldest` .. `full`, as released);
+   * fields past an older caller's size keep the defaults already in dst. */
   size_t size = *(const size_t *)args;
-  if (size != full)
-    return ep_err(EP_ERR_CONFIG, "%s: %s: size field is %zu, this library needs %zu (set it with "
-                  "the struct's _INIT macro)", op, argname, size, full);
+  if (size != full && size != oldest) {
+    if (oldest == full)
+      return ep_err(EP_ERR_CONFIG, "%s: %s: size field is %zu, this library needs %zu (set it "
+                    "with the struct's _INIT macro)", op, argname, size, full);
+    return ep_err(EP_ERR_CONFIG, "%s: %s: size field is %zu, this library accepts %zu (API 0.2) "
+                  "or %zu (set it with the struct's _INIT macro)", op, argname, size, oldest, full);
+  }
   ep_status_t st = ep_struct_load(dst, full, args, argname, false);
   return st ? ep_err_named(st, op, NULL) : EP_OK;
+}
+
+ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op,
+                         const char *argname) {
+  return ep_args_load_since(dst, full, full, args, op, argname);
 }

@@ -73,7 +73,12 @@ typedef struct {
 
 typedef struct cpu_state {
   ep_ctx_t *ctx;
+  /* The ranks that share this segment world: every rank on one host; across hosts, the ranks of
+   * this host (rank, nranks are then the local index and size; segs[] is indexed by them). */
   int rank, nranks, channels;
+  int grank, gnranks;         /* in the group (== rank, nranks on one host) */
+  const ep_topo_t *topo;
+  struct cpu_net *net;        /* across hosts: engine endpoints and the hierarchical path */
   size_t queue_bytes;
   cpu_seg_hdr_t layout; /* offsets, identical in every segment */
   cpu_seg_t *segs;      /* [R]: mapped segments, segs[rank] is our own */
@@ -97,8 +102,10 @@ typedef struct cpu_state {
 } cpu_state_t;
 
 /* ---- segments (cpu_seg.c) */
-size_t cpu_seg_size(int nranks, int channels, size_t queue_bytes, const ep_buffer_config_t *cfg,
-                    cpu_seg_hdr_t *layout);
+/* nranks: ranks sharing the segments (rings, hellos); ll_ranks: ranks of the group (the
+ * low-latency slabs hold rows of every rank). */
+size_t cpu_seg_size(int nranks, int ll_ranks, int channels, size_t queue_bytes,
+                    const ep_buffer_config_t *cfg, cpu_seg_hdr_t *layout);
 ep_status_t cpu_seg_setup(cpu_state_t *s, const ep_buffer_config_t *cfg);
 void cpu_seg_teardown(cpu_state_t *s);
 
@@ -137,6 +144,7 @@ typedef struct {
   cpu_state_t *s;
   int channel;
   double deadline, next_check;
+  double sleep_cap; /* longest futex sleep; short while network transfers need polling */
   const char *op, *phase;
 } cpu_waiter_t;
 
@@ -196,7 +204,8 @@ ep_status_t cpu_combine(void *state, const ep_combine_args_t *a, const ep_handle
 
 /* Validates expert ids and computes the layout of one call; nothing written on error. */
 ep_status_t cpu_route(cpu_state_t *s, const int64_t *topk_idx, int n, int topk, int E,
-                      int32_t *per_rank, int32_t *per_expert, uint8_t *in_rank, const char *op);
+                      int32_t *per_rank, int32_t *per_expert, uint8_t *in_rank, int32_t *per_host,
+                      uint8_t *in_host, const char *op);
 
 /* bf16 helpers (round to nearest even, as the reference and DeepEP do). */
 static inline float cpu_bf16_to_f32(uint16_t b) {

@@ -5,10 +5,11 @@
 
 #include "cpu.h"
 #include "cpu_ll.h"
+#include "cpu_net.h"
 
 static ep_status_t cpu_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes) {
   cpu_seg_hdr_t l;
-  *bytes = cpu_seg_size(nranks, cfg->num_channels, cfg->queue_bytes, cfg, &l);
+  *bytes = cpu_seg_size(nranks, nranks, cfg->num_channels, cfg->queue_bytes, cfg, &l);
   return EP_OK;
 }
 
@@ -29,7 +30,9 @@ static ep_status_t cpu_check_config(const ep_buffer_config_t *cfg, int nranks) {
   return EP_OK;
 }
 
-static void state_free(cpu_state_t *s) {
+/* clean: the engine endpoints close with every rank (after a successful quiesce). */
+static void state_free(cpu_state_t *s, bool clean) {
+  cpu_net_destroy(s, clean);
   cpu_ll_destroy(s);
   cpu_workers_stop(s);
   cpu_seg_teardown(s);
@@ -40,16 +43,21 @@ static ep_status_t cpu_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void
   cpu_state_t *s = calloc(1, sizeof *s);
   if (!s) return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
   s->ctx = ctx;
-  s->rank = ep_ctx_rank(ctx);
-  s->nranks = ep_ctx_nranks(ctx);
+  s->topo = ep_ctx_topo(ctx);
+  s->grank = ep_ctx_rank(ctx);
+  s->gnranks = ep_ctx_nranks(ctx);
+  /* Shared memory joins the ranks of one host; across hosts the network engine does the rest. */
+  s->rank = s->topo->local_rank;
+  s->nranks = s->topo->local_size;
   s->channels = cfg->num_channels;
   s->queue_bytes = cfg->queue_bytes;
   s->spin_s = 1e-6 * (double)ep_env_long("EP_SPIN_US", 50);
   ep_status_t st = cpu_workers_start(s);
   if (!st) st = cpu_seg_setup(s, cfg);
   if (!st) st = cpu_ll_create(s, cfg);
+  if (!st && s->topo->nhosts > 1) st = cpu_net_create(s);
   if (st) {
-    state_free(s);
+    state_free(s, !ep_ctx_peer_lost(ctx));
     return st;
   }
   *state = s;
@@ -62,7 +70,8 @@ static ep_status_t cpu_destroy(void *state, bool collective) {
   /* Quiesce: no peer may still be moving data through our segment when we unmap it (their own
    * mapping would survive, but their call would then wait for us in vain). */
   if (collective) st = ep_ctx_barrier(s->ctx);
-  state_free(s);
+  /* Engine endpoints close cleanly unless a peer is gone (MPI would wait for it). */
+  state_free(s, !ep_ctx_peer_lost(s->ctx));
   return st;
 }
 
@@ -90,6 +99,7 @@ static const struct ep_backend_ops cpu_ops = {
     .ll_combine_buffer = cpu_ll_combine_buffer,
     .ll_release = cpu_ll_release,
     .ll_reject = cpu_ll_reject,
+    .traffic = cpu_net_traffic,
 };
 
 const struct ep_backend_ops *ep_backend_cpu(void) { return &cpu_ops; }

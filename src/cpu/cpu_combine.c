@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_net.h"
 #include "cpu_plan.h"
 #include "cpu_reduce.h"
 
@@ -159,6 +160,7 @@ static ep_status_t combine_channel(cpu_state_t *s, void *job, int c) {
 
 ep_status_t cpu_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h) {
   cpu_state_t *s = state;
+  if (s->net) return cpu_net_combine(s, a, h);
   job_t j = {a, h->priv, h->hidden, h->topk, h->num_tokens, a->topk_weights != NULL, false, 0, 0};
   j.row = (size_t)j.H * 2;
   j.stream = (double)j.N * (double)j.row > 32.0 * 1024 * 1024; /* past 32 MiB: stream it */

@@ -1,6 +1,7 @@
 /* Normal-mode dispatch (SEMANTICS.md §3): route, hello (counts + cross-rank checks), outputs,
  * data. */
 #include "cpu_dispatch.h"
+#include "cpu_net.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -80,7 +81,7 @@ static ep_status_t build_plan(cpu_state_t *s, const ep_dispatch_args_t *a, cpu_p
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout", "out of memory for the "
                        "layout of num_tokens %d x %d ranks", a->num_tokens, s->nranks);
   ep_status_t st = cpu_route(s, a->topk_idx, a->num_tokens, a->topk, a->num_experts, NULL, NULL,
-                             p->in_rank, OP);
+                             p->in_rank, NULL, NULL, OP);
   if (st) {
     cpu_plan_free(p);
     return st;
@@ -124,6 +125,7 @@ static ep_status_t run(cpu_state_t *s, ep_dispatch_call_t *c, cpu_dispatch_job_t
 
 ep_status_t cpu_dispatch(void *state, ep_dispatch_call_t *c, ep_handle_info_t *out) {
   cpu_state_t *s = state;
+  if (s->net) return cpu_net_dispatch(s, c, out);
   const ep_dispatch_args_t *a = &c->in;
   cpu_dispatch_job_t j;
   memset(&j, 0, sizeof j);

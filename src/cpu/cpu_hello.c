@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "cpu_net.h"
 
 static int parity(const cpu_state_t *s) { return (int)(s->seq & 1); }
 
@@ -74,6 +75,7 @@ ep_status_t cpu_hello_gather(cpu_state_t *s, const cpu_hello_t *mine, const char
  * message (naming the bad argument) is kept whatever the wait says. */
 void cpu_reject(void *state) {
   cpu_state_t *s = state;
+  if (s->net) return cpu_net_reject(s);
   cpu_hello_t mine;
   memset(&mine, 0, sizeof mine);
   mine.key.rejected = 1;

@@ -68,7 +68,7 @@ ep_status_t cpu_ll_create(cpu_state_t *s, const ep_buffer_config_t *cfg) {
   if (!ll) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
   s->ll = ll;
   ll->T = cfg->ll_max_tokens, ll->H = cfg->ll_hidden, ll->E = cfg->ll_num_experts;
-  ll->K = cfg->ll_max_topk, ll->R = s->nranks;
+  ll->K = cfg->ll_max_topk, ll->R = s->gnranks;
   ll->L = ll->E / ll->R, ll->RT = ll->R * ll->T, ll->NS = ll->H / 128;
   ll_layout(ll->T, ll->H, ll->E, ll->K, ll->R, &ll->lay);
   ll->cast = malloc((size_t)ll->T * ((size_t)ll->H + 4 * (size_t)ll->NS) + 1);
@@ -96,9 +96,11 @@ void cpu_ll_run(cpu_state_t *s, size_t bytes, int *parts,
 }
 
 void cpu_ll_release(void *state, ep_handle_info_t *h) {
-  (void)state;
+  cpu_state_t *s = state;
   cpu_ll_slot_t *sl = h->priv;
-  if (sl) sl->state = LL_FREE;
+  if (!sl) return;
+  if (s->net) cpu_net_ll_settle(s, sl); /* a receive it never made still arrives */
+  sl->state = LL_FREE;
 }
 
 ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v) {

@@ -142,7 +142,22 @@ static inline void cpu_ll_part(int n, int parts, int p, int *begin, int *end) {
   *end = (int)((int64_t)n * (p + 1) / parts);
 }
 
+/* Segment (local index) of `rank`, or -1 when it is on another host: its rows then travel
+ * through the network engine (cpu_net_ll.c). On one host, the rank itself. */
+static inline int cpu_ll_seg(const cpu_state_t *s, int rank) {
+  return s->topo->host_of[rank] == s->topo->host ? s->topo->local_of[rank] : -1;
+}
+/* The rank of local index l. */
+static inline int cpu_ll_rank_of(const cpu_state_t *s, int l) {
+  return s->topo->rank_at[s->topo->host * s->topo->local_size + l];
+}
+
 /* ---- signals and waits (cpu_ll_sync.c) */
+/* Rank r's entry record of the current dispatch call: in its segment on one host, as exchanged
+ * through the engine across hosts. */
+const cpu_ll_arrive_t *cpu_ll_record(cpu_state_t *s, int r);
+/* The gate's verdict from every rank's record (the same on every rank). */
+ep_status_t cpu_ll_verdict(cpu_state_t *s, const char *op);
 /* Steps 2-3: post this rank's record of dispatch call ll->q (sel: selections per expert, or
  * NULL), once nobody can still read the record it overwrites. */
 ep_status_t cpu_ll_enter(cpu_state_t *s, const cpu_ll_arrive_t *mine, const int32_t *sel,
@@ -165,6 +180,30 @@ ep_status_t cpu_ll_recv_combine(cpu_state_t *s, cpu_ll_slot_t *sl, const char *o
 ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v);
 ep_status_t cpu_ll_combine_buffer(const ep_handle_info_t *h, void **y);
 void cpu_ll_release(void *state, ep_handle_info_t *h);
+
+/* The scales of slab row `row` of local expert le in the column-major layout (cpu_ll_dispatch.c). */
+void cpu_ll_put_cols(const cpu_ll_t *ll, unsigned char *scales, size_t le, size_t row,
+                     const unsigned char *sc, int ue8m0);
+
+/* ---- across hosts (cpu_net_ll.c): the network part of each phase; local ranks as above */
+/* The gate: every rank's record through the engine, then the verdict. */
+ep_status_t cpu_net_ll_gate(cpu_state_t *s, const cpu_ll_arrive_t *mine, const int32_t *sel,
+                            const char *op);
+const cpu_ll_arrive_t *cpu_net_ll_record(cpu_state_t *s, int r);
+/* Dispatch send phase for the ranks of other hosts: rows packed per destination, receives of
+ * this rank's rows posted. row, sbytes: payload and scale bytes of a row; stride: bytes of one
+ * token in ll->cast (fp8). */
+ep_status_t cpu_net_ll_send(cpu_state_t *s, cpu_ll_slot_t *sl, const ep_ll_dispatch_args_t *a,
+                            size_t row, size_t sbytes, size_t stride);
+/* Dispatch receive phase: waits for the rows of other hosts, writes them into the slab. */
+ep_status_t cpu_net_ll_recv(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op);
+/* Combine send phase for the sources on other hosts (never waits), and its receive phase. */
+ep_status_t cpu_net_ll_csend(cpu_state_t *s, cpu_ll_slot_t *sl, const void *y);
+ep_status_t cpu_net_ll_crecv(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op);
+/* A combine this rank rejected: tell the other hosts, take in what they send it. */
+void cpu_net_ll_creject(cpu_state_t *s);
+/* A slot given back with transfers still in flight: they complete (bounded) before reuse. */
+void cpu_net_ll_settle(cpu_state_t *s, cpu_ll_slot_t *sl);
 
 /* ---- kernels (cpu_ll_kernels.c) */
 void cpu_ll_kernels_pick(cpu_ll_kernels_t *k);

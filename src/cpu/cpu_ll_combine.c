@@ -48,10 +48,11 @@ static ep_status_t back_part(cpu_state_t *s, void *arg, int p) {
   cpu_ll_part(total, j->parts, p, &f0, &f1);
   for (int l = 0, f = 0; l < ll->L && f < f1; f += count[l], l++) {
     for (int src = 0; src < ll->R; src++) {
+      if (cpu_ll_seg(s, src) < 0) continue; /* another host: cpu_net_ll_csend */
       int64_t rg = range[(size_t)l * ll->R + src];
       int b = (int)(rg >> 32), n = (int)(rg & 0xffffffff);
       int lo = f + b > f0 ? f + b : f0, hi = f + b + n < f1 ? f + b + n : f1;
-      unsigned char *area = cpu_ll_slot_base(s, src, sl->src_slot[src]) + ll->lay.area;
+      unsigned char *area = cpu_ll_slot_base(s, cpu_ll_seg(s, src), sl->src_slot[src]) + ll->lay.area;
       for (size_t r = (size_t)l * (size_t)ll->RT + (size_t)(lo - f); lo < hi; lo++, r++)
         memcpy(area + ((size_t)tok[r] * (size_t)sl->topk + (size_t)kk[r]) * row,
                (const unsigned char *)j->y + r * row, row);
@@ -60,16 +61,17 @@ static ep_status_t back_part(cpu_state_t *s, void *arg, int p) {
   return EP_OK;
 }
 
-static void send_back(cpu_state_t *s, const cpu_ll_slot_t *sl, const void *y, int nrecv,
-                      uint64_t ticket) {
+static ep_status_t send_back(cpu_state_t *s, cpu_ll_slot_t *sl, const void *y, int nrecv,
+                             uint64_t ticket) {
   const cpu_ll_t *ll = s->ll;
   job_t j = {1, sl, y};
   cpu_ll_run(s, (size_t)nrecv * 2 * (size_t)ll->H, &j.parts, back_part, &j);
   for (int i = 1; i <= s->nranks; i++) { /* every part is done: raise the flags */
-    int src = (s->rank + i) % s->nranks;
-    unsigned char *base = cpu_ll_slot_base(s, src, sl->src_slot[src]);
-    cpu_ll_post(s, src, cpu_ll_flag(base, ll->lay.comb, s->rank), ticket);
+    int l = (s->rank + i) % s->nranks, src = cpu_ll_rank_of(s, l);
+    unsigned char *base = cpu_ll_slot_base(s, l, sl->src_slot[src]);
+    cpu_ll_post(s, l, cpu_ll_flag(base, ll->lay.comb, s->grank), ticket);
   }
+  return s->net ? cpu_net_ll_csend(s, sl, y) : EP_OK;
 }
 
 ep_status_t cpu_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h) {
@@ -86,8 +88,12 @@ ep_status_t cpu_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle
     return st;
   }
   uint64_t ticket = ++ll->c;
-  send_back(s, sl, a->y, h->num_recv_tokens, ticket);
   sl->ticket = ticket;
+  st = send_back(s, sl, a->y, h->num_recv_tokens, ticket);
+  if (st) {
+    sl->state = LL_FAILED;
+    return st;
+  }
   sl->out = a->out;
   sl->state = LL_COMB_SENT;
   return a->two_phase ? EP_OK : cpu_ll_recv_combine(s, sl, OP);
@@ -117,8 +123,10 @@ static ep_status_t reduce_part(cpu_state_t *s, void *arg, int p) {
 }
 
 ep_status_t cpu_ll_recv_combine(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op) {
-  ep_status_t st = cpu_ll_wait_flags(s, sl->index, s->ll->lay.comb, sl->ticket, true, op,
-                                     "its rows of this low-latency combine");
+  ep_status_t st = s->net ? cpu_net_ll_crecv(s, sl, op) : EP_OK;
+  if (!st)
+    st = cpu_ll_wait_flags(s, sl->index, s->ll->lay.comb, sl->ticket, true, op,
+                           "its rows of this low-latency combine");
   if (st) {
     sl->state = LL_FAILED;
     return st;

@@ -65,12 +65,12 @@ static int recv_layout(cpu_state_t *s, cpu_ll_slot_t *sl) {
   int R = ll->R, L = ll->L, total = 0;
   int32_t *count = (int32_t *)(sl->base + ll->lay.count);
   int64_t *range = (int64_t *)(sl->base + ll->lay.range);
-  for (int r = 0; r < R; r++) sl->src_slot[r] = cpu_ll_arrive(s, r, ll->q)->slot;
+  for (int r = 0; r < R; r++) sl->src_slot[r] = cpu_ll_record(s, r)->slot;
   for (int l = 0; l < L; l++) {
-    int e = s->rank * L + l;
+    int e = s->grank * L + l;
     int64_t begin = 0;
     for (int r = 0; r < R; r++) {
-      int64_t c = cpu_ll_sel(cpu_ll_arrive(s, r, ll->q))[e];
+      int64_t c = cpu_ll_sel((cpu_ll_arrive_t *)cpu_ll_record(s, r))[e];
       range[(size_t)l * R + r] = (begin << 32) | c;
       begin += c;
     }
@@ -85,8 +85,8 @@ static int recv_layout(cpu_state_t *s, cpu_ll_slot_t *sl) {
 static void first_rows(cpu_state_t *s, const ep_ll_dispatch_args_t *a, int t0, int32_t *pos) {
   cpu_ll_t *ll = s->ll;
   memset(pos, 0, sizeof(int32_t) * (size_t)ll->E);
-  for (int r = 0; r < s->rank; r++) {
-    const int32_t *sel = cpu_ll_sel(cpu_ll_arrive(s, r, ll->q));
+  for (int r = 0; r < s->grank; r++) {
+    const int32_t *sel = cpu_ll_sel((cpu_ll_arrive_t *)cpu_ll_record(s, r));
     for (int e = 0; e < ll->E; e++) pos[e] += sel[e];
   }
   for (size_t i = 0; i < (size_t)t0 * (size_t)a->topk; i++)
@@ -95,7 +95,7 @@ static void first_rows(cpu_state_t *s, const ep_ll_dispatch_args_t *a, int t0, i
 
 /* The scales of one row in the column-major layout (SEMANTICS.md §6.4): float [L][NS][RT], or
  * exponent bytes packed four to an int32 [L][NS/4][RT] (block 4j + i in byte i). */
-static void put_cols(const cpu_ll_t *ll, unsigned char *scales, size_t le, size_t row,
+void cpu_ll_put_cols(const cpu_ll_t *ll, unsigned char *scales, size_t le, size_t row,
                      const unsigned char *sc, int ue8m0) {
   size_t NS = (size_t)ll->NS, RT = (size_t)ll->RT;
   for (size_t b = 0; b < NS; b++) {
@@ -106,11 +106,12 @@ static void put_cols(const cpu_ll_t *ll, unsigned char *scales, size_t le, size_
   }
 }
 
-/* Rows of tokens t0..t1 for destination d, at their final place in d's slab. */
+/* Rows of tokens t0..t1 for destination d (a rank of this host), at their final place in d's
+ * slab. */
 static void send_rows(cpu_state_t *s, const job_t *j, int d, int t0, int t1, int32_t *pos) {
   cpu_ll_t *ll = s->ll;
   const ep_ll_dispatch_args_t *a = j->a;
-  unsigned char *base = cpu_ll_slot_base(s, d, cpu_ll_arrive(s, d, ll->q)->slot);
+  unsigned char *base = cpu_ll_slot_base(s, cpu_ll_seg(s, d), cpu_ll_record(s, d)->slot);
   unsigned char *slab = base + ll->lay.slab;
   unsigned char *scales = slab + (size_t)ll->L * (size_t)ll->RT * (size_t)ll->H;
   int32_t *src = (int32_t *)(base + ll->lay.src), *route = (int32_t *)(base + ll->lay.route);
@@ -124,7 +125,7 @@ static void send_rows(cpu_state_t *s, const job_t *j, int d, int t0, int t1, int
         const unsigned char *c = ll->cast + (size_t)t * j->stride;
         memcpy(slab + r * j->row, c, j->row);
         if (a->scale_layout == EP_SCALES_COL_MAJOR)
-          put_cols(ll, scales, (size_t)(id[k] - lo), (size_t)(pos[id[k]] - 1), c + j->row,
+          cpu_ll_put_cols(ll, scales, (size_t)(id[k] - lo), (size_t)(pos[id[k]] - 1), c + j->row,
                    a->use_ue8m0);
         else
           memcpy(scales + r * j->sbytes, c + j->row, j->sbytes);
@@ -144,18 +145,22 @@ static ep_status_t send_part(cpu_state_t *s, void *arg, int p) {
   int32_t *pos = s->ll->pos + (size_t)p * (size_t)s->ll->E;
   cpu_ll_part(j->a->num_tokens, j->parts, p, &t0, &t1);
   first_rows(s, j->a, t0, pos);
-  for (int i = 1; i <= s->nranks; i++) send_rows(s, j, (s->rank + i) % s->nranks, t0, t1, pos);
+  for (int i = 1, R = s->ll->R; i <= R; i++) {
+    int d = (s->grank + i) % R;
+    if (cpu_ll_seg(s, d) >= 0) send_rows(s, j, d, t0, t1, pos); /* other hosts: cpu_net_ll.c */
+  }
   return EP_OK;
 }
 
-static void send_all(cpu_state_t *s, job_t *j, int nsel) {
+static ep_status_t send_all(cpu_state_t *s, cpu_ll_slot_t *sl, job_t *j, int nsel) {
   cpu_ll_t *ll = s->ll;
   cpu_ll_run(s, (size_t)nsel * (j->row + j->sbytes), &j->parts, send_part, j);
   for (int i = 1; i <= s->nranks; i++) { /* every part is done: raise the flags */
-    int d = (s->rank + i) % s->nranks;
-    unsigned char *base = cpu_ll_slot_base(s, d, cpu_ll_arrive(s, d, ll->q)->slot);
-    cpu_ll_post(s, d, cpu_ll_flag(base, ll->lay.data, s->rank), ll->q + 1);
+    int l = (s->rank + i) % s->nranks, d = cpu_ll_rank_of(s, l);
+    unsigned char *base = cpu_ll_slot_base(s, l, cpu_ll_record(s, d)->slot);
+    cpu_ll_post(s, l, cpu_ll_flag(base, ll->lay.data, s->grank), ll->q + 1);
   }
+  return s->net ? cpu_net_ll_send(s, sl, j->a, j->row, j->sbytes, j->stride) : EP_OK;
 }
 
 static void fill_info(const cpu_ll_t *ll, const ep_ll_dispatch_args_t *a, cpu_ll_slot_t *sl,
@@ -202,16 +207,17 @@ ep_status_t cpu_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_hand
                           .num_tokens = a->num_tokens};
   int nsel = 0;
   for (int e = 0; e < ll->E; e++) nsel += ll->sel[e];
-  st = cpu_ll_enter(s, &mine, ll->sel, OP);
+  /* Across hosts the records travel through the engine: one exchange is entry and gate. */
+  st = s->net ? cpu_net_ll_gate(s, &mine, ll->sel, OP) : cpu_ll_enter(s, &mine, ll->sel, OP);
   if (!st && a->use_fp8)
     cpu_ll_run(s, (size_t)a->num_tokens * 3 * (size_t)ll->H, &j.parts, cast_part, &j);
-  if (!st) st = cpu_ll_gate(s, OP);
+  if (!st && !s->net) st = cpu_ll_gate(s, OP);
   int nrecv = 0;
   if (!st) {
     sl->state = LL_SENT;
     keep_call(sl, a, ll->q);
     nrecv = recv_layout(s, sl);
-    send_all(s, &j, nsel);
+    st = send_all(s, sl, &j, nsel);
   }
   ll->q++;
   if (!st && !a->two_phase) st = cpu_ll_recv_dispatch(s, sl, OP);
@@ -224,8 +230,10 @@ ep_status_t cpu_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_hand
 }
 
 ep_status_t cpu_ll_recv_dispatch(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op) {
-  ep_status_t st = cpu_ll_wait_flags(s, sl->index, s->ll->lay.data, sl->q + 1, false, op,
-                                     "its rows of this low-latency dispatch");
+  ep_status_t st = s->net ? cpu_net_ll_recv(s, sl, op) : EP_OK;
+  if (!st)
+    st = cpu_ll_wait_flags(s, sl->index, s->ll->lay.data, sl->q + 1, false, op,
+                           "its rows of this low-latency dispatch");
   sl->state = st ? LL_FAILED : LL_RECEIVED;
   return st;
 }

@@ -62,16 +62,20 @@ ep_status_t cpu_ll_enter(cpu_state_t *s, const cpu_ll_arrive_t *mine, const int3
   return EP_OK;
 }
 
+const cpu_ll_arrive_t *cpu_ll_record(cpu_state_t *s, int r) {
+  return s->net ? cpu_net_ll_record(s, r) : cpu_ll_arrive(s, r, s->ll->q);
+}
+
 /* Every rank reads the same records, so every rank reaches the same verdict. */
-static ep_status_t verdict(cpu_state_t *s, const char *op) {
-  uint64_t q = s->ll->q;
-  for (int r = 0; r < s->nranks; r++)
-    if (cpu_ll_arrive(s, r, q)->status == LL_REJECTED)
+ep_status_t cpu_ll_verdict(cpu_state_t *s, const char *op) {
+  int R = s->ll->R;
+  for (int r = 0; r < R; r++)
+    if (cpu_ll_record(s, r)->status == LL_REJECTED)
       return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, r, op, "gate",
                          "rank %d rejected its arguments for this call (see its error)", r);
-  const cpu_ll_arrive_t *a0 = cpu_ll_arrive(s, 0, q);
-  for (int r = 1; r < s->nranks; r++) {
-    const cpu_ll_arrive_t *a = cpu_ll_arrive(s, r, q);
+  const cpu_ll_arrive_t *a0 = cpu_ll_record(s, 0);
+  for (int r = 1; r < R; r++) {
+    const cpu_ll_arrive_t *a = cpu_ll_record(s, r);
     if (a->topk != a0->topk)
       return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r, op, "gate",
                          "topk is %d on rank 0 and %d on rank %d (must agree on all ranks)",
@@ -91,7 +95,7 @@ ep_status_t cpu_ll_gate(cpu_state_t *s, const char *op) {
   uint64_t q = s->ll->q;
   ep_status_t st = wait_each(s, entered, &q, op, "gate",
                              "its entry into this low-latency dispatch", &gave_up);
-  return st ? st : verdict(s, op);
+  return st ? st : cpu_ll_verdict(s, op);
 }
 
 typedef struct {
@@ -101,9 +105,11 @@ typedef struct {
   bool combine;
 } flag_arg_t;
 
+/* r: a rank of this host (local index); flags are indexed by the writer's rank in the group. */
 static int flag_ready(cpu_state_t *s, int r, const void *arg) {
   const flag_arg_t *f = arg;
-  _Atomic uint64_t *flag = cpu_ll_flag(cpu_ll_slot_base(s, s->rank, f->slot), f->off, r);
+  _Atomic uint64_t *flag = cpu_ll_flag(cpu_ll_slot_base(s, s->rank, f->slot), f->off,
+                                       cpu_ll_rank_of(s, r));
   if (atomic_load_explicit(flag, memory_order_acquire) == f->want) return 1;
   if (!f->combine) return 0; /* past its gate a dispatch sender always delivers */
   /* A rejection of this combine or a later one; in the later case its flag for this one was
@@ -118,8 +124,9 @@ ep_status_t cpu_ll_wait_flags(cpu_state_t *s, int slot, size_t off, uint64_t wan
   int gave_up;
   ep_status_t st = wait_each(s, flag_ready, &f, op, "recv", what, &gave_up);
   if (!st && gave_up >= 0)
-    st = ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, gave_up, op, "recv",
-                     "rank %d rejected its arguments for this combine (see its error)", gave_up);
+    st = ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, cpu_ll_rank_of(s, gave_up), op, "recv",
+                     "rank %d rejected its arguments for this combine (see its error)",
+                     cpu_ll_rank_of(s, gave_up));
   return st;
 }
 
@@ -134,19 +141,23 @@ void cpu_ll_reject(void *state, bool combine) {
   cpu_state_t *s = state;
   cpu_ll_t *ll = s->ll;
   if (!ll) return;
+  char why[512]; /* the caller's message is the one to keep */
+  snprintf(why, sizeof why, "%s", ep_ctx_last_error());
   if (combine) {
     atomic_store_explicit(cpu_ll_creject(s, s->rank), ++ll->c, memory_order_release);
     ring_peers(s);
+    if (s->net) cpu_net_ll_creject(s);
+    ep_ctx_restore_error(why);
     return;
   }
-  char why[512]; /* the caller's message is the one to keep */
-  snprintf(why, sizeof why, "%s", ep_ctx_last_error());
   cpu_call_begin(s);
   cpu_ll_arrive_t mine;
   memset(&mine, 0, sizeof mine);
   mine.status = LL_REJECTED;
   mine.slot = -1;
-  if (cpu_ll_enter(s, &mine, NULL, "ep_ll_dispatch") != EP_OK) ep_ctx_mark_broken(s->ctx);
+  ep_status_t st = s->net ? cpu_net_ll_gate(s, &mine, NULL, "ep_ll_dispatch")
+                          : cpu_ll_enter(s, &mine, NULL, "ep_ll_dispatch");
+  if (st && st != EP_ERR_PEER_INVALID && st != EP_ERR_MISMATCH) ep_ctx_mark_broken(s->ctx);
   ll->q++;
   ep_ctx_restore_error(why);
 }

@@ -5,6 +5,7 @@
 #include "cpu_reduce.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -12,12 +13,15 @@
 #define EP_X86 1
 #endif
 
-static inline uint16_t round_bf16(uint32_t u) {
+static inline __attribute__((always_inline)) uint16_t round_bf16(uint32_t u) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff; /* the canonical NaN (cpu.h, CUDA) */
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-static inline float widen(uint16_t b) {
+/* Always inlined, so the AVX2 copies of the kernels across hosts compile them with AVX2 too. */
+#define EP_INLINE static inline __attribute__((always_inline))
+
+EP_INLINE float widen(uint16_t b) {
   uint32_t u = (uint32_t)b << 16;
   float f;
   memcpy(&f, &u, sizeof f);
@@ -44,13 +48,13 @@ typedef float f32x8 __attribute__((vector_size(32)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
 
-static inline f32x8 load8(const uint16_t *p) {
+EP_INLINE f32x8 load8(const uint16_t *p) {
   u16x8 h;
   memcpy(&h, p, sizeof h);
   return (f32x8)(__builtin_convertvector(h, u32x8) << 16);
 }
 
-static inline void store8(uint16_t *p, f32x8 f) {
+EP_INLINE void store8(uint16_t *p, f32x8 f) {
   u32x8 u = (u32x8)f;
   u32x8 nan = (u32x8)((u & 0x7fffffffu) > 0x7f800000u);
   u32x8 rne = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
@@ -225,4 +229,110 @@ void cpu_reduce_rows(uint16_t *out, const uint16_t *const *rows, int n, const ui
     atomic_store_explicit(&chosen, f, memory_order_relaxed);
   }
   f(out, rows, n, bias0, bias1, H, stream);
+}
+
+/* ---------------------------------------------------------------- across hosts (cpu_net.h) */
+/* Portable vectors, compiled twice (AVX2 and the baseline; always inlined into each) and chosen
+ * once by the CPU: every lane does the same fp32 adds in the same order, so both give the same
+ * bits. */
+
+EP_INLINE f32x8 loadf8(const float *p) {
+  f32x8 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+/* A host's partial: out = rows[0] + rows[1] + ..., fp32, in order (SEMANTICS.md §4.6). */
+EP_INLINE void partial_body(float *out, const uint16_t *const *rows, int n, int H) {
+  int h = 0;
+  for (; h + 8 <= H; h += 8) {
+    f32x8 acc = load8(rows[0] + h);
+    for (int i = 1; i < n; i++) acc += load8(rows[i] + h);
+    memcpy(out + h, &acc, sizeof acc);
+  }
+  for (; h < H; h++) {
+    float acc = widen(rows[0][h]);
+    for (int i = 1; i < n; i++) acc += widen(rows[i][h]);
+    out[h] = acc;
+  }
+}
+
+/* The source's reduction: ((bias0 + bias1) + p[0]) + p[1] ..., one rounding; one pass, eight
+ * channels at a time, every part read once. */
+EP_INLINE void final_body(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
+                          const uint16_t *b0, const uint16_t *b1, int H) {
+  const f32x8 zero = {0};
+  int h = 0;
+  for (; h + 8 <= H; h += 8) {
+    f32x8 a = (b0 ? load8(b0 + h) : zero) + (b1 ? load8(b1 + h) : zero);
+    for (int i = 0; i < n; i++)
+      a += f32[i] ? loadf8((const float *)p[i] + h) : load8((const uint16_t *)p[i] + h);
+    store8(out + h, a);
+  }
+  for (; h < H; h++) {
+    float a = (b0 ? widen(b0[h]) : 0.0f) + (b1 ? widen(b1[h]) : 0.0f);
+    for (int i = 0; i < n; i++)
+      a += f32[i] ? ((const float *)p[i])[h] : widen(((const uint16_t *)p[i])[h]);
+    uint32_t u;
+    memcpy(&u, &a, sizeof u);
+    out[h] = round_bf16(u);
+  }
+}
+
+typedef void (*partial_fn)(float *, const uint16_t *const *, int, int);
+typedef void (*final_fn)(uint16_t *, const void *const *, const uint8_t *, int, const uint16_t *,
+                         const uint16_t *, int);
+
+static void partial_base(float *out, const uint16_t *const *rows, int n, int H) {
+  partial_body(out, rows, n, H);
+}
+static void final_base(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
+                       const uint16_t *b0, const uint16_t *b1, int H) {
+  final_body(out, p, f32, n, b0, b1, H);
+}
+#ifdef EP_X86
+AVX2 static void partial_avx2(float *out, const uint16_t *const *rows, int n, int H) {
+  partial_body(out, rows, n, H);
+}
+AVX2 static void final_avx2(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
+                            const uint16_t *b0, const uint16_t *b1, int H) {
+  final_body(out, p, f32, n, b0, b1, H);
+}
+#endif
+
+static bool has_avx2(void) {
+#ifdef EP_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
+#else
+  return false;
+#endif
+}
+
+void cpu_reduce_partial(float *out, const uint16_t *const *rows, int n, int H) {
+  static _Atomic(partial_fn) chosen; /* a race only stores the same pointer twice */
+  partial_fn f = atomic_load_explicit(&chosen, memory_order_relaxed);
+  if (!f) {
+    f = partial_base;
+#ifdef EP_X86
+    if (has_avx2()) f = partial_avx2;
+#endif
+    atomic_store_explicit(&chosen, f, memory_order_relaxed);
+  }
+  f(out, rows, n, H);
+}
+
+void cpu_reduce_final(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
+                      const uint16_t *b0, const uint16_t *b1, int H, float *scratch) {
+  static _Atomic(final_fn) chosen;
+  (void)scratch;
+  final_fn f = atomic_load_explicit(&chosen, memory_order_relaxed);
+  if (!f) {
+    f = final_base;
+#ifdef EP_X86
+    if (has_avx2()) f = final_avx2;
+#endif
+    atomic_store_explicit(&chosen, f, memory_order_relaxed);
+  }
+  f(out, p, f32, n, b0, b1, H);
 }

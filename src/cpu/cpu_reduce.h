@@ -25,4 +25,12 @@ void cpu_reduce_fence(void); /* orders earlier non-temporal stores (x86 sfence; 
 int cpu_reduce_rows_with(cpu_reduce_kind_t kind, uint16_t *out, const uint16_t *const *rows,
                          int n, const uint16_t *bias0, const uint16_t *bias1, int H, int stream);
 
+/* Across hosts (SEMANTICS.md §4.6). A host's partial: out[h] = float(rows[0][h]) +
+ * float(rows[1][h]) + ..., fp32 in order, n >= 1. */
+void cpu_reduce_partial(float *out, const uint16_t *const *rows, int n, int H);
+/* The source's reduction: out[h] = bf16(((bias0 + bias1) + p[0][h]) + p[1][h] ...), where p[i]
+ * is a bf16 row (f32[i] == 0) or an fp32 row; `scratch` holds H floats. */
+void cpu_reduce_final(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
+                      const uint16_t *bias0, const uint16_t *bias1, int H, float *scratch);
+
 #endif

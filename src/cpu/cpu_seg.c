@@ -11,8 +11,8 @@
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-size_t cpu_seg_size(int nranks, int channels, size_t queue_bytes, const ep_buffer_config_t *cfg,
-                    cpu_seg_hdr_t *l) {
+size_t cpu_seg_size(int nranks, int ll_ranks, int channels, size_t queue_bytes,
+                    const ep_buffer_config_t *cfg, cpu_seg_hdr_t *l) {
   memset(l, 0, sizeof *l);
   size_t off = align_up(sizeof(cpu_seg_hdr_t), CPU_CL);
   l->off_bells = off;
@@ -29,7 +29,7 @@ size_t cpu_seg_size(int nranks, int channels, size_t queue_bytes, const ep_buffe
   l->ring_bytes = align_up(sizeof(cpu_ring_t) + queue_bytes, 4096);
   off += (size_t)nranks * (size_t)channels * l->ring_bytes;
   l->off_ll = off = align_up(off, 4096);
-  off += cpu_ll_region_bytes(cfg, nranks);
+  off += cpu_ll_region_bytes(cfg, ll_ranks);
   l->magic = CPU_SEG_MAGIC;
   l->nranks = nranks;
   l->channels = channels;
@@ -73,14 +73,15 @@ static ep_status_t seg_check(cpu_state_t *s, int r) {
   return EP_OK;
 }
 
+/* Every rank of the group (every host) says whether it has its segment. */
 static ep_status_t agree_ok(cpu_state_t *s, ep_status_t mine) {
-  int32_t *all = calloc((size_t)s->nranks, sizeof *all), me = (int32_t)mine;
+  int32_t *all = calloc((size_t)s->gnranks, sizeof *all), me = (int32_t)mine;
   if (!all) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
   ep_status_t st = ep_ctx_allgather(s->ctx, &me, all, sizeof me);
   if (st && !mine) st = ep_ctx_fail(s->ctx, st, -1, "ep_buffer_create", "init", "exchanging segments: %s",
                            ep_last_error());
-  for (int r = 0; r < s->nranks && !st && !mine; r++)
-    if (r != s->rank && all[r] != EP_OK)
+  for (int r = 0; r < s->gnranks && !st && !mine; r++)
+    if (r != s->grank && all[r] != EP_OK)
       st = ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, r, "ep_buffer_create", "init",
                        "rank %d could not create its segment (%s)", r,
                        ep_status_name((ep_status_t)all[r]));
@@ -89,7 +90,7 @@ static ep_status_t agree_ok(cpu_state_t *s, ep_status_t mine) {
 }
 
 ep_status_t cpu_seg_setup(cpu_state_t *s, const ep_buffer_config_t *cfg) {
-  cpu_seg_size(s->nranks, s->channels, s->queue_bytes, cfg, &s->layout);
+  cpu_seg_size(s->nranks, s->gnranks, s->channels, s->queue_bytes, cfg, &s->layout);
   s->segs = calloc((size_t)s->nranks, sizeof *s->segs);
   int *fds = malloc((size_t)s->nranks * sizeof(int));
   if (!s->segs || !fds) {

@@ -65,6 +65,7 @@ void cpu_waiter_init(cpu_waiter_t *w, cpu_state_t *s, int channel, const char *o
   w->channel = channel;
   w->deadline = ep_now() + ep_ctx_timeout(s->ctx);
   w->next_check = 0;
+  w->sleep_cap = SLEEP_MAX_S;
   w->op = op;
   w->phase = phase;
 }
@@ -138,7 +139,7 @@ ep_status_t cpu_wait(cpu_waiter_t *w, uint32_t seen, int waiting_for, const char
   atomic_fetch_add(&b->sleepers, 1);
   if (atomic_load(&b->bell) == seen) {
     double left = w->deadline - ep_now();
-    futex_wait(&b->bell, seen, left < SLEEP_MAX_S ? (left > 0 ? left : 0) : SLEEP_MAX_S);
+    futex_wait(&b->bell, seen, left < w->sleep_cap ? (left > 0 ? left : 0) : w->sleep_cap);
   }
   atomic_fetch_sub(&b->sleepers, 1);
   return EP_OK;

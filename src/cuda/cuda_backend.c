@@ -57,6 +57,12 @@ static void trace_print(cuda_state_t *s) {
 static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {
   cuda_state_t *s = calloc(1, sizeof *s);
   if (!s) return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
+  if (ep_ctx_topo(ctx)->nhosts > 1) {
+    free(s);
+    return ep_ctx_fail(ctx, EP_ERR_UNSUPPORTED, -1, "ep_buffer_create", "init", "the cuda backend "
+                       "does not span hosts yet (the group has %d hosts): its NCCL path is not "
+                       "written; use the cpu backend, or one host", ep_ctx_topo(ctx)->nhosts);
+  }
   s->ctx = ctx;
   s->rank = ep_ctx_rank(ctx);
   s->nranks = ep_ctx_nranks(ctx);

@@ -101,6 +101,35 @@ static int gpu_missing(void) {
   return 77;
 }
 
+/* --hosts H: pretend hosts through EP_HOSTS, which the group reads (the ranks must run under
+ * mpirun: `epcomm launch -n R --hosts H` sets both). */
+static int pretend_hosts(const bench_opts_t *o) {
+  if (o->hosts < 1) return 0;
+  const char *set = getenv("EP_HOSTS");
+  if (set && *set && atoi(set) != o->hosts) {
+    if (bench_env_rank() == 0)
+      fprintf(stderr, "epcomm bench: --hosts %d but EP_HOSTS=%s\n", o->hosts, set);
+    return 2;
+  }
+  char v[16];
+  snprintf(v, sizeof v, "%d", o->hosts);
+  setenv("EP_HOSTS", v, 1);
+  return 0;
+}
+
+/* The hosts of the group (from EP_HOSTS, EP_HOST_ID or the machines), for the combine's check
+ * and the traffic figures; *host_of is the caller's to free. */
+static int hosts_of(ep_group_t g, bench_opts_t *o, int R, int **host_of) {
+  ep_group_info_t i = EP_GROUP_INFO_INIT;
+  if (ep_group_query(g, &i)) return 1;
+  o->nhosts = i.nhosts;
+  if (i.nhosts < 2) return 0;
+  *host_of = malloc((size_t)R * sizeof **host_of);
+  if (!*host_of || ep_group_allgather(g, &i.host, *host_of, sizeof i.host)) return 1;
+  o->host_of = *host_of;
+  return 0;
+}
+
 static int setup(bench_opts_t *o, ep_group_t g, int R, int me) {
   char why[320];
   int changed = bench_fix_experts(o, R, why, sizeof why);
@@ -124,15 +153,18 @@ int ep_cmd_bench(int argc, char **argv) {
   ep_group_config_t gc = EP_GROUP_CONFIG_INIT;
   gc.timeout_s = o.timeout_s;
   ep_group_t g = NULL;
-  int R, me;
+  int R, me, *host_of = NULL;
+  if ((rc = pretend_hosts(&o))) return rc;
   if (ep_group_create_from_env(&gc, &g)) return fail_group("ep_group_create_from_env", NULL);
   ep_group_rank(g, &me);
   ep_group_nranks(g, &R);
+  if (hosts_of(g, &o, R, &host_of)) return free(host_of), fail_group("ep_group_query", g);
   rc = setup(&o, g, R, me);
   bench_progress_t progress;
   bench_progress_init(&progress, &o, me);
   o.progress = &progress;
   if (!rc) rc = run(&o, g, R, me);
+  free(host_of);
   if (ep_group_destroy(g)) return fail_group("ep_group_destroy", g);
   return rc;
 }

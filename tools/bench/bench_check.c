@@ -87,22 +87,43 @@ long bench_check_dispatch(const bench_opts_t *o, int R, int me, const bench_recv
   return bad;
 }
 
+/* Token t's expected output row into acc (fp32, before rounding): §4.2 on one host, §4.6 across
+ * hosts (each host's rows make an fp32 partial, its first row then + the others ascending; the
+ * partials are added hosts ascending). */
+static void expected_row(const bench_opts_t *o, int R, int me, const int64_t *ids, int t,
+                         float *acc, float *part, uint16_t *y) {
+  int K = o->topk, per = o->experts / R, H = o->hidden, G = o->nhosts > 1 ? o->nhosts : 1;
+  for (int h = 0; h < H; h++) acc[h] = 0.0f;
+  for (int g = 0; g < G; g++) {
+    int rows = 0;
+    for (int r = 0; r < R; r++) {
+      if (!bench_goes_to(ids, K, per, r) || (G > 1 && o->host_of[r] != g)) continue;
+      bench_gen_y_row(o, r, me, t, y);
+      for (int h = 0; h < H; h++) {
+        float v = ref_bf16_to_f32(y[h]);
+        if (G == 1)
+          acc[h] += v;
+        else
+          part[h] = rows ? part[h] + v : v;
+      }
+      rows++;
+    }
+    for (int h = 0; G > 1 && rows && h < H; h++) acc[h] += part[h];
+  }
+}
+
 long bench_check_combine(const bench_opts_t *o, int R, int me, const uint16_t *out, char *msg,
                          size_t msg_len) {
-  int K = o->topk, per = o->experts / R, H = o->hidden;
+  int K = o->topk, H = o->hidden;
   int64_t *idx = malloc((size_t)o->tokens * K * sizeof *idx + 8);
   float *w = malloc((size_t)o->tokens * K * sizeof *w + 4), *acc = malloc((size_t)H * sizeof *acc);
+  float *part = malloc((size_t)H * sizeof *part);
   uint16_t *y = malloc((size_t)H * 2);
   long bad = 0;
   msg[0] = '\0';
   bench_gen_route(o, me, idx, w);
   for (int t = 0; t < o->tokens && bad < 1000; t++) {
-    for (int h = 0; h < H; h++) acc[h] = 0.0f;
-    for (int r = 0; r < R; r++) {
-      if (!bench_goes_to(idx + (size_t)t * K, K, per, r)) continue;
-      bench_gen_y_row(o, r, me, t, y);
-      for (int h = 0; h < H; h++) acc[h] += ref_bf16_to_f32(y[h]);
-    }
+    expected_row(o, R, me, idx + (size_t)t * K, t, acc, part, y);
     for (int h = 0; h < H; h++)
       if (out[(size_t)t * H + h] != ref_f32_to_bf16(acc[h])) {
         FAIL("rank %d: combined token %d channel %d is %#06x, expected %#06x", me, t, h,
@@ -110,6 +131,6 @@ long bench_check_combine(const bench_opts_t *o, int R, int me, const uint16_t *o
         break;
       }
   }
-  free(idx), free(w), free(acc), free(y);
+  free(idx), free(w), free(acc), free(part), free(y);
   return bad;
 }

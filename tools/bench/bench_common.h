@@ -34,6 +34,9 @@ typedef struct {
   /* epcomm bench only */
   int baseline;     /* BENCH_BASELINE_* */
   double timeout_s; /* group deadline (must cover the baseline run) */
+  int hosts;        /* --hosts H: the ranks form H pretend hosts (EP_HOSTS); 0: not given */
+  int nhosts;       /* hosts of the group once it exists (0 or 1: one host) */
+  const int *host_of; /* [R] host of every rank when nhosts > 1 (the combine's order) */
   /* MPI baseline only */
   const char *raw; /* results file for epcomm bench to merge */
   /* set explicitly on the command line (defaults depend on the mode and the backend) */
@@ -104,7 +107,9 @@ typedef struct {
 long bench_check_dispatch(const bench_opts_t *o, int R, int me, const bench_recv_t *rv, char *msg,
                           size_t msg_len);
 /* Combine output out [tokens][hidden] bf16 of rank `me`, for expert outputs from
- * bench_gen_y_row: out[t] = bf16(sum over ranks r ascending that t went to of y(r, me, t)). */
+ * bench_gen_y_row: out[t] = bf16(sum over ranks r ascending that t went to of y(r, me, t)); across
+ * hosts (o->nhosts > 1) each host's rows first make an fp32 partial, hosts ascending
+ * (docs/SEMANTICS.md §4.6). */
 long bench_check_combine(const bench_opts_t *o, int R, int me, const uint16_t *out, char *msg,
                          size_t msg_len);
 

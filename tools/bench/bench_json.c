@@ -21,8 +21,21 @@ static void summary_gbps(FILE *f, const phases_t *ph, const char *key, const cha
   if (p && p->bw.median > 0) fprintf(f, "  \"%s\": %.4f,\n", name, p->bw.median / 1e9);
 }
 
+/* Across hosts: the bytes of print_hosts (bench_report.c), per rank per call. */
+static void summary_hosts(FILE *f, const bench_opts_t *o, const phases_t *ph,
+                          bench_rank_t *const *rk) {
+  if (o->nhosts < 2 || o->mode != BENCH_NORMAL) return;
+  bench_traffic_t m = bench_traffic(o, ph->R, rk);
+  fprintf(f,
+          "  \"hosts\": %d,\n  \"net_bytes_dispatch\": %.0f,\n  \"net_bytes_combine\": %.0f,\n"
+          "  \"host_bytes_dispatch\": %.0f,\n  \"host_bytes_combine\": %.0f,\n"
+          "  \"flat_net_bytes_dispatch\": %.0f,\n  \"flat_net_bytes_combine\": %.0f,\n"
+          "  \"token_host_pairs\": %.0f,\n",
+          o->nhosts, m.net_d, m.net_c, m.local_d, m.local_c, m.flat_net_d, m.flat_net_c, m.pairs);
+}
+
 static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ratios_t *q,
-                    const verdict_t *v) {
+                    const verdict_t *v, bench_rank_t *const *rk) {
   fprintf(f, "\"summary\": {\n");
   fprintf(f, "  \"ranks\": %d,\n  \"threads\": %d,\n  \"tokens\": %d,\n  \"hidden\": %d,\n", ph->R,
           o->threads, o->tokens, o->hidden);
@@ -41,6 +54,7 @@ static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ra
       {"ratio_graph_calls", q->graph},          {"overlap_efficiency", q->overlap}};
   for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
     if (r[i].v > 0) fprintf(f, "  \"%s\": %.4f,\n", r[i].name, r[i].v);
+  summary_hosts(f, o, ph, rk);
   fprintf(f, "  \"check\": \"%s\"\n},\n", bench_passed(v) ? "pass" : "fail");
 }
 
@@ -93,7 +107,7 @@ void bench_json(FILE *f, const bench_opts_t *o, const bench_who_t *who, const ph
   fprintf(f, ",\n\"version\": ");
   tk_json_str(f, who->version);
   fprintf(f, ",\n");
-  summary(f, o, ph, q, v);
+  summary(f, o, ph, q, v, rk);
   config(f, o, ph->R);
   fprintf(f,
           "\"units\": {\"time\": \"ms, slowest rank per iteration\", \"gbps\": \"1e9 bytes/s "

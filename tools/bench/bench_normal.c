@@ -87,7 +87,20 @@ fail:
   return 1;
 }
 
+/* Across hosts: what the buffer sent since the last reading (through the network, to ranks of
+ * this host), added to the dispatch's (combine's) figures of a timed iteration. Read between the
+ * timed steps, so the reading is never timed. */
+static void traffic(normal_t *u, int it, double *net, double *local) {
+  if (u->c->o->nhosts < 2) return;
+  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
+  if (ep_buffer_query(u->c->buf, &i)) return;
+  double n = (double)i.net_bytes_sent, l = (double)i.local_bytes_sent, I = u->c->o->iters;
+  if (it >= 0 && net) *net += (n - u->sent_net) / I, *local += (l - u->sent_local) / I;
+  u->sent_net = n, u->sent_local = l;
+}
+
 static int call_drop(bench_ctx_t *c, void *state, int it) {
+  traffic(state, it, &c->res->net_c, &c->res->local_c);
   ep_handle_t h = ((normal_t *)state)->h;
   ((normal_t *)state)->h = NULL; /* gone even when the destroy fails: never destroyed twice */
   return bench_said(ep_handle_destroy(h), "ep_handle_destroy");
@@ -143,9 +156,31 @@ static int check_dispatch(normal_t *u) {
   return rc;
 }
 
+/* Across hosts, from this rank's routing: (token, other host) pairs, and the rows a flat
+ * all-to-all sends to ranks of other hosts and to other ranks of this host. */
+static void host_figures(normal_t *u, const int64_t *idx) {
+  const bench_opts_t *o = u->c->o;
+  int K = o->topk, per = o->experts / u->R, G = o->nhosts, R = u->R, me = u->me;
+  bench_rank_t *f = u->c->res;
+  uint8_t *rank_seen = malloc((size_t)R), *host_seen = malloc((size_t)G);
+  for (int t = 0; rank_seen && host_seen && t < o->tokens; t++) {
+    memset(rank_seen, 0, (size_t)R), memset(host_seen, 0, (size_t)G);
+    for (int k = 0; k < K; k++)
+      if (idx[(size_t)t * K + k] >= 0) rank_seen[idx[(size_t)t * K + k] / per] = 1;
+    for (int r = 0; r < R; r++) {
+      if (!rank_seen[r]) continue;
+      int away = o->host_of[r] != o->host_of[me];
+      f->remote_rank_rows += away, f->local_rank_rows += !away && r != me;
+      if (away && !host_seen[o->host_of[r]]) host_seen[o->host_of[r]] = 1, f->host_pairs++;
+    }
+  }
+  free(rank_seen), free(host_seen);
+}
+
 /* After a dispatch: the expert outputs the first time, the check the last time. */
 static int call_keep(bench_ctx_t *c, void *state, int it) {
   normal_t *u = state;
+  traffic(u, it, &c->res->net_d, &c->res->local_d);
   if (!u->y && make_y(u)) return 1;
   return it == c->o->iters - 1 ? check_dispatch(u) : 0;
 }
@@ -194,6 +229,7 @@ static int inputs(normal_t *u) {
   if (!rc) {
     bench_gen_x(o, u->me, x, u->ns ? xs : NULL);
     bench_gen_route(o, u->me, idx, w);
+    if (o->nhosts > 1) host_figures(u, idx);
     u->x = bench_alloc(c, u->N * u->row), u->xs = bench_alloc(c, u->N * u->ns * 4);
     u->idx = bench_alloc(c, u->N * u->K * 8), u->w = bench_alloc(c, u->N * u->K * 4);
     u->out = bench_alloc(c, u->N * u->H * 2);
@@ -240,6 +276,7 @@ int bench_normal(bench_ctx_t *c) {
   u.views = (c->caps & EP_CAP_DISPATCH_VIEWS) != 0;
   int row[3];
   bench_main_rows(c, row);
+  if (!rc) traffic(&u, -1, NULL, NULL); /* the counters before the first call */
   if (!rc) rc = main_rows(&u, row[0], row[1], row[2]);
   if (!rc && o->variants == BENCH_VARIANTS_ALL) rc = bench_normal_variants(&u);
   if (!rc && o->baseline != BENCH_BASELINE_OFF && c->dev) rc = bench_cubase(&u);

@@ -48,6 +48,7 @@ static const opt_t opts[] = {
     {"--json", K_FLAG_STR, BOTH, F(json), 0, 0, NULL, 0, 0},
     {"--baseline", K_PICK, EP, F(baseline), 0, 0, baselines, 0, 0},
     {"--timeout", K_SECS, EP, F(timeout_s), 0, 1000000000, NULL, 0, 0},
+    {"--hosts", K_INT, EP, F(hosts), 1, 4096, NULL, 0, 0},
     {"--raw", K_STR, BENCH_TOOL_MPI, F(raw), 0, 0, NULL, 0, 0},
 };
 
@@ -67,12 +68,15 @@ void bench_usage(FILE *f, const char *name, int tool) {
           "          65536, W 0..1048576, I 1..1048576, T 1..256, S (SMs) 1..1024\n%s",
           name,
           ep ? "       [--sms S] [--variants all|main] [--compute-us U] [--baseline auto|on|off]\n"
-               "       [--timeout S]\n"
+               "       [--timeout S] [--hosts H]\n"
              : "       [--raw FILE]   (results for epcomm bench to merge)\n",
           ep ? "--json alone: JSON on stdout instead of the table; --json FILE: table and file.\n"
                "--threads: worker threads per rank (cpu); --sms: SMs per rank (cuda; --threads\n"
                "says the same there). Run it under `epcomm launch -n R` or mpirun; only rank 0\n"
                "prints. On a terminal, rank 0 shows its progress on stderr (never with --json).\n"
+               "--hosts H: the ranks form H pretend hosts (EP_HOSTS; run under\n"
+               "`epcomm launch -n R --hosts H` or mpirun): normal mode also reports the bytes\n"
+               "that crossed the network and stayed inside hosts, next to the flat baseline's.\n"
              : "Run it under mpirun; only rank 0 prints.\n");
 }
 

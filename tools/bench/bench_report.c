@@ -21,10 +21,12 @@ static void print_config(const bench_opts_t *o, const bench_who_t *who, int R) {
     snprintf(workers, sizeof workers, "the library's SMs");
   else
     snprintf(workers, sizeof workers, "%d thread%s", o->threads, o->threads > 1 ? "s" : "");
+  char hosts[32] = "";
+  if (o->nhosts > 1) snprintf(hosts, sizeof hosts, " on %d hosts", o->nhosts);
   printf(
-      "%s: %s mode, %s, %d ranks x %s; per rank %d tokens, hidden %d %s, topk %d, %d experts, "
+      "%s: %s mode, %s, %d ranks%s x %s; per rank %d tokens, hidden %d %s, topk %d, %d experts, "
       "%s routing; %d warm-up + %d timed iterations\n",
-      who->tool, ll(o) ? "low-latency" : "normal", who->what, R, workers, o->tokens, o->hidden,
+      who->tool, ll(o) ? "low-latency" : "normal", who->what, R, hosts, workers, o->tokens, o->hidden,
       o->dtype == BENCH_FP8 ? "fp8 (+ fp32 scales)" : "bf16", o->topk, o->experts,
       bench_routing_name(o->routing), o->warmup, o->iters);
 }
@@ -256,12 +258,49 @@ static void print_check(const verdict_t *v) {
   if (v->msg[0]) printf("first mismatch: %s\n", v->msg);
 }
 
+/* Across hosts: what crossed the network and what stayed inside hosts (measured), next to what
+ * the flat baseline (one row per (token, rank) through MPI_Alltoallv) moves between and inside
+ * hosts for the same routing. */
+static void print_hosts(const bench_opts_t *o, int R, bench_rank_t *const *rk) {
+  if (o->nhosts < 2 || ll(o)) return;
+  bench_traffic_t m = bench_traffic(o, R, rk);
+  double row = (double)bench_row_bytes(o) + bench_num_scales(o) * 4.0;
+  printf("across %d hosts of %d ranks, MB sent per rank per call (mean over ranks):\n", o->nhosts,
+         R / o->nhosts);
+  printf("  %-34s %12s %12s\n", "", "network", "inside host");
+  printf("  %-34s %12.2f %12.2f\n", "epcomm dispatch (measured)", m.net_d / 1e6, m.local_d / 1e6);
+  printf("  %-34s %12.2f %12.2f\n", "epcomm combine (measured)", m.net_c / 1e6, m.local_c / 1e6);
+  printf("  %-34s %12.2f %12.2f\n", "flat all-to-all dispatch (routing)", m.flat_net_d / 1e6,
+         m.flat_local_d / 1e6);
+  printf("  %-34s %12.2f %12.2f\n", "flat all-to-all combine (routing)", m.flat_net_c / 1e6,
+         m.flat_local_c / 1e6);
+  printf("  dispatch: %.0f bytes per (token, other host) pair (%.0f pairs per rank); a row is "
+         "%.0f bytes, the rest its index, expert ids and weights\n\n",
+         m.pairs > 0 ? m.net_d / m.pairs : 0, m.pairs, row);
+}
+
+bench_traffic_t bench_traffic(const bench_opts_t *o, int R, bench_rank_t *const *rk) {
+  bench_traffic_t m = {0};
+  double row = (double)bench_row_bytes(o) + bench_num_scales(o) * 4.0, meta = 4.0 + o->topk * 12.0;
+  for (int r = 0; r < R; r++) {
+    const bench_rank_t *f = rk[r];
+    m.net_d += f->net_d / R, m.net_c += f->net_c / R, m.pairs += f->host_pairs / R;
+    m.local_d += f->local_d / R, m.local_c += f->local_c / R;
+    m.flat_net_d += f->remote_rank_rows * (row + meta) / R;
+    m.flat_local_d += f->local_rank_rows * (row + meta) / R;
+    m.flat_net_c += f->remote_rank_rows * o->hidden * 2.0 / R;
+    m.flat_local_c += f->local_rank_rows * o->hidden * 2.0 / R;
+  }
+  return m;
+}
+
 static void print_table(const bench_opts_t *o, const bench_who_t *who, const phases_t *ph,
                         bench_rank_t *const *rk, const bench_base_t *b, const ratios_t *q,
                         const verdict_t *v) {
   print_config(o, who, ph->R);
   print_phase_table(o, ph);
   print_rank_table(o, who, ph, rk);
+  print_hosts(o, ph->R, rk);
   print_legend(o, who, ph);
   print_ratios(o, ph, b, q, v);
   print_check(v);

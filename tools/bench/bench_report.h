@@ -38,6 +38,14 @@ typedef struct {
   char msg[512]; /* the first mismatch */
 } verdict_t;
 
+/* Across hosts (normal mode): mean bytes per rank per call, measured (epcomm) and from the
+ * routing (the flat all-to-all: a row + its metadata per (token, rank), bf16 back). */
+typedef struct {
+  double net_d, net_c, local_d, local_c, pairs;
+  double flat_net_d, flat_net_c, flat_local_d, flat_local_c;
+} bench_traffic_t;
+bench_traffic_t bench_traffic(const bench_opts_t *o, int R, bench_rank_t *const *rk);
+
 int bench_build_phases(phases_t *ph, int R, bench_rank_t *const *rk); /* -1: out of memory */
 void bench_free_phases(phases_t *ph);
 ratios_t bench_ratios(const phases_t *ph);

@@ -48,6 +48,12 @@ typedef struct {
   int64_t base_bad;
   int32_t base_ran, base_differs;
   char base_msg[BENCH_MSG];
+  /* Across hosts (normal mode, nhosts > 1), per timed call of the main rows: bytes this rank sent
+   * through the network engine and to ranks of its own host (ep_buffer_info_t's counters); from
+   * its routing, the pairs (token, other host it goes to) and the rows a flat all-to-all sends to
+   * ranks of other hosts and to other ranks of this host. */
+  double net_d, net_c, local_d, local_c;
+  double host_pairs, remote_rank_rows, local_rank_rows;
   bench_row_t row[BENCH_MAX_ROWS];
   double *t; /* [nrows][iters] seconds; not part of the packed form */
 } bench_rank_t;

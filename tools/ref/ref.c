@@ -155,10 +155,60 @@ fail:
   return -1;
 }
 
-int ref_combine(int R, int H, int topk, const ref_rank_input_t *in, const ref_recv_t *recv,
-                const uint16_t *const *y, const float *const *w, const uint16_t *const *bias0,
-                const uint16_t *const *bias1, uint16_t **out, float **out_w) {
+/* One channel of a token: §4.2 on one host; across hosts (§4.6) each host's rows first make a
+ * partial (its first row, then + the others, ranks ascending), then acc += partial, hosts
+ * ascending. row_on[r * total]: the token's row on rank r, or -1. */
+static float reduce_channel(int R, int nhosts, const int *host_of, const int32_t *row_on,
+                            size_t total, const uint16_t *const *y, int H, int h, float acc) {
+  if (nhosts <= 1) {
+    for (int r = 0; r < R; r++) {
+      int32_t j = row_on[(size_t)r * total];
+      if (j >= 0) acc += ref_bf16_to_f32(y[r][(size_t)j * H + h]);
+    }
+    return acc;
+  }
+  for (int g = 0; g < nhosts; g++) {
+    float p = 0.0f;
+    int rows = 0;
+    for (int r = 0; r < R; r++) {
+      int32_t j = row_on[(size_t)r * total];
+      if (j < 0 || host_of[r] != g) continue;
+      float v = ref_bf16_to_f32(y[r][(size_t)j * H + h]);
+      p = rows++ ? p + v : v;
+    }
+    if (rows) acc += p;
+  }
+  return acc;
+}
+
+/* The same for combined weights (no biases: the accumulator starts at +0). */
+static float reduce_weight(int R, int nhosts, const int *host_of, const int32_t *row_on,
+                           size_t total, const float *const *w, int topk, int k) {
+  float acc = 0.0f;
+  for (int g = 0; g < (nhosts > 1 ? nhosts : 1); g++) {
+    float p = 0.0f;
+    int rows = 0;
+    for (int r = 0; r < R; r++) {
+      int32_t j = row_on[(size_t)r * total];
+      if (j < 0 || (nhosts > 1 && host_of[r] != g)) continue;
+      float v = w[r][(size_t)j * topk + k];
+      if (nhosts <= 1) acc += v;
+      else p = rows++ ? p + v : v;
+    }
+    if (nhosts > 1 && rows) acc += p;
+  }
+  return acc;
+}
+
+int ref_combine_hosts(int R, int nhosts, const int *host_of, int H, int topk,
+                      const ref_rank_input_t *in, const ref_recv_t *recv,
+                      const uint16_t *const *y, const float *const *w,
+                      const uint16_t *const *bias0, const uint16_t *const *bias1, uint16_t **out,
+                      float **out_w) {
   if (R <= 0 || H <= 0 || topk < 0 || !in || !recv || !y || !out || (w && !out_w)) return -1;
+  if (nhosts > 1 && !host_of) return -1;
+  for (int r = 0; nhosts > 1 && r < R; r++)
+    if (host_of[r] < 0 || host_of[r] >= nhosts) return -1;
   /* off[s]: first slot of source s in a [sum n] index; where[r][off[s] + t]: row of (s, t) in
    * rank r's receive order, or -1 if the token did not go to r. */
   size_t total = 0;
@@ -189,21 +239,11 @@ int ref_combine(int R, int H, int topk, const ref_rank_input_t *in, const ref_re
       const uint16_t *b1 = bias1 && bias1[s] ? bias1[s] + (size_t)t * H : NULL;
       for (int h = 0; h < H; h++) {
         float acc = (b0 ? ref_bf16_to_f32(b0[h]) : 0.0f) + (b1 ? ref_bf16_to_f32(b1[h]) : 0.0f);
-        for (int r = 0; r < R; r++) {
-          int32_t j = row_on[(size_t)r * total];
-          if (j >= 0) acc += ref_bf16_to_f32(y[r][(size_t)j * H + h]);
-        }
+        acc = reduce_channel(R, nhosts, host_of, row_on, total, y, H, h, acc);
         out[s][(size_t)t * H + h] = ref_f32_to_bf16(acc);
       }
-      if (w)
-        for (int k = 0; k < topk; k++) {
-          float acc = 0.0f;
-          for (int r = 0; r < R; r++) {
-            int32_t j = row_on[(size_t)r * total];
-            if (j >= 0) acc += w[r][(size_t)j * topk + k];
-          }
-          out_w[s][(size_t)t * topk + k] = acc;
-        }
+      for (int k = 0; w && k < topk; k++)
+        out_w[s][(size_t)t * topk + k] = reduce_weight(R, nhosts, host_of, row_on, total, w, topk, k);
     }
   free(where);
   free(off);
@@ -212,6 +252,32 @@ bad:
   free(where);
   free(off);
   return -1;
+}
+
+int ref_combine(int R, int H, int topk, const ref_rank_input_t *in, const ref_recv_t *recv,
+                const uint16_t *const *y, const float *const *w, const uint16_t *const *bias0,
+                const uint16_t *const *bias1, uint16_t **out, float **out_w) {
+  return ref_combine_hosts(R, 1, NULL, H, topk, in, recv, y, w, bias0, bias1, out, out_w);
+}
+
+int ref_layout_hosts(const int64_t *topk_idx, int n, int topk, int E, int R, int nhosts,
+                     const int *host_of, int32_t *tokens_per_host, uint8_t *is_token_in_host) {
+  if (nhosts < 1 || (nhosts > 1 && !host_of)) return -1;
+  uint8_t *in_rank = zalloc((size_t)n * R, 1);
+  if (!in_rank || ref_layout(topk_idx, n, topk, E, R, NULL, NULL, in_rank) != 0) {
+    free(in_rank);
+    return -1;
+  }
+  if (tokens_per_host) memset(tokens_per_host, 0, sizeof(int32_t) * nhosts);
+  for (int t = 0; t < n; t++)
+    for (int g = 0; g < nhosts; g++) {
+      int in = 0;
+      for (int r = 0; r < R; r++) in |= in_rank[(size_t)t * R + r] && (nhosts == 1 || host_of[r] == g);
+      if (tokens_per_host) tokens_per_host[g] += in;
+      if (is_token_in_host) is_token_in_host[(size_t)t * nhosts + g] = (uint8_t)in;
+    }
+  free(in_rank);
+  return 0;
 }
 
 /* ------------------------------------------------ SEMANTICS.md §5-6 low-latency mode */

@@ -84,6 +84,22 @@ int ref_combine(int R, int H, int topk, const ref_rank_input_t *in, const ref_re
                 const uint16_t *const *y, const float *const *w, const uint16_t *const *bias0,
                 const uint16_t *const *bias1, uint16_t **out, float **out_w);
 
+/* SEMANTICS.md §3.9, §4.6: a group whose ranks span hosts. host_of[r]: host of rank r (0 ..
+ * nhosts - 1). Dispatch is the same as on one host (ref_dispatch). Combine: per token, each
+ * host's rows in ascending rank order make an fp32 partial (its first row, then + the next),
+ * then acc = float(bias0) + float(bias1), acc += the partials by ascending host, one RNE
+ * rounding; combined weights alike from +0. With nhosts <= 1 (host_of may be NULL) it is
+ * ref_combine, bit for bit (§4.2). */
+int ref_combine_hosts(int R, int nhosts, const int *host_of, int H, int topk,
+                      const ref_rank_input_t *in, const ref_recv_t *recv,
+                      const uint16_t *const *y, const float *const *w,
+                      const uint16_t *const *bias0, const uint16_t *const *bias1, uint16_t **out,
+                      float **out_w);
+/* Host outputs of the layout (§2.3): tokens_per_host[nhosts] (a token counts once per host it
+ * goes to), is_token_in_host[n][nhosts]; each may be NULL. -1 on bad arguments. */
+int ref_layout_hosts(const int64_t *topk_idx, int n, int topk, int E, int R, int nhosts,
+                     const int *host_of, int32_t *tokens_per_host, uint8_t *is_token_in_host);
+
 /* ------------------------------------------------ SEMANTICS.md §5-6 low-latency mode */
 
 /* fp8 cast of one bf16 row of H values (H a multiple of 128), per block of 128 channels:

@@ -206,9 +206,12 @@ EPK_HD int64_t epk_stage_rows(uint64_t area, uint64_t xrow, uint64_t wrow) {
 
 typedef struct {
   const int64_t *topk_idx;
-  int num_tokens, topk, num_experts, pad;
+  int num_tokens, topk, num_experts, nhosts;
   int32_t *per_rank, *per_expert;
   uint8_t *in_rank;
+  const int32_t *host_of;     /* [R] device, or NULL: every rank on host 0 */
+  int32_t *per_host;          /* [nhosts] or NULL */
+  uint8_t *in_host;           /* [num_tokens][nhosts] or NULL */
 } epk_layout_t;
 
 typedef struct {

@@ -6,9 +6,27 @@
 
 namespace {
 
+/* Token t's hosts (SEMANTICS.md §2.3): it goes to a host when it goes to a rank of it. */
+__device__ void host_layout(const epk_layout_t &a, const int64_t *row, int t, int L, int *per_host) {
+  if (!a.per_host && !a.in_host) return;
+  uint8_t *in = a.in_host ? a.in_host + (size_t)t * a.nhosts : nullptr;
+  for (int g = 0; in && g < a.nhosts; g++) in[g] = 0;
+  for (int k = 0; k < a.topk; k++) {
+    if (row[k] < 0) continue;
+    int g = a.host_of ? a.host_of[row[k] / L] : 0;
+    bool first = true; /* a token counts once per host */
+    for (int j = 0; j < k && first; j++)
+      first = !(row[j] >= 0 && (a.host_of ? a.host_of[row[j] / L] : 0) == g);
+    if (!first) continue;
+    atomicAdd(&per_host[g], 1);
+    if (in) in[g] = 1;
+  }
+}
+
 __global__ void __launch_bounds__(LT, 1) epk_layout_kernel(epk_buf_t b, epk_layout_t a) {
-  extern __shared__ int per_rank[]; /* [R] */
+  extern __shared__ int per_rank[]; /* [R], then [nhosts] */
   const int R = b.nranks, L = a.num_experts / R, n = a.num_tokens, topk = a.topk;
+  int *per_host = per_rank + R;
   long long bad = epk_first_bad(a.topk_idx, n, topk, a.num_experts);
   if (bad != INT64_MAX) {
     if (threadIdx.x == 0) {
@@ -19,6 +37,7 @@ __global__ void __launch_bounds__(LT, 1) epk_layout_kernel(epk_buf_t b, epk_layo
     return;
   }
   for (int d = threadIdx.x; d < R; d += LT) per_rank[d] = 0;
+  for (int g = threadIdx.x; g < a.nhosts; g += LT) per_host[g] = 0;
   for (int e = threadIdx.x; a.per_expert && e < a.num_experts; e += LT) a.per_expert[e] = 0;
   __syncthreads();
   for (int t = threadIdx.x; t < n; t += LT) {
@@ -36,16 +55,18 @@ __global__ void __launch_bounds__(LT, 1) epk_layout_kernel(epk_buf_t b, epk_layo
       atomicAdd(&per_rank[d], 1);
       if (in) in[d] = 1;
     }
+    host_layout(a, row, t, L, per_host);
   }
   __syncthreads();
   for (int d = threadIdx.x; a.per_rank && d < R; d += LT) a.per_rank[d] = per_rank[d];
+  for (int g = threadIdx.x; a.per_host && g < a.nhosts; g += LT) a.per_host[g] = per_host[g];
 }
 
 }  // namespace
 
 extern "C" cudaError_t epk_launch_layout(const epk_buf_t *b, const epk_layout_t *a,
                                          cudaStream_t s) {
-  size_t smem = sizeof(int) * (size_t)b->nranks;
+  size_t smem = sizeof(int) * ((size_t)b->nranks + (size_t)a->nhosts);
   epk_layout_kernel<<<1, LT, smem, s>>>(*b, *a);
   return cudaGetLastError();
 }

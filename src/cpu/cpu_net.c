@@ -1,0 +1,158 @@
+/* The CPU backend across hosts: engine endpoints, staging, the count exchange, waits. The data
+ * paths are in cpu_net_dispatch.c, cpu_net_combine.c and cpu_net_ll.c (cpu_net.h). */
+#include "cpu_net.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ll.h"
+
+/* Both ends of a block must cut it into the same chunks: every rank uses the smallest value any
+ * rank has (EP_NET_CHUNK may differ between hosts). */
+static ep_status_t agree_chunk(cpu_state_t *s) {
+  uint64_t mine = s->net->chunk, *all = calloc((size_t)s->gnranks, sizeof *all);
+  if (!all) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
+  ep_status_t st = ep_ctx_allgather(s->ctx, &mine, all, sizeof mine);
+  for (int r = 0; !st && r < s->gnranks; r++)
+    if (all[r] < s->net->chunk) s->net->chunk = all[r];
+  free(all);
+  return st;
+}
+
+/* More ranks on this host than CPUs they may use: a waiter that spins only takes the CPU from
+ * the rank it waits for (the hierarchical path waits often: forwarders in lockstep with the
+ * ranks they serve). Then waiters sleep at once, unless EP_SPIN_US says otherwise. */
+static void spin_policy(cpu_state_t *s) {
+  cpu_set_t set;
+  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (!ep_env_text("EP_SPIN_US") && cpus > 0 && s->nranks > cpus) s->spin_s = 0;
+}
+
+/* One engine endpoint per mode: their calls are independent sequences (SEMANTICS.md §1.4). */
+ep_status_t cpu_net_create(cpu_state_t *s) {
+  spin_policy(s);
+  cpu_net_t *n = calloc(1, sizeof *n);
+  if (!n) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
+  s->net = n;
+  n->chunk = (size_t)ep_env_long("EP_NET_CHUNK", 1 << 20);
+  n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->gnranks + s->topo->nhosts;
+  n->counts = malloc((size_t)s->gnranks * (size_t)n->cw * sizeof *n->counts);
+  if (!n->counts) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
+  ep_status_t st = agree_chunk(s);
+  if (!st) st = ep_ctx_net_open(s->ctx, "mpi", -1, &n->e, &n->normal);
+  if (!st && s->ll) st = ep_ctx_net_open(s->ctx, "mpi", -1, &n->e, &n->ll);
+  if (!st && s->ll) st = cpu_net_ll_create(s);
+  if (st) return ep_ctx_fail(s->ctx, st, -1, "ep_buffer_create", "network", "%s", ep_last_error());
+  return EP_OK;
+}
+
+void cpu_net_destroy(cpu_state_t *s, bool clean) {
+  cpu_net_t *n = s->net;
+  if (!n) return;
+  cpu_net_ll_destroy(s, clean);
+  if (n->ll) n->e->close(n->ll, clean);
+  if (n->normal) n->e->close(n->normal, clean);
+  free(n->send.p), free(n->recv.p), free(n->part.p), free(n->counts);
+  free(n);
+  s->net = NULL;
+}
+
+void cpu_net_traffic(void *state, uint64_t *net, uint64_t *local) {
+  cpu_state_t *s = state;
+  *net = s->net ? atomic_load(&s->net->net_bytes) : 0;
+  *local = s->net ? atomic_load(&s->net->local_bytes) : 0;
+}
+
+void *cpu_stage(cpu_state_t *s, cpu_stage_t *st, size_t bytes) {
+  if (bytes <= st->cap) return st->p;
+  size_t cap = bytes + bytes / 4 + 4096;
+  unsigned char *p = aligned_alloc(64, (cap + 63) & ~(size_t)63);
+  if (!p) {
+    ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_dispatch", "network", "out of memory for %zu "
+                "bytes of network staging", bytes);
+    return NULL;
+  }
+  free(st->p);
+  st->p = p, st->cap = cap;
+  return p;
+}
+
+const char *cpu_net_who(const cpu_state_t *s, int rank, char *buf, size_t n) {
+  if (rank < 0 || rank >= s->gnranks) snprintf(buf, n, "no rank");
+  else snprintf(buf, n, "rank %d (host %d)", rank, s->topo->host_of[rank]);
+  return buf;
+}
+
+ep_status_t cpu_net_wait(cpu_state_t *s, ep_net_t *n, ep_net_xfer_t *x, int count,
+                         const char *op, const char *phase) {
+  double t = ep_ctx_timeout(s->ctx);
+  ep_status_t st = ep_net_wait(s->net->e, n, x, count, ep_now() + t, t, ep_ctx_liveness, s->ctx,
+                               "network");
+  if (!st) return EP_OK;
+  int peer = -1, dead;
+  for (int i = 0; i < count && peer < 0; i++)
+    if (!x[i].done) peer = x[i].peer;
+  const char *how;
+  char who[48], msg[512];
+  snprintf(msg, sizeof msg, "%s", ep_last_error());
+  s->net->e->cancel(n, x, count);
+  /* A death the liveness check saw is already named with its host. */
+  if (st == EP_ERR_PEER_FAILED && ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK)
+    return ep_ctx_fail(s->ctx, st, dead, op, phase, "%s", msg);
+  return ep_ctx_fail(s->ctx, st, peer, op, phase, "%s (%s)", msg, cpu_net_who(s, peer, who, sizeof who));
+}
+
+ep_status_t cpu_net_all_to_all(cpu_state_t *s, ep_net_t *n, int tag, const void *mine, void *all,
+                               size_t bytes, const char *op, const char *phase) {
+  int R = s->gnranks, k = 0;
+  ep_net_xfer_t *x = calloc(2 * (size_t)R, sizeof *x);
+  if (!x) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, phase, "out of memory");
+  for (int r = 0; r < R; r++) {
+    if (r == s->grank) continue;
+    x[k++] = (ep_net_xfer_t){r, 1, tag, (void *)mine, bytes, 0, 0, 0};
+    x[k++] = (ep_net_xfer_t){r, 0, tag, (char *)all + bytes * (size_t)r, bytes, 0, 0, 0};
+  }
+  memcpy((char *)all + bytes * (size_t)s->grank, mine, bytes);
+  ep_status_t st = s->net->e->post(n, x, k, NULL);
+  if (st) st = ep_ctx_fail(s->ctx, st, -1, op, phase, "%s", ep_last_error());
+  else st = cpu_net_wait(s, n, x, k, op, phase);
+  free(x);
+  return st;
+}
+
+ep_status_t cpu_net_counts(cpu_state_t *s, const int32_t *mine, const char *op) {
+  cpu_net_t *n = s->net;
+  cpu_call_begin(s);
+  size_t bytes = (size_t)n->cw * sizeof *mine;
+  ep_status_t st =
+      cpu_net_all_to_all(s, n->normal, NET_TAG_COUNTS, mine, n->counts, bytes, op, "counts");
+  if (st) return st;
+  /* Compared once all have arrived, so that every rank fails the call the same way. */
+  const ep_call_key_t *me = (const ep_call_key_t *)mine;
+  for (int r = 0; r < s->gnranks; r++) {
+    const ep_call_key_t *theirs = (const ep_call_key_t *)(n->counts + (size_t)r * n->cw);
+    int f = r == s->grank ? -1 : ep_call_key_diff(me, theirs);
+    if (f >= 0) return ep_call_key_fail(s->ctx, op, "counts", f, me, theirs, r);
+  }
+  return EP_OK;
+}
+
+/* A rejected call still takes part in the count exchange, so that the peers fail at once and
+ * every rank's next call pairs with the right one. The caller's message is kept. */
+void cpu_net_reject(cpu_state_t *s) {
+  int32_t *mine = calloc((size_t)s->net->cw, sizeof *mine);
+  char saved[512];
+  snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
+  if (mine) {
+    ((ep_call_key_t *)mine)->rejected = 1;
+    ep_status_t st = cpu_net_counts(s, mine, "rejected call");
+    if (st && st != EP_ERR_PEER_INVALID && st != EP_ERR_MISMATCH) ep_ctx_mark_broken(s->ctx);
+  } else {
+    ep_ctx_mark_broken(s->ctx);
+  }
+  free(mine);
+  s->seq++;
+  ep_ctx_restore_error(saved);
+}

@@ -1,0 +1,135 @@
+/* Groups across hosts, beyond the data matrices (tests/test_normal.c, tests/test_ll.c run those):
+ *
+ *   test_net maps            a group, a buffer, a dispatch and a combine; then /proc/self/maps must
+ *                            show libmpi exactly when the group spans hosts, and never libnccl
+ *                            (a one-host job never loads the engines)
+ *   test_net hostid W0 W1 .. rank r sets EP_HOST_ID=Wr ("-": unset) and creates a group; every
+ *                            rank must fail with the same status (printed as "status NAME: msg")
+ *                            when the split is bad, or succeed ("hosts N")
+ *   test_net kill V DIR      ranks dispatch and combine in rounds; rank V SIGKILLs itself before
+ *                            round 2. Every survivor must fail within 2 s with
+ *                            EP_ERR_PEER_FAILED naming rank V and its host; it writes
+ *                            "detected death of rank V (host H) in T ms: message" to DIR/rank.R
+ *                            (a file: mpirun may drop the output of a job it is ending).
+ * Run under `epcomm launch -n R [--hosts H]` or mpirun (tests/test_net.sh). */
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "round.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Which engine libraries this process has mapped. */
+static void mapped(bool *mpi, bool *nccl) {
+  *mpi = *nccl = false;
+  FILE *f = fopen("/proc/self/maps", "re");
+  char line[4096];
+  while (f && fgets(line, sizeof line, f)) {
+    if (strstr(line, "libmpi.so") || strstr(line, "libopen-pal")) *mpi = true;
+    if (strstr(line, "libnccl")) *nccl = true;
+  }
+  if (f) fclose(f);
+}
+
+static int maps(void) {
+  ep_group_t g;
+  int me, R, H, *host_of;
+  t_init(&g, &me, &R);
+  t_hosts(g, &H, &host_of);
+  ep_buffer_t b;
+  T_OK(ep_buffer_create(g, NULL, &b));
+  long wrong;
+  T_OK(t_round(b, R, me, 3, &wrong));
+  T_CHECK(wrong == 0, "%ld values differ from the reference", wrong);
+  bool mpi, nccl;
+  mapped(&mpi, &nccl);
+  T_CHECK(!nccl, "libnccl is mapped in a cpu job");
+  T_CHECK(mpi == (H > 1), "libmpi is %smapped with %d host(s)", mpi ? "" : "not ", H);
+  T_OK(ep_buffer_destroy(b));
+  t_fini(g);
+  free(host_of);
+  if (me == 0) printf("test_net maps: %d host(s): libmpi %s, libnccl not mapped\n", H, mpi ? "mapped" : "not mapped");
+  return T_PASS;
+}
+
+static int hostid(int argc, char **argv) {
+  int r = -1;
+  const char *v = getenv("OMPI_COMM_WORLD_RANK");
+  if (!v) v = getenv("EP_RANK");
+  if (v) r = atoi(v);
+  T_CHECK(r >= 0 && r + 2 < argc, "no word for rank %d", r);
+  if (strcmp(argv[2 + r], "-")) setenv("EP_HOST_ID", argv[2 + r], 1);
+  ep_group_t g;
+  ep_status_t st = ep_group_create_from_env(NULL, &g);
+  if (st) {
+    printf("rank %d: status %s: %s\n", r, ep_status_name(st), ep_last_error());
+    return T_PASS;
+  }
+  ep_group_info_t i = EP_GROUP_INFO_INIT;
+  T_OK(ep_group_query(g, &i));
+  printf("rank %d: hosts %d (host %d, local rank %d of %d)\n", r, i.nhosts, i.host, i.local_rank,
+         i.local_size);
+  t_fini(g);
+  return T_PASS;
+}
+
+static int kill_one(int victim, const char *dir) {
+  const int rounds = 5;
+  ep_group_t g;
+  ep_group_config_t gc = EP_GROUP_CONFIG_INIT;
+  gc.timeout_s = 30;
+  T_OK(ep_group_create_from_env(&gc, &g));
+  int me, R, H, *host_of;
+  T_OK(ep_group_rank(g, &me));
+  T_OK(ep_group_nranks(g, &R));
+  t_rank = me;
+  t_hosts(g, &H, &host_of);
+  ep_buffer_t b;
+  T_OK(ep_buffer_create(g, NULL, &b));
+  long wrong;
+  ep_status_t st = EP_OK;
+  double t0 = 0;
+  for (int i = 0; i < rounds && !st; i++) {
+    if (i == 2 && me == victim) kill(getpid(), SIGKILL);
+    t0 = now_s();
+    st = t_round(b, R, me, (uint64_t)i, &wrong);
+  }
+  double ms = (now_s() - t0) * 1e3;
+  T_CHECK(st == EP_ERR_PEER_FAILED, "round ended with %s (%s), expected EP_ERR_PEER_FAILED",
+          ep_status_name(st), ep_last_error());
+  char want[64];
+  snprintf(want, sizeof want, "rank %d (host %d", victim, host_of[victim]);
+  T_CHECK(strstr(ep_last_error(), want), "the message does not name '%s': %s", want, ep_last_error());
+  T_CHECK(ms < 2000, "detected after %.0f ms", ms);
+  char path[4200];
+  snprintf(path, sizeof path, "%s/rank.%d", dir, me);
+  FILE *f = fopen(path, "we");
+  T_CHECK(f, "cannot write %s", path);
+  fprintf(f, "detected death of rank %d (host %d) in %.0f ms: %s\n", victim, host_of[victim], ms,
+          ep_last_error());
+  fclose(f);
+  /* The launcher ends the job at the first survivor's exit (a rank that leaves MPI without
+   * finalizing it): stay until every survivor has written its verdict (bounded). */
+  for (int r = 0, tries = 0; r < R && tries < 500; r++) {
+    snprintf(path, sizeof path, "%s/rank.%d", dir, r);
+    if (r != victim && access(path, F_OK) != 0) r--, tries++, usleep(10000);
+  }
+  T_OK(ep_buffer_destroy(b)); /* broken: local, at once */
+  T_OK(ep_group_destroy(g));
+  free(host_of);
+  return T_PASS;
+}
+
+int main(int argc, char **argv) {
+  const char *what = argc > 1 ? argv[1] : "";
+  if (!strcmp(what, "maps")) return maps();
+  if (!strcmp(what, "hostid")) return hostid(argc, argv);
+  if (!strcmp(what, "kill") && argc > 3) return kill_one(atoi(argv[2]), argv[3]);
+  fprintf(stderr, "usage: test_net maps | hostid W0 W1 ... | kill VICTIM DIR\n");
+  return T_FAIL;
+}
