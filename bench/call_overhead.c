@@ -9,17 +9,19 @@
 
 #include "tk_clock.h"
 
-#define CHECK(call)                                                  \
-  do {                                                               \
-    if ((call) != EP_OK) {                                           \
-      fprintf(stderr, "%s failed: %s\n", #call, ep_last_error());   \
-      exit(1);                                                       \
-    }                                                                \
+#define CHECK(call)                                               \
+  do {                                                            \
+    if ((call) != EP_OK) {                                        \
+      fprintf(stderr, "%s failed: %s\n", #call, ep_last_error()); \
+      exit(1);                                                    \
+    }                                                             \
   } while (0)
 
 enum { H = 64, WARMUP = 200 };
 
-static double now_us(void) { return 1e6 * tk_now_s(); }
+static double now_us(void) {
+  return 1e6 * tk_now_s();
+}
 
 static int cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -71,8 +73,8 @@ int main(int argc, char **argv) {
   }
   double query = median(t, iters);
   if (rank == 0)
-    printf("C API, %d ranks, median of %d: dispatch+combine %.2f us, ep_buffer_query %.3f us\n",
-           R, iters, call, query);
+    printf("C API, %d ranks, median of %d: dispatch+combine %.2f us, ep_buffer_query %.3f us\n", R,
+           iters, call, query);
   free(t), free(recv_x);
   CHECK(ep_buffer_destroy(buf));
   CHECK(ep_group_destroy(group));

@@ -40,10 +40,10 @@ typedef struct {
   float *xs, *w;
   int64_t *idx;
   /* dispatch state */
-  uint8_t *in_rank;                 /* [N][R] */
-  int *scnt, *sdis, *rcnt, *rdis;   /* per rank, in rows */
-  int *all_cnt;                     /* [R][R] counts from everyone */
-  uint8_t *sbuf, *smeta, *rmeta;    /* packed rows and metadata */
+  uint8_t *in_rank;               /* [N][R] */
+  int *scnt, *sdis, *rcnt, *rdis; /* per rank, in rows */
+  int *all_cnt;                   /* [R][R] counts from everyone */
+  uint8_t *sbuf, *smeta, *rmeta;  /* packed rows and metadata */
   size_t scap, rcap;
   int nr;
   /* outputs */
@@ -146,7 +146,8 @@ static void dispatch(base_t *b, MPI_Datatype trow, MPI_Datatype tmeta) {
     b->rcnt[r] = b->all_cnt[(size_t)r * R + b->me];
     b->sdis[r] = ss, ss += b->scnt[r];
     for (int d = 0; d < R; d++)
-      b->prefix[(size_t)r * R + d] = b->all_cnt[(size_t)r * R + d] + (r ? b->prefix[(size_t)(r - 1) * R + d] : 0);
+      b->prefix[(size_t)r * R + d] =
+          b->all_cnt[(size_t)r * R + d] + (r ? b->prefix[(size_t)(r - 1) * R + d] : 0);
   }
   grow(b, ss, b->prefix[(size_t)(R - 1) * R + b->me]);
   pack(b);
@@ -169,7 +170,8 @@ static void combine(base_t *b, MPI_Datatype tcomb) {
     for (int d = 0; d < R; d++) {
       if (!b->in_rank[(size_t)t * R + d]) continue;
       const uint16_t *restrict row = b->cbuf + (size_t)(b->sdis[d] + cur[d]++) * H;
-      for (int h = 0; h < H; h++) acc[h] += tk_bf16_to_f32(row[h]);  /* inline: the loop vectorises */
+      for (int h = 0; h < H; h++)
+        acc[h] += tk_bf16_to_f32(row[h]); /* inline: the loop vectorises */
     }
     uint16_t *restrict out = b->out + (size_t)t * H;
     for (int h = 0; h < H; h++) out[h] = tk_f32_to_bf16(acc[h]);
@@ -194,8 +196,8 @@ static bench_rank_t *results(const bench_opts_t *o, base_t *b, long bad, const c
                 by.d_bytes, by.d_wire);
   bench_row_add(r, "baseline_combine", "MPI baseline combine", BENCH_K_COMBINE, BENCH_G_BASE,
                 by.c_bytes, by.c_wire);
-  bench_row_add(r, "baseline_memcpy", "memcpy ceiling, MPI run", BENCH_K_COPY,
-                BENCH_G_BASE_CEILING, copy_bytes, 0);
+  bench_row_add(r, "baseline_memcpy", "memcpy ceiling, MPI run", BENCH_K_COPY, BENCH_G_BASE_CEILING,
+                copy_bytes, 0);
   for (int k = 0; k < 3; k++) memcpy(bench_row_times(r, k), t + (size_t)k * I, (size_t)I * 8);
   r->recv_rows = b->nr, r->self_rows = b->rcnt[b->me];
   bench_rank_fail(r, bad, msg);

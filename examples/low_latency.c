@@ -6,13 +6,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    ep_status_t st_ = (call);                                                            \
-    if (st_ != EP_OK) {                                                                  \
-      fprintf(stderr, "%s failed: %s\n", #call, ep_last_error());                       \
-      exit(1);                                                                           \
-    }                                                                                    \
+#define CHECK(call)                                               \
+  do {                                                            \
+    ep_status_t st_ = (call);                                     \
+    if (st_ != EP_OK) {                                           \
+      fprintf(stderr, "%s failed: %s\n", #call, ep_last_error()); \
+      exit(1);                                                    \
+    }                                                             \
   } while (0)
 
 enum { T = 16, H = 512, TOPK = 4 };

@@ -4,13 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(call)                                                                      \
-  do {                                                                                   \
-    ep_status_t st_ = (call);                                                            \
-    if (st_ != EP_OK) {                                                                  \
-      fprintf(stderr, "%s failed: %s\n", #call, ep_last_error());                       \
-      exit(1);                                                                           \
-    }                                                                                    \
+#define CHECK(call)                                               \
+  do {                                                            \
+    ep_status_t st_ = (call);                                     \
+    if (st_ != EP_OK) {                                           \
+      fprintf(stderr, "%s failed: %s\n", #call, ep_last_error()); \
+      exit(1);                                                    \
+    }                                                             \
   } while (0)
 
 int main(void) {

@@ -84,34 +84,34 @@ EP_API const char *ep_version_string(void);
 
 /* ---------------------------------------------------------------- status
  * X-macro: code, name, message. The one table of status codes. */
-#define EP_STATUS_MAP(X)                                                                         \
-  X(EP_OK, 0, "success")                                                                         \
-  X(EP_ERR_INVALID_ARG, 1, "invalid argument")                                                   \
-  X(EP_ERR_NULL_ARG, 2, "required pointer argument is NULL")                                     \
-  X(EP_ERR_OUT_OF_RANGE, 3, "value out of range")                                                \
-  X(EP_ERR_SHAPE, 4, "shape not supported (divisibility or alignment)")                          \
-  X(EP_ERR_TOO_LARGE, 5, "size exceeds what the buffer or config allows")                        \
-  X(EP_ERR_MISMATCH, 6, "arguments disagree across ranks")                                       \
-  X(EP_ERR_CONFIG, 7, "config struct has a wrong size or magic (ABI mismatch)")                  \
-  X(EP_ERR_NO_MEMORY, 8, "out of memory")                                                        \
-  X(EP_ERR_SYSTEM, 9, "system call failed")                                                      \
-  X(EP_ERR_BOOTSTRAP, 10, "bootstrap failed")                                                    \
-  X(EP_ERR_TIMEOUT, 11, "deadline passed while waiting for a peer")                              \
-  X(EP_ERR_PEER_FAILED, 12, "a peer rank died or aborted")                                       \
-  X(EP_ERR_PEER_INVALID, 13, "a peer rank rejected its arguments for this collective call")      \
-  X(EP_ERR_DESTROYED, 14, "object was already destroyed")                                        \
-  X(EP_ERR_BUSY, 15, "object is in use (call in flight, or live children)")                      \
-  X(EP_ERR_BROKEN, 16, "object is unusable after an earlier collective failure; destroy it")     \
-  X(EP_ERR_UNSUPPORTED, 17, "not supported by this build or backend")                            \
-  X(EP_ERR_CUDA, 18, "CUDA call failed")                                                         \
-  X(EP_ERR_INTERNAL, 19, "internal error")                                                      \
+#define EP_STATUS_MAP(X)                                                                     \
+  X(EP_OK, 0, "success")                                                                     \
+  X(EP_ERR_INVALID_ARG, 1, "invalid argument")                                               \
+  X(EP_ERR_NULL_ARG, 2, "required pointer argument is NULL")                                 \
+  X(EP_ERR_OUT_OF_RANGE, 3, "value out of range")                                            \
+  X(EP_ERR_SHAPE, 4, "shape not supported (divisibility or alignment)")                      \
+  X(EP_ERR_TOO_LARGE, 5, "size exceeds what the buffer or config allows")                    \
+  X(EP_ERR_MISMATCH, 6, "arguments disagree across ranks")                                   \
+  X(EP_ERR_CONFIG, 7, "config struct has a wrong size or magic (ABI mismatch)")              \
+  X(EP_ERR_NO_MEMORY, 8, "out of memory")                                                    \
+  X(EP_ERR_SYSTEM, 9, "system call failed")                                                  \
+  X(EP_ERR_BOOTSTRAP, 10, "bootstrap failed")                                                \
+  X(EP_ERR_TIMEOUT, 11, "deadline passed while waiting for a peer")                          \
+  X(EP_ERR_PEER_FAILED, 12, "a peer rank died or aborted")                                   \
+  X(EP_ERR_PEER_INVALID, 13, "a peer rank rejected its arguments for this collective call")  \
+  X(EP_ERR_DESTROYED, 14, "object was already destroyed")                                    \
+  X(EP_ERR_BUSY, 15, "object is in use (call in flight, or live children)")                  \
+  X(EP_ERR_BROKEN, 16, "object is unusable after an earlier collective failure; destroy it") \
+  X(EP_ERR_UNSUPPORTED, 17, "not supported by this build or backend")                        \
+  X(EP_ERR_CUDA, 18, "CUDA call failed")                                                     \
+  X(EP_ERR_INTERNAL, 19, "internal error")                                                   \
   X(EP_ERR_FORKED, 20, "object used in a forked child")
 
 typedef enum {
 #define EP_STATUS_ENUM_(code, value, msg) code = value,
   EP_STATUS_MAP(EP_STATUS_ENUM_)
 #undef EP_STATUS_ENUM_
-  EP_STATUS_COUNT_
+      EP_STATUS_COUNT_
 } ep_status_t;
 
 EP_API const char *ep_status_name(ep_status_t s);   /* "EP_ERR_TIMEOUT" */
@@ -127,9 +127,11 @@ EP_API const char *ep_last_error(void);
  * not know is EP_ERR_CONFIG. Args structs are inputs (const); results come back through a
  * separate output struct or out-parameter. */
 #ifdef __cplusplus
-#define EP_ARGS_INIT_(T) {sizeof(T)}
+#define EP_ARGS_INIT_(T) \
+  { sizeof(T) }
 #else
-#define EP_ARGS_INIT_(T) {.size = sizeof(T)}
+#define EP_ARGS_INIT_(T) \
+  { .size = sizeof(T) }
 #endif
 
 /* ---------------------------------------------------------------- types */
@@ -153,12 +155,13 @@ typedef enum {
 /* ---------------------------------------------------------------- group
  * A group is the set of ranks of one job on this host plus the means to exchange setup data. */
 typedef struct {
-  size_t size;    /* sizeof(ep_group_config_t) */
-  uint32_t magic; /* EP_CONFIG_MAGIC */
+  size_t size;        /* sizeof(ep_group_config_t) */
+  uint32_t magic;     /* EP_CONFIG_MAGIC */
   double timeout_s;   /* deadline for every wait; <= 0: EP_TIMEOUT_S or 100 s */
   const char *job_id; /* rendezvous name shared by all ranks; NULL: from the environment */
 } ep_group_config_t;
-#define EP_GROUP_CONFIG_INIT {sizeof(ep_group_config_t), EP_CONFIG_MAGIC, 0.0, NULL}
+#define EP_GROUP_CONFIG_INIT \
+  { sizeof(ep_group_config_t), EP_CONFIG_MAGIC, 0.0, NULL }
 
 /* User-supplied bootstrap (MPI, torch.distributed, ...). Callbacks return 0 on success. Used only
  * during ep_group_create: epcomm then sets up its own local channel and never calls them again. */
@@ -187,7 +190,7 @@ EP_API ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_gro
  * boot or boot->allgather, EP_ERR_OUT_OF_RANGE naming boot->rank / boot->nranks,
  * EP_ERR_BOOTSTRAP when a callback returns non-zero. */
 EP_API ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t *cfg,
-                            ep_group_t *group);
+                                   ep_group_t *group);
 /* Collective, bounded by the deadline. EP_ERR_BUSY (and nothing destroyed) while buffers of this
  * group are alive (the peers' destroy then fails with EP_ERR_PEER_INVALID). After a failure broke
  * the group, local only. NULL is a no-op. */
@@ -215,7 +218,7 @@ EP_API const char *ep_group_last_error(ep_group_t group);
  * (docs/SEMANTICS.md §3.9). Hosts are numbered by their lowest rank, and a rank's local rank is
  * its index among the ranks of its host. */
 typedef struct {
-  size_t size;    /* in: sizeof(ep_group_info_t): EP_GROUP_INFO_INIT */
+  size_t size; /* in: sizeof(ep_group_info_t): EP_GROUP_INFO_INIT */
   int rank, nranks;
   int nhosts, host;           /* hosts of the group; this rank's (0 .. nhosts-1) */
   int local_rank, local_size; /* every host holds local_size ranks */
@@ -247,18 +250,18 @@ typedef struct {
    * combine input of the same shape (ep_ll_get_combine_buffer), 8 bytes of per-row metadata,
    * and (CPU) a combine receive area [T][K] of bf16 rows. On the CPU backend the pages are only
    * backed by memory once a row is written there. */
-  int ll_max_tokens; /* T: tokens per rank per call */
-  int ll_hidden;     /* H */
+  int ll_max_tokens;  /* T: tokens per rank per call */
+  int ll_hidden;      /* H */
   int ll_num_experts; /* E */
-  int ll_max_topk; /* K: largest topk of a call; 0: 16 */
-  double timeout_s; /* <= 0: inherit the group's */
+  int ll_max_topk;    /* K: largest topk of a call; 0: 16 */
+  double timeout_s;   /* <= 0: inherit the group's */
   /* CUDA backend */
   int cuda_device; /* -1: EP_CUDA_DEVICE, else the local rank modulo the devices, else current */
   int num_sms;     /* thread blocks (one per SM) of the data kernels; 0: EP_CUDA_SMS, else 24
                       (normal mode) or the rank's share of its GPU's SMs (low-latency mode) */
 } ep_buffer_config_t;
-#define EP_BUFFER_CONFIG_INIT                                                                    \
-  {sizeof(ep_buffer_config_t), EP_CONFIG_MAGIC, EP_BACKEND_AUTO, 0, 0, 0, 0, 0, 0, 0.0, -1, 0}
+#define EP_BUFFER_CONFIG_INIT \
+  { sizeof(ep_buffer_config_t), EP_CONFIG_MAGIC, EP_BACKEND_AUTO, 0, 0, 0, 0, 0, 0, 0.0, -1, 0 }
 
 /* Bytes of shared memory (CUDA: device memory) one rank's buffer takes for this config and
  * group size. Local. */
@@ -273,7 +276,8 @@ EP_API ep_status_t ep_buffer_size_hint(const ep_buffer_config_t *cfg, int nranks
  * creation: the environment is read again here), EP_ERR_TOO_LARGE (a CPU segment larger than
  * the host's memory). A config rejected on one rank still takes part in the exchange: the peers
  * fail with EP_ERR_PEER_INVALID instead of pairing with a later create. */
-EP_API ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg, ep_buffer_t *buf);
+EP_API ep_status_t ep_buffer_create(ep_group_t group, const ep_buffer_config_t *cfg,
+                                    ep_buffer_t *buf);
 /* Collective, bounded by the deadline: quiesce, unmap peers, free. Always frees: a broken buffer
  * skips the barrier (EP_OK); a barrier that fails still frees and returns the failure. Live
  * handles stay valid memory for ep_handle_destroy but can no longer be used with any buffer.
@@ -309,14 +313,14 @@ typedef enum {
 } ep_lifetime_t;
 
 typedef struct {
-  size_t size;            /* in: sizeof(ep_buffer_info_t) */
-  ep_backend_t backend;   /* resolved: never EP_BACKEND_AUTO */
-  unsigned caps;          /* EP_CAP_* */
+  size_t size;          /* in: sizeof(ep_buffer_info_t) */
+  ep_backend_t backend; /* resolved: never EP_BACKEND_AUTO */
+  unsigned caps;        /* EP_CAP_* */
   int rank, nranks;
   ep_lifetime_t dispatch_view_lifetime; /* views of EP_OUTPUT_VIEWS */
   ep_lifetime_t ll_view_lifetime;       /* ep_ll_get_recv_view */
-  size_t bytes;           /* what ep_buffer_size_hint says for this buffer */
-  ep_buffer_config_t config; /* resolved: defaults and environment applied */
+  size_t bytes;                         /* what ep_buffer_size_hint says for this buffer */
+  ep_buffer_config_t config;            /* resolved: defaults and environment applied */
   /* Added after API 0.2 (at the end: a 0.2-sized struct gets the fields it has): hosts, and the
    * bytes this rank has sent since the buffer was created, through the network engine (to other
    * hosts) and through memory shared with the ranks of its host. */
@@ -336,7 +340,7 @@ typedef struct {
   int num_tokens;
   int topk;
   int num_experts;
-  void *stream;            /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY */
+  void *stream; /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY */
   /* outputs, caller memory, each optional (NULL: not computed) */
   int32_t *tokens_per_rank;   /* [R] tokens that go to each rank (once per rank) */
   int32_t *tokens_per_expert; /* [E] selections of each expert */
@@ -344,8 +348,8 @@ typedef struct {
   /* Added after API 0.2, at the end (a 0.2-sized struct is still accepted): hosts of the group
    * (ep_group_query), as DeepEP's num_tokens_per_rdma_rank and is_token_in_rdma_rank; one host
    * when the group does not span hosts. */
-  int32_t *tokens_per_host;   /* [nhosts] tokens that go to each host (once per host) */
-  uint8_t *is_token_in_host;  /* [num_tokens][nhosts] 0/1 */
+  int32_t *tokens_per_host;  /* [nhosts] tokens that go to each host (once per host) */
+  uint8_t *is_token_in_host; /* [num_tokens][nhosts] 0/1 */
 } ep_layout_args_t;
 #define EP_LAYOUT_ARGS_INIT EP_ARGS_INIT_(ep_layout_args_t)
 
@@ -360,25 +364,25 @@ EP_API ep_status_t ep_get_dispatch_layout(ep_buffer_t buf, const ep_layout_args_
  * each sent once to every rank that owns one of its topk experts (docs/SEMANTICS.md §3 has the
  * exact order of the rows). */
 typedef struct {
-  size_t size;             /* sizeof(ep_dispatch_args_t): EP_DISPATCH_ARGS_INIT */
-  const void *x;           /* [num_tokens][hidden] of dtype */
-  ep_dtype_t dtype;        /* required: EP_DTYPE_BF16 or EP_DTYPE_FP8_E4M3 */
+  size_t size;      /* sizeof(ep_dispatch_args_t): EP_DISPATCH_ARGS_INIT */
+  const void *x;    /* [num_tokens][hidden] of dtype */
+  ep_dtype_t dtype; /* required: EP_DTYPE_BF16 or EP_DTYPE_FP8_E4M3 */
   int num_tokens;
   int hidden;
-  const float *x_scales;   /* fp8 only: [num_tokens][num_scales], strides in elements */
-  int num_scales;          /* 0: ceil(hidden / 128) */
+  const float *x_scales;       /* fp8 only: [num_tokens][num_scales], strides in elements */
+  int num_scales;              /* 0: ceil(hidden / 128) */
   int64_t scale_token_stride;  /* 0: num_scales */
   int64_t scale_hidden_stride; /* 0: 1 */
-  const int64_t *topk_idx;   /* [num_tokens][topk], -1 = unused; ignored in a cached dispatch */
-  const float *topk_weights; /* [num_tokens][topk] or NULL; ignored in a cached dispatch */
+  const int64_t *topk_idx;     /* [num_tokens][topk], -1 = unused; ignored in a cached dispatch */
+  const float *topk_weights;   /* [num_tokens][topk] or NULL; ignored in a cached dispatch */
   int topk;
   int num_experts;
-  int expert_alignment;    /* recv_tokens_per_expert rounded up to a multiple; 0 or 1: none */
+  int expert_alignment; /* recv_tokens_per_expert rounded up to a multiple; 0 or 1: none */
   /* Cached dispatch: resend new x (and scales) along the layout of an earlier dispatch of this
    * buffer (no count exchange). num_tokens, hidden, dtype and num_scales must be those of that
    * dispatch; routing and weights are taken from the handle and not returned again. */
   ep_handle_t cached;
-  void *stream;            /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY */
+  void *stream; /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY */
 } ep_dispatch_args_t;
 #define EP_DISPATCH_ARGS_INIT EP_ARGS_INIT_(ep_dispatch_args_t)
 
@@ -406,34 +410,34 @@ typedef int (*ep_alloc_fn)(void *ctx, const ep_dispatch_args_t *args, int num_re
                            ep_dispatch_out_t *out);
 
 struct ep_dispatch_out_s {
-  size_t size;             /* sizeof(ep_dispatch_out_t): EP_DISPATCH_OUT_INIT */
-  ep_output_mode_t mode;   /* required */
+  size_t size;           /* sizeof(ep_dispatch_out_t): EP_DISPATCH_OUT_INIT */
+  ep_output_mode_t mode; /* required */
   /* Worst-case form (CALLER or VIEWS): the outputs always hold `capacity` rows and the call
    * never waits on the host (capturable in a CUDA graph); rows past the receive count have topk
    * ids -1, weights 0 and source index -1. On backends with device memory the count is then not
    * known on return: num_recv_tokens says -1 and rank_prefix[R-1][rank] has it. */
   int worst_case;
-  int capacity;            /* rows of the caller's arrays (CALLER), or worst-case rows */
-  ep_alloc_fn alloc;       /* EP_OUTPUT_ALLOC */
+  int capacity;      /* rows of the caller's arrays (CALLER), or worst-case rows */
+  ep_alloc_fn alloc; /* EP_OUTPUT_ALLOC */
   void *alloc_ctx;
   /* Row arrays: given by the caller (CALLER: recv_x required, the others optional, NULL = not
    * wanted), set by alloc (ALLOC), or set by the call (VIEWS: all of them, recv_x_scales for
    * fp8, recv_topk_idx and recv_topk_weights for a non-cached dispatch with weights). */
-  void *recv_x;               /* [rows][hidden] of dtype */
-  float *recv_x_scales;       /* [rows][num_scales], fp8 only */
-  int64_t *recv_topk_idx;     /* [rows][topk]: local expert ids (0 .. E/R-1), -1 elsewhere */
-  float *recv_topk_weights;   /* [rows][topk] */
-  int32_t *recv_src_idx;      /* [rows]: the row's token index in its source rank */
+  void *recv_x;             /* [rows][hidden] of dtype */
+  float *recv_x_scales;     /* [rows][num_scales], fp8 only */
+  int64_t *recv_topk_idx;   /* [rows][topk]: local expert ids (0 .. E/R-1), -1 elsewhere */
+  float *recv_topk_weights; /* [rows][topk] */
+  int32_t *recv_src_idx;    /* [rows]: the row's token index in its source rank */
   /* Caller memory in every mode, optional */
-  int32_t *rank_prefix;       /* [R][R]: [i][j] = tokens ranks 0..i send to rank j */
+  int32_t *rank_prefix;            /* [R][R]: [i][j] = tokens ranks 0..i send to rank j */
   int32_t *recv_tokens_per_expert; /* [E/R] (not for a cached dispatch) */
   /* Results, written on success only */
-  int num_recv_tokens;        /* rows received; -1 when not known on return (see worst_case) */
-  ep_handle_t handle;         /* the dispatch's layout, for combine and cached dispatch. Every
-                                 non-cached dispatch makes one and the caller owns it: destroy it
-                                 (ep_handle_destroy) even when it is not used (on CUDA handles
-                                 hold device memory from a fixed arena). NULL after a cached
-                                 dispatch (the cached handle stays valid). */
+  int num_recv_tokens; /* rows received; -1 when not known on return (see worst_case) */
+  ep_handle_t handle;  /* the dispatch's layout, for combine and cached dispatch. Every
+                          non-cached dispatch makes one and the caller owns it: destroy it
+                          (ep_handle_destroy) even when it is not used (on CUDA handles
+                          hold device memory from a fixed arena). NULL after a cached
+                          dispatch (the cached handle stays valid). */
 };
 #define EP_DISPATCH_OUT_INIT EP_ARGS_INIT_(ep_dispatch_out_t)
 
@@ -452,7 +456,7 @@ EP_API ep_status_t ep_dispatch(ep_buffer_t buf, const ep_dispatch_args_t *args,
 
 /* ---------------------------------------------------------------- normal combine */
 typedef struct {
-  size_t size; /* sizeof(ep_combine_args_t): EP_COMBINE_ARGS_INIT */
+  size_t size;               /* sizeof(ep_combine_args_t): EP_COMBINE_ARGS_INIT */
   ep_handle_t handle;        /* from this rank's matching (non-cached) dispatch */
   const void *x;             /* bf16 [rows][hidden] in the row order of the dispatch output;
                                 CUDA: when x lies in the buffer's receive area (a bf16 dispatch
@@ -463,8 +467,8 @@ typedef struct {
   const void *bias[2];       /* bf16 [num_tokens][hidden] each, or NULL */
   void *stream;
   /* outputs, caller memory */
-  void *out;                 /* bf16 [num_tokens][hidden] */
-  float *out_topk_weights;   /* [num_tokens][topk], required iff topk_weights given */
+  void *out;               /* bf16 [num_tokens][hidden] */
+  float *out_topk_weights; /* [num_tokens][topk], required iff topk_weights given */
 } ep_combine_args_t;
 #define EP_COMBINE_ARGS_INIT EP_ARGS_INIT_(ep_combine_args_t)
 
@@ -536,18 +540,18 @@ typedef enum {
 } ep_scale_layout_t;
 
 typedef struct {
-  size_t size; /* sizeof(ep_ll_dispatch_args_t): EP_LL_DISPATCH_ARGS_INIT */
+  size_t size;             /* sizeof(ep_ll_dispatch_args_t): EP_LL_DISPATCH_ARGS_INIT */
   const void *x;           /* bf16 [num_tokens][H] */
   int num_tokens;          /* 0 <= num_tokens <= T; may differ across ranks */
   const int64_t *topk_idx; /* [num_tokens][topk]: expert ids in [0, E), or -1 (slot unused);
                               an expert at most once per token */
   int topk;                /* 1 <= topk <= K, the same on all ranks */
-  int use_fp8;     /* cast rows to fp8 e4m3 with one float32 scale per 128 channels (H % 128 == 0) */
-  int round_scale; /* fp8 scales are powers of two (requires use_fp8) */
-  int use_ue8m0;   /* store only the scales' exponent bytes (requires round_scale) */
-  int two_phase;   /* 1: only send; complete with ep_ll_recv(buf, handle) */
-  void *stream;    /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY; the receive of a
-                      two-phase call (ep_ll_recv) runs on the same stream */
+  int use_fp8; /* cast rows to fp8 e4m3 with one float32 scale per 128 channels (H % 128 == 0) */
+  int round_scale;  /* fp8 scales are powers of two (requires use_fp8) */
+  int use_ue8m0;    /* store only the scales' exponent bytes (requires round_scale) */
+  int two_phase;    /* 1: only send; complete with ep_ll_recv(buf, handle) */
+  void *stream;     /* cudaStream_t on backends with EP_CAP_DEVICE_MEMORY; the receive of a
+                       two-phase call (ep_ll_recv) runs on the same stream */
   int scale_layout; /* ep_scale_layout_t of the fp8 scales (use_fp8), the same on all ranks */
 } ep_ll_dispatch_args_t;
 #define EP_LL_DISPATCH_ARGS_INIT EP_ARGS_INIT_(ep_ll_dispatch_args_t)
@@ -557,17 +561,17 @@ typedef struct {
  * Rows of local expert l are ordered by source rank, then by the source's token order; rows
  * past recv_count[l] are unspecified. */
 typedef struct {
-  size_t size;               /* in: sizeof(ep_ll_recv_view_t): EP_LL_RECV_VIEW_INIT */
-  int num_local_experts;     /* L = E/R */
-  int max_rows;              /* R*T row slots per local expert */
-  int hidden;                /* H */
-  int num_scales;            /* H/128 when use_fp8, else 0 */
+  size_t size;           /* in: sizeof(ep_ll_recv_view_t): EP_LL_RECV_VIEW_INIT */
+  int num_local_experts; /* L = E/R */
+  int max_rows;          /* R*T row slots per local expert */
+  int hidden;            /* H */
+  int num_scales;        /* H/128 when use_fp8, else 0 */
   int use_fp8, round_scale, use_ue8m0;
-  void *recv_x;              /* [L][R*T][H] bf16, or fp8 e4m3 (1 byte) when use_fp8 */
-  void *recv_x_scales;       /* use_fp8: float [L][R*T][H/128], or with use_ue8m0 uint8
-                                [L][R*T][H/128] biased exponents (e + 127); else NULL. With
-                                scale_layout EP_SCALES_COL_MAJOR: [L][H/128][R*T] float, or
-                                int32 [L][H/512][R*T] of four exponent bytes */
+  void *recv_x;                     /* [L][R*T][H] bf16, or fp8 e4m3 (1 byte) when use_fp8 */
+  void *recv_x_scales;              /* use_fp8: float [L][R*T][H/128], or with use_ue8m0 uint8
+                                       [L][R*T][H/128] biased exponents (e + 127); else NULL. With
+                                       scale_layout EP_SCALES_COL_MAJOR: [L][H/128][R*T] float, or
+                                       int32 [L][H/512][R*T] of four exponent bytes */
   const int32_t *recv_count;        /* [L] rows received per local expert: the count array of
                                        masked grouped GEMMs */
   const int32_t *recv_src_info;     /* [L][R*T] the row's token index in its source rank */
@@ -600,7 +604,7 @@ EP_API ep_status_t ep_ll_recv(ep_buffer_t buf, ep_ll_handle_t handle);
 EP_API ep_status_t ep_ll_get_recv_view(ep_ll_handle_t handle, ep_ll_recv_view_t *view);
 
 typedef struct {
-  size_t size; /* sizeof(ep_ll_combine_args_t): EP_LL_COMBINE_ARGS_INIT */
+  size_t size;               /* sizeof(ep_ll_combine_args_t): EP_LL_COMBINE_ARGS_INIT */
   ep_ll_handle_t handle;     /* from ep_ll_dispatch, receive complete; one combine per handle */
   const void *y;             /* bf16 [L][R*T][H] expert outputs in the view's row order: caller
                                 memory, the view's recv_x after a bf16 dispatch, or (zero copy)
@@ -611,9 +615,9 @@ typedef struct {
   const float *topk_weights; /* [num_tokens][topk] */
   int two_phase;             /* 1: only send; ep_ll_recv(buf, handle) reduces into out */
   void *stream;
-  void *out;                 /* output, caller memory: bf16 [num_tokens][H]; with two_phase it
-                                must stay valid until ep_ll_recv (topk_idx and topk_weights are
-                                copied at the call) */
+  void *out; /* output, caller memory: bf16 [num_tokens][H]; with two_phase it
+                must stay valid until ep_ll_recv (topk_idx and topk_weights are
+                copied at the call) */
 } ep_ll_combine_args_t;
 #define EP_LL_COMBINE_ARGS_INIT EP_ARGS_INIT_(ep_ll_combine_args_t)
 

@@ -6,7 +6,9 @@
 int t_rank = -1;
 const char *t_case = NULL;
 
-uint16_t t_rand_bf16(t_rng *r) { return tk_f32_to_bf16((t_unit(r) - 0.5f) * 8.0f); }
+uint16_t t_rand_bf16(t_rng *r) {
+  return tk_f32_to_bf16((t_unit(r) - 0.5f) * 8.0f);
+}
 
 void *t_xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
@@ -22,7 +24,9 @@ void t_init(ep_group_t *g, int *rank, int *nranks) {
   t_rank = *rank;
 }
 
-void t_fini(ep_group_t g) { T_OK(ep_group_destroy(g)); }
+void t_fini(ep_group_t g) {
+  T_OK(ep_group_destroy(g));
+}
 
 void t_hosts(ep_group_t g, int *nhosts, int **host_of) {
   ep_group_info_t i = EP_GROUP_INFO_INIT;
@@ -46,9 +50,9 @@ void t_require_backend(void) {
 }
 
 /* A device helper that must succeed. */
-#define T_DEV(call)                                  \
-  do {                                               \
-    if ((call) != 0) T_FAILF("%s", tk_dev_error());  \
+#define T_DEV(call)                                 \
+  do {                                              \
+    if ((call) != 0) T_FAILF("%s", tk_dev_error()); \
   } while (0)
 
 void *t_dalloc(size_t n) {
@@ -76,8 +80,12 @@ void *t_to_host(const void *dev, size_t n) {
 }
 
 void t_dfree(void *dev) {
-  if (t_cuda()) tk_dev_free(1, dev);
-  else free(dev);
+  if (t_cuda())
+    tk_dev_free(1, dev);
+  else
+    free(dev);
 }
 
-void t_dsync(void) { T_DEV(tk_dev_sync(t_cuda(), NULL)); }
+void t_dsync(void) {
+  T_DEV(tk_dev_sync(t_cuda(), NULL));
+}

@@ -12,8 +12,8 @@ void llw_cmp(const void *got, const void *want, size_t n, const char *what) {
   const uint8_t *g = got, *w = want;
   size_t i = 0;
   while (g[i] == w[i]) i++;
-  T_FAILF("%s differs from the reference at byte %zu of %zu (got 0x%02x, want 0x%02x)", what, i,
-          n, g[i], w[i]);
+  T_FAILF("%s differs from the reference at byte %zu of %zu (got 0x%02x, want 0x%02x)", what, i, n,
+          g[i], w[i]);
 }
 
 void llw_buffer(ep_group_t g, const llw_cfg_t *c, ep_buffer_t *buf) {
@@ -28,9 +28,12 @@ void llw_buffer(ep_group_t g, const llw_cfg_t *c, ep_buffer_t *buf) {
 
 static int tokens_of(const llw_round_t *rd, int s, t_rng *r) {
   switch (rd->k.nmode) {
-    case NM_FULL: return rd->c.T;
-    case NM_ZERO_SOME: return s % 2 ? 0 : 1 + t_below(r, rd->c.T);
-    default: return t_below(r, rd->c.T + 1);
+    case NM_FULL:
+      return rd->c.T;
+    case NM_ZERO_SOME:
+      return s % 2 ? 0 : 1 + t_below(r, rd->c.T);
+    default:
+      return t_below(r, rd->c.T + 1);
   }
 }
 
@@ -42,10 +45,14 @@ static int64_t pick(const llw_round_t *rd, int s, t_rng *r) {
       while (e < E - 1 && t_below(r, 100) < 55) e++;
       return e;
     }
-    case RT_MASKED: return t_below(r, 10) < 3 ? -1 : t_below(r, E);
-    case RT_EMPTY_RANK: return rd->R > 1 ? t_below(r, E - per) : t_below(r, E);
-    case RT_ALLMASK: return s % 2 ? -1 : t_below(r, E);
-    default: return t_below(r, E);
+    case RT_MASKED:
+      return t_below(r, 10) < 3 ? -1 : t_below(r, E);
+    case RT_EMPTY_RANK:
+      return rd->R > 1 ? t_below(r, E - per) : t_below(r, E);
+    case RT_ALLMASK:
+      return s % 2 ? -1 : t_below(r, E);
+    default:
+      return t_below(r, E);
   }
 }
 
@@ -74,9 +81,12 @@ static void gen_row(uint16_t *x, int H, t_rng *r) {
     int kind = t_below(r, 16), sh = t_below(r, 25) - 12;
     for (int i = b; i < H && i < b + 128; i++) {
       float f = (t_unit(r) - 0.5f) * 8.0f;
-      if (kind == 0) f = 0.0f;
-      else if (kind == 1) f = ldexpf(f, -20);
-      else f = ldexpf(f, sh);
+      if (kind == 0)
+        f = 0.0f;
+      else if (kind == 1)
+        f = ldexpf(f, -20);
+      else
+        f = ldexpf(f, sh);
       x[i] = ref_f32_to_bf16(f);
     }
   }
@@ -105,7 +115,8 @@ void llw_gen(llw_round_t *rd, int R, int me, const llw_cfg_t *c, const llw_case_
   rd->ref = t_xmalloc(sizeof *rd->ref * (size_t)R);
   int fp8 = k->fmt != F_BF16;
   T_CHECK(ref_ll_dispatch(R, c->T, c->E, c->H, k->topk, rd->in, fp8, k->fmt >= F_FP8_ROUND,
-                          k->fmt == F_FP8_UE8M0, rd->ref) == 0, "reference ll dispatch");
+                          k->fmt == F_FP8_UE8M0, rd->ref) == 0,
+          "reference ll dispatch");
   llw_upload(rd);
 }
 
@@ -155,8 +166,8 @@ void llw_dispatch(llw_round_t *rd, ep_buffer_t buf, llw_between_fn between, void
     T_OK(ep_ll_recv(buf, rd->h));
     T_OK(ep_ll_get_recv_view(rd->h, &after));
     T_CHECK(v.recv_x == after.recv_x && v.recv_x_scales == after.recv_x_scales &&
-            v.recv_count == after.recv_count && v.recv_src_info == after.recv_src_info &&
-            v.recv_layout_range == after.recv_layout_range,
+                v.recv_count == after.recv_count && v.recv_src_info == after.recv_src_info &&
+                v.recv_layout_range == after.recv_layout_range,
             "the view before the receive names other arrays than after it");
   }
   llw_check_view(rd);
@@ -181,7 +192,9 @@ static host_view_t host_view(const llw_round_t *rd, const ep_ll_recv_view_t *v) 
   return h;
 }
 
-static void free_view(host_view_t *h) { free(h->count), free(h->range), free(h->src), free(h->x), free(h->sc); }
+static void free_view(host_view_t *h) {
+  free(h->count), free(h->range), free(h->src), free(h->x), free(h->sc);
+}
 
 /* Column-major scales (SEMANTICS.md §6.4) against the reference's rows: float [L][NS][RT], or the
  * exponent bytes packed four to an int32 [L][NS/4][RT], block 4j + i in byte i. */
@@ -192,13 +205,18 @@ static void check_cols(const llw_round_t *rd, const host_view_t *v, int l, int n
     for (size_t b = 0; b < NS; b++) {
       size_t want_at = ((size_t)l * RT + row) * NS + b;
       if (rd->k.fmt == F_FP8_UE8M0) {
-        uint8_t got = ((const uint8_t *)v->sc)[(((size_t)l * (NS / 4) + b / 4) * RT + row) * 4 + b % 4];
-        T_CHECK(got == w->ue8m0_exp[want_at], "column-major ue8m0 byte of expert %d row %zu block "
-                "%zu: 0x%02x, reference 0x%02x", l, row, b, got, w->ue8m0_exp[want_at]);
+        uint8_t got =
+            ((const uint8_t *)v->sc)[(((size_t)l * (NS / 4) + b / 4) * RT + row) * 4 + b % 4];
+        T_CHECK(got == w->ue8m0_exp[want_at],
+                "column-major ue8m0 byte of expert %d row %zu block "
+                "%zu: 0x%02x, reference 0x%02x",
+                l, row, b, got, w->ue8m0_exp[want_at]);
       } else {
         float got = ((const float *)v->sc)[((size_t)l * NS + b) * RT + row];
-        T_CHECK(!memcmp(&got, &w->scales[want_at], 4), "column-major scale of expert %d row %zu "
-                "block %zu: %a, reference %a", l, row, b, got, w->scales[want_at]);
+        T_CHECK(!memcmp(&got, &w->scales[want_at], 4),
+                "column-major scale of expert %d row %zu "
+                "block %zu: %a, reference %a",
+                l, row, b, got, w->scales[want_at]);
       }
     }
 }
@@ -231,7 +249,7 @@ void llw_check_view(const llw_round_t *rd) {
   T_CHECK(v.num_local_experts == L && v.max_rows == rd->R * rd->c.T && v.hidden == rd->c.H,
           "view shape %d x %d x %d", v.num_local_experts, v.max_rows, v.hidden);
   T_CHECK(v.use_fp8 == fp8 && v.use_ue8m0 == (rd->k.fmt == F_FP8_UE8M0) &&
-          v.num_scales == (fp8 ? rd->c.H / 128 : 0) && (v.recv_x_scales != NULL) == fp8,
+              v.num_scales == (fp8 ? rd->c.H / 128 : 0) && (v.recv_x_scales != NULL) == fp8,
           "view format fields");
   T_CHECK(v.scale_layout == (fp8 && rd->k.cols ? EP_SCALES_COL_MAJOR : EP_SCALES_ROW_MAJOR),
           "view scale_layout %d", v.scale_layout);
@@ -250,8 +268,8 @@ void llw_check_view(const llw_round_t *rd) {
 
 typedef struct {
   uint16_t **y, **out;
-  float **w;          /* weights of the reference: 0 where this combine leaves a slot out */
-  int64_t *idx;       /* this rank's combine topk_idx */
+  float **w;    /* weights of the reference: 0 where this combine leaves a slot out */
+  int64_t *idx; /* this rank's combine topk_idx */
   ref_rank_input_t *in;
 } comb_t;
 

@@ -32,8 +32,8 @@ typedef struct {
   uint16_t **x;
   int64_t **idx;
   float **w;
-  ref_ll_recv_t *ref;   /* [R] */
-  ep_ll_handle_t h;     /* this rank's handle, NULL before the dispatch / after destroy */
+  ref_ll_recv_t *ref; /* [R] */
+  ep_ll_handle_t h;   /* this rank's handle, NULL before the dispatch / after destroy */
   /* This rank's inputs where the backend reads them (device memory with EP_BACKEND=cuda). */
   void *dx;
   int64_t *didx;

@@ -44,8 +44,9 @@ ep_status_t t_round(ep_buffer_t buf, int R, int me, uint64_t seed, long *wrong) 
     y[s] = (uint16_t *)want[s].x; /* the experts return their inputs */
     out[s] = t_xmalloc((size_t)in[s].n * H * 2 + 2);
   }
-  T_CHECK(ref_combine(R, H, K, ri, want, (const uint16_t *const *)y, NULL, NULL, NULL, out,
-                      NULL) == 0, "reference combine");
+  T_CHECK(
+      ref_combine(R, H, K, ri, want, (const uint16_t *const *)y, NULL, NULL, NULL, out, NULL) == 0,
+      "reference combine");
   int cap = 0, nr = -1;
   for (int s = 0; s < R; s++) cap += in[s].n; /* every token could come here */
   uint16_t *rx = t_xmalloc((size_t)cap * H * 2), *got = t_xmalloc((size_t)in[me].n * H * 2 + 2);

@@ -54,8 +54,8 @@ static void drain(int fd, result_t *r) {
       struct cmsghdr align;
     } u;
     struct iovec iov = {buf, sizeof buf};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b,
-                       .msg_controllen = sizeof u.b};
+    struct msghdr m = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b};
     ssize_t n = recvmsg(fd, &m, 0);
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); n >= 0 && c; c = CMSG_NXTHDR(&m, c))
       if (c->cmsg_type == SCM_RIGHTS) r->fds += (long)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
@@ -166,8 +166,10 @@ int main(void) {
   t_rank = rank ? atoi(rank) : -1;
   T_CHECK(getenv("EP_JOB_ID") && getenv("EP_JOB_SECRET"), "run me under epcomm launch -n 2");
   ep_group_t g;
-  if (t_rank == 1) send_impostors(&g);
-  else T_OK(ep_group_create_from_env(NULL, &g));
+  if (t_rank == 1)
+    send_impostors(&g);
+  else
+    T_OK(ep_group_create_from_env(NULL, &g));
   int R, me;
   T_OK(ep_group_nranks(g, &R));
   T_OK(ep_group_rank(g, &me));

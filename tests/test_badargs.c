@@ -106,42 +106,116 @@ static int alloc_never(void *ctx, const ep_dispatch_args_t *a, int n, ep_dispatc
 }
 
 #define M(name) static void name(fx_t *f, ep_dispatch_args_t *a, ep_dispatch_out_t *o)
-M(m_size) { (void)f, (void)o, a->size = 3; }
-M(m_out_size) { (void)f, (void)a, o->size = sizeof *o + 8; }
-M(m_dtype) { (void)f, (void)o, a->dtype = (ep_dtype_t)9; }
-M(m_ntok) { (void)f, (void)o, a->num_tokens = -1; }
-M(m_hidden0) { (void)f, (void)o, a->hidden = 0; }
-M(m_hidden7) { (void)f, (void)o, a->hidden = 7; } /* 14-byte rows */
-M(m_hidden_fp8) { a->dtype = EP_DTYPE_FP8_E4M3, a->hidden = 24, a->x_scales = f->scales, o->recv_x_scales = f->rs; }
-M(m_x) { (void)f, (void)o, a->x = NULL; }
-M(m_topk0) { (void)f, (void)o, a->topk = 0; }
-M(m_topk_big) { (void)f, (void)o, a->topk = 1000; }
-M(m_idx) { (void)f, (void)o, a->topk_idx = NULL; }
-M(m_e0) { (void)f, (void)o, a->num_experts = 0; }
-M(m_e_div) { (void)o, a->num_experts = f->E + 1; }
-M(m_e_big) { (void)o, a->num_experts = f->R * 5000; }
-M(m_id_high) { (void)a, (void)o, f->idx[3 * K + 1] = f->E; }
-M(m_id_low) { (void)a, (void)o, f->idx[2 * K] = -2; }
-M(m_scales) { a->dtype = EP_DTYPE_FP8_E4M3, a->hidden = 128, a->num_tokens = 2, o->recv_x_scales = f->rs; }
-M(m_rscales) { (void)o, a->dtype = EP_DTYPE_FP8_E4M3, a->hidden = 128, a->num_tokens = 2, a->x_scales = f->scales; }
-M(m_bf16_scales) { (void)o, a->x_scales = f->scales; }
-M(m_bf16_rscales) { (void)a, o->recv_x_scales = f->rs; }
-M(m_nscales) { a->dtype = EP_DTYPE_FP8_E4M3, a->x_scales = f->scales, o->recv_x_scales = f->rs, a->num_scales = -1; }
-M(m_recv_x) { (void)f, (void)a, o->recv_x = NULL; }
-M(m_mode0) { (void)f, (void)a, o->mode = (ep_output_mode_t)0; }
-M(m_mode_big) { (void)f, (void)a, o->mode = (ep_output_mode_t)7; }
-M(m_mode_neg) { (void)f, (void)a, o->mode = (ep_output_mode_t)-1; }
-M(m_views) { (void)f, (void)a, o->mode = EP_OUTPUT_VIEWS; }
-M(m_alloc_null) { (void)f, (void)a, o->mode = EP_OUTPUT_ALLOC, o->alloc = NULL; }
-M(m_alloc_worst) { (void)f, (void)a, o->mode = EP_OUTPUT_ALLOC, o->alloc = alloc_never, o->worst_case = 1; }
-M(m_worst_cap0) { (void)f, (void)a, o->worst_case = 1, o->capacity = 0; }
-M(m_worst_neg) { (void)f, (void)a, o->worst_case = 1, o->capacity = -1; }
-M(m_cap_neg) { (void)f, (void)a, o->capacity = -1; }
-M(m_align) { (void)f, (void)o, a->expert_alignment = -3; }
-M(m_rw) { (void)f, (void)o, a->topk_weights = NULL; }
-M(m_cached_dead) { (void)o, a->cached = f->dead_handle; }
-M(m_cached_shape) { (void)o, a->cached = f->good_handle, a->hidden = 2 * H; }
-M(m_bad_handle_id) { (void)f, (void)o, a->cached = (ep_handle_t)(uintptr_t)0x77; }
+M(m_size) {
+  (void)f, (void)o, a->size = 3;
+}
+M(m_out_size) {
+  (void)f, (void)a, o->size = sizeof *o + 8;
+}
+M(m_dtype) {
+  (void)f, (void)o, a->dtype = (ep_dtype_t)9;
+}
+M(m_ntok) {
+  (void)f, (void)o, a->num_tokens = -1;
+}
+M(m_hidden0) {
+  (void)f, (void)o, a->hidden = 0;
+}
+M(m_hidden7) {
+  (void)f, (void)o, a->hidden = 7;
+} /* 14-byte rows */
+M(m_hidden_fp8) {
+  a->dtype = EP_DTYPE_FP8_E4M3, a->hidden = 24, a->x_scales = f->scales, o->recv_x_scales = f->rs;
+}
+M(m_x) {
+  (void)f, (void)o, a->x = NULL;
+}
+M(m_topk0) {
+  (void)f, (void)o, a->topk = 0;
+}
+M(m_topk_big) {
+  (void)f, (void)o, a->topk = 1000;
+}
+M(m_idx) {
+  (void)f, (void)o, a->topk_idx = NULL;
+}
+M(m_e0) {
+  (void)f, (void)o, a->num_experts = 0;
+}
+M(m_e_div) {
+  (void)o, a->num_experts = f->E + 1;
+}
+M(m_e_big) {
+  (void)o, a->num_experts = f->R * 5000;
+}
+M(m_id_high) {
+  (void)a, (void)o, f->idx[3 * K + 1] = f->E;
+}
+M(m_id_low) {
+  (void)a, (void)o, f->idx[2 * K] = -2;
+}
+M(m_scales) {
+  a->dtype = EP_DTYPE_FP8_E4M3, a->hidden = 128, a->num_tokens = 2, o->recv_x_scales = f->rs;
+}
+M(m_rscales) {
+  (void)o, a->dtype = EP_DTYPE_FP8_E4M3, a->hidden = 128, a->num_tokens = 2,
+           a->x_scales = f->scales;
+}
+M(m_bf16_scales) {
+  (void)o, a->x_scales = f->scales;
+}
+M(m_bf16_rscales) {
+  (void)a, o->recv_x_scales = f->rs;
+}
+M(m_nscales) {
+  a->dtype = EP_DTYPE_FP8_E4M3, a->x_scales = f->scales, o->recv_x_scales = f->rs,
+  a->num_scales = -1;
+}
+M(m_recv_x) {
+  (void)f, (void)a, o->recv_x = NULL;
+}
+M(m_mode0) {
+  (void)f, (void)a, o->mode = (ep_output_mode_t)0;
+}
+M(m_mode_big) {
+  (void)f, (void)a, o->mode = (ep_output_mode_t)7;
+}
+M(m_mode_neg) {
+  (void)f, (void)a, o->mode = (ep_output_mode_t)-1;
+}
+M(m_views) {
+  (void)f, (void)a, o->mode = EP_OUTPUT_VIEWS;
+}
+M(m_alloc_null) {
+  (void)f, (void)a, o->mode = EP_OUTPUT_ALLOC, o->alloc = NULL;
+}
+M(m_alloc_worst) {
+  (void)f, (void)a, o->mode = EP_OUTPUT_ALLOC, o->alloc = alloc_never, o->worst_case = 1;
+}
+M(m_worst_cap0) {
+  (void)f, (void)a, o->worst_case = 1, o->capacity = 0;
+}
+M(m_worst_neg) {
+  (void)f, (void)a, o->worst_case = 1, o->capacity = -1;
+}
+M(m_cap_neg) {
+  (void)f, (void)a, o->capacity = -1;
+}
+M(m_align) {
+  (void)f, (void)o, a->expert_alignment = -3;
+}
+M(m_rw) {
+  (void)f, (void)o, a->topk_weights = NULL;
+}
+M(m_cached_dead) {
+  (void)o, a->cached = f->dead_handle;
+}
+M(m_cached_shape) {
+  (void)o, a->cached = f->good_handle, a->hidden = 2 * H;
+}
+M(m_bad_handle_id) {
+  (void)f, (void)o, a->cached = (ep_handle_t)(uintptr_t)0x77;
+}
 #undef M
 
 static const dcase_t dcases[] = {
@@ -218,7 +292,7 @@ static void dispatch_table(fx_t *f) {
   for (size_t i = 0; i < sizeof dcases / sizeof dcases[0]; i++) {
     t_case = dcases[i].name;
     if (dcases[i].mutate == m_e_div && f->R == 1) continue; /* every E divides by 1 */
-    if (dcases[i].mutate == m_views && f->views) continue;   /* views are valid there */
+    if (dcases[i].mutate == m_views && f->views) continue;  /* views are valid there */
     reset_inputs(f);
     poison(f);
     ep_dispatch_args_t a = good_dispatch(f);
@@ -264,7 +338,7 @@ static int alloc_cb(void *ctx, const ep_dispatch_args_t *a, int n, ep_dispatch_o
   c->calls++, c->rows = n, c->hidden = a->hidden;
   o->recv_topk_idx = c->f->ri, o->recv_src_idx = c->f->src; /* must not reach the caller... */
   if (c->how == 0) return -1;
-  if (c->how == 1) return 0;                                 /* ...unless the call succeeds */
+  if (c->how == 1) return 0; /* ...unless the call succeeds */
   o->recv_x = c->f->rx, o->recv_topk_weights = c->f->rw;
   return 0;
 }
@@ -374,14 +448,49 @@ static void combine_table(fx_t *f) {
     ep_status_t want;
     const char *arg;
   } c[] = {
-      {"combine: size", {.size = 1, .handle = h, .x = f->rx, .out = f->out}, EP_ERR_CONFIG, "args: size"},
-      {"combine: handle NULL", {.size = sizeof(ep_combine_args_t), .x = f->rx, .out = f->out}, EP_ERR_NULL_ARG, "args->handle"},
-      {"combine: not a handle", {.size = sizeof(ep_combine_args_t), .handle = (ep_handle_t)(uintptr_t)0x77, .x = f->rx, .out = f->out}, EP_ERR_INVALID_ARG, "args->handle"},
-      {"combine: destroyed handle", {.size = sizeof(ep_combine_args_t), .handle = f->dead_handle, .x = f->rx, .out = f->out}, EP_ERR_DESTROYED, "args->handle"},
-      {"combine: x NULL", {.size = sizeof(ep_combine_args_t), .handle = h, .out = f->out}, EP_ERR_NULL_ARG, "x"},
-      {"combine: out NULL", {.size = sizeof(ep_combine_args_t), .handle = h, .x = f->rx}, EP_ERR_NULL_ARG, "out"},
-      {"combine: weights without out", {.size = sizeof(ep_combine_args_t), .handle = h, .x = f->rx, .out = f->out, .topk_weights = f->rw}, EP_ERR_NULL_ARG, "out_topk_weights"},
-      {"combine: out weights without weights", {.size = sizeof(ep_combine_args_t), .handle = h, .x = f->rx, .out = f->out, .out_topk_weights = f->ow}, EP_ERR_INVALID_ARG, "out_topk_weights"},
+      {"combine: size",
+       {.size = 1, .handle = h, .x = f->rx, .out = f->out},
+       EP_ERR_CONFIG,
+       "args: size"},
+      {"combine: handle NULL",
+       {.size = sizeof(ep_combine_args_t), .x = f->rx, .out = f->out},
+       EP_ERR_NULL_ARG,
+       "args->handle"},
+      {"combine: not a handle",
+       {.size = sizeof(ep_combine_args_t),
+        .handle = (ep_handle_t)(uintptr_t)0x77,
+        .x = f->rx,
+        .out = f->out},
+       EP_ERR_INVALID_ARG,
+       "args->handle"},
+      {"combine: destroyed handle",
+       {.size = sizeof(ep_combine_args_t), .handle = f->dead_handle, .x = f->rx, .out = f->out},
+       EP_ERR_DESTROYED,
+       "args->handle"},
+      {"combine: x NULL",
+       {.size = sizeof(ep_combine_args_t), .handle = h, .out = f->out},
+       EP_ERR_NULL_ARG,
+       "x"},
+      {"combine: out NULL",
+       {.size = sizeof(ep_combine_args_t), .handle = h, .x = f->rx},
+       EP_ERR_NULL_ARG,
+       "out"},
+      {"combine: weights without out",
+       {.size = sizeof(ep_combine_args_t),
+        .handle = h,
+        .x = f->rx,
+        .out = f->out,
+        .topk_weights = f->rw},
+       EP_ERR_NULL_ARG,
+       "out_topk_weights"},
+      {"combine: out weights without weights",
+       {.size = sizeof(ep_combine_args_t),
+        .handle = h,
+        .x = f->rx,
+        .out = f->out,
+        .out_topk_weights = f->ow},
+       EP_ERR_INVALID_ARG,
+       "out_topk_weights"},
   };
   for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
     t_case = c[i].name;
@@ -505,8 +614,8 @@ static void review_cases(fx_t *f) {
   ep_dispatch_args_t a = good_dispatch(f);
   a.num_tokens = INT_MAX;
   expect(f, dispatch(f, &a), EP_ERR_TOO_LARGE, "num_tokens", t_case);
-  ep_layout_args_t l = {.size = sizeof l, .topk_idx = f->idx, .num_tokens = INT_MAX, .topk = K,
-                        .num_experts = f->E};
+  ep_layout_args_t l = {
+      .size = sizeof l, .topk_idx = f->idx, .num_tokens = INT_MAX, .topk = K, .num_experts = f->E};
   T_STATUS(EP_ERR_TOO_LARGE, ep_get_dispatch_layout(f->b, &l));
   T_CHECK(strstr(ep_last_error(), "num_tokens"), "no 'num_tokens' in: %s", ep_last_error());
   /* A group's id where a buffer is expected, live and destroyed: named as a group. */
@@ -561,7 +670,8 @@ static void collective_cases(fx_t *f) {
     ep_dispatch_args_t a = good_dispatch(f);
     if (f->me == 1) {
       a.hidden = c[i].hidden, a.topk = c[i].topk, a.dtype = c[i].dtype;
-      if (a.dtype == EP_DTYPE_FP8_E4M3) a.x_scales = f->scales, f->o.recv_x_scales = f->rs, a.num_scales = 1;
+      if (a.dtype == EP_DTYPE_FP8_E4M3)
+        a.x_scales = f->scales, f->o.recv_x_scales = f->rs, a.num_scales = 1;
       if (c[i].reject) a.x = NULL;
     }
     ep_status_t st = dispatch(f, &a), want = EP_ERR_MISMATCH;
@@ -604,7 +714,8 @@ int main(void) {
   t_case = NULL;
   T_OK(ep_buffer_destroy(f->b));
   t_fini(f->g);
-  if (f->me == 0) printf("test_badargs: R=%d: all bad-argument cases rejected as specified\n", f->R);
+  if (f->me == 0)
+    printf("test_badargs: R=%d: all bad-argument cases rejected as specified\n", f->R);
   free(f);
   return T_PASS;
 }

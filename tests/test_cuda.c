@@ -75,7 +75,8 @@ typedef struct {
 static void check_replay(inputs_t *in, gbufs_t *d, const uint16_t *const *y, int round) {
   int R = in->R, me = in->me;
   ref_rank_input_t ri[64];
-  for (int s = 0; s < R; s++) ri[s] = (ref_rank_input_t){in->n[s], in->x[s], NULL, in->idx[s], in->w[s]};
+  for (int s = 0; s < R; s++)
+    ri[s] = (ref_rank_input_t){in->n[s], in->x[s], NULL, in->idx[s], in->w[s]};
   ref_recv_t rr[64];
   memset(rr, 0, sizeof rr);
   T_CHECK(ref_dispatch(R, in->E, TOPK, H * 2, 0, 1, ri, rr) == 0, "reference dispatch");
@@ -86,10 +87,12 @@ static void check_replay(inputs_t *in, gbufs_t *d, const uint16_t *const *y, int
   T_CHECK(!memcmp(pre, rr[me].rank_prefix, (size_t)R * R * 4), "replay %d: rank_prefix", round);
   T_CHECK(!memcmp(rx, rr[me].x, (size_t)nr * H * 2), "replay %d: recv_x differs", round);
   T_CHECK(!memcmp(ridx, rr[me].topk_idx, (size_t)nr * TOPK * 8), "replay %d: recv_topk_idx", round);
-  for (int r = nr; r < in->wct; r++) T_CHECK(ridx[(size_t)r * TOPK] == -1, "replay %d: tail", round);
+  for (int r = nr; r < in->wct; r++)
+    T_CHECK(ridx[(size_t)r * TOPK] == -1, "replay %d: tail", round);
   uint16_t *out[64];
   float *ow[64];
-  for (int s = 0; s < R; s++) out[s] = t_xmalloc((size_t)NMAX * H * 2), ow[s] = t_xmalloc(NMAX * TOPK * 4);
+  for (int s = 0; s < R; s++)
+    out[s] = t_xmalloc((size_t)NMAX * H * 2), ow[s] = t_xmalloc(NMAX * TOPK * 4);
   const float *wv[64];
   for (int s = 0; s < R; s++) wv[s] = rr[s].topk_weights;
   T_CHECK(ref_combine(R, H, TOPK, ri, rr, y, wv, NULL, NULL, out, ow) == 0, "reference combine");
@@ -143,21 +146,35 @@ static int graph(int replays) {
   CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   /* The graph always sends NMAX tokens; routing rows past a rank's count are all -1. */
   make_inputs(&in, 0);
-  ep_dispatch_args_t a = {.size = sizeof a, .x = d.x, .dtype = EP_DTYPE_BF16, .num_tokens = NMAX,
-                          .hidden = H, .topk_idx = d.idx, .topk_weights = d.w, .topk = TOPK,
-                          .num_experts = in.E, .stream = st};
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = d.x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = NMAX,
+                          .hidden = H,
+                          .topk_idx = d.idx,
+                          .topk_weights = d.w,
+                          .topk = TOPK,
+                          .num_experts = in.E,
+                          .stream = st};
   /* Worst case: the outputs hold in.wct rows, no host wait (capturable). */
-  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .worst_case = 1,
-                         .capacity = in.wct, .recv_x = d.rx, .recv_topk_idx = d.ridx,
-                         .recv_topk_weights = d.rw, .recv_src_idx = d.rsrc,
+  ep_dispatch_out_t o = {.size = sizeof o,
+                         .mode = EP_OUTPUT_CALLER,
+                         .worst_case = 1,
+                         .capacity = in.wct,
+                         .recv_x = d.rx,
+                         .recv_topk_idx = d.ridx,
+                         .recv_topk_weights = d.rw,
+                         .recv_src_idx = d.rsrc,
                          .rank_prefix = d.prefix};
   ep_combine_args_t c = {.size = sizeof c, .x = d.y, .stream = st, .out = d.out};
   cudaGraph_t gr;
   cudaGraphExec_t ge;
   CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
   T_OK(ep_dispatch(b, &a, &o));
-  T_CHECK(o.num_recv_tokens == -1, "worst-case dispatch: num_recv_tokens %d, expected -1 (not "
-          "known on the host)", o.num_recv_tokens);
+  T_CHECK(o.num_recv_tokens == -1,
+          "worst-case dispatch: num_recv_tokens %d, expected -1 (not "
+          "known on the host)",
+          o.num_recv_tokens);
   ep_handle_t h = o.handle;
   c.handle = h;
   T_OK(ep_combine(b, &c));
@@ -196,8 +213,14 @@ static void round_trip(ep_buffer_t b, int R, int me) {
   make_inputs(&in, 7);
   void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
   void *out = t_dalloc(NMAX * H * 2);
-  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = in.n[me],
-                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E};
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = in.n[me],
+                          .hidden = H,
+                          .topk_idx = idx,
+                          .topk = TOPK,
+                          .num_experts = in.E};
   ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_VIEWS};
   T_OK(ep_dispatch(b, &a, &o));
   ep_handle_t h = o.handle;
@@ -208,7 +231,8 @@ static void round_trip(ep_buffer_t b, int R, int me) {
     int ranks = 0;
     for (int r = 0; r < R; r++) {
       int hit = 0;
-      for (int k = 0; k < TOPK; k++) hit |= in.idx[me][t * TOPK + k] >= 0 && in.idx[me][t * TOPK + k] / 2 == r;
+      for (int k = 0; k < TOPK; k++)
+        hit |= in.idx[me][t * TOPK + k] >= 0 && in.idx[me][t * TOPK + k] / 2 == r;
       ranks += hit;
     }
     float want = ref_bf16_to_f32(in.x[me][(size_t)t * H]) * (float)ranks;
@@ -243,16 +267,25 @@ static int timeout(void) {
   T_OK(ep_buffer_create(g, &cfg, &b1));
   T_OK(ep_buffer_create(g, &cfg, &b2));
   void *x = t_dalloc(H * 2), *idx = t_to_dev((int64_t[TOPK]){0, -1, -1, -1}, TOPK * 8);
-  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = 1,
-                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = R};
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = 1,
+                          .hidden = H,
+                          .topk_idx = idx,
+                          .topk = TOPK,
+                          .num_experts = R};
   if (me == 0) {
     /* Rank 1 never comes: the synchronous path fails at the count exchange, naming it. */
     ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_VIEWS};
     expect_timeout(ep_dispatch(b1, &a, &o), "synchronous dispatch");
     T_CHECK(o.handle == NULL, "a failed dispatch returned a handle");
     /* Asynchronous: the call returns; its kernel gives up; the next call says why. */
-    ep_dispatch_out_t w = {.size = sizeof w, .mode = EP_OUTPUT_CALLER, .worst_case = 1,
-                           .capacity = 4, .recv_x = t_dalloc(4 * H * 2)};
+    ep_dispatch_out_t w = {.size = sizeof w,
+                           .mode = EP_OUTPUT_CALLER,
+                           .worst_case = 1,
+                           .capacity = 4,
+                           .recv_x = t_dalloc(4 * H * 2)};
     T_OK(ep_dispatch(b2, &a, &w));
     ep_handle_t h = w.handle;
     t_dsync();
@@ -297,10 +330,19 @@ static int overflow(void) {
   }
   void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
   void *rx = t_dalloc((size_t)NMAX * R * H * 2);
-  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = in.n[me],
-                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E};
-  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
-                         .capacity = me == 0 ? 0 : NMAX * R, .num_recv_tokens = -5};
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = in.n[me],
+                          .hidden = H,
+                          .topk_idx = idx,
+                          .topk = TOPK,
+                          .num_experts = in.E};
+  ep_dispatch_out_t o = {.size = sizeof o,
+                         .mode = EP_OUTPUT_CALLER,
+                         .recv_x = rx,
+                         .capacity = me == 0 ? 0 : NMAX * R,
+                         .num_recv_tokens = -5};
   ep_status_t st = ep_dispatch(b, &a, &o);
   if (me == 0) {
     T_CHECK(st == EP_ERR_TOO_LARGE, "rank 0: %s (%s), expected EP_ERR_TOO_LARGE",
@@ -336,7 +378,8 @@ static int cbuf(int rounds) {
   T_OK(ep_buffer_query(b, &info));
   T_CHECK(info.caps & EP_CAP_COMBINE_BUFFER, "caps %#x lack EP_CAP_COMBINE_BUFFER", info.caps);
   uint16_t *y[64] = {0}, *bias[64] = {0};
-  void *x = t_dalloc(NMAX * H * 2), *idx = t_dalloc(NMAX * TOPK * 8), *w = t_dalloc(NMAX * TOPK * 4);
+  void *x = t_dalloc(NMAX * H * 2), *idx = t_dalloc(NMAX * TOPK * 8),
+       *w = t_dalloc(NMAX * TOPK * 4);
   void *sc = t_dalloc(NMAX * (H / 128) * 4), *b0 = t_dalloc(NMAX * H * 2);
   void *out = t_dalloc(NMAX * H * 2), *outw = t_dalloc(NMAX * TOPK * 4);
   for (int round = 0; round < rounds; round++) {
@@ -360,10 +403,16 @@ static int cbuf(int rounds) {
     t_copy_to_dev(idx, in.idx[me], (size_t)NMAX * TOPK * 8);
     t_copy_to_dev(w, in.w[me], (size_t)NMAX * TOPK * 4);
     t_copy_to_dev(b0, bias[me], (size_t)NMAX * H * 2);
-    ep_dispatch_args_t a = {.size = sizeof a, .x = x, .x_scales = fp8 ? sc : NULL,
+    ep_dispatch_args_t a = {.size = sizeof a,
+                            .x = x,
+                            .x_scales = fp8 ? sc : NULL,
                             .dtype = fp8 ? EP_DTYPE_FP8_E4M3 : EP_DTYPE_BF16,
-                            .num_scales = fp8 ? H / 128 : 0, .num_tokens = in.n[me], .hidden = H,
-                            .topk_idx = idx, .topk_weights = w, .topk = TOPK,
+                            .num_scales = fp8 ? H / 128 : 0,
+                            .num_tokens = in.n[me],
+                            .hidden = H,
+                            .topk_idx = idx,
+                            .topk_weights = w,
+                            .topk = TOPK,
                             .num_experts = in.E};
     ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_VIEWS};
     T_OK(ep_dispatch(b, &a, &o));
@@ -380,9 +429,13 @@ static int cbuf(int rounds) {
     T_OK(ep_get_combine_buffer(b, o.handle, &cb));
     T_CHECK(cb != NULL, "ep_get_combine_buffer gave NULL");
     t_copy_to_dev(cb, y[me], (size_t)nr * H * 2);
-    ep_combine_args_t c = {.size = sizeof c, .handle = o.handle, .x = cb,
+    ep_combine_args_t c = {.size = sizeof c,
+                           .handle = o.handle,
+                           .x = cb,
                            .topk_weights = with_w ? o.recv_topk_weights : NULL,
-                           .bias = {b0, NULL}, .out = out, .out_topk_weights = with_w ? outw : NULL};
+                           .bias = {b0, NULL},
+                           .out = out,
+                           .out_topk_weights = with_w ? outw : NULL};
     T_OK(ep_combine(b, &c));
     /* The reference: the same dispatch on the host, then the combine of y. */
     ref_rank_input_t ri[64];
@@ -396,7 +449,8 @@ static int cbuf(int rounds) {
     ref_recv_t rr[64];
     memset(rr, 0, sizeof rr);
     T_CHECK(ref_dispatch(R, in.E, TOPK, row, fp8 ? H / 128 : 0, 1, ri, rr) == 0, "reference");
-    T_CHECK(rr[me].nr == nr, "round %d: %d rows received, the reference has %d", round, nr, rr[me].nr);
+    T_CHECK(rr[me].nr == nr, "round %d: %d rows received, the reference has %d", round, nr,
+            rr[me].nr);
     uint16_t *ro[64];
     float *row_w[64];
     const float *wv[64];
@@ -406,10 +460,13 @@ static int cbuf(int rounds) {
       wv[s] = rr[s].topk_weights, bv[s] = bias[s];
     }
     T_CHECK(ref_combine(R, H, TOPK, ri, rr, (const uint16_t *const *)y, with_w ? wv : NULL, bv,
-                        NULL, ro, with_w ? row_w : NULL) == 0, "reference combine");
+                        NULL, ro, with_w ? row_w : NULL) == 0,
+            "reference combine");
     uint16_t *got = t_to_host(out, (size_t)NMAX * H * 2);
-    T_CHECK(!memcmp(got, ro[me], (size_t)in.n[me] * H * 2), "round %d (%s%s): combine out differs "
-            "from the reference", round, fp8 ? "fp8" : "bf16", with_w ? ", weights" : "");
+    T_CHECK(!memcmp(got, ro[me], (size_t)in.n[me] * H * 2),
+            "round %d (%s%s): combine out differs "
+            "from the reference",
+            round, fp8 ? "fp8" : "bf16", with_w ? ", weights" : "");
     if (with_w) {
       float *gw = t_to_host(outw, (size_t)NMAX * TOPK * 4);
       T_CHECK(!memcmp(gw, row_w[me], (size_t)in.n[me] * TOPK * 4), "round %d: out weights", round);
@@ -431,10 +488,16 @@ static int cbuf(int rounds) {
   t_copy_to_dev(x, in.x[me], (size_t)NMAX * H * 2);
   t_copy_to_dev(idx, in.idx[me], (size_t)NMAX * TOPK * 8);
   void *rx = t_dalloc((size_t)in.wct * H * 2);
-  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = NMAX,
-                          .hidden = H, .topk_idx = idx, .topk = TOPK, .num_experts = in.E};
-  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
-                         .capacity = in.wct};
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = NMAX,
+                          .hidden = H,
+                          .topk_idx = idx,
+                          .topk = TOPK,
+                          .num_experts = in.E};
+  ep_dispatch_out_t o = {
+      .size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx, .capacity = in.wct};
   T_OK(ep_dispatch(b, &a, &o));
   void *cb = NULL;
   ep_status_t st = ep_get_combine_buffer(b, o.handle, &cb);

@@ -10,7 +10,8 @@
  *   test_cuda_ll hooks        two-phase calls with the device busy between send and receive
  *   test_cuda_ll timeout      a peer that never calls: the dispatch returns EP_ERR_TIMEOUT naming
  *                             it; the context stays usable (a fresh buffer then works)
- *   test_cuda_ll cycles N     N x (group, buffer, dispatch + combine, destroy): device memory flat */
+ *   test_cuda_ll cycles N     N x (group, buffer, dispatch + combine, destroy): device memory flat
+ */
 #include "ll_world.h"
 
 #ifndef EP_HAVE_CUDA
@@ -55,7 +56,8 @@ static void check_combine(const llw_round_t *rd, uint16_t **y, const void *dout,
   uint16_t **want = t_xmalloc(sizeof *want * (size_t)rd->R);
   for (int s = 0; s < rd->R; s++) want[s] = t_xmalloc((size_t)rd->in[s].n * rd->c.H * 2 + 2);
   T_CHECK(ref_ll_combine(rd->R, rd->c.T, rd->c.E, rd->c.H, rd->k.topk, rd->in,
-                         (const uint16_t *const *)y, 1, want) == 0, "reference ll combine");
+                         (const uint16_t *const *)y, 1, want) == 0,
+          "reference ll combine");
   int n = rd->in[rd->me].n;
   uint16_t *got = t_to_host(dout, (size_t)n * rd->c.H * 2);
   llw_cmp(got, want[rd->me], (size_t)n * rd->c.H * 2, what);
@@ -79,7 +81,8 @@ static void capture(ep_buffer_t buf, const gcase_t *gc, int T, int topk, gbufs_t
   T_OK(ep_ll_dispatch(buf, &a, h));
   int nr = 0;
   T_OK(ep_ll_handle_num_recv_tokens(*h, &nr));
-  T_CHECK(nr == -1, "captured dispatch: num_recv_tokens %d, expected -1 (not known on the host)", nr);
+  T_CHECK(nr == -1, "captured dispatch: num_recv_tokens %d, expected -1 (not known on the host)",
+          nr);
   if (gc->two_phase) T_OK(ep_ll_recv(buf, *h));
   if (gc->zero_copy) { /* the experts' output lands in the combine buffer: a copy stands for them */
     void *zy = NULL;
@@ -99,8 +102,11 @@ static void replay(ep_buffer_t buf, const gcase_t *gc, int R, int me, gbufs_t *d
                    ep_ll_handle_t h, cudaGraphExec_t ge, int round) {
   llw_cfg_t c = gcfg;
   c.E = 4 * R;
-  llw_case_t k = {.topk = 6, .routing = round % 2 ? RT_MASKED : RT_SKEW, .nmode = NM_FULL,
-                  .fmt = gc->fmt, .cols = gc->cols};
+  llw_case_t k = {.topk = 6,
+                  .routing = round % 2 ? RT_MASKED : RT_SKEW,
+                  .nmode = NM_FULL,
+                  .fmt = gc->fmt,
+                  .cols = gc->cols};
   llw_round_t rd;
   llw_gen(&rd, R, me, &c, &k, 0x9a000ull + (uint64_t)round * 31 + (uint64_t)gc->fmt);
   uint16_t **y = make_y(&rd, (uint64_t)round);
@@ -151,8 +157,12 @@ static int graph(int replays) {
     for (int r = 0; r < replays; r++) replay(buf, &cases[i], R, me, &d, st, h, ge, r);
     /* Eager calls between replays keep the ranks' device counters alike. */
     llw_round_t rd;
-    llw_case_t k = {.topk = 5, .routing = RT_MASKED, .nmode = NM_RANDOM, .fmt = F_FP8,
-                    .two_phase = 1, .zero_copy = 1};
+    llw_case_t k = {.topk = 5,
+                    .routing = RT_MASKED,
+                    .nmode = NM_RANDOM,
+                    .fmt = F_FP8,
+                    .two_phase = 1,
+                    .zero_copy = 1};
     llw_gen(&rd, R, me, &c, &k, 0xe9e9ull + i);
     llw_dispatch(&rd, buf, NULL, NULL);
     llw_combine(&rd, buf, 0xe9e9ull + i, NULL, NULL);
@@ -166,8 +176,9 @@ static int graph(int replays) {
   t_dfree(d.x), t_dfree(d.idx), t_dfree(d.w), t_dfree(d.y), t_dfree(d.out);
   T_OK(ep_buffer_destroy(buf));
   t_fini(g);
-  if (me == 0) printf("test_cuda_ll graph: R=%d, %zu graphs x %d replays checked\n", R,
-                      sizeof cases / sizeof cases[0], replays + 1);
+  if (me == 0)
+    printf("test_cuda_ll graph: R=%d, %zu graphs x %d replays checked\n", R,
+           sizeof cases / sizeof cases[0], replays + 1);
   return T_PASS;
 }
 
@@ -194,7 +205,11 @@ static int hooks(void) {
   llw_buffer(g, &c, &buf);
   busy_t b = {t_dalloc(256u << 20), 256u << 20};
   for (int i = 0; i < 6; i++) {
-    llw_case_t k = {.topk = 8, .routing = i % 3, .nmode = NM_FULL, .fmt = i % 4, .two_phase = 1,
+    llw_case_t k = {.topk = 8,
+                    .routing = i % 3,
+                    .nmode = NM_FULL,
+                    .fmt = i % 4,
+                    .two_phase = 1,
                     .zero_copy = i % 2};
     static char desc[64];
     snprintf(desc, sizeof desc, "hooks round %d", i);

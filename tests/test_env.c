@@ -13,19 +13,19 @@ const char *t_case;
 static const struct {
   const char *name, *value;
 } bad[] = {
-    {"EP_BACKEND", "gpu"},     {"EP_TIMEOUT_S", "abc"},    {"EP_TIMEOUT_S", "-1"},
-    {"EP_TIMEOUT_S", "0"},     {"EP_QUEUE_BYTES", "2X"},   {"EP_QUEUE_BYTES", "1.5M"},
-    {"EP_QUEUE_BYTES", "2K"},  {"EP_LOG", "loud"},         {"EP_SPIN_US", "-5"},
-    {"EP_CHANNELS", "65"},     {"EP_CUDA_SMS", "many"},    {"EP_LL_WIDE_BYTES", "1MB"},
+    {"EP_BACKEND", "gpu"},    {"EP_TIMEOUT_S", "abc"},  {"EP_TIMEOUT_S", "-1"},
+    {"EP_TIMEOUT_S", "0"},    {"EP_QUEUE_BYTES", "2X"}, {"EP_QUEUE_BYTES", "1.5M"},
+    {"EP_QUEUE_BYTES", "2K"}, {"EP_LOG", "loud"},       {"EP_SPIN_US", "-5"},
+    {"EP_CHANNELS", "65"},    {"EP_CUDA_SMS", "many"},  {"EP_LL_WIDE_BYTES", "1MB"},
 };
 #define NBAD (sizeof bad / sizeof bad[0])
 
 static const struct {
   const char *name, *value;
 } good[] = {
-    {"EP_QUEUE_BYTES", "2M"}, {"EP_QUEUE_BYTES", "2m"},      {"EP_QUEUE_BYTES", "65536"},
-    {"EP_QUEUE_BYTES", "1G"}, {"EP_TIMEOUT_S", "0.5"},       {"EP_LOG", "INFO"},
-    {"EP_SPIN_US", "0"},      {"EP_LL_WIDE_BYTES", "0"},     {"EP_BACKEND", "cuda"},
+    {"EP_QUEUE_BYTES", "2M"}, {"EP_QUEUE_BYTES", "2m"},  {"EP_QUEUE_BYTES", "65536"},
+    {"EP_QUEUE_BYTES", "1G"}, {"EP_TIMEOUT_S", "0.5"},   {"EP_LOG", "INFO"},
+    {"EP_SPIN_US", "0"},      {"EP_LL_WIDE_BYTES", "0"}, {"EP_BACKEND", "cuda"},
     {"EP_JOB_ID", "x y"},     {"EP_QUEUE_BYTES", ""},
 };
 #define NGOOD (sizeof good / sizeof good[0])

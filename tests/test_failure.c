@@ -75,11 +75,16 @@ static void big_init(big_t *b, int R, int me) {
 }
 
 static ep_status_t big_dispatch(ep_buffer_t buf, big_t *b, int R) {
-  ep_dispatch_args_t a = {.size = sizeof a, .x = b->x, .dtype = EP_DTYPE_BF16,
-                          .num_tokens = b->n, .hidden = b->H, .topk_idx = b->idx, .topk = b->K,
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = b->x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = b->n,
+                          .hidden = b->H,
+                          .topk_idx = b->idx,
+                          .topk = b->K,
                           .num_experts = b->E};
-  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = b->rx,
-                         .capacity = b->n * R};
+  ep_dispatch_out_t o = {
+      .size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = b->rx, .capacity = b->n * R};
   ep_status_t st = ep_dispatch(buf, &a, &o);
   if (!st) b->nr = o.num_recv_tokens, b->h = o.handle;
   return st;
@@ -158,13 +163,17 @@ static int kill_in_ll(void) {
   ep_status_t st = EP_OK;
   for (int i = 0; i < 100000 && st == EP_OK; i++) {
     ep_ll_handle_t h = NULL;
-    ep_ll_dispatch_args_t a = {.size = sizeof a, .x = x, .num_tokens = T, .topk_idx = idx,
-                               .topk = K};
+    ep_ll_dispatch_args_t a = {
+        .size = sizeof a, .x = x, .num_tokens = T, .topk_idx = idx, .topk = K};
     st = ep_ll_dispatch(buf, &a, &h);
     ep_ll_recv_view_t v = {.size = sizeof v};
     if (!st) st = ep_ll_get_recv_view(h, &v);
-    ep_ll_combine_args_t c = {.size = sizeof c, .handle = h, .y = v.recv_x, .topk_idx = idx,
-                              .topk_weights = w, .out = out};
+    ep_ll_combine_args_t c = {.size = sizeof c,
+                              .handle = h,
+                              .y = v.recv_x,
+                              .topk_idx = idx,
+                              .topk_weights = w,
+                              .out = out};
     if (!st) st = ep_ll_combine(buf, &c);
     if (h) T_OK(ep_ll_handle_destroy(h));
   }
@@ -210,9 +219,9 @@ static int timeout(void) {
   ep_status_t st = big_dispatch(buf, &b, R);
   double dt = tk_now_s() - t0;
   if (me == late) {
-    T_CHECK((st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED) &&
-                strstr(ep_last_error(), "too late"),
-            "late rank got %s: %s", ep_status_name(st), ep_last_error());
+    T_CHECK(
+        (st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED) && strstr(ep_last_error(), "too late"),
+        "late rank got %s: %s", ep_status_name(st), ep_last_error());
   } else {
     char want[48];
     snprintf(want, sizeof want, "rank %d", late);
@@ -256,8 +265,7 @@ static void stopped_report(int me, int victim, ep_status_t st, const char *msg, 
   T_CHECK(st == EP_ERR_TIMEOUT, "survivor: %s, expected EP_ERR_TIMEOUT (%s)", ep_status_name(st),
           msg);
   T_CHECK(strstr(msg, want), "survivor's error does not name the stopped %s: %s", want, msg);
-  T_CHECK(total < 2 * T, "survivor took %.2f s for %s + destroys, deadline %.1f s", total, what,
-          T);
+  T_CHECK(total < 2 * T, "survivor took %.2f s for %s + destroys, deadline %.1f s", total, what, T);
   printf("rank %d: %s failed after %.2f s, destroys done at %.2f s (deadline %.1f s): %s\n", me,
          what, t_fail, total, T, msg);
 }
@@ -286,7 +294,8 @@ static int stopped_rank(bool in_barrier) {
   T_OK(ep_handle_destroy(b.h));
   if (!in_barrier) T_OK(ep_buffer_destroy(buf)); /* broken: local, EP_OK */
   T_OK(ep_group_destroy(g));                     /* broken by the timeout too: local, EP_OK */
-  stopped_report(me, victim, st, msg, t_fail, tk_now_s() - t0, T, in_barrier ? "barrier" : "combine");
+  stopped_report(me, victim, st, msg, t_fail, tk_now_s() - t0, T,
+                 in_barrier ? "barrier" : "combine");
   free(b.x), free(b.rx), free(b.out), free(b.idx);
   return T_PASS;
 }
@@ -370,7 +379,9 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "stop-barrier")) return stopped_rank(true);
   if (!strncmp(mode, "early-", 6)) return early_death(mode + 6);
   if (!strcmp(mode, "loop")) return loop(death_file);
-  fprintf(stderr, "usage: test_failure kill-dispatch|kill-combine|kill-create|kill-root FILE | "
-          "timeout | stop | stop-barrier | early-exit1|early-kill|early-exit0|early-during FILE | loop DIR\n");
+  fprintf(stderr,
+          "usage: test_failure kill-dispatch|kill-combine|kill-create|kill-root FILE | "
+          "timeout | stop | stop-barrier | early-exit1|early-kill|early-exit0|early-during FILE | "
+          "loop DIR\n");
   return T_FAIL;
 }

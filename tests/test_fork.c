@@ -60,11 +60,13 @@ int main(void) {
   T_OK(ep_group_barrier(g)); /* every rank's child is done */
   for (uint64_t round = 2; round < 6; round++) {
     T_OK(t_round(b, R, me, round, &wrong));
-    T_CHECK(wrong == 0, "round %d after the fork: %ld values differ from the reference",
-            (int)round, wrong);
+    T_CHECK(wrong == 0, "round %d after the fork: %ld values differ from the reference", (int)round,
+            wrong);
   }
-  printf("rank %d: the child got EP_ERR_FORKED for every call; 4 later rounds match the "
-         "reference\n", me);
+  printf(
+      "rank %d: the child got EP_ERR_FORKED for every call; 4 later rounds match the "
+      "reference\n",
+      me);
   T_OK(ep_buffer_destroy(b));
   T_OK(ep_group_destroy(g));
   return T_PASS;

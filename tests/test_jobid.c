@@ -18,8 +18,8 @@ int main(void) {
   ep_group_t g;
   ep_status_t st = ep_group_create_from_env(NULL, &g);
   if (st) {
-    printf("job %s rank %s: ep_group_create_from_env: %s: %s\n", me.job, rank,
-           ep_status_name(st), ep_last_error());
+    printf("job %s rank %s: ep_group_create_from_env: %s: %s\n", me.job, rank, ep_status_name(st),
+           ep_last_error());
     return 2;
   }
   int R, r;
@@ -29,8 +29,8 @@ int main(void) {
   T_OK(ep_group_allgather(g, &me, all, sizeof me));
   for (int i = 0; i < R; i++)
     T_CHECK(!strcmp(all[i].job, me.job) && !strcmp(all[i].secret, me.secret),
-            "job %s rank %d: group member %d comes from job %s (secret '%s', mine '%s')", me.job,
-            r, i, all[i].job, all[i].secret, me.secret);
+            "job %s rank %d: group member %d comes from job %s (secret '%s', mine '%s')", me.job, r,
+            i, all[i].job, all[i].secret, me.secret);
   T_OK(ep_group_barrier(g));
   T_OK(ep_group_destroy(g));
   printf("job %s rank %d: a group of %d ranks, all of job %s\n", me.job, r, R, me.job);

@@ -40,10 +40,16 @@ static void use_buffer(ep_buffer_t b, int R, int me) {
   int64_t idx[N * K];
   for (int i = 0; i < N * H; i++) x[i] = (uint16_t)(0x3f80 + (i + me) % 64);
   for (int i = 0; i < N * K; i++) idx[i] = (i * 7 + me) % E;
-  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = N,
-                          .hidden = H, .topk_idx = idx, .topk = K, .num_experts = E};
-  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
-                         .capacity = N * R};
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = N,
+                          .hidden = H,
+                          .topk_idx = idx,
+                          .topk = K,
+                          .num_experts = E};
+  ep_dispatch_out_t o = {
+      .size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx, .capacity = N * R};
   T_OK(ep_dispatch(b, &a, &o));
   ep_handle_t h = o.handle;
   ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = rx, .out = out};
@@ -105,10 +111,15 @@ static int misuse(void) {
   /* A handle of one buffer cannot be used with another. */
   uint16_t x[64] = {0}, rx[64 * 64], out[64];
   int64_t idx[1] = {0};
-  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16, .num_tokens = 1,
-                          .hidden = 64, .topk_idx = idx, .topk = 1, .num_experts = R};
-  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
-                         .capacity = 64};
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = 1,
+                          .hidden = 64,
+                          .topk_idx = idx,
+                          .topk = 1,
+                          .num_experts = R};
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx, .capacity = 64};
   T_OK(ep_dispatch(b, &a, &o));
   ep_handle_t h = o.handle;
   ep_combine_args_t c = {.size = sizeof c, .handle = h, .x = rx, .out = out};
@@ -161,8 +172,10 @@ static int inflight(void) {
   T_OK(ep_buffer_create(g, NULL, &b));
   inflight_t f = {b, EP_OK};
   pthread_t th;
-  if (me == 0) pthread_create(&th, NULL, late_destroy, &f);
-  else nanosleep(&(struct timespec){0, 400 * 1000 * 1000}, NULL);
+  if (me == 0)
+    pthread_create(&th, NULL, late_destroy, &f);
+  else
+    nanosleep(&(struct timespec){0, 400 * 1000 * 1000}, NULL);
   use_buffer(b, R, me);
   if (me == 0) {
     pthread_join(th, NULL);

@@ -47,10 +47,10 @@ static const tcase_t cases[] = {
     {2, {4, RT_MASKED, NM_ZERO_SOME, F_BF16, 0, 1, 0, 0, 0}},
     {3, {9, RT_UNIFORM, NM_FULL, F_FP8_ROUND, 1, 0, 0, 0, 0}},
     {3, {9, RT_SKEW, NM_RANDOM, F_BF16, 0, 0, 1, 0, 0}},
-    {0, {7, RT_MASKED, NM_RANDOM, F_FP8, 0, 0, 1, 1, 0}},     /* zero-copy combine */
-    {1, {8, RT_UNIFORM, NM_FULL, F_BF16, 1, 0, 0, 1, 0}},     /* zero-copy, two-phase */
+    {0, {7, RT_MASKED, NM_RANDOM, F_FP8, 0, 0, 1, 1, 0}}, /* zero-copy combine */
+    {1, {8, RT_UNIFORM, NM_FULL, F_BF16, 1, 0, 0, 1, 0}}, /* zero-copy, two-phase */
     {2, {4, RT_SKEW, NM_ZERO_SOME, F_BF16, 0, 0, 0, 1, 0}},
-    {1, {8, RT_UNIFORM, NM_FULL, F_FP8, 0, 0, 0, 0, 1}},       /* column-major scales */
+    {1, {8, RT_UNIFORM, NM_FULL, F_FP8, 0, 0, 0, 0, 1}}, /* column-major scales */
     {1, {6, RT_MASKED, NM_RANDOM, F_FP8_UE8M0, 1, 0, 0, 1, 1}},
     {0, {5, RT_SKEW, NM_ZERO_SOME, F_FP8_ROUND, 0, 0, 1, 0, 1}},
 };
@@ -76,8 +76,8 @@ static void normal_between(void *arg) {
 
 static void describe(int idx, const llw_cfg_t *c, const llw_case_t *k) {
   static char desc[200];
-  snprintf(desc, sizeof desc, "case %d: T=%d H=%d E=%d K=%d topk=%d %s %s %s%s%s%s%s%s", idx,
-           c->T, c->H, c->E, c->K, k->topk, llw_rt_names[k->routing], llw_nm_names[k->nmode],
+  snprintf(desc, sizeof desc, "case %d: T=%d H=%d E=%d K=%d topk=%d %s %s %s%s%s%s%s%s", idx, c->T,
+           c->H, c->E, c->K, k->topk, llw_rt_names[k->routing], llw_nm_names[k->nmode],
            llw_fmt_names[k->fmt], k->cols ? " col-major" : "", k->two_phase ? " two-phase" : "",
            k->in_place ? " y=recv_x" : "", k->zero_copy ? " zero-copy" : "",
            k->cmask ? " combine-mask" : "");
@@ -106,8 +106,12 @@ static void flip(ctx_t *x, int iters) {
   llw_round_t prev = {0}, cur;
   between_t b = {x, buf, 0xf11b};
   for (int i = 0; i <= iters; i++) {
-    llw_case_t k = {.topk = 1 + i % 4, .routing = i % 5, .nmode = i % 3, .fmt = i % 4,
-                    .two_phase = i % 2, .cmask = i % 5 == 0};
+    llw_case_t k = {.topk = 1 + i % 4,
+                    .routing = i % 5,
+                    .nmode = i % 3,
+                    .fmt = i % 4,
+                    .two_phase = i % 2,
+                    .cmask = i % 5 == 0};
     k.in_place = k.fmt == F_BF16 && i % 3 == 0;
     k.zero_copy = !k.in_place && i % 4 == 1;
     k.cols = k.fmt != F_BF16 && i % 3 == 1 && (k.fmt != F_FP8_UE8M0 || cfgs[cfg].H % 512 == 0);
@@ -131,10 +135,12 @@ static void flip(ctx_t *x, int iters) {
 /* ------------------------------------------------------------------ timing */
 
 enum { D1, C1, DS, DR, CS, CR, NFIG }; /* one-phase dispatch, combine; two-phase phases */
-static const char *fig_names[] = {"dispatch", "combine", "dispatch send", "dispatch recv",
-                                  "combine send", "combine recv"};
+static const char *fig_names[] = {"dispatch",      "combine",      "dispatch send",
+                                  "dispatch recv", "combine send", "combine recv"};
 
-static double now_us(void) { return 1e6 * tk_now_s(); }
+static double now_us(void) {
+  return 1e6 * tk_now_s();
+}
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -147,8 +153,12 @@ static void timed_call(ep_group_t g, ep_buffer_t buf, llw_round_t *rd, const voi
   ep_ll_dispatch_args_t a;
   llw_args(rd, &a);
   a.two_phase = two;
-  ep_ll_combine_args_t c = {.size = sizeof c, .y = y, .topk_idx = rd->didx,
-                            .topk_weights = rd->dw, .two_phase = two, .out = out};
+  ep_ll_combine_args_t c = {.size = sizeof c,
+                            .y = y,
+                            .topk_idx = rd->didx,
+                            .topk_weights = rd->dw,
+                            .two_phase = two,
+                            .out = out};
   T_OK(ep_group_barrier(g));
   double t0 = now_us(), t1, t2, t3;
   T_OK(ep_ll_dispatch(buf, &a, &rd->h));
@@ -160,8 +170,10 @@ static void timed_call(ep_group_t g, ep_buffer_t buf, llw_round_t *rd, const voi
   t3 = now_us();
   if (two) T_OK(ep_ll_recv(buf, rd->h));
   double t4 = now_us();
-  if (two) lap[DS] = t1 - t0, lap[DR] = t2 - t1, lap[CS] = t3 - t2, lap[CR] = t4 - t3;
-  else lap[D1] = t2 - t0, lap[C1] = t4 - t2;
+  if (two)
+    lap[DS] = t1 - t0, lap[DR] = t2 - t1, lap[CS] = t3 - t2, lap[CR] = t4 - t3;
+  else
+    lap[D1] = t2 - t0, lap[C1] = t4 - t2;
   t_dsync(); /* a call returns once its work is queued on the device (cuda) */
   T_OK(ep_ll_handle_destroy(rd->h));
   rd->h = NULL;
@@ -172,14 +184,17 @@ static void print_figures(const llw_round_t *rd, const double *all, int fp8) {
   size_t row = fp8 ? (size_t)rd->c.H + (size_t)rd->c.H / 128 * 4 : (size_t)rd->c.H * 2;
   long sel = 0;
   for (int l = 0; l < rd->c.E / R; l++) sel += rd->ref[0].count[l];
-  printf("ll timing: R=%d T=%d H=%d E=%d topk=%d %s; median us per call over ranks "
-         "(max / mean); rank 0 receives %ld rows of %zu bytes\n", R, rd->c.T, rd->c.H, rd->c.E,
-         rd->k.topk, fp8 ? "fp8" : "bf16", sel, row);
+  printf(
+      "ll timing: R=%d T=%d H=%d E=%d topk=%d %s; median us per call over ranks "
+      "(max / mean); rank 0 receives %ld rows of %zu bytes\n",
+      R, rd->c.T, rd->c.H, rd->c.E, rd->k.topk, fp8 ? "fp8" : "bf16", sel, row);
   for (int f = 0; f < NFIG; f++) {
     double mx = 0, sum = 0;
-    for (int r = 0; r < R; r++) mx = all[r * NFIG + f] > mx ? all[r * NFIG + f] : mx, sum += all[r * NFIG + f];
+    for (int r = 0; r < R; r++)
+      mx = all[r * NFIG + f] > mx ? all[r * NFIG + f] : mx, sum += all[r * NFIG + f];
     printf("  %-14s %9.1f / %9.1f us", fig_names[f], mx, sum / R);
-    if (f == D1) printf("   %.2f GB/s received by rank 0", (double)sel * (double)row / all[f] * 1e-3);
+    if (f == D1)
+      printf("   %.2f GB/s received by rank 0", (double)sel * (double)row / all[f] * 1e-3);
     printf("\n");
   }
 }
@@ -188,7 +203,8 @@ static void time_ll(ep_group_t g, int R, int me, char **argv, int argc) {
   T_CHECK(argc >= 7, "usage: test_ll time T H E TOPK ITERS [fp8]");
   llw_cfg_t c = {atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
   int iters = atoi(argv[6]), fp8 = argc > 7 && !strcmp(argv[7], "fp8"), warm = 20;
-  llw_case_t k = {.topk = c.K, .routing = RT_UNIFORM, .nmode = NM_FULL, .fmt = fp8 ? F_FP8 : F_BF16};
+  llw_case_t k = {
+      .topk = c.K, .routing = RT_UNIFORM, .nmode = NM_FULL, .fmt = fp8 ? F_FP8 : F_BF16};
   ep_buffer_t buf;
   llw_buffer(g, &c, &buf);
   llw_round_t rd;

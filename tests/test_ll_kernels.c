@@ -29,24 +29,29 @@ static void make_row(uint16_t *x, t_rng *r) {
     for (int i = b * 128; i < b * 128 + 128; i++)
       x[i] = (uint16_t)((x[i] & 0x807f) | (e + t_below(r, 3)) << 7);
   }
-  for (int i = 0; i < 128; i++) x[i] = 0;                             /* amax floor */
+  for (int i = 0; i < 128; i++) x[i] = 0;                                     /* amax floor */
   for (int i = 128; i < 256; i++) x[i] = (uint16_t)(i & 1 ? 0x7f80 : 0x3f80); /* +inf */
   for (int i = 256; i < 384; i++) x[i] = (uint16_t)(i & 1 ? 0x7fc1 : 0xbf80); /* NaN */
-  for (int i = 384; i < 512; i++) x[i] = (uint16_t)(i & 7);           /* bf16 subnormals */
+  for (int i = 384; i < 512; i++) x[i] = (uint16_t)(i & 7);                   /* bf16 subnormals */
 }
 
 static void check_cast(const cpu_ll_kernels_t *k, const char *name, const uint16_t *x) {
-  uint8_t *q = t_xmalloc(H), *wq = t_xmalloc(H), *e8 = t_xmalloc(H / 128), *we8 = t_xmalloc(H / 128);
+  uint8_t *q = t_xmalloc(H), *wq = t_xmalloc(H), *e8 = t_xmalloc(H / 128),
+          *we8 = t_xmalloc(H / 128);
   float *sc = t_xmalloc(H / 128 * 4), *wsc = t_xmalloc(H / 128 * 4);
   for (int fmt = 0; fmt < 3; fmt++) {
     int round = fmt > 0, ue8m0 = fmt == 2;
     ref_ll_cast_row(x, H, round, ue8m0, wq, wsc, we8);
     k->cast_row(x, H, round, ue8m0, q, ue8m0 ? (void *)e8 : (void *)sc);
     for (int i = 0; i < H; i++)
-      T_CHECK(q[i] == wq[i], "%s cast (format %d): value %d (bf16 0x%04x, block scale %g) is "
-              "0x%02x, reference 0x%02x (scale %g)", name, fmt, i, x[i], (double)wsc[i / 128], q[i], wq[i], (double)sc[i / 128]);
-    if (ue8m0) T_CHECK(!memcmp(e8, we8, H / 128), "%s cast: ue8m0 bytes differ", name);
-    else T_CHECK(!memcmp(sc, wsc, H / 128 * 4), "%s cast (format %d): scales differ", name, fmt);
+      T_CHECK(q[i] == wq[i],
+              "%s cast (format %d): value %d (bf16 0x%04x, block scale %g) is "
+              "0x%02x, reference 0x%02x (scale %g)",
+              name, fmt, i, x[i], (double)wsc[i / 128], q[i], wq[i], (double)sc[i / 128]);
+    if (ue8m0)
+      T_CHECK(!memcmp(e8, we8, H / 128), "%s cast: ue8m0 bytes differ", name);
+    else
+      T_CHECK(!memcmp(sc, wsc, H / 128 * 4), "%s cast (format %d): scales differ", name, fmt);
   }
   free(q), free(wq), free(e8), free(we8), free(sc), free(wsc);
 }

@@ -31,49 +31,95 @@ static void new_round(ctx_t *x, llw_round_t *rd, const llw_case_t *k) {
 /* ------------------------------------------------------------------ one rank's bad arguments */
 
 enum {
-  B_TOO_MANY, B_ID_HIGH, B_ID_LOW, B_DUP, B_UE8M0, B_ROUND, B_TOPK, B_HANDLE, B_X, B_SIZE,
-  B_ARGS, B_LAYOUT, B_PACKED, B_COUNT
+  B_TOO_MANY,
+  B_ID_HIGH,
+  B_ID_LOW,
+  B_DUP,
+  B_UE8M0,
+  B_ROUND,
+  B_TOPK,
+  B_HANDLE,
+  B_X,
+  B_SIZE,
+  B_ARGS,
+  B_LAYOUT,
+  B_PACKED,
+  B_COUNT
 };
 static const struct {
   ep_status_t st;
   const char *needle;
 } bad_want[] = {
-    {EP_ERR_TOO_LARGE, "num_tokens"},  {EP_ERR_OUT_OF_RANGE, "topk_idx[0][0]"},
-    {EP_ERR_OUT_OF_RANGE, "topk_idx[0][1]"}, {EP_ERR_INVALID_ARG, "twice"},
-    {EP_ERR_INVALID_ARG, "round_scale"}, {EP_ERR_INVALID_ARG, "use_fp8"},
-    {EP_ERR_TOO_LARGE, "topk"},        {EP_ERR_NULL_ARG, "handle"},
-    {EP_ERR_NULL_ARG, "x is NULL"},    {EP_ERR_CONFIG, "args: size"},
-    {EP_ERR_NULL_ARG, "args is NULL"},   {EP_ERR_INVALID_ARG, "scale_layout"},
+    {EP_ERR_TOO_LARGE, "num_tokens"},
+    {EP_ERR_OUT_OF_RANGE, "topk_idx[0][0]"},
+    {EP_ERR_OUT_OF_RANGE, "topk_idx[0][1]"},
+    {EP_ERR_INVALID_ARG, "twice"},
+    {EP_ERR_INVALID_ARG, "round_scale"},
+    {EP_ERR_INVALID_ARG, "use_fp8"},
+    {EP_ERR_TOO_LARGE, "topk"},
+    {EP_ERR_NULL_ARG, "handle"},
+    {EP_ERR_NULL_ARG, "x is NULL"},
+    {EP_ERR_CONFIG, "args: size"},
+    {EP_ERR_NULL_ARG, "args is NULL"},
+    {EP_ERR_INVALID_ARG, "scale_layout"},
     {EP_ERR_SHAPE, "multiple of 512"},
 };
 
 /* Spoils the expert ids (host copy; the caller uploads them). */
 static void spoil_ids(int64_t *idx, int kind) {
   switch (kind) {
-    case B_ID_HIGH: idx[0] = cfg.E; break;
-    case B_ID_LOW: idx[1] = -2; break;
-    case B_DUP: idx[1] = idx[0]; break;
-    default: break;
+    case B_ID_HIGH:
+      idx[0] = cfg.E;
+      break;
+    case B_ID_LOW:
+      idx[1] = -2;
+      break;
+    case B_DUP:
+      idx[1] = idx[0];
+      break;
+    default:
+      break;
   }
 }
 
 /* Spoils the call's arguments (args, or the handle out-parameter). */
-static void spoil(const ep_ll_dispatch_args_t **ap, ep_ll_dispatch_args_t *a,
-                  ep_ll_handle_t **hp, int kind) {
+static void spoil(const ep_ll_dispatch_args_t **ap, ep_ll_dispatch_args_t *a, ep_ll_handle_t **hp,
+                  int kind) {
   switch (kind) {
-    case B_TOO_MANY: a->num_tokens = cfg.T + 1; break;
-    case B_ID_HIGH: case B_ID_LOW: case B_DUP: break;
-    case B_UE8M0: a->use_fp8 = 1, a->use_ue8m0 = 1; break;
-    case B_ROUND: a->round_scale = 1; break;
-    case B_TOPK: a->topk = cfg.K + 1; break;
-    case B_HANDLE: *hp = NULL; break;
-    case B_X: a->x = NULL; break;
-    case B_SIZE: a->size = 12; break;
-    case B_LAYOUT: a->scale_layout = 2; break;
+    case B_TOO_MANY:
+      a->num_tokens = cfg.T + 1;
+      break;
+    case B_ID_HIGH:
+    case B_ID_LOW:
+    case B_DUP:
+      break;
+    case B_UE8M0:
+      a->use_fp8 = 1, a->use_ue8m0 = 1;
+      break;
+    case B_ROUND:
+      a->round_scale = 1;
+      break;
+    case B_TOPK:
+      a->topk = cfg.K + 1;
+      break;
+    case B_HANDLE:
+      *hp = NULL;
+      break;
+    case B_X:
+      a->x = NULL;
+      break;
+    case B_SIZE:
+      a->size = 12;
+      break;
+    case B_LAYOUT:
+      a->scale_layout = 2;
+      break;
     case B_PACKED: /* column-major exponent bytes pack four blocks: H = 256 has two */
       a->use_fp8 = a->round_scale = a->use_ue8m0 = 1, a->scale_layout = EP_SCALES_COL_MAJOR;
       break;
-    default: *ap = NULL; break;
+    default:
+      *ap = NULL;
+      break;
   }
 }
 
@@ -133,7 +179,8 @@ static void bad_combine(ctx_t *x) {
   void *out = t_dalloc((size_t)n * cfg.H * 2);
   int64_t *idx = t_xmalloc((size_t)n * base.topk * 8);
   memcpy(idx, rd.idx[x->me], (size_t)n * base.topk * 8);
-  if (x->me == culprit) idx[0] = (idx[0] + 1) % cfg.E == idx[1] ? (idx[0] + 2) % cfg.E : (idx[0] + 1) % cfg.E;
+  if (x->me == culprit)
+    idx[0] = (idx[0] + 1) % cfg.E == idx[1] ? (idx[0] + 2) % cfg.E : (idx[0] + 1) % cfg.E;
   void *didx = t_to_dev(idx, (size_t)n * base.topk * 8);
   ep_ll_combine_args_t a = EP_LL_COMBINE_ARGS_INIT;
   a.handle = rd.h, a.y = t_dalloc((size_t)cfg.E / x->R * x->R * cfg.T * cfg.H * 2);
@@ -158,7 +205,8 @@ static void wrong_state(ctx_t *x) {
   ep_ll_dispatch_args_t a;
   llw_args(&rd, &a);
   T_OK(ep_ll_dispatch(x->buf, &a, &rd.h));
-  ep_ll_combine_args_t c = EP_LL_COMBINE_ARGS_INIT; /* every call with it fails before moving data */
+  ep_ll_combine_args_t c =
+      EP_LL_COMBINE_ARGS_INIT; /* every call with it fails before moving data */
   c.handle = rd.h, c.y = rd.dx, c.topk_idx = rd.didx, c.topk_weights = rd.dw;
   c.out = rd.dx;
   T_STATUS(EP_ERR_INVALID_ARG, ep_ll_combine(x->buf, &c)); /* before the receive: all ranks */
@@ -198,8 +246,7 @@ static void third_handle(ctx_t *x) {
       T_OK(ep_ll_handle_destroy(two.h));
       two.h = NULL;
     }
-    T_STATUS(x->me == 0 ? EP_ERR_BUSY : EP_ERR_PEER_INVALID,
-             ep_ll_dispatch(x->buf, &a, &third.h));
+    T_STATUS(x->me == 0 ? EP_ERR_BUSY : EP_ERR_PEER_INVALID, ep_ll_dispatch(x->buf, &a, &third.h));
     T_CHECK(third.h == NULL, "a refused dispatch returned a handle");
     llw_check_view(&x->keep);
     if (x->me == 0) llw_check_view(&two);
@@ -260,13 +307,13 @@ static void handle_kinds(ctx_t *x) {
   /* A normal handle where a low-latency one is expected. */
   expect_kind(ep_ll_handle_destroy((ep_ll_handle_t)hn), "ep_ll_handle_destroy(normal handle)",
               "handle");
-  expect_kind(ep_ll_handle_num_recv_tokens((ep_ll_handle_t)hn, &nr),
-              "ep_ll_handle_num_recv_tokens", "handle");
+  expect_kind(ep_ll_handle_num_recv_tokens((ep_ll_handle_t)hn, &nr), "ep_ll_handle_num_recv_tokens",
+              "handle");
   expect_kind(ep_ll_get_recv_view((ep_ll_handle_t)hn, &v), "ep_ll_get_recv_view", "handle");
   expect_kind(ep_ll_recv(x->buf, (ep_ll_handle_t)hn), "ep_ll_recv", "handle");
   void *zy = NULL;
-  expect_kind(ep_ll_get_combine_buffer(x->buf, (ep_ll_handle_t)hn, &zy),
-              "ep_ll_get_combine_buffer", "handle");
+  expect_kind(ep_ll_get_combine_buffer(x->buf, (ep_ll_handle_t)hn, &zy), "ep_ll_get_combine_buffer",
+              "handle");
   T_CHECK(zy == NULL, "a refused query wrote its result");
   ep_ll_combine_args_t lc = EP_LL_COMBINE_ARGS_INIT;
   lc.handle = (ep_ll_handle_t)hn, lc.y = rx, lc.topk_idx = idx;
@@ -292,7 +339,8 @@ static void configs(ctx_t *x) {
   c.ll_max_tokens = 128, c.ll_hidden = 7168, c.ll_num_experts = 288, c.ll_max_topk = 9;
   /* The documented bound, and what every backend holds at least: per slot, the slab and the
    * zero-copy combine input, [L][R*T][H] bf16 each. */
-  size_t bytes = 0, normal = 0, want = 2 * ((size_t)288 * 128 * (4 * 7168 + 8) + 2 * (size_t)128 * 9 * 7168);
+  size_t bytes = 0, normal = 0,
+         want = 2 * ((size_t)288 * 128 * (4 * 7168 + 8) + 2 * (size_t)128 * 9 * 7168);
   size_t least = 2 * (size_t)288 * 128 * 4 * 7168;
   ep_buffer_config_t off = EP_BUFFER_CONFIG_INIT; /* the same buffer without low-latency mode */
   T_OK(ep_buffer_size_hint(&c, 4, &bytes));

@@ -16,7 +16,9 @@ static int mpi_allgather(void *ctx, const void *send, void *recv, size_t bytes) 
   return MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, *(MPI_Comm *)ctx);
 }
 
-static int mpi_barrier(void *ctx) { return MPI_Barrier(*(MPI_Comm *)ctx); }
+static int mpi_barrier(void *ctx) {
+  return MPI_Barrier(*(MPI_Comm *)ctx);
+}
 
 enum { N = 37, H = 256, K = 4 };
 
@@ -44,16 +46,22 @@ int main(int argc, char **argv) {
   for (int s = 0; s < R; s++) { /* every rank's inputs, for the reference */
     t_rng g2 = t_seed(77, (uint64_t)s);
     for (int i = 0; i < N * H; i++) x[(size_t)s * N * H + i] = t_rand_bf16(&g2);
-    for (int i = 0; i < N * K; i++) idx[(size_t)s * N * K + i] = t_below(&g2, 6) ? t_below(&g2, E) : -1;
+    for (int i = 0; i < N * K; i++)
+      idx[(size_t)s * N * K + i] = t_below(&g2, 6) ? t_below(&g2, E) : -1;
     in[s] = (ref_rank_input_t){N, x + (size_t)s * N * H, NULL, idx + (size_t)s * N * K, NULL};
   }
   ref_recv_t *rr = calloc((size_t)R, sizeof *rr);
   T_CHECK(ref_dispatch(R, E, K, H * 2, 0, 1, in, rr) == 0, "reference");
-  ep_dispatch_args_t a = {.size = sizeof a, .x = in[me].x, .dtype = EP_DTYPE_BF16,
-                          .num_tokens = N, .hidden = H, .topk_idx = in[me].topk_idx, .topk = K,
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = in[me].x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = N,
+                          .hidden = H,
+                          .topk_idx = in[me].topk_idx,
+                          .topk = K,
                           .num_experts = E};
-  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
-                         .capacity = R * N};
+  ep_dispatch_out_t o = {
+      .size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx, .capacity = R * N};
   T_OK(ep_dispatch(b, &a, &o));
   int nr = o.num_recv_tokens;
   ep_handle_t h = o.handle;
@@ -74,8 +82,10 @@ int main(int argc, char **argv) {
   for (int s = 0; s < R; s++) ref_free_recv(&rr[s]);
   free(x), free(rx), free(idx), free(in), free(rr), free(out);
   if (me == 0)
-    printf("test_mpi_bootstrap: %d MPI ranks on %d host(s), group from MPI callbacks, dispatch "
-           "checked, MPI left to the program\n", R, gi.nhosts);
+    printf(
+        "test_mpi_bootstrap: %d MPI ranks on %d host(s), group from MPI callbacks, dispatch "
+        "checked, MPI left to the program\n",
+        R, gi.nhosts);
   MPI_Finalize();
   return T_PASS;
 }

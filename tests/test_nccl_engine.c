@@ -4,11 +4,11 @@
  * clean close; then, across hosts, a cuda buffer is refused by name (the CUDA data path across
  * hosts is not written yet).
  *
- * Run across pretend hosts under mpirun (tools/gpu_check.sh, step net): every rank claims its own NCCL host
- * (NCCL_HOSTID), so that several ranks can share one GPU; NCCL then uses its socket transport.
- * Exits 77 ("skipped: ...") without a GPU, without NCCL, or in a build without the engine. */
+ * Run across pretend hosts under mpirun (tools/gpu_check.sh, step net): every rank claims its own
+ * NCCL host (NCCL_HOSTID), so that several ranks can share one GPU; NCCL then uses its socket
+ * transport. Exits 77 ("skipped: ...") without a GPU, without NCCL, or in a build without the
+ * engine. */
 #include "common.h"
-
 #include "core/backend.h" /* the network layer's contract and ep_now */
 
 #ifdef EP_HAVE_CUDA
@@ -41,12 +41,13 @@ static void round_trip(const struct ep_net_engine *e, ep_net_t *n, int R, int me
   T_OK(e->post(n, x, k, st));
   T_OK(ep_net_wait(e, n, x, k, ep_now() + 60, 60, NULL, NULL, "NCCL round"));
   T_CHECK(cudaMemcpy(host, dev + bytes * (size_t)R, bytes * (size_t)R, cudaMemcpyDeviceToHost) ==
-              cudaSuccess, "copy back");
+              cudaSuccess,
+          "copy back");
   for (int r = 0; r < R; r++)
     for (size_t i = 0; r != me && i < bytes; i++)
       T_CHECK(host[(size_t)r * bytes + i] == pattern(r, me, round, i),
-              "round %d, %zu bytes: byte %zu from rank %d is %#x, expected %#x", round, bytes, i,
-              r, host[(size_t)r * bytes + i], pattern(r, me, round, i));
+              "round %d, %zu bytes: byte %zu from rank %d is %#x, expected %#x", round, bytes, i, r,
+              host[(size_t)r * bytes + i], pattern(r, me, round, i));
   cudaFree(dev);
   free(host), free(x);
 }
@@ -84,8 +85,7 @@ int main(void) {
   cudaStream_t st;
   T_CHECK(cudaStreamCreate(&st) == cudaSuccess, "stream");
   static const size_t sizes[] = {16, 4096, 1 << 20, 8 << 20};
-  for (int round = 0; round < 8; round++)
-    round_trip(e, n, R, me, sizes[round % 4], round, st);
+  for (int round = 0; round < 8; round++) round_trip(e, n, R, me, sizes[round % 4], round, st);
   T_OK(ep_group_barrier(g));
   e->close(n, true);
   cudaStreamDestroy(st);
@@ -99,8 +99,10 @@ int main(void) {
   }
   t_fini(g);
   if (me == 0)
-    printf("test_nccl_engine: %d ranks on %d host(s): 8 rounds of grouped send/receive checked; "
-           "cuda buffers across hosts refused\n", R, gi.nhosts);
+    printf(
+        "test_nccl_engine: %d ranks on %d host(s): 8 rounds of grouped send/receive checked; "
+        "cuda buffers across hosts refused\n",
+        R, gi.nhosts);
   return T_PASS;
 }
 #else

@@ -53,7 +53,9 @@ static int maps(void) {
   T_OK(ep_buffer_destroy(b));
   t_fini(g);
   free(host_of);
-  if (me == 0) printf("test_net maps: %d host(s): libmpi %s, libnccl not mapped\n", H, mpi ? "mapped" : "not mapped");
+  if (me == 0)
+    printf("test_net maps: %d host(s): libmpi %s, libnccl not mapped\n", H,
+           mpi ? "mapped" : "not mapped");
   return T_PASS;
 }
 
@@ -104,7 +106,8 @@ static int kill_one(int victim, const char *dir) {
           ep_status_name(st), ep_last_error());
   char want[64];
   snprintf(want, sizeof want, "rank %d (host %d", victim, host_of[victim]);
-  T_CHECK(strstr(ep_last_error(), want), "the message does not name '%s': %s", want, ep_last_error());
+  T_CHECK(strstr(ep_last_error(), want), "the message does not name '%s': %s", want,
+          ep_last_error());
   T_CHECK(ms < 2000, "detected after %.0f ms", ms);
   char path[4200];
   snprintf(path, sizeof path, "%s/rank.%d", dir, me);

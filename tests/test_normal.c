@@ -39,9 +39,12 @@ typedef struct {
   float *w;
 } rank_data_t;
 
-
-static size_t row_bytes(const tcase_t *c) { return (size_t)c->H * (c->dtype == EP_DTYPE_BF16 ? 2 : 1); }
-static int num_scales(const tcase_t *c) { return c->dtype == EP_DTYPE_BF16 ? 0 : (c->H + 127) / 128; }
+static size_t row_bytes(const tcase_t *c) {
+  return (size_t)c->H * (c->dtype == EP_DTYPE_BF16 ? 2 : 1);
+}
+static int num_scales(const tcase_t *c) {
+  return c->dtype == EP_DTYPE_BF16 ? 0 : (c->H + 127) / 128;
+}
 
 /* This rank's inputs where the backend reads them (device memory on cuda). */
 typedef struct {
@@ -50,8 +53,12 @@ typedef struct {
   int64_t *idx;
 } dev_in_t;
 
-static bool worst(const tcase_t *c) { return c->path == P_WORST || c->path == P_WVIEW; }
-static bool view(const tcase_t *c) { return c->path == P_VIEW || c->path == P_WVIEW; }
+static bool worst(const tcase_t *c) {
+  return c->path == P_WORST || c->path == P_WVIEW;
+}
+static bool view(const tcase_t *c) {
+  return c->path == P_VIEW || c->path == P_WVIEW;
+}
 
 static void to_dev(const tcase_t *c, const rank_data_t *d, dev_in_t *o) {
   int n = d->in.n;
@@ -61,13 +68,18 @@ static void to_dev(const tcase_t *c, const rank_data_t *d, dev_in_t *o) {
   o->w = t_to_dev(d->w, (size_t)n * c->topk * sizeof(float));
 }
 
-static void free_dev(dev_in_t *o) { t_dfree(o->x), t_dfree(o->scales), t_dfree(o->idx), t_dfree(o->w); }
+static void free_dev(dev_in_t *o) {
+  t_dfree(o->x), t_dfree(o->scales), t_dfree(o->idx), t_dfree(o->w);
+}
 
 static int tokens_of(const tcase_t *c, int s, t_rng *r) {
   switch (c->nmode) {
-    case NM_ZERO_SOME: return s % 2 ? 0 : 1 + t_below(r, 60);
-    case NM_LARGE: return 150 + t_below(r, 100);
-    default: return t_below(r, 48) + (s == 0);
+    case NM_ZERO_SOME:
+      return s % 2 ? 0 : 1 + t_below(r, 60);
+    case NM_LARGE:
+      return 150 + t_below(r, 100);
+    default:
+      return t_below(r, 48) + (s == 0);
   }
 }
 
@@ -80,9 +92,12 @@ static int64_t pick_expert(const tcase_t *c, int R, int E, t_rng *r) {
       while (e < E - 1 && t_below(r, 100) < 70) e++;
       return e % (per * 2 < E ? per * 2 : E);
     }
-    case RT_MASKED: return t_below(r, 10) < 3 ? -1 : t_below(r, E);
-    case RT_EMPTY_RANK: return R > 1 ? t_below(r, E - per) : -1; /* never the last rank */
-    default: return t_below(r, E);
+    case RT_MASKED:
+      return t_below(r, 10) < 3 ? -1 : t_below(r, E);
+    case RT_EMPTY_RANK:
+      return R > 1 ? t_below(r, E - per) : -1; /* never the last rank */
+    default:
+      return t_below(r, E);
   }
 }
 
@@ -189,7 +204,8 @@ typedef struct {
 static int alloc_outputs(void *ctx, const ep_dispatch_args_t *a, int nr, ep_dispatch_out_t *o) {
   alloc_ctx_t *ac = ctx;
   size_t rows = (size_t)nr + 1;
-  ac->blocks[0] = o->recv_x = t_dalloc(rows * (size_t)a->hidden * (a->dtype == EP_DTYPE_BF16 ? 2 : 1));
+  ac->blocks[0] = o->recv_x =
+      t_dalloc(rows * (size_t)a->hidden * (a->dtype == EP_DTYPE_BF16 ? 2 : 1));
   if (a->dtype != EP_DTYPE_BF16)
     ac->blocks[1] = o->recv_x_scales = t_dalloc(rows * (size_t)a->num_scales * 4);
   ac->blocks[2] = o->recv_topk_idx = t_dalloc(rows * (size_t)a->topk * 8);
@@ -207,13 +223,13 @@ typedef struct {
   int nr;
   ep_handle_t h;
   alloc_ctx_t ac;
-  void *dev[7];     /* what this test allocated on the device (freed at the end) */
-  void *dev_x;      /* recv_x as the backend returned it (a view on the view paths) */
-  float *dev_w;     /* recv_topk_weights likewise (combine's topk_weights) */
+  void *dev[7]; /* what this test allocated on the device (freed at the end) */
+  void *dev_x;  /* recv_x as the backend returned it (a view on the view paths) */
+  float *dev_w; /* recv_topk_weights likewise (combine's topk_weights) */
 } got_t;
 
-static void fetch_outputs(ctx_t *x, const tcase_t *c, int E, int rows,
-                          const ep_dispatch_out_t *a, got_t *g) {
+static void fetch_outputs(ctx_t *x, const tcase_t *c, int E, int rows, const ep_dispatch_out_t *a,
+                          got_t *g) {
   int R = x->R, ns = num_scales(c);
   t_dsync();
   g->prefix = t_to_host(g->dev[5], (size_t)R * R * 4);
@@ -272,7 +288,8 @@ static void check_dispatch(ctx_t *x, const tcase_t *c, int E, const ref_recv_t *
   cmp_bytes(g->x, want->x, (size_t)nr * row_bytes(c), "recv_x");
   if (ns) cmp_bytes(g->scales, want->scales, (size_t)nr * ns * 4, "recv_x_scales");
   cmp_bytes(g->idx, want->topk_idx, (size_t)nr * c->topk * 8, "recv_topk_idx");
-  if (c->weights) cmp_bytes(g->w, want->topk_weights, (size_t)nr * c->topk * 4, "recv_topk_weights");
+  if (c->weights)
+    cmp_bytes(g->w, want->topk_weights, (size_t)nr * c->topk * 4, "recv_topk_weights");
   cmp_bytes(g->src, want->src_idx, (size_t)nr * 4, "recv_src_idx");
   cmp_bytes(g->per_expert, want->tokens_per_expert, (size_t)(E / R) * 4, "recv_tokens_per_expert");
   for (int r = nr; worst(c) && r < rows; r++) {
@@ -350,11 +367,14 @@ static void check_combine(ctx_t *x, const tcase_t *c, rank_data_t *all, ref_recv
     t_rng r = t_seed(seed ^ 0xb1a5, (uint64_t)s);
     int n = all[s].in.n, rows = rr[s].nr;
     y[s] = t_xmalloc((size_t)rows * H * 2 + 2);
-    for (size_t i = 0; i < (size_t)rows * H; i++) y[s][i] = c->wide ? wide_bf16(&r) : t_rand_bf16(&r);
+    for (size_t i = 0; i < (size_t)rows * H; i++)
+      y[s][i] = c->wide ? wide_bf16(&r) : t_rand_bf16(&r);
     b0[s] = c->nbias > 0 ? t_xmalloc((size_t)n * H * 2 + 2) : NULL;
     b1[s] = c->nbias > 1 ? t_xmalloc((size_t)n * H * 2 + 2) : NULL;
-    for (size_t i = 0; b0[s] && i < (size_t)n * H; i++) b0[s][i] = c->wide ? wide_bf16(&r) : t_rand_bf16(&r);
-    for (size_t i = 0; b1[s] && i < (size_t)n * H; i++) b1[s][i] = c->wide ? wide_bf16(&r) : t_rand_bf16(&r);
+    for (size_t i = 0; b0[s] && i < (size_t)n * H; i++)
+      b0[s][i] = c->wide ? wide_bf16(&r) : t_rand_bf16(&r);
+    for (size_t i = 0; b1[s] && i < (size_t)n * H; i++)
+      b1[s][i] = c->wide ? wide_bf16(&r) : t_rand_bf16(&r);
     out[s] = t_xmalloc((size_t)n * H * 2 + 2);
     ow[s] = t_xmalloc((size_t)n * c->topk * 4 + 4);
     w[s] = rr[s].topk_weights;
@@ -362,8 +382,7 @@ static void check_combine(ctx_t *x, const tcase_t *c, rank_data_t *all, ref_recv
   }
   T_CHECK(ref_combine_hosts(R, x->nhosts, x->host_of, H, c->topk, in, rr,
                             (const uint16_t *const *)y, c->weights ? w : NULL,
-                            (const uint16_t *const *)b0, (const uint16_t *const *)b1, out,
-                            ow) == 0,
+                            (const uint16_t *const *)b0, (const uint16_t *const *)b1, out, ow) == 0,
           "reference combine failed");
   int n = all[me].in.n, rows = rr[me].nr;
   uint16_t *dout = t_dalloc((size_t)n * H * 2 + 2);
@@ -389,8 +408,8 @@ static void check_combine(ctx_t *x, const tcase_t *c, rank_data_t *all, ref_recv
 static bool has_views(ctx_t *x) {
   ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
   T_OK(ep_buffer_query(x->buf, &i));
-  T_CHECK(i.dispatch_view_lifetime == ((i.caps & EP_CAP_DISPATCH_VIEWS) ? EP_LIFETIME_NEXT_DISPATCH
-                                                                        : EP_LIFETIME_NONE),
+  T_CHECK(i.dispatch_view_lifetime ==
+              ((i.caps & EP_CAP_DISPATCH_VIEWS) ? EP_LIFETIME_NEXT_DISPATCH : EP_LIFETIME_NONE),
           "view lifetime %d does not match the capability", (int)i.dispatch_view_lifetime);
   return (i.caps & EP_CAP_DISPATCH_VIEWS) != 0;
 }
@@ -408,9 +427,11 @@ static void run_case(ctx_t *x, const tcase_t *c, int idx) {
   rank_data_t *all = calloc((size_t)R, sizeof *all);
   ref_rank_input_t *in = calloc((size_t)R, sizeof *in);
   int total = 0;
-  for (int s = 0; s < R; s++) gen_rank(c, R, E, s, seed, &all[s]), in[s] = all[s].in, total += in[s].n;
+  for (int s = 0; s < R; s++)
+    gen_rank(c, R, E, s, seed, &all[s]), in[s] = all[s].in, total += in[s].n;
   ref_recv_t *rr = calloc((size_t)R, sizeof *rr);
-  T_CHECK(ref_dispatch(R, E, c->topk, row_bytes(c), ns, c->align, in, rr) == 0, "reference dispatch");
+  T_CHECK(ref_dispatch(R, E, c->topk, row_bytes(c), ns, c->align, in, rr) == 0,
+          "reference dispatch");
   /* Views need every row at once: they use the default buffer. */
   ep_buffer_t buf = c->nmode == NM_LARGE && !view(c) ? x->small_buf : x->buf;
   dev_in_t dv;
@@ -430,8 +451,8 @@ static void run_case(ctx_t *x, const tcase_t *c, int idx) {
 
 /* H, dtype, topk, E, routing, N, path, weights, biases, alignment, cached */
 static const tcase_t cases[] = {
-    {8, EP_DTYPE_BF16, 1, 0, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 0, 0, 0, 0},        /* 16-byte rows */
-    {16, EP_DTYPE_FP8_E4M3, 2, 64, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 0, 0, 1, 0},  /* 16-byte fp8 */
+    {8, EP_DTYPE_BF16, 1, 0, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 0, 0, 0, 0},       /* 16-byte rows */
+    {16, EP_DTYPE_FP8_E4M3, 2, 64, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 0, 0, 1, 0}, /* 16-byte fp8 */
     {128, EP_DTYPE_BF16, 8, 64, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 1, 4, 1, 0},
     {128, EP_DTYPE_BF16, 9, 288, RT_MASKED, NM_SMALL, P_WORST, 1, 2, 1, 1, 0},
     {256, EP_DTYPE_FP8_E4M3, 8, 256, RT_SKEW, NM_SMALL, P_SYNC, 1, 0, 8, 1, 0},
@@ -439,7 +460,7 @@ static const tcase_t cases[] = {
     {512, EP_DTYPE_FP8_E4M3, 9, 288, RT_EMPTY_RANK, NM_SMALL, P_WORST, 1, 0, 0, 1, 0},
     {64, EP_DTYPE_BF16, 2, 0, RT_EMPTY_RANK, NM_ZERO_SOME, P_SYNC, 0, 1, 0, 1, 0},
     {64, EP_DTYPE_BF16, 8, 64, RT_DUP, NM_SMALL, P_SYNC, 1, 0, 2, 0, 0},
-    {1024, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_LARGE, P_SYNC, 1, 1, 0, 1, 0},   /* many trips */
+    {1024, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_LARGE, P_SYNC, 1, 1, 0, 1, 0}, /* many trips */
     {2048, EP_DTYPE_FP8_E4M3, 8, 64, RT_UNIFORM, NM_LARGE, P_WORST, 0, 0, 0, 1, 0},
     {7168, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 2, 0, 1, 0},
     {7168, EP_DTYPE_FP8_E4M3, 8, 288, RT_MASKED, NM_SMALL, P_SYNC, 1, 0, 0, 1, 0},
@@ -447,7 +468,7 @@ static const tcase_t cases[] = {
     {96, EP_DTYPE_BF16, 9, 0, RT_MASKED, NM_SMALL, P_ALLOC, 1, 1, 3, 0, 0},
     {64, EP_DTYPE_BF16, 32, -1024, RT_UNIFORM, NM_SMALL, P_SYNC, 1, 1, 0, 1, 0}, /* no whitelists */
     {8, EP_DTYPE_BF16, 33, -1024, RT_MASKED, NM_SMALL, P_WORST, 1, 2, 0, 1, 0},
-    {128, EP_DTYPE_BF16, 8, 64, RT_UNIFORM, NM_SMALL, P_VIEW, 1, 1, 0, 1, 0},     /* views */
+    {128, EP_DTYPE_BF16, 8, 64, RT_UNIFORM, NM_SMALL, P_VIEW, 1, 1, 0, 1, 0}, /* views */
     {256, EP_DTYPE_FP8_E4M3, 8, 256, RT_SKEW, NM_SMALL, P_VIEW, 1, 0, 2, 1, 0},
     {7168, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_SMALL, P_VIEW, 1, 2, 0, 0, 0},
     {1024, EP_DTYPE_BF16, 8, 256, RT_UNIFORM, NM_LARGE, P_VIEW, 0, 0, 0, 1, 0},
@@ -472,7 +493,8 @@ int main(int argc, char **argv) {
   T_OK(ep_buffer_create(g, &cfg, &x.small_buf));
   int ran = 0;
   for (int rep = 0; rep < repeat; rep++) /* repeated calls on the same buffers */
-    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++, ran++) run_case(&x, &cases[i], i + rep * 100);
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++, ran++)
+      run_case(&x, &cases[i], i + rep * 100);
   t_case = NULL;
   T_OK(ep_buffer_destroy(x.small_buf));
   T_OK(ep_buffer_destroy(x.buf));

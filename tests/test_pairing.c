@@ -32,8 +32,7 @@ static void expect(ep_status_t st, ep_status_t want, double dt, const char *cons
   T_CHECK(st == want, "got %s, expected %s: %s", ep_status_name(st), ep_status_name(want),
           ep_last_error());
   for (; *words; words++)
-    T_CHECK(strstr(ep_last_error(), *words), "the message lacks '%s': %s", *words,
-            ep_last_error());
+    T_CHECK(strstr(ep_last_error(), *words), "the message lacks '%s': %s", *words, ep_last_error());
   T_CHECK(dt < 2.0, "took %.2f s: a rank waited for a deadline", dt);
   printf("rank %d: %s after %.3f s: %s\n", t_rank, ep_status_name(st), dt, ep_last_error());
 }
@@ -48,8 +47,10 @@ static int reject_create(void) {
   double t0 = tk_now_s();
   ep_status_t st = ep_buffer_create(g, &cfg, &b);
   double dt = tk_now_s() - t0;
-  if (me == 1) expect(st, EP_ERR_OUT_OF_RANGE, dt, (const char *[]){"num_channels", NULL});
-  else expect(st, EP_ERR_PEER_INVALID, dt, (const char *[]){"ep_buffer_create", "rank 1", NULL});
+  if (me == 1)
+    expect(st, EP_ERR_OUT_OF_RANGE, dt, (const char *[]){"num_channels", NULL});
+  else
+    expect(st, EP_ERR_PEER_INVALID, dt, (const char *[]){"ep_buffer_create", "rank 1", NULL});
   cfg.num_channels = 0;
   T_OK(ep_buffer_create(g, &cfg, &b));
   long wrong;
@@ -71,8 +72,9 @@ static int barrier_vs(bool group_destroy) {
   const char *odd = group_destroy ? "ep_group_destroy" : "ep_buffer_destroy";
   if (group_destroy) T_OK(ep_buffer_destroy(b));
   double t0 = tk_now_s();
-  ep_status_t st = me != 1 ? ep_group_barrier(g) : group_destroy ? ep_group_destroy(g)
-                                                                 : ep_buffer_destroy(b);
+  ep_status_t st = me != 1         ? ep_group_barrier(g)
+                   : group_destroy ? ep_group_destroy(g)
+                                   : ep_buffer_destroy(b);
   double dt = tk_now_s() - t0;
   /* Calls on the group so far: create (#0), buffer create (#1), barrier (#2)[, destroy (#3)]. */
   const char *n = group_destroy ? "(#4)" : "(#3)";
@@ -115,8 +117,10 @@ static int bad_buffer(void) {
   double t0 = tk_now_s();
   ep_status_t st = t_round(me == 1 ? NULL : b, R, me, 2, &wrong);
   double dt = tk_now_s() - t0;
-  if (me == 1) expect(st, EP_ERR_NULL_ARG, dt, (const char *[]){"ep_dispatch", NULL});
-  else expect(st, EP_ERR_PEER_INVALID, dt, (const char *[]){"rank 1", NULL});
+  if (me == 1)
+    expect(st, EP_ERR_NULL_ARG, dt, (const char *[]){"ep_dispatch", NULL});
+  else
+    expect(st, EP_ERR_PEER_INVALID, dt, (const char *[]){"rank 1", NULL});
   T_OK(t_round(b, R, me, 3, &wrong)); /* in step again: the rejected call was counted */
   T_CHECK(wrong == 0, "%ld values differ from the reference", wrong);
   T_OK(ep_buffer_destroy(b));
@@ -131,7 +135,8 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "barrier-gdestroy")) return barrier_vs(true);
   if (!strcmp(mode, "allgather-size")) return allgather_size();
   if (!strcmp(mode, "bad-buffer")) return bad_buffer();
-  fprintf(stderr, "usage: test_pairing reject-create|barrier-destroy|barrier-gdestroy|"
+  fprintf(stderr,
+          "usage: test_pairing reject-create|barrier-destroy|barrier-gdestroy|"
           "allgather-size|bad-buffer\n");
   return T_FAIL;
 }

@@ -1,7 +1,7 @@
 /* The combine reduction kernels (src/cpu/cpu_reduce.c): every kernel this CPU has must give the
- * same bits as the scalar loop, and that loop the reference's arithmetic (tools/ref/ref.c), over random
- * rows with the awkward values mixed in: +-0, denormals, +-inf, values whose sum overflows, NaN
- * (every NaN result is the canonical 0x7fff, whatever payload the adds propagated). */
+ * same bits as the scalar loop, and that loop the reference's arithmetic (tools/ref/ref.c), over
+ * random rows with the awkward values mixed in: +-0, denormals, +-inf, values whose sum overflows,
+ * NaN (every NaN result is the canonical 0x7fff, whatever payload the adds propagated). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,7 +36,8 @@ static int first_diff(const uint16_t *a, const uint16_t *b, int H) {
 
 static int check(int H, int n, int with_b0, int with_b1, int nan_ok) {
   uint16_t *rows[8], *b0 = malloc((size_t)H * 2), *b1 = malloc((size_t)H * 2);
-  uint16_t *want = malloc((size_t)H * 2), *got = malloc((size_t)H * 2), *ref = malloc((size_t)H * 2);
+  uint16_t *want = malloc((size_t)H * 2), *got = malloc((size_t)H * 2),
+           *ref = malloc((size_t)H * 2);
   for (int i = 0; i < n; i++) {
     rows[i] = malloc((size_t)H * 2);
     for (int h = 0; h < H; h++) rows[i][h] = value(nan_ok);
@@ -59,8 +60,8 @@ static int check(int H, int n, int with_b0, int with_b1, int nan_ok) {
   static const char *const names[] = {"", "scalar", "vector", "avx2", "avx512"};
   for (int k = CPU_REDUCE_VECTOR; k <= CPU_REDUCE_AVX512; k++) {
     memset(got, 0xee, (size_t)H * 2);
-    if (cpu_reduce_rows_with((cpu_reduce_kind_t)k, got, (const uint16_t *const *)rows, n, p0, p1,
-                             H, (int)(rnd() & 1)) != 0)
+    if (cpu_reduce_rows_with((cpu_reduce_kind_t)k, got, (const uint16_t *const *)rows, n, p0, p1, H,
+                             (int)(rnd() & 1)) != 0)
       continue;
     int h = first_diff(got, want, H);
     if (h >= 0) {

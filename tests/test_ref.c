@@ -1,5 +1,6 @@
-/* Unit tests of the reference implementation (tools/ref/ref.c) on hand-computed cases; every expected value
- * below was derived by hand (the derivation is in the comments), not copied from a run.
+/* Unit tests of the reference implementation (tools/ref/ref.c) on hand-computed cases; every
+ * expected value below was derived by hand (the derivation is in the comments), not copied from a
+ * run.
  *
  *   test_ref          all tests; conversions: every bf16 / e4m3 code, and fp32 inputs built to hit
  *                     every binade and every rounding tie (+- 1 ulp)   (well under a second)
@@ -7,12 +8,12 @@
  * Exit 0: pass; 1: fail (each failure printed).
  * Build: cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -O2 -I../tools/ref -I../tools/lib
  *        test_ref.c ../tools/ref/ref.c ../tools/lib/tk_num.c -lm */
-#include "ref.h"
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "ref.h"
 
 static int failures;
 
@@ -41,11 +42,28 @@ static uint32_t f2u(float f) {
 
 /* bf16 bit patterns used below (sign | exponent+127 << 7 | 7 mantissa bits) */
 enum {
-  BF_0 = 0x0000, BF_M0 = 0x8000, BF_1 = 0x3f80, BF_2 = 0x4000, BF_3 = 0x4040, BF_4 = 0x4080,
-  BF_5 = 0x40a0, BF_6 = 0x40c0, BF_7 = 0x40e0, BF_8 = 0x4100, BF_9 = 0x4110, BF_11 = 0x4130,
-  BF_13 = 0x4150, BF_15 = 0x4170, BF_HALF = 0x3f00, BF_MHALF = 0xbf00, BF_QUARTER = 0x3e80,
-  BF_M1_5 = 0xbfc0, BF_1_75 = 0x3fe0, BF_M3 = 0xc040, BF_448 = 0x43e0,
-  BF_2P24 = 0x4b80,  /* 2^24: exponent 151 = 0x97 */
+  BF_0 = 0x0000,
+  BF_M0 = 0x8000,
+  BF_1 = 0x3f80,
+  BF_2 = 0x4000,
+  BF_3 = 0x4040,
+  BF_4 = 0x4080,
+  BF_5 = 0x40a0,
+  BF_6 = 0x40c0,
+  BF_7 = 0x40e0,
+  BF_8 = 0x4100,
+  BF_9 = 0x4110,
+  BF_11 = 0x4130,
+  BF_13 = 0x4150,
+  BF_15 = 0x4170,
+  BF_HALF = 0x3f00,
+  BF_MHALF = 0xbf00,
+  BF_QUARTER = 0x3e80,
+  BF_M1_5 = 0xbfc0,
+  BF_1_75 = 0x3fe0,
+  BF_M3 = 0xc040,
+  BF_448 = 0x43e0,
+  BF_2P24 = 0x4b80, /* 2^24: exponent 151 = 0x97 */
   BF_M2P24 = 0xcb80,
   BF_2PM8 = 0x3b80,  /* 2^-8: exponent 119 = 0x77 */
   BF_2PM10 = 0x3a80, /* 2^-10: exponent 117 = 0x75 */
@@ -59,7 +77,10 @@ enum {
 /* ================================================================== bf16 */
 
 static void test_bf16_spot(void) {
-  static const struct { uint32_t in; uint16_t out; } c[] = {
+  static const struct {
+    uint32_t in;
+    uint16_t out;
+  } c[] = {
       {0x3f800000, 0x3f80}, /* 1.0 */
       {0xc0000000, 0xc000}, /* -2.0 */
       {0x3f808000, 0x3f80}, /* 1 + 2^-8: halfway 0x3f80 / 0x3f81, tie -> even 0x3f80 */
@@ -122,9 +143,8 @@ static uint16_t bf16_model(uint32_t u) {
 }
 
 /* fp32 inputs that cover every bf16 neighbourhood and tie: every high half x low-half patterns */
-static const uint32_t bf16_low[] = {0x0000, 0x0001, 0x0002, 0x3fff, 0x4000, 0x7ffe, 0x7fff,
-                                    0x8000, 0x8001, 0x8002, 0xbfff, 0xfffe, 0xffff, 0x1234,
-                                    0x9abc, 0x5555};
+static const uint32_t bf16_low[] = {0x0000, 0x0001, 0x0002, 0x3fff, 0x4000, 0x7ffe, 0x7fff, 0x8000,
+                                    0x8001, 0x8002, 0xbfff, 0xfffe, 0xffff, 0x1234, 0x9abc, 0x5555};
 
 static void test_bf16_encode(int full) {
   long bad = 0;
@@ -149,11 +169,26 @@ static void test_bf16_encode(int full) {
 
 static void test_e4m3_decode(void) {
   /* hand values: e = bits 6..3, m = bits 2..0; normal (1 + m/8) 2^(e-7), subnormal m 2^-9 */
-  static const struct { uint8_t v; float f; } spot[] = {
-      {0x00, 0.0f},           {0x01, 0x1p-9f},  {0x07, 7 * 0x1p-9f}, {0x08, 0x1p-6f},
-      {0x09, 1.125f * 0x1p-6f}, {0x38, 1.0f},   {0x3f, 1.875f},      {0x40, 2.0f},
-      {0x44, 3.0f},           {0x77, 240.0f},   {0x78, 256.0f},      {0x7d, 416.0f},
-      {0x7e, 448.0f},         {0xb8, -1.0f},    {0xc4, -3.0f},       {0xfe, -448.0f},
+  static const struct {
+    uint8_t v;
+    float f;
+  } spot[] = {
+      {0x00, 0.0f},
+      {0x01, 0x1p-9f},
+      {0x07, 7 * 0x1p-9f},
+      {0x08, 0x1p-6f},
+      {0x09, 1.125f * 0x1p-6f},
+      {0x38, 1.0f},
+      {0x3f, 1.875f},
+      {0x40, 2.0f},
+      {0x44, 3.0f},
+      {0x77, 240.0f},
+      {0x78, 256.0f},
+      {0x7d, 416.0f},
+      {0x7e, 448.0f},
+      {0xb8, -1.0f},
+      {0xc4, -3.0f},
+      {0xfe, -448.0f},
       {0x81, -0x1p-9f},
   };
   for (size_t i = 0; i < sizeof spot / sizeof spot[0]; i++)
@@ -166,7 +201,8 @@ static void test_e4m3_decode(void) {
    * codes mirror them; only 0x7f/0xff are NaN. */
   for (int c = 0; c < 0x7e; c++) {
     float step = c < 8 ? 0x1p-9f : ldexpf(1.0f, c / 8 - 10);
-    CHECK(ref_e4m3_to_f32((uint8_t)(c + 1)) - ref_e4m3_to_f32((uint8_t)c) == step, "step at 0x%02x", c);
+    CHECK(ref_e4m3_to_f32((uint8_t)(c + 1)) - ref_e4m3_to_f32((uint8_t)c) == step, "step at 0x%02x",
+          c);
   }
   for (int c = 0; c < 0x80; c++) {
     float p = ref_e4m3_to_f32((uint8_t)c), n = ref_e4m3_to_f32((uint8_t)(c | 0x80));
@@ -178,25 +214,28 @@ static void test_e4m3_decode(void) {
 }
 
 static void test_e4m3_encode_spot(void) {
-  static const struct { float f; uint8_t out; } c[] = {
+  static const struct {
+    float f;
+    uint8_t out;
+  } c[] = {
       {1.0f, 0x38},
       {-3.0f, 0xc4},
       {448.0f, 0x7e},
-      {449.0f, 0x7e},     /* above max: saturate */
-      {464.0f, 0x7e},     /* would round to 480, which e4m3fn does not have: saturate */
+      {449.0f, 0x7e}, /* above max: saturate */
+      {464.0f, 0x7e}, /* would round to 480, which e4m3fn does not have: saturate */
       {1e30f, 0x7e},
       {-1e30f, 0xfe},
-      {432.0f, 0x7e},     /* halfway 416 (0x7d) / 448 (0x7e): tie -> even 0x7e */
+      {432.0f, 0x7e}, /* halfway 416 (0x7d) / 448 (0x7e): tie -> even 0x7e */
       {424.0f, 0x7d},
-      {248.0f, 0x78},     /* halfway 240 (0x77) / 256 (0x78) -> even 0x78 */
-      {1.0625f, 0x38},    /* halfway 1 (0x38) / 1.125 (0x39) -> even 0x38 */
-      {1.1875f, 0x3a},    /* halfway 1.125 (0x39) / 1.25 (0x3a) -> even 0x3a */
-      {0x1p-10f, 0x00},   /* halfway 0 / 2^-9 (subnormal) -> even 0 */
+      {248.0f, 0x78},       /* halfway 240 (0x77) / 256 (0x78) -> even 0x78 */
+      {1.0625f, 0x38},      /* halfway 1 (0x38) / 1.125 (0x39) -> even 0x38 */
+      {1.1875f, 0x3a},      /* halfway 1.125 (0x39) / 1.25 (0x3a) -> even 0x3a */
+      {0x1p-10f, 0x00},     /* halfway 0 / 2^-9 (subnormal) -> even 0 */
       {3 * 0x1p-10f, 0x02}, /* halfway 2^-9 (0x01) / 2^-8 (0x02) -> even 0x02 */
       {0x1p-10f + 0x1p-20f, 0x01},
       {15 * 0x1p-10f, 0x08}, /* halfway 7*2^-9 (0x07) / 2^-6 (0x08) -> even 0x08 */
-      {0.0009f, 0x00},    /* below 2^-10 */
-      {-0x1p-12f, 0x80},  /* tiny negative -> -0 */
+      {0.0009f, 0x00},       /* below 2^-10 */
+      {-0x1p-12f, 0x80},     /* tiny negative -> -0 */
       {0x1p-149f, 0x00},
       {-0.0f, 0x80},
   };
@@ -220,7 +259,10 @@ static uint8_t e4m3_model(uint32_t u) {
   int lo = 0, hi = 126; /* largest c with e4m3_pos[c] <= a */
   while (lo < hi) {
     int m = (lo + hi + 1) / 2;
-    if (e4m3_pos[m] <= a) lo = m; else hi = m - 1;
+    if (e4m3_pos[m] <= a)
+      lo = m;
+    else
+      hi = m - 1;
   }
   if (e4m3_pos[lo] == a) return sign | (uint8_t)lo;
   double mid = ((double)e4m3_pos[lo] + (double)e4m3_pos[lo + 1]) / 2; /* exact */
@@ -283,7 +325,8 @@ static void test_layout(void) {
   CHECK(memcmp(in, want1, 4) == 0, "is_token_in_rank rank 1");
   /* duplicates count per slot in tokens_per_expert, once in tokens_per_rank */
   static const int64_t dup[] = {1, 1};
-  CHECK(ref_layout(dup, 1, 2, 4, 2, tpr, tpe, NULL) == 0 && tpe[1] == 2 && tpr[0] == 1, "duplicate");
+  CHECK(ref_layout(dup, 1, 2, 4, 2, tpr, tpe, NULL) == 0 && tpe[1] == 2 && tpr[0] == 1,
+        "duplicate");
   CHECK(ref_layout(ids0, 3, 2, 4, 2, NULL, NULL, NULL) == 0, "all outputs NULL");
 
   /* bad ids: -1 returned, outputs untouched */
@@ -408,8 +451,10 @@ static void test_combine(void) {
    * s1t0: 5; 6         s1t1: 3 + 6 = 9; 1 + 2^-8 = tie between 0x3f80 / 0x3f81 -> 0x3f80 */
   static const uint16_t e0[] = {BF_5, BF_0, BF_2, BF_2PM8, BF_0, BF_0};
   static const uint16_t e1[] = {BF_5, BF_6, BF_9, BF_1};
-  for (int i = 0; i < 6; i++) CHECK(o0[i] == e0[i], "out[0][%d] = 0x%04x, want 0x%04x", i, o0[i], e0[i]);
-  for (int i = 0; i < 4; i++) CHECK(o1[i] == e1[i], "out[1][%d] = 0x%04x, want 0x%04x", i, o1[i], e1[i]);
+  for (int i = 0; i < 6; i++)
+    CHECK(o0[i] == e0[i], "out[0][%d] = 0x%04x, want 0x%04x", i, o0[i], e0[i]);
+  for (int i = 0; i < 4; i++)
+    CHECK(o1[i] == e1[i], "out[1][%d] = 0x%04x, want 0x%04x", i, o1[i], e1[i]);
   /* weights come back where the id was valid, 0 for the -1 slot (7.0 was dropped) and for t2 */
   static const float ew0[] = {0.5f, 0.25f, 1.0f, 0, 0, 0};
   static const float ew1[] = {0.125f, 0.375f, 0.75f, 0.0625f};
@@ -430,7 +475,8 @@ static void test_combine(void) {
   const uint16_t *b0[2] = {b00, NULL}, *b1[2] = {b10, NULL};
   CHECK(ref_combine(2, 2, 2, in, rv, yb, NULL, b0, b1, out, NULL) == 0, "combine with bias");
   static const uint16_t eb0[] = {BF_0, BF_1P7, BF_2, BF_2PM8, BF_M0, BF_2};
-  for (int i = 0; i < 6; i++) CHECK(o0[i] == eb0[i], "bias out[0][%d] = 0x%04x, want 0x%04x", i, o0[i], eb0[i]);
+  for (int i = 0; i < 6; i++)
+    CHECK(o0[i] == eb0[i], "bias out[0][%d] = 0x%04x, want 0x%04x", i, o0[i], eb0[i]);
   CHECK(o1[0] == BF_5 && o1[1] == BF_6 && o1[2] == BF_9 && o1[3] == BF_1, "bias out[1]");
   ref_free_recv(&rv[0]);
   ref_free_recv(&rv[1]);
@@ -441,8 +487,8 @@ static void test_combine(void) {
    * weights slot 0: 2^24, 1, -2^24 -> 0 likewise; slot 1: 1 + 2 + 3 = 6; slot 2: 0. */
   static const int64_t ids3[] = {0, 1, 2};
   uint16_t x3 = BF_1;
-  ref_rank_input_t in3[3] = {{1, &x3, NULL, ids3, NULL}, {0, NULL, NULL, NULL, NULL},
-                             {0, NULL, NULL, NULL, NULL}};
+  ref_rank_input_t in3[3] = {
+      {1, &x3, NULL, ids3, NULL}, {0, NULL, NULL, NULL, NULL}, {0, NULL, NULL, NULL, NULL}};
   ref_recv_t rv3[3];
   if (ref_dispatch(3, 3, 3, 2, 0, 0, in3, rv3) != 0) {
     CHECK(0, "dispatch R=3");
@@ -459,7 +505,8 @@ static void test_combine(void) {
   float *outw3[3] = {ow3, NULL, NULL};
   CHECK(ref_combine(3, 1, 3, in3, rv3, y3, w3, NULL, NULL, out3, outw3) == 0, "combine R=3");
   CHECK(o3 == BF_0, "ascending rank order: got 0x%04x, want 0x0000", o3);
-  CHECK(ow3[0] == 0.0f && ow3[1] == 6.0f && ow3[2] == 0.0f, "weights %g %g %g", ow3[0], ow3[1], ow3[2]);
+  CHECK(ow3[0] == 0.0f && ow3[1] == 6.0f && ow3[2] == 0.0f, "weights %g %g %g", ow3[0], ow3[1],
+        ow3[2]);
 
   /* Across hosts (§4.6): ranks 0 | 1, 2 on two hosts: host 1's partial first, 1 + -2^24 =
    * -(2^24 - 1) (exact), then 2^24 + that = 1. One host (or host_of NULL) is §4.2: 0. */
@@ -469,7 +516,8 @@ static void test_combine(void) {
   CHECK(o3 == BF_1, "host partials: got 0x%04x, want 0x3f80", o3);
   CHECK(ow3[0] == 1.0f && ow3[1] == 6.0f, "host-partial weights %g %g", ow3[0], ow3[1]);
   CHECK(ref_combine_hosts(3, 1, one_host, 1, 3, in3, rv3, y3, w3, NULL, NULL, out3, outw3) == 0 &&
-            o3 == BF_0, "one host is the flat order: got 0x%04x", o3);
+            o3 == BF_0,
+        "one host is the flat order: got 0x%04x", o3);
   CHECK(ref_combine_hosts(3, 2, NULL, 1, 3, in3, rv3, y3, w3, NULL, NULL, out3, outw3) == -1,
         "hosts without host_of");
   /* Host outputs of the layout: the token goes to both hosts, once each. */
@@ -489,11 +537,18 @@ static void test_ll_cast(void) {
   for (int i = 0; i < 512; i++) x[i] = BF_0;
   /* block 0: amax 448 -> non-round: scale = 448/448 = 1; scale_inv = 448 * fl(1/448) = 1 (fl(1/7) =
    * 1/7 + 3/7 * 2^-26, so 7 * fl(1/7) = 1 + 3 * 2^-26, which rounds to 1). round: e = 0. */
-  x[0] = BF_448; x[1] = BF_1; x[2] = BF_M3; x[3] = BF_2PM10; x[4] = BF_3PM10; x[5] = BF_M0;
+  x[0] = BF_448;
+  x[1] = BF_1;
+  x[2] = BF_M3;
+  x[3] = BF_2PM10;
+  x[4] = BF_3PM10;
+  x[5] = BF_M0;
   /* block 1: amax 1 -> non-round: scale 448, scale_inv = fl(1/448) = 0x3b124925 (1/7 = 0.(001)b,
    * rounded up at bit 24; exponent -9). round: fl(1/448) has exponent -9 and a nonzero mantissa,
    * so e = -8: scale 256, scale_inv 2^-8, ue8m0 119. */
-  x[128] = BF_1; x[129] = BF_MHALF; x[130] = BF_QUARTER;
+  x[128] = BF_1;
+  x[129] = BF_MHALF;
+  x[130] = BF_QUARTER;
   /* block 2: all zero but a -0: amax floored at 1e-4; round: 1e-4/448 = 2.23e-7 lies in
    * [2^-23, 2^-22) -> e = -22, ue8m0 105 */
   x[256] = BF_M0;
@@ -501,7 +556,9 @@ static void test_ll_cast(void) {
    * 0x71; -2 -> -298.67 in [256,512), spacing 32 -> -288 = 0xf9; 3 -> ~448 -> 0x7e.
    * round: 3/448 in [2^-8, 2^-7) -> e = -7, scale 128: 1 -> 128 = 0x70, -2 -> -256 = 0xf8,
    * 3 -> 384 = 0x7c */
-  x[384] = BF_1; x[385] = 0xc000 /* -2 */; x[386] = BF_3;
+  x[384] = BF_1;
+  x[385] = 0xc000 /* -2 */;
+  x[386] = BF_3;
 
   uint8_t q[512], ue[4];
   float sc[4];
@@ -513,7 +570,8 @@ static void test_ll_cast(void) {
   CHECK(f2u(sc[1]) == 0x3b124925u, "block 1 scale_inv 0x%08x", f2u(sc[1]));
   CHECK(q[256] == 0x80 && q[257] == 0x00, "block 2 values");
   CHECK(sc[2] > 2.23e-7f && sc[2] < 2.24e-7f, "block 2 scale_inv %g", sc[2]);
-  CHECK(q[384] == 0x71 && q[385] == 0xf9 && q[386] == 0x7e, "block 3 values %02x %02x %02x", q[384], q[385], q[386]);
+  CHECK(q[384] == 0x71 && q[385] == 0xf9 && q[386] == 0x7e, "block 3 values %02x %02x %02x", q[384],
+        q[385], q[386]);
   int zeros = 1;
   for (int b = 0; b < 4; b++)
     for (int i = 7; i < 128; i++) zeros &= q[b * 128 + i] == 0;
@@ -524,7 +582,8 @@ static void test_ll_cast(void) {
   CHECK(sc[0] == 1.0f && ue[0] == 127, "round: block 0 scale %a / %d", sc[0], ue[0]);
   CHECK(q[128] == 0x78 && q[129] == 0xf0 && q[130] == 0x68, "round: block 1 values");
   CHECK(sc[1] == 0x1p-8f && ue[1] == 119, "round: block 1 scale %a / %d", sc[1], ue[1]);
-  CHECK(q[256] == 0x80 && sc[2] == 0x1p-22f && ue[2] == 105, "round: block 2 %a / %d", sc[2], ue[2]);
+  CHECK(q[256] == 0x80 && sc[2] == 0x1p-22f && ue[2] == 105, "round: block 2 %a / %d", sc[2],
+        ue[2]);
   CHECK(q[384] == 0x70 && q[385] == 0xf8 && q[386] == 0x7c && sc[3] == 0x1p-7f && ue[3] == 120,
         "round: block 3");
 
@@ -585,18 +644,24 @@ static void test_ll(void) {
   ref_rank_input_t in[2] = {{2, x0, NULL, lid0, lw0}, {3, x1, NULL, lid1, lw1}};
   ref_ll_recv_t o[2];
   CHECK(ref_ll_dispatch(2, T, 4, H, 2, in, 0, 0, 0, o) == 0, "ll dispatch");
-  CHECK(o[0].count[0] == 1 && o[0].count[1] == 2 && o[1].count[0] == 4 && o[1].count[1] == 0, "counts");
+  CHECK(o[0].count[0] == 1 && o[0].count[1] == 2 && o[1].count[0] == 4 && o[1].count[1] == 0,
+        "counts");
   const uint16_t *r0 = o[0].x, *r1 = o[1].x;
   CHECK(row_const(r0, BF_11), "rank 0 e0 row 0");
-  CHECK(row_const(r0 + (size_t)RT * H, BF_1) && row_const(r0 + (size_t)(RT + 1) * H, BF_13), "rank 0 e1 rows");
+  CHECK(row_const(r0 + (size_t)RT * H, BF_1) && row_const(r0 + (size_t)(RT + 1) * H, BF_13),
+        "rank 0 e1 rows");
   CHECK(row_const(r1, BF_1) && row_const(r1 + H, BF_2) && row_const(r1 + 2 * H, BF_11) &&
-            row_const(r1 + 3 * H, BF_13), "rank 1 e2 rows");
-  CHECK(o[0].src_info[0] == 0 && o[0].src_info[RT] == 0 && o[0].src_info[RT + 1] == 2, "rank 0 src_info");
-  CHECK(o[1].src_info[0] == 0 && o[1].src_info[1] == 1 && o[1].src_info[2] == 0 && o[1].src_info[3] == 2,
+            row_const(r1 + 3 * H, BF_13),
+        "rank 1 e2 rows");
+  CHECK(o[0].src_info[0] == 0 && o[0].src_info[RT] == 0 && o[0].src_info[RT + 1] == 2,
+        "rank 0 src_info");
+  CHECK(o[1].src_info[0] == 0 && o[1].src_info[1] == 1 && o[1].src_info[2] == 0 &&
+            o[1].src_info[3] == 2,
         "rank 1 src_info");
   CHECK(o[1].src_info[RT] == -1, "unused row src_info -1");
   const int64_t *lr0 = o[0].layout_range, *lr1 = o[1].layout_range;
-  CHECK(lr0[0] == 0 && lr0[1] == 1, "rank 0 e0 layout %llx %llx", (long long)lr0[0], (long long)lr0[1]);
+  CHECK(lr0[0] == 0 && lr0[1] == 1, "rank 0 e0 layout %llx %llx", (long long)lr0[0],
+        (long long)lr0[1]);
   CHECK(lr0[2] == 1 && lr0[3] == ((1ll << 32) | 1), "rank 0 e1 layout");
   CHECK(lr1[0] == 2 && lr1[1] == ((2ll << 32) | 2), "rank 1 e2 layout");
   CHECK(lr1[2] == 0 && lr1[3] == 0, "rank 1 e3 layout");
@@ -680,8 +745,10 @@ static void test_ll_fma(void) {
   const uint16_t *yp[1] = {y};
   uint16_t o[128];
   uint16_t *op[1] = {o};
-  CHECK(ref_ll_combine(1, 1, 2, 128, 2, &in, yp, 1, op) == 0 && o[0] == BF_2PM24, "fused: 0x%04x", o[0]);
-  CHECK(ref_ll_combine(1, 1, 2, 128, 2, &in, yp, 0, op) == 0 && o[0] == BF_0, "separate: 0x%04x", o[0]);
+  CHECK(ref_ll_combine(1, 1, 2, 128, 2, &in, yp, 1, op) == 0 && o[0] == BF_2PM24, "fused: 0x%04x",
+        o[0]);
+  CHECK(ref_ll_combine(1, 1, 2, 128, 2, &in, yp, 0, op) == 0 && o[0] == BF_0, "separate: 0x%04x",
+        o[0]);
 }
 
 /* ================================================================== randomized invariants */

@@ -35,11 +35,16 @@ static const char *one_iter(worker_t *w, int it) {
     in[r] = (ref_rank_input_t){N, xs + (size_t)r * N * H, NULL, idx + (size_t)r * N * K, NULL};
   }
   const char *err = NULL;
-  ep_dispatch_args_t a = {.size = sizeof a, .x = in[me].x, .dtype = EP_DTYPE_BF16,
-                          .num_tokens = N, .hidden = H, .topk_idx = in[me].topk_idx, .topk = K,
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = in[me].x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = N,
+                          .hidden = H,
+                          .topk_idx = in[me].topk_idx,
+                          .topk = K,
                           .num_experts = E};
-  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx,
-                         .capacity = R * N};
+  ep_dispatch_out_t o = {
+      .size = sizeof o, .mode = EP_OUTPUT_CALLER, .recv_x = rx, .capacity = R * N};
   if (ep_dispatch(w->b, &a, &o) != EP_OK) err = "dispatch failed";
   int nr = o.num_recv_tokens;
   ep_handle_t h = o.handle;
@@ -71,8 +76,12 @@ static void *overlap(void *arg) {
   nanosleep(&(struct timespec){0, 100 * 1000 * 1000}, NULL);
   int64_t idx[1] = {0};
   int32_t pr[64];
-  ep_layout_args_t l = {.size = sizeof l, .topk_idx = idx, .num_tokens = 1, .topk = 1,
-                        .num_experts = 64, .tokens_per_rank = pr};
+  ep_layout_args_t l = {.size = sizeof l,
+                        .topk_idx = idx,
+                        .num_tokens = 1,
+                        .topk = 1,
+                        .num_experts = 64,
+                        .tokens_per_rank = pr};
   o->st = ep_get_dispatch_layout(o->b, &l);
   return NULL;
 }
@@ -95,8 +104,10 @@ int main(void) {
   if (w[0].R > 1) {
     overlap_t o = {w[0].b, EP_OK};
     pthread_t t;
-    if (w[0].me == 0) pthread_create(&t, NULL, overlap, &o);
-    else nanosleep(&(struct timespec){0, 400 * 1000 * 1000}, NULL);
+    if (w[0].me == 0)
+      pthread_create(&t, NULL, overlap, &o);
+    else
+      nanosleep(&(struct timespec){0, 400 * 1000 * 1000}, NULL);
     T_CHECK(one_iter(&w[0], 99) == NULL, "iteration after the overlap failed");
     if (w[0].me == 0) {
       pthread_join(t, NULL);
@@ -108,6 +119,7 @@ int main(void) {
     T_OK(ep_buffer_destroy(w[i].b));
     T_OK(ep_group_destroy(w[i].g));
   }
-  if (w[0].me == 0) printf("test_threads: R=%d: 2 groups x %d iterations concurrently\n", w[0].R, ITERS);
+  if (w[0].me == 0)
+    printf("test_threads: R=%d: 2 groups x %d iterations concurrently\n", w[0].R, ITERS);
   return T_PASS;
 }

@@ -24,13 +24,13 @@ typedef struct {
   int32_t ok;
 } figures_t;
 
-#define CHECK(call)                                                                     \
-  do {                                                                                  \
-    ep_status_t st_ = (call);                                                           \
-    if (st_) {                                                                          \
-      fprintf(stderr, "epcomm demo: %s: %s\n", ep_status_name(st_), ep_last_error());   \
-      exit(1);                                                                          \
-    }                                                                                   \
+#define CHECK(call)                                                                   \
+  do {                                                                                \
+    ep_status_t st_ = (call);                                                         \
+    if (st_) {                                                                        \
+      fprintf(stderr, "epcomm demo: %s: %s\n", ep_status_name(st_), ep_last_error()); \
+      exit(1);                                                                        \
+    }                                                                                 \
   } while (0)
 
 /* Rank r's tokens, rebuilt identically by every rank (the reference needs all of them). */
@@ -85,13 +85,14 @@ static int verify(const demo_opts_t *o, int R, int me, const uint16_t *rx, int n
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: epcomm demo [--tokens N] [--hidden H] [--topk K] [--experts E] [--iters I]\n"
-             "Run it under `epcomm launch -n R`: every rank dispatches N random bf16 tokens of\n"
-             "hidden size H to K of E experts, scales the rows by 2, combines them back, checks\n"
-             "both against the reference, and rank 0 prints the figures (best of I calls).\n"
-             "defaults: N 512, H 7168, K 8, E 256 (rounded down to a multiple of the ranks), I 5\n"
-             "ranges:   N 1..65536, H 8..65536 (a multiple of 8), K 1..64, E R..65536 and >= K,\n"
-             "          I 1..1000\n");
+  fprintf(f,
+          "usage: epcomm demo [--tokens N] [--hidden H] [--topk K] [--experts E] [--iters I]\n"
+          "Run it under `epcomm launch -n R`: every rank dispatches N random bf16 tokens of\n"
+          "hidden size H to K of E experts, scales the rows by 2, combines them back, checks\n"
+          "both against the reference, and rank 0 prints the figures (best of I calls).\n"
+          "defaults: N 512, H 7168, K 8, E 256 (rounded down to a multiple of the ranks), I 5\n"
+          "ranges:   N 1..65536, H 8..65536 (a multiple of 8), K 1..64, E R..65536 and >= K,\n"
+          "          I 1..1000\n");
 }
 
 /* Only rank 0 (or a process started alone) prints usage and option errors. */
@@ -140,17 +141,19 @@ static int parse(int argc, char **argv, demo_opts_t *o) {
     i++;
   }
   if (o->hidden % 8) {
-    if (speaks()) fprintf(stderr, "epcomm demo: --hidden %d: a bf16 row must be a multiple of 16 "
-                          "bytes: want a multiple of 8\n", o->hidden);
+    if (speaks())
+      fprintf(stderr,
+              "epcomm demo: --hidden %d: a bf16 row must be a multiple of 16 "
+              "bytes: want a multiple of 8\n",
+              o->hidden);
     return 2;
   }
   return 0;
 }
 
 /* One timed dispatch + "expert" + combine; the last iteration's outputs are kept for checking. */
-static void run_iters(ep_buffer_t buf, const demo_opts_t *o, const uint16_t *x,
-                      const int64_t *idx, uint16_t *rx, int cap, uint16_t *y, uint16_t *out,
-                      figures_t *f) {
+static void run_iters(ep_buffer_t buf, const demo_opts_t *o, const uint16_t *x, const int64_t *idx,
+                      uint16_t *rx, int cap, uint16_t *y, uint16_t *out, figures_t *f) {
   f->dispatch_s = f->combine_s = 1e30;
   for (int it = 0; it < o->iters; it++) {
     ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
@@ -178,8 +181,10 @@ static void run_iters(ep_buffer_t buf, const demo_opts_t *o, const uint16_t *x,
 }
 
 static void print_table(const demo_opts_t *o, int R, const figures_t *all) {
-  printf("epcomm demo: %d ranks, cpu backend, %d tokens/rank, hidden %d (bf16), topk %d, "
-         "%d experts\n\n", R, o->tokens, o->hidden, o->topk, o->experts);
+  printf(
+      "epcomm demo: %d ranks, cpu backend, %d tokens/rank, hidden %d (bf16), topk %d, "
+      "%d experts\n\n",
+      R, o->tokens, o->hidden, o->topk, o->experts);
   printf("rank  recv_tokens  recv_MB  dispatch_ms  dispatch_GB/s  combine_ms  combine_GB/s\n");
   int ok = 1;
   for (int r = 0; r < R; r++) {
@@ -205,12 +210,14 @@ int ep_cmd_demo(int argc, char **argv) {
   CHECK(ep_group_rank(g, &me));
   CHECK(ep_group_nranks(g, &R));
   int asked = o.experts;
-  o.experts -= o.experts % R; /* nearest E divisible by R */
+  o.experts -= o.experts % R;                /* nearest E divisible by R */
   if (o.experts < R || o.experts < o.topk) { /* every rank stops; rank 0 says why */
     int lo = ((o.topk > R ? o.topk : R) + R - 1) / R * R;
     if (me == 0)
-      fprintf(stderr, "epcomm demo: --experts %d: with %d ranks and --topk %d, want a multiple "
-              "of %d from %d to 65536\n", asked, R, o.topk, R, lo);
+      fprintf(stderr,
+              "epcomm demo: --experts %d: with %d ranks and --topk %d, want a multiple "
+              "of %d from %d to 65536\n",
+              asked, R, o.topk, R, lo);
     CHECK(ep_group_destroy(g));
     return 2;
   }

@@ -16,16 +16,17 @@
 #include "tk_json.h"
 
 static int usage(FILE *f) {
-  fprintf(f,
-          "usage: epcomm doctor env [--json] [--config-bytes N[K|M|G]]\n"
-          "       epcomm doctor run [--json] [--log FILE] -- COMMAND [ARGS...]\n"
-          "       epcomm doctor verify [--json] [--baseline RUN.json] [--log FILE] -- COMMAND...\n"
-          "       epcomm doctor classify [--json | --lines] LOGFILE   (a log captured earlier; - "
-          "is stdin)\n"
-          "       epcomm doctor rules                                 (the rulebook in use)\n"
-          "run and verify exit with the command's status (verify: 0 when clean, 1 otherwise).\n"
-          "The rulebook is $EP_DOCTOR_RULES, else ../share/epcomm/doctor-rules.txt from the epcomm\n"
-          "binary. See docs/DOCTOR.md.\n");
+  fprintf(
+      f,
+      "usage: epcomm doctor env [--json] [--config-bytes N[K|M|G]]\n"
+      "       epcomm doctor run [--json] [--log FILE] -- COMMAND [ARGS...]\n"
+      "       epcomm doctor verify [--json] [--baseline RUN.json] [--log FILE] -- COMMAND...\n"
+      "       epcomm doctor classify [--json | --lines] LOGFILE   (a log captured earlier; - "
+      "is stdin)\n"
+      "       epcomm doctor rules                                 (the rulebook in use)\n"
+      "run and verify exit with the command's status (verify: 0 when clean, 1 otherwise).\n"
+      "The rulebook is $EP_DOCTOR_RULES, else ../share/epcomm/doctor-rules.txt from the epcomm\n"
+      "binary. See docs/DOCTOR.md.\n");
   return f == stdout ? 0 : 2;
 }
 
@@ -329,8 +330,11 @@ static int parse_opts(int argc, char **argv, opts_t *o) {
       *(a[2] == 'l' ? &o->log : &o->baseline) = next, i++;
     } else if (!strcmp(a, "--config-bytes") && next) {
       if (parse_bytes(next, &o->config_bytes))
-        return fprintf(stderr, "epcomm doctor: --config-bytes '%s': not N[K|M|G] bytes (a whole "
-                       "number, K/M/G = 2^10/2^20/2^30)\n", next), -1;
+        return fprintf(stderr,
+                       "epcomm doctor: --config-bytes '%s': not N[K|M|G] bytes (a whole "
+                       "number, K/M/G = 2^10/2^20/2^30)\n",
+                       next),
+               -1;
       i++;
     } else if (a[0] != '-' || !strcmp(a, "-")) {
       if (o->file) return -1;

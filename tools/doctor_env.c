@@ -388,7 +388,9 @@ static int cgroup_room(double *room, double *limit) {
   while (f && fgets(line, sizeof line, f)) {
     line[strcspn(line, "\n")] = '\0';
     int v2 = !strncmp(line, "0::", 3);
-    const char *path = v2 ? line + 3 : strstr(line, ":memory:") ? strstr(line, ":memory:") + 8 : NULL;
+    const char *path = v2                         ? line + 3
+                       : strstr(line, ":memory:") ? strstr(line, ":memory:") + 8
+                                                  : NULL;
     if (!path) continue;
     const char *base = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
     const char *max = v2 ? "memory.max" : "memory.limit_in_bytes";
@@ -427,8 +429,10 @@ static void check_segments(dr_checks_t *c, uint64_t need) {
   double have = cg && room < ram ? room : ram;
   char where[160];
   if (cg)
-    snprintf(where, sizeof where, "%.1f GiB RAM available, %.1f GiB left under the memory "
-             "cgroup's limit of %.1f GiB", ram / GIB, room / GIB, limit / GIB);
+    snprintf(where, sizeof where,
+             "%.1f GiB RAM available, %.1f GiB left under the memory "
+             "cgroup's limit of %.1f GiB",
+             ram / GIB, room / GIB, limit / GIB);
   else
     snprintf(where, sizeof where, "%.1f GiB RAM available, no memory cgroup limit", ram / GIB);
   int st = have < 0 ? DR_INFO : have < (double)need ? DR_FAIL : have < 2.0 * need ? DR_WARN : DR_OK;
@@ -594,8 +598,10 @@ static void check_ep_variable(dr_checks_t *c, const char *name, const char *val)
     char fix[320];
     snprintf(fix, sizeof fix, "set it to %s, or unset it (default: %s)", v->accepted,
              *v->default_value ? v->default_value : "derived");
-    dr_check_add(c, name, DR_FAIL, fix, "%s (ep_group_create and ep_buffer_create fail with "
-                 "EP_ERR_INVALID_ARG)", ep_last_error());
+    dr_check_add(c, name, DR_FAIL, fix,
+                 "%s (ep_group_create and ep_buffer_create fail with "
+                 "EP_ERR_INVALID_ARG)",
+                 ep_last_error());
     return;
   }
   const char *fix = "";

@@ -3,9 +3,9 @@
  * (interfaces, a split of ranks that works). Library loads go through dlopen, as the library's
  * own engines do; nothing here starts MPI or NCCL. */
 #include <dlfcn.h>
-#include <stdbool.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +27,8 @@ static int interfaces(char *out, size_t n) {
   int count = 0;
   for (struct ifaddrs *i = all; i; i = i->ifa_next) {
     if (!i->ifa_name || strstr(out, i->ifa_name)) continue;
-    used += (size_t)snprintf(out + used, used < n ? n - used : 0, "%s%s", count ? ", " : "", i->ifa_name);
+    used += (size_t)snprintf(out + used, used < n ? n - used : 0, "%s%s", count ? ", " : "",
+                             i->ifa_name);
     count++;
   }
   freeifaddrs(all);
@@ -72,7 +73,8 @@ int dr_judge_socket_ifname(const char *v, const char **fix) {
   }
   char names[200];
   interfaces(names, sizeof names);
-  snprintf(msg, sizeof msg, "it %s no interface that is up here (interfaces: %s): NCCL then "
+  snprintf(msg, sizeof msg,
+           "it %s no interface that is up here (interfaces: %s): NCCL then "
            "fails to create communicators; name one of them (NCCL_SOCKET_IFNAME=lo on one machine)",
            excluded ? "excludes every" : "matches", names);
   *fix = msg;
@@ -90,15 +92,20 @@ static void check_split(dr_checks_t *c) {
     dr_check_add(c, "hosts", DR_FAIL, "make EP_HOSTS divide the number of ranks",
                  "EP_HOSTS=%d does not divide the %d ranks: every host holds as many ranks", H, R);
   else if ((H > 1 || id) && !mpi)
-    dr_check_add(c, "hosts", DR_WARN, "start the ranks with `epcomm launch -n R --hosts H` or "
-                 "mpirun: the hosts talk through MPI", "%s set, but not under an MPI launcher",
-                 id ? "EP_HOST_ID" : "EP_HOSTS");
+    dr_check_add(c, "hosts", DR_WARN,
+                 "start the ranks with `epcomm launch -n R --hosts H` or "
+                 "mpirun: the hosts talk through MPI",
+                 "%s set, but not under an MPI launcher", id ? "EP_HOST_ID" : "EP_HOSTS");
   else if (H > 1 || id)
-    dr_check_add(c, "hosts", DR_OK, "", "the job is split into hosts (%s); between them the "
-                 "network engine: MPI (cpu buffers), NCCL (cuda)", id ? "EP_HOST_ID" : hosts);
+    dr_check_add(c, "hosts", DR_OK, "",
+                 "the job is split into hosts (%s); between them the "
+                 "network engine: MPI (cpu buffers), NCCL (cuda)",
+                 id ? "EP_HOST_ID" : hosts);
   else if (local && size && strcmp(local, size))
-    dr_check_add(c, "hosts", DR_OK, "", "this mpirun job spans machines (%s of %s ranks here): "
-                 "groups span hosts through MPI", local, size);
+    dr_check_add(c, "hosts", DR_OK, "",
+                 "this mpirun job spans machines (%s of %s ranks here): "
+                 "groups span hosts through MPI",
+                 local, size);
   else
     dr_check_add(c, "hosts", DR_INFO, "", "one host: no network engine is loaded");
 }
@@ -109,12 +116,15 @@ static void check_mpi_engine(dr_checks_t *c) {
   void *h = dlopen(forced ? forced : "libmpi.so.40", RTLD_LAZY | RTLD_LOCAL);
   bool ompi = h && dlsym(h, "ompi_mpi_comm_world");
   if (!h)
-    dr_check_add(c, "engine mpi", DR_INFO, "install Open MPI (libopenmpi3 / openmpi-bin) on every "
-                 "host for cpu jobs across hosts", "%s cannot be loaded: cpu groups stay on one host",
+    dr_check_add(c, "engine mpi", DR_INFO,
+                 "install Open MPI (libopenmpi3 / openmpi-bin) on every "
+                 "host for cpu jobs across hosts",
+                 "%s cannot be loaded: cpu groups stay on one host",
                  forced ? forced : "libmpi.so.40");
   else if (!ompi)
     dr_check_add(c, "engine mpi", DR_FAIL, "point EP_MPI_LIB at an Open MPI libmpi.so.40",
-                 "%s is not Open MPI (the MPI engine uses its ABI)", forced ? forced : "libmpi.so.40");
+                 "%s is not Open MPI (the MPI engine uses its ABI)",
+                 forced ? forced : "libmpi.so.40");
   else
     dr_check_add(c, "engine mpi", DR_OK, "", "Open MPI loadable: cpu groups can span hosts");
   bool mpirun = false;
@@ -135,12 +145,16 @@ static void check_mpi_engine(dr_checks_t *c) {
 static void check_nccl_engine(dr_checks_t *c) {
   const char *ifname = env("NCCL_SOCKET_IFNAME"), *hostid = env("NCCL_HOSTID");
   if (!ifname && hostid)
-    dr_check_add(c, "NCCL_SOCKET_IFNAME", DR_WARN, "set NCCL_SOCKET_IFNAME=lo for pretend hosts "
-                 "on one machine", "unset with NCCL_HOSTID: NCCL may pick an interface the "
+    dr_check_add(c, "NCCL_SOCKET_IFNAME", DR_WARN,
+                 "set NCCL_SOCKET_IFNAME=lo for pretend hosts "
+                 "on one machine",
+                 "unset with NCCL_HOSTID: NCCL may pick an interface the "
                  "ranks cannot reach each other on");
   if (hostid && !env("NCCL_IB_DISABLE"))
-    dr_check_add(c, "NCCL_IB_DISABLE", DR_INFO, "set NCCL_IB_DISABLE=1 for pretend hosts on one "
-                 "machine", "unset with NCCL_HOSTID");
+    dr_check_add(c, "NCCL_IB_DISABLE", DR_INFO,
+                 "set NCCL_IB_DISABLE=1 for pretend hosts on one "
+                 "machine",
+                 "unset with NCCL_HOSTID");
 }
 
 void dr_net_run(dr_checks_t *c) {

@@ -30,7 +30,8 @@ int dr_rules_locate(char *buf, size_t len) {
   char cand[2][4096] = {{0}};
   if (env && *env) snprintf(cand[0], sizeof cand[0], "%s", env);
   char dir[4096];
-  if (tk_self_dir(dir, sizeof dir)) snprintf(cand[1], sizeof cand[1], "%s/%s", dir, EP_RULES_FROM_BIN);
+  if (tk_self_dir(dir, sizeof dir))
+    snprintf(cand[1], sizeof cand[1], "%s/%s", dir, EP_RULES_FROM_BIN);
   /* An explicit $EP_DOCTOR_RULES that is wrong is an error, not a reason to use another file. */
   int last = env && *env ? 1 : 2;
   for (int i = 0; i < last; i++)

@@ -383,11 +383,11 @@ static const char *const library_lines[] = {
     "(^|[] ])(NCCL|NVSHMEM) (INFO|WARN|ERROR|TRACE|ABORT) ", /* host:pid:tid [dev] NCCL INFO */
     "^NCCL version [0-9]",
     "^(\\[rank[0-9]+\\]:)?\\[?[IWEF][0-9]{3,4} [0-9:.]+ ([0-9]+ )?[^ ]+:[0-9]+\\]", /* glog, c10 */
-    "^(\\[rank[0-9]+\\]:)?\\[[IWEF] [^ ]+:[0-9]+\\]",     /* c10 before PyTorch 2.4 */
-    "^(INFO|WARNING|DEBUG|ERROR):torch[.:]",                 /* Python logging of torch */
-    "^epcomm: (warn|info|debug|trace): ",                   /* the library's own log */
-    "^epcomm (launch|doctor)[: ]",                           /* epcomm's launcher */
-    "^\\[[^] ]+:[0-9]+\\] ",                                 /* Open MPI: [host:pid] ... */
+    "^(\\[rank[0-9]+\\]:)?\\[[IWEF] [^ ]+:[0-9]+\\]", /* c10 before PyTorch 2.4 */
+    "^(INFO|WARNING|DEBUG|ERROR):torch[.:]",          /* Python logging of torch */
+    "^epcomm: (warn|info|debug|trace): ",             /* the library's own log */
+    "^epcomm (launch|doctor)[: ]",                    /* epcomm's launcher */
+    "^\\[[^] ]+:[0-9]+\\] ",                          /* Open MPI: [host:pid] ... */
 };
 #define NLIBRARY (sizeof library_lines / sizeof library_lines[0])
 
@@ -475,7 +475,8 @@ static int continuation(const dr_line_t *l, int *in_frame) {
  * told apart by what they say. */
 static int two_streams(const dr_log_t *log) {
   int out = 0, err = 0;
-  for (size_t i = 0; i < log->n; i++) out |= log->v[i].stream == 'o', err |= log->v[i].stream == 'e';
+  for (size_t i = 0; i < log->n; i++)
+    out |= log->v[i].stream == 'o', err |= log->v[i].stream == 'e';
   return out && err;
 }
 

@@ -1,9 +1,10 @@
 /* `epcomm`: launcher, benchmark, doctor, info and demo in one binary. */
+#include "epcomm.h"
+
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
-#include "epcomm.h"
 
 static int cmd_version(int argc, char **argv);
 
@@ -29,15 +30,17 @@ static const struct {
 };
 
 static int usage(FILE *f) {
-  fprintf(f, "epcomm %s — expert-parallel communication\n"
-             "usage: epcomm COMMAND [ARGS...]   (epcomm COMMAND --help: its options)\n",
+  fprintf(f,
+          "epcomm %s — expert-parallel communication\n"
+          "usage: epcomm COMMAND [ARGS...]   (epcomm COMMAND --help: its options)\n",
           ep_version_string());
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %s\n", commands[i].help);
-  fprintf(f, "Two deadlines: `launch --timeout S` limits the whole job's wall-clock time (then\n"
-             "its ranks are terminated, exit status 124; default none), EP_TIMEOUT_S each wait\n"
-             "inside one epcomm call (the call fails with EP_ERR_TIMEOUT naming the rank it\n"
-             "waited for; default 100 s).\n");
+  fprintf(f,
+          "Two deadlines: `launch --timeout S` limits the whole job's wall-clock time (then\n"
+          "its ranks are terminated, exit status 124; default none), EP_TIMEOUT_S each wait\n"
+          "inside one epcomm call (the call fails with EP_ERR_TIMEOUT naming the rank it\n"
+          "waited for; default 100 s).\n");
   return f == stdout ? 0 : 2;
 }
 

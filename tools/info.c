@@ -10,11 +10,12 @@
 extern char **environ;
 
 static int usage(FILE *f) {
-  fprintf(f, "usage: epcomm info\n"
-             "Prints the library version, the backends built in and whether each is usable on\n"
-             "this machine, and every EP_* variable with its default, accepted values and current\n"
-             "value. Exit status 1 when a set EP_* variable has a value the library rejects\n"
-             "(group and buffer creation would fail with EP_ERR_INVALID_ARG).\n");
+  fprintf(f,
+          "usage: epcomm info\n"
+          "Prints the library version, the backends built in and whether each is usable on\n"
+          "this machine, and every EP_* variable with its default, accepted values and current\n"
+          "value. Exit status 1 when a set EP_* variable has a value the library rejects\n"
+          "(group and buffer creation would fail with EP_ERR_INVALID_ARG).\n");
   return f == stdout ? 0 : 2;
 }
 
@@ -23,8 +24,8 @@ static void print_backends(void) {
   printf("backends:\n");
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     int ok = ep_backend_available(all[i]);
-    printf("  %-5s %s%s\n", ep_backend_name(all[i]), ok ? "available" : "not available: ",
-           ok ? "" : ep_last_error());
+    printf("  %-5s %s%s\n", ep_backend_name(all[i]),
+           ok ? "available" : "not available: ", ok ? "" : ep_last_error());
   }
 }
 
@@ -49,8 +50,10 @@ static void print_unknown(void) {
     char name[128];
     snprintf(name, sizeof name, "%.*s", (int)strcspn(*e, "="), *e);
     if (!ep_env_var_find(name) && !cli_env_var_find(name))
-      printf("unknown: %s is set, but neither the library nor the epcomm command reads it "
-             "(a typo?)\n", name);
+      printf(
+          "unknown: %s is set, but neither the library nor the epcomm command reads it "
+          "(a typo?)\n",
+          name);
   }
 }
 
@@ -71,7 +74,9 @@ int ep_cmd_info(int argc, char **argv) {
   for (int i = 0; i < cli_env_var_count(); i++) print_var(cli_env_var(i), 0);
   print_unknown();
   if (bad)
-    printf("\n%d invalid value(s): group and buffer creation fail with EP_ERR_INVALID_ARG until "
-           "they are fixed or unset\n", bad);
+    printf(
+        "\n%d invalid value(s): group and buffer creation fail with EP_ERR_INVALID_ARG until "
+        "they are fixed or unset\n",
+        bad);
   return bad ? 1 : 0;
 }

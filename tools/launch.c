@@ -12,6 +12,8 @@
  * included, to the others (they are waiting for it in their group creation and would otherwise
  * wait for their deadline). A program that never creates a group never hears of a clean exit.
  */
+#include "launch.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -32,8 +34,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-
-#include "launch.h"
 #include "tk_clock.h"
 #include "tk_rng.h"
 
@@ -218,8 +218,10 @@ static int parse_args(struct launch *l, int argc, char **argv) {
   if (l->nranks == 0) return usage_error("missing -n R");
   if (i >= argc) return usage_error("missing PROGRAM");
   if (l->hosts && l->nranks % l->hosts)
-    return usage_error("--hosts %d does not divide -n %d (every host holds the same number of "
-                       "ranks)", l->hosts, l->nranks);
+    return usage_error(
+        "--hosts %d does not divide -n %d (every host holds the same number of "
+        "ranks)",
+        l->hosts, l->nranks);
   l->prog = argv + i;
   return -1;
 }
@@ -314,7 +316,7 @@ static void report_stuck(struct launch *l) {
   for (int r = 0; r < l->started; r++)
     if (l->rk[r].live)
       launch_say("epcomm launch: rank %d (pid %d) still alive after SIGKILL; giving up\n", r,
-          (int)l->rk[r].pid);
+                 (int)l->rk[r].pid);
   l->gave_up = true;
 }
 
@@ -498,8 +500,10 @@ static void run_loop(struct launch *l) {
     }
     for (int i = 1; i < n && rc > 0; i++) {
       if (!l->pfd[i].revents) continue;
-      if (l->pnotify[i] >= 0) notify_read(l, l->pnotify[i]);
-      else stream_read(l, l->pstream[i]);
+      if (l->pnotify[i] >= 0)
+        notify_read(l, l->pnotify[i]);
+      else
+        stream_read(l, l->pstream[i]);
     }
     if (rc > 0 && l->pfd[0].revents) handle_self_pipe(l);
     check_deadlines(l);

@@ -37,13 +37,13 @@ struct stream {
 };
 
 struct rank {
-  pid_t pid;      /* also its process group id */
-  bool live;      /* started, not yet reaped: only then can -pid not name someone else's group */
-  bool notify_ok; /* false after a short write: a torn line must not be followed by another */
-  bool up;        /* said "up" on its notify socket: its first group is complete */
+  pid_t pid;         /* also its process group id */
+  bool live;         /* started, not yet reaped: only then can -pid not name someone else's group */
+  bool notify_ok;    /* false after a short write: a torn line must not be followed by another */
+  bool up;           /* said "up" on its notify socket: its first group is complete */
   bool exited_clean; /* reaped with status 0 */
-  bool notify_eof; /* its end of the notify socket is closed: nothing more to read */
-  int notify_fd;  /* launcher's end of the socketpair; open until the rank is reaped */
+  bool notify_eof;   /* its end of the notify socket is closed: nothing more to read */
+  int notify_fd;     /* launcher's end of the socketpair; open until the rank is reaped */
   struct stream s[2];
 };
 
@@ -55,7 +55,7 @@ struct outbuf {
 
 struct launch {
   int nranks, started, live, open_streams;
-  int hosts;   /* --hosts H: the ranks form H pretend hosts and run under mpirun (0: not set) */
+  int hosts; /* --hosts H: the ranks form H pretend hosts and run under mpirun (0: not set) */
   double timeout, grace; /* timeout 0: none */
   bool tag;
   char **prog; /* PROGRAM ARGS..., NULL-terminated (points into argv) */

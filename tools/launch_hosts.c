@@ -28,7 +28,8 @@ static int on_path(const char *name, char *out, size_t n) {
 int launch_exec_mpirun(const struct launch *l) {
   char mpirun[4096], nr[16], hosts[16], tmo[32];
   if (!on_path("mpirun", mpirun, sizeof mpirun)) {
-    fprintf(stderr, "epcomm launch: --hosts needs mpirun on PATH (the hosts talk through MPI; "
+    fprintf(stderr,
+            "epcomm launch: --hosts needs mpirun on PATH (the hosts talk through MPI; "
             "install Open MPI: openmpi-bin)\n");
     return EXIT_USAGE;
   }

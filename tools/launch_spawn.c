@@ -13,7 +13,7 @@
 
 static bool is_own_var(const char *e) {
   static const char *const own[] = {
-      "EP_RANK=",   "EP_NRANKS=",    "EP_LOCAL_RANK=",  "EP_LOCAL_SIZE=",
+      "EP_RANK=",   "EP_NRANKS=",    "EP_LOCAL_RANK=", "EP_LOCAL_SIZE=",
       "EP_JOB_ID=", "EP_NOTIFY_FD=", "EP_JOB_SECRET="};
   for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
     if (!strncmp(e, own[i], strlen(own[i]))) return true;
@@ -35,8 +35,7 @@ static char **build_env(const struct launch *l, int r, int notify_fd) {
   int len = snprintf(p, room,
                      "EP_RANK=%d%cEP_NRANKS=%d%cEP_LOCAL_RANK=%d%cEP_LOCAL_SIZE=%d%c"
                      "EP_JOB_ID=%s%cEP_NOTIFY_FD=%d%cEP_JOB_SECRET=%s",
-                     r, 0, l->nranks, 0, r, 0, l->nranks, 0, l->job_id, 0, notify_fd, 0,
-                     l->secret);
+                     r, 0, l->nranks, 0, r, 0, l->nranks, 0, l->job_id, 0, notify_fd, 0, l->secret);
   for (int v = 0; v < 7 && len > 0; v++, p += strlen(p) + 1) env[k++] = p;
   env[k] = NULL;
   return env;
@@ -94,11 +93,11 @@ int launch_start_rank(struct launch *l, int r) {
   if (!err && !(env = build_env(l, r, fds[5]))) err = ENOMEM;
   if (!err) err = fork_rank(l, r, fds, env);
   free(env);
-  for (int i = err ? 0 : 1; i < 6; i += err ? 1 : 2) launch_close_fd(&fds[i]); /* child ends, or all */
+  for (int i = err ? 0 : 1; i < 6; i += err ? 1 : 2)
+    launch_close_fd(&fds[i]); /* child ends, or all */
   if (err) return err;
   l->started++;
   l->live++;
   l->open_streams += 2;
   return 0;
 }
-

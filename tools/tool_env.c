@@ -1,5 +1,6 @@
 /* The EP_* variables of the `epcomm` command itself. The library's variables are in its own
- * registry (ep_env_var and friends in epcomm.h); `epcomm info` and `epcomm doctor env` show both. */
+ * registry (ep_env_var and friends in epcomm.h); `epcomm info` and `epcomm doctor env` show both.
+ */
 #include <string.h>
 
 #include "cli.h"
@@ -10,7 +11,9 @@ static const ep_env_var_t tool_rows[] = {
      "tree); not passed on to the commands the doctor runs"},
 };
 
-int cli_env_var_count(void) { return (int)(sizeof tool_rows / sizeof tool_rows[0]); }
+int cli_env_var_count(void) {
+  return (int)(sizeof tool_rows / sizeof tool_rows[0]);
+}
 
 const ep_env_var_t *cli_env_var(int index) {
   return index >= 0 && index < cli_env_var_count() ? &tool_rows[index] : NULL;

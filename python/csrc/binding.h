@@ -19,22 +19,24 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <string.h>
 #include <epcomm.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Raises the exception of status st with the calling thread's last epcomm error. Returns NULL. */
 PyObject *epb_raise(ep_status_t st);
 /* Opaque id or address -> Python int, and back (0 is NULL). */
 PyObject *epb_from_ptr(const void *p);
-static inline void *epb_ptr(unsigned long long v) { return (void *)(uintptr_t)v; }
+static inline void *epb_ptr(unsigned long long v) {
+  return (void *)(uintptr_t)v;
+}
 
 /* A Python exception caught inside a callback that C called: kept until the epcomm call has
  * returned, then raised in place of the status it caused. */
 typedef struct {
   PyObject *type, *value, *tb;
 } epb_stash_t;
-void epb_stash_take(epb_stash_t *s);             /* with the GIL: moves the current exception in */
+void epb_stash_take(epb_stash_t *s); /* with the GIL: moves the current exception in */
 PyObject *epb_stash_raise(epb_stash_t *s, ep_status_t st); /* raise it, chained to st's error */
 
 /* Method tables of the parts of the module (module.c adds them all). */

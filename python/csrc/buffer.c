@@ -26,8 +26,7 @@ static PyObject *buffer_create(PyObject *self, PyObject *args) {
   ep_buffer_t b = NULL;
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_buffer_create(epb_ptr(g), &cfg, &b);
-  Py_END_ALLOW_THREADS
-  return st ? epb_raise(st) : epb_from_ptr(b);
+  Py_END_ALLOW_THREADS return st ? epb_raise(st) : epb_from_ptr(b);
 }
 
 /* Same arguments as buffer_create, the group's slot holding the number of ranks. */
@@ -45,8 +44,7 @@ static PyObject *buffer_call(PyObject *args, ep_status_t (*fn)(ep_buffer_t)) {
   if (!PyArg_ParseTuple(args, "K", &b)) return NULL;
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = fn(epb_ptr(b));
-  Py_END_ALLOW_THREADS
-  if (st) return epb_raise(st);
+  Py_END_ALLOW_THREADS if (st) return epb_raise(st);
   Py_RETURN_NONE;
 }
 

@@ -3,9 +3,9 @@
  * which torch.from_dlpack turns into a tensor on the CPU or on a CUDA device. DLPack is the
  * exchange format every array library reads; unlike __cuda_array_interface__ it needs no numpy.
  * The memory stays the library's: the capsule's deleter frees only its own description. */
-#include "binding.h"
-
 #include <stdlib.h>
+
+#include "binding.h"
 
 /* The DLPack ABI (dlpack.h, version 0.x: the DLManagedTensor of a "dltensor" capsule). */
 typedef struct {
@@ -41,7 +41,9 @@ typedef struct {
   int64_t shape[1];
 } owned_t;
 
-static void free_owned(dl_managed_t *m) { free(m); }
+static void free_owned(dl_managed_t *m) {
+  free(m);
+}
 
 /* Not consumed by a reader (renamed "used_dltensor" when it is): free the description here. */
 static void capsule_gone(PyObject *cap) {
@@ -59,8 +61,8 @@ static PyObject *memory_tensor(PyObject *self, PyObject *args) {
   owned_t *o = calloc(1, sizeof *o);
   if (!o) return PyErr_NoMemory();
   o->shape[0] = nbytes;
-  o->m.dl_tensor = (dl_tensor_t){epb_ptr(address), {device_type, device_id}, 1, {1, 8, 1},
-                                 o->shape, NULL, 0};
+  o->m.dl_tensor =
+      (dl_tensor_t){epb_ptr(address), {device_type, device_id}, 1, {1, 8, 1}, o->shape, NULL, 0};
   o->m.deleter = free_owned;
   PyObject *cap = PyCapsule_New(&o->m, "dltensor", capsule_gone);
   if (!cap) free(o);

@@ -54,8 +54,7 @@ static PyObject *group_create(PyObject *self, PyObject *args) {
   ep_group_t g = NULL;
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_group_create(&boot, &cfg, &g);
-  Py_END_ALLOW_THREADS
-  if (st) return c.stash.type ? epb_stash_raise(&c.stash, st) : epb_raise(st);
+  Py_END_ALLOW_THREADS if (st) return c.stash.type ? epb_stash_raise(&c.stash, st) : epb_raise(st);
   return epb_from_ptr(g);
 }
 
@@ -69,8 +68,7 @@ static PyObject *group_create_from_env(PyObject *self, PyObject *args) {
   ep_group_t g = NULL;
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_group_create_from_env(&cfg, &g);
-  Py_END_ALLOW_THREADS
-  return st ? epb_raise(st) : epb_from_ptr(g);
+  Py_END_ALLOW_THREADS return st ? epb_raise(st) : epb_from_ptr(g);
 }
 
 /* The calls that take only a group and may wait: destroy, release, barrier. */
@@ -79,8 +77,7 @@ static PyObject *group_call(PyObject *args, ep_status_t (*fn)(ep_group_t)) {
   if (!PyArg_ParseTuple(args, "K", &g)) return NULL;
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = fn(epb_ptr(g));
-  Py_END_ALLOW_THREADS
-  if (st) return epb_raise(st);
+  Py_END_ALLOW_THREADS if (st) return epb_raise(st);
   Py_RETURN_NONE;
 }
 
@@ -115,8 +112,7 @@ static PyObject *group_allgather(PyObject *self, PyObject *args) {
   if (!out) return NULL;
   char *recv = PyBytes_AsString(out);
   Py_BEGIN_ALLOW_THREADS st = ep_group_allgather(epb_ptr(g), send, recv, (size_t)n);
-  Py_END_ALLOW_THREADS
-  if (st) {
+  Py_END_ALLOW_THREADS if (st) {
     Py_DECREF(out);
     return epb_raise(st);
   }

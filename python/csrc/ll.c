@@ -13,8 +13,7 @@ static PyObject *ll_dispatch(PyObject *self, PyObject *args) {
   ep_ll_handle_t h = NULL;
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_ll_dispatch(epb_ptr(b), &a, &h);
-  Py_END_ALLOW_THREADS
-  return st ? epb_raise(st) : epb_from_ptr(h);
+  Py_END_ALLOW_THREADS return st ? epb_raise(st) : epb_from_ptr(h);
 }
 
 static PyObject *ll_recv(PyObject *self, PyObject *args) {
@@ -22,8 +21,7 @@ static PyObject *ll_recv(PyObject *self, PyObject *args) {
   if (!PyArg_ParseTuple(args, "KK", &b, &h)) return NULL;
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_ll_recv(epb_ptr(b), epb_ptr(h));
-  Py_END_ALLOW_THREADS
-  if (st) return epb_raise(st);
+  Py_END_ALLOW_THREADS if (st) return epb_raise(st);
   Py_RETURN_NONE;
 }
 
@@ -52,8 +50,7 @@ static PyObject *ll_combine(PyObject *self, PyObject *args) {
   a.topk_weights = epb_ptr(w), a.stream = epb_ptr(stream), a.out = epb_ptr(out);
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_ll_combine(epb_ptr(b), &a);
-  Py_END_ALLOW_THREADS
-  if (st) return epb_raise(st);
+  Py_END_ALLOW_THREADS if (st) return epb_raise(st);
   Py_RETURN_NONE;
 }
 

@@ -6,7 +6,9 @@
 /* Exception classes by status code (a tuple, set once by epcomm/_errors.py at import). */
 static PyObject *error_classes;
 
-PyObject *epb_from_ptr(const void *p) { return PyLong_FromUnsignedLongLong((uintptr_t)p); }
+PyObject *epb_from_ptr(const void *p) {
+  return PyLong_FromUnsignedLongLong((uintptr_t)p);
+}
 
 static PyObject *error_class(ep_status_t st) {
   if (error_classes && (Py_ssize_t)st < PyTuple_Size(error_classes)) {
@@ -32,8 +34,10 @@ PyObject *epb_raise(ep_status_t st) {
 }
 
 void epb_stash_take(epb_stash_t *s) {
-  if (!s->type) PyErr_Fetch(&s->type, &s->value, &s->tb);
-  else PyErr_Clear(); /* the first exception is the one that matters */
+  if (!s->type)
+    PyErr_Fetch(&s->type, &s->value, &s->tb);
+  else
+    PyErr_Clear(); /* the first exception is the one that matters */
 }
 
 PyObject *epb_stash_raise(epb_stash_t *s, ep_status_t st) {
@@ -51,8 +55,10 @@ PyObject *epb_stash_raise(epb_stash_t *s, ep_status_t st) {
     PyObject *t, *v, *tb;
     PyErr_Fetch(&t, &v, &tb);
     PyErr_NormalizeException(&t, &v, &tb);
-    if (v) PyException_SetCause(v, cause); /* steals cause */
-    else Py_DECREF(cause);
+    if (v)
+      PyException_SetCause(v, cause); /* steals cause */
+    else
+      Py_DECREF(cause);
     PyErr_Restore(t, v, tb);
   }
   return NULL;
@@ -99,8 +105,15 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "_C", "epcomm's C API (include/epcomm.h), for the epcomm package.", -1,
-    module_methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    "_C",
+    "epcomm's C API (include/epcomm.h), for the epcomm package.",
+    -1,
+    module_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 static int add_constants(PyObject *m) {
@@ -108,15 +121,23 @@ static int add_constants(PyObject *m) {
     const char *name;
     long value;
   } consts[] = {
-      {"VERSION_CODE", EP_VERSION_CODE}, {"BACKEND_AUTO", EP_BACKEND_AUTO},
-      {"BACKEND_CPU", EP_BACKEND_CPU}, {"BACKEND_CUDA", EP_BACKEND_CUDA},
-      {"DTYPE_BF16", EP_DTYPE_BF16}, {"DTYPE_FP8_E4M3", EP_DTYPE_FP8_E4M3},
-      {"OUTPUT_CALLER", EP_OUTPUT_CALLER}, {"OUTPUT_ALLOC", EP_OUTPUT_ALLOC},
-      {"OUTPUT_VIEWS", EP_OUTPUT_VIEWS}, {"CAP_DISPATCH_VIEWS", EP_CAP_DISPATCH_VIEWS},
-      {"CAP_LOW_LATENCY", EP_CAP_LOW_LATENCY}, {"CAP_DEVICE_MEMORY", EP_CAP_DEVICE_MEMORY},
-      {"CAP_GRAPH_CAPTURE", EP_CAP_GRAPH_CAPTURE}, {"STATUS_COUNT", EP_STATUS_COUNT_},
+      {"VERSION_CODE", EP_VERSION_CODE},
+      {"BACKEND_AUTO", EP_BACKEND_AUTO},
+      {"BACKEND_CPU", EP_BACKEND_CPU},
+      {"BACKEND_CUDA", EP_BACKEND_CUDA},
+      {"DTYPE_BF16", EP_DTYPE_BF16},
+      {"DTYPE_FP8_E4M3", EP_DTYPE_FP8_E4M3},
+      {"OUTPUT_CALLER", EP_OUTPUT_CALLER},
+      {"OUTPUT_ALLOC", EP_OUTPUT_ALLOC},
+      {"OUTPUT_VIEWS", EP_OUTPUT_VIEWS},
+      {"CAP_DISPATCH_VIEWS", EP_CAP_DISPATCH_VIEWS},
+      {"CAP_LOW_LATENCY", EP_CAP_LOW_LATENCY},
+      {"CAP_DEVICE_MEMORY", EP_CAP_DEVICE_MEMORY},
+      {"CAP_GRAPH_CAPTURE", EP_CAP_GRAPH_CAPTURE},
+      {"STATUS_COUNT", EP_STATUS_COUNT_},
       {"ERR_BUSY", EP_ERR_BUSY},
-      {"SCALES_ROW_MAJOR", EP_SCALES_ROW_MAJOR}, {"SCALES_COL_MAJOR", EP_SCALES_COL_MAJOR},
+      {"SCALES_ROW_MAJOR", EP_SCALES_ROW_MAJOR},
+      {"SCALES_COL_MAJOR", EP_SCALES_COL_MAJOR},
   };
   for (size_t i = 0; i < sizeof consts / sizeof consts[0]; i++)
     if (PyModule_AddIntConstant(m, consts[i].name, consts[i].value)) return -1;
@@ -126,8 +147,8 @@ static int add_constants(PyObject *m) {
 PyMODINIT_FUNC PyInit__C(void) {
   PyObject *m = PyModule_Create(&module_def);
   if (!m) return NULL;
-  PyMethodDef *parts[] = {epb_group_methods, epb_buffer_methods, epb_normal_methods,
-                          epb_ll_methods, epb_dlpack_methods};
+  PyMethodDef *parts[] = {epb_group_methods, epb_buffer_methods, epb_normal_methods, epb_ll_methods,
+                          epb_dlpack_methods};
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     if (PyModule_AddFunctions(m, parts[i])) goto fail;
   if (add_constants(m)) goto fail;

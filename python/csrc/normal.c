@@ -13,8 +13,7 @@ static PyObject *layout(PyObject *self, PyObject *args) {
   a.is_token_in_rank = epb_ptr(itr);
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_get_dispatch_layout(epb_ptr(b), &a);
-  Py_END_ALLOW_THREADS
-  if (st) return epb_raise(st);
+  Py_END_ALLOW_THREADS if (st) return epb_raise(st);
   Py_RETURN_NONE;
 }
 
@@ -55,9 +54,9 @@ static int parse_inputs(PyObject *args, unsigned long long *b, ep_dispatch_args_
   long long st_tok, st_hid;
   int dtype, mode;
   if (!PyArg_ParseTuple(args, "KKiiiKiLLKKiiiKKiiiOKKKKKKK", b, &x, &dtype, &a->num_tokens,
-                        &a->hidden, &sc, &a->num_scales, &st_tok, &st_hid, &idx, &w, &a->topk, &a->num_experts,
-                        &a->expert_alignment, &cached, &stream, &mode, &o->worst_case,
-                        &o->capacity, alloc, &rx, &rs, &ri, &rw, &rsrc, &rp, &rtpe))
+                        &a->hidden, &sc, &a->num_scales, &st_tok, &st_hid, &idx, &w, &a->topk,
+                        &a->num_experts, &a->expert_alignment, &cached, &stream, &mode,
+                        &o->worst_case, &o->capacity, alloc, &rx, &rs, &ri, &rw, &rsrc, &rp, &rtpe))
     return -1;
   a->x = epb_ptr(x), a->dtype = (ep_dtype_t)dtype, a->x_scales = epb_ptr(sc);
   a->scale_token_stride = st_tok, a->scale_hidden_stride = st_hid;
@@ -83,8 +82,8 @@ static PyObject *dispatch(PyObject *self, PyObject *args) {
   }
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_dispatch(epb_ptr(b), &a, &o);
-  Py_END_ALLOW_THREADS
-  if (st) return ctx.stash.type ? epb_stash_raise(&ctx.stash, st) : epb_raise(st);
+  Py_END_ALLOW_THREADS if (st) return ctx.stash.type ? epb_stash_raise(&ctx.stash, st)
+                                                     : epb_raise(st);
   return Py_BuildValue("(iN)", o.num_recv_tokens, epb_from_ptr(o.handle));
 }
 
@@ -98,8 +97,7 @@ static PyObject *combine(PyObject *self, PyObject *args) {
   a.out = epb_ptr(out), a.out_topk_weights = epb_ptr(out_w);
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_combine(epb_ptr(b), &a);
-  Py_END_ALLOW_THREADS
-  if (st) return epb_raise(st);
+  Py_END_ALLOW_THREADS if (st) return epb_raise(st);
   Py_RETURN_NONE;
 }
 

@@ -86,7 +86,7 @@ const char *ep_env_text(const char *name);
  * literals the checks use. */
 typedef enum { EP_ENV_INT, EP_ENV_FLOAT, EP_ENV_SIZE, EP_ENV_ENUM, EP_ENV_TEXT } ep_env_kind_t;
 typedef struct {
-  ep_env_var_t pub;    /* what ep_env_var() shows */
+  ep_env_var_t pub; /* what ep_env_var() shows */
   ep_env_kind_t kind;
   const char *lo, *hi; /* INT, SIZE: bounds, inclusive; FLOAT: lo exclusive, hi inclusive */
   const char *choices; /* ENUM: "a|b|c", matched without regard to case */
@@ -98,16 +98,19 @@ typedef struct {
 #define EP_ENV_MODULE(mod, table) \
   const ep_env_module_t ep_env_module_##mod = {table, (int)(sizeof table / sizeof table[0])}
 #define EP_ENV_ROW_INT(mod, name, dflt, lo, hi, help) \
-  {{name, mod, "int", dflt, "an integer in [" lo ", " hi "]", help}, EP_ENV_INT, lo, hi, NULL}
-#define EP_ENV_ROW_SIZE(mod, name, dflt, lo, hi, help) \
-  {{name, mod, "size", dflt, "N[K|M|G] bytes in [" lo ", " hi "]", help}, EP_ENV_SIZE, lo, hi, NULL}
+  { {name, mod, "int", dflt, "an integer in [" lo ", " hi "]", help}, EP_ENV_INT, lo, hi, NULL }
+#define EP_ENV_ROW_SIZE(mod, name, dflt, lo, hi, help)                                          \
+  {                                                                                             \
+    {name, mod, "size", dflt, "N[K|M|G] bytes in [" lo ", " hi "]", help}, EP_ENV_SIZE, lo, hi, \
+        NULL                                                                                    \
+  }
 #define EP_ENV_ROW_FLOAT(mod, name, dflt, lo, hi, help) \
-  {{name, mod, "float", dflt, "a number > " lo " and <= " hi, help}, EP_ENV_FLOAT, lo, hi, NULL}
+  { {name, mod, "float", dflt, "a number > " lo " and <= " hi, help}, EP_ENV_FLOAT, lo, hi, NULL }
 #define EP_ENV_ROW_ENUM(mod, name, dflt, choices, help) \
-  {{name, mod, "enum", dflt, "one of " choices, help}, EP_ENV_ENUM, NULL, NULL, choices}
+  { {name, mod, "enum", dflt, "one of " choices, help}, EP_ENV_ENUM, NULL, NULL, choices }
 /* type: "string" or "path"; any non-empty value is accepted. */
 #define EP_ENV_ROW_TEXT(mod, name, type, what, help) \
-  {{name, mod, type, "", what, help}, EP_ENV_TEXT, NULL, NULL, NULL}
+  { {name, mod, type, "", what, help}, EP_ENV_TEXT, NULL, NULL, NULL }
 
 /* The calling thread's last error message, and a way to put a saved one back (a backend that
  * must do collective work after a local failure keeps the first, more precise, message). */
@@ -125,9 +128,9 @@ enum { EP_LOG_WARN = 1, EP_LOG_INFO = 2, EP_LOG_DEBUG = 3, EP_LOG_TRACE = 4 };
 bool ep_log_enabled(int level);
 void ep_log_at(int level, int rank, const char *phase, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-#define EP_LOG(ctx, lvl, phase, ...)                                                            \
-  do {                                                                                           \
-    if (ep_log_enabled(lvl)) ep_log_at((lvl), ep_ctx_rank(ctx), (phase), __VA_ARGS__);        \
+#define EP_LOG(ctx, lvl, phase, ...)                                                   \
+  do {                                                                                 \
+    if (ep_log_enabled(lvl)) ep_log_at((lvl), ep_ctx_rank(ctx), (phase), __VA_ARGS__); \
   } while (0)
 
 /* Limits the core enforces before a backend sees a call. */
@@ -136,7 +139,9 @@ void ep_log_at(int level, int rank, const char *phase, const char *fmt, ...)
 #define EP_MAX_LOCAL_EXPERTS 4096
 #define EP_MAX_SCALES 4096
 
-static inline size_t ep_dtype_size(ep_dtype_t t) { return t == EP_DTYPE_BF16 ? 2 : 1; }
+static inline size_t ep_dtype_size(ep_dtype_t t) {
+  return t == EP_DTYPE_BF16 ? 2 : 1;
+}
 
 /* ------------------------------------------------------------------ what a handle carries */
 
@@ -162,11 +167,11 @@ typedef struct {
  * each backend keeps them with its slot, the core says why a state refuses a call. */
 enum ep_ll_state {
   EP_LLS_FREE = 0,
-  EP_LLS_SENT,       /* dispatch sent, its receive pending (two-phase) */
-  EP_LLS_RECEIVED,   /* view ready, combine allowed */
-  EP_LLS_COMB_SENT,  /* combine sent, its receive pending (two-phase) */
-  EP_LLS_COMBINED,   /* done */
-  EP_LLS_FAILED      /* a phase failed: only destroy remains */
+  EP_LLS_SENT,      /* dispatch sent, its receive pending (two-phase) */
+  EP_LLS_RECEIVED,  /* view ready, combine allowed */
+  EP_LLS_COMB_SENT, /* combine sent, its receive pending (two-phase) */
+  EP_LLS_COMBINED,  /* done */
+  EP_LLS_FAILED     /* a phase failed: only destroy remains */
 };
 /* Why a handle in `state` cannot do something: "it was already combined (...)". */
 const char *ep_ll_state_why(int state);
@@ -186,23 +191,22 @@ ep_status_t ep_call_key_fail(ep_ctx_t *ctx, const char *op, const char *phase, i
                              const ep_call_key_t *mine, const ep_call_key_t *theirs, int peer);
 
 /* The key of a combine along handle `h`. */
-void ep_call_combine_key(const ep_combine_args_t *a, const ep_handle_info_t *h,
-                         ep_call_key_t *key);
+void ep_call_combine_key(const ep_combine_args_t *a, const ep_handle_info_t *h, ep_call_key_t *key);
 
 /* An expert id out of range, named by its slot (every backend and every check says it so). */
-ep_status_t ep_call_bad_expert(ep_ctx_t *ctx, const char *op, int64_t token, int k,
-                               int64_t value, int num_experts);
+ep_status_t ep_call_bad_expert(ep_ctx_t *ctx, const char *op, int64_t token, int k, int64_t value,
+                               int num_experts);
 
 typedef struct {
-  ep_dispatch_args_t in;   /* the caller's arguments, defaults applied */
-  ep_dispatch_out_t out;   /* the caller's output description; the call sets its row arrays
-                              (ALLOC: through the callback, VIEWS: the backend) and results */
+  ep_dispatch_args_t in;          /* the caller's arguments, defaults applied */
+  ep_dispatch_out_t out;          /* the caller's output description; the call sets its row arrays
+                                     (ALLOC: through the callback, VIEWS: the backend) and results */
   const ep_handle_info_t *cached; /* a cached dispatch: the layout it follows */
   ep_call_key_t key;
   int topk, num_experts, num_local; /* of the layout (the cached handle's for a cached call) */
-  bool has_w;              /* topk weights travel with the rows */
-  bool sync;               /* the count is learnt before returning (not the worst-case form) */
-  bool views;              /* EP_OUTPUT_VIEWS */
+  bool has_w;                       /* topk weights travel with the rows */
+  bool sync;  /* the count is learnt before returning (not the worst-case form) */
+  bool views; /* EP_OUTPUT_VIEWS */
   size_t row_bytes, scale_bytes;
 } ep_dispatch_call_t;
 
@@ -220,9 +224,9 @@ ep_handle_info_t ep_call_handle_info(const ep_dispatch_call_t *c, int nr, void *
 /* ------------------------------------------------------------------ the ops table */
 
 struct ep_backend_ops {
-  const char *name;    /* as EP_BACKEND spells it */
+  const char *name; /* as EP_BACKEND spells it */
   ep_backend_t id;
-  unsigned caps;       /* EP_CAP_* of epcomm.h that every buffer of this backend has */
+  unsigned caps; /* EP_CAP_* of epcomm.h that every buffer of this backend has */
   ep_lifetime_t dispatch_view_lifetime, ll_view_lifetime;
   /* Local: can this backend create buffers here (a device exists...)? EP_OK, or the reason. */
   ep_status_t (*available)(void);

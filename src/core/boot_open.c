@@ -87,8 +87,10 @@ typedef struct {
 
 static void drop(const ep_boot_t *b, pending_t *p, const char *why) {
   if (ep_log_enabled(EP_LOG_DEBUG))
-    ep_log_at(EP_LOG_DEBUG, b->rank, "init", "bootstrap: dropped a connection to '%s' from pid "
-              "%d: %s", b->name, (int)p->pid, why);
+    ep_log_at(EP_LOG_DEBUG, b->rank, "init",
+              "bootstrap: dropped a connection to '%s' from pid "
+              "%d: %s",
+              b->name, (int)p->pid, why);
   close(p->fd);
   p->fd = -1;
 }
@@ -133,7 +135,8 @@ static int pending_read(const ep_boot_t *b, pending_t *p) {
 static ep_status_t admit(ep_boot_t *b, pending_t *p, int *got) {
   int r = p->h.rank;
   if (p->h.nranks != b->nranks || r <= 0 || r >= b->nranks)
-    return ep_err(EP_ERR_MISMATCH, "bootstrap: a rank of this job (pid %d) announced rank %d of "
+    return ep_err(EP_ERR_MISMATCH,
+                  "bootstrap: a rank of this job (pid %d) announced rank %d of "
                   "%d; this group has %d ranks (rank and size must agree on every rank)",
                   (int)p->pid, r, p->h.nranks, b->nranks);
   if (b->socks[r] >= 0)
@@ -153,8 +156,10 @@ static ep_status_t admit(ep_boot_t *b, pending_t *p, int *got) {
 static ep_status_t never_connected(const ep_boot_t *b, int got) {
   for (int r = 1; r < b->nranks; r++)
     if (b->socks[r] < 0)
-      return ep_bio_fail(EP_ERR_TIMEOUT, r, "bootstrap: rank %d never connected (%d of %d "
-                         "arrived)", r, got, b->nranks);
+      return ep_bio_fail(EP_ERR_TIMEOUT, r,
+                         "bootstrap: rank %d never connected (%d of %d "
+                         "arrived)",
+                         r, got, b->nranks);
   return EP_OK;
 }
 
@@ -200,8 +205,10 @@ static ep_status_t root_listen(ep_boot_t *b) {
   b->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (b->listen_fd < 0) return ep_err(EP_ERR_SYSTEM, "bootstrap: socket: %s", strerror(errno));
   if (bind(b->listen_fd, (struct sockaddr *)&a, alen) != 0)
-    return ep_err(EP_ERR_BOOTSTRAP, "bootstrap: rendezvous '%s' is taken (%s): another job uses "
-                  "the same job id", b->name, strerror(errno));
+    return ep_err(EP_ERR_BOOTSTRAP,
+                  "bootstrap: rendezvous '%s' is taken (%s): another job uses "
+                  "the same job id",
+                  b->name, strerror(errno));
   if (listen(b->listen_fd, b->nranks + MAX_PENDING) != 0)
     return ep_err(EP_ERR_SYSTEM, "bootstrap: listen: %s", strerror(errno));
   return EP_OK;
@@ -217,19 +224,24 @@ static ep_status_t refused(ep_boot_t *b, pid_t pid) {
     if (st) return st;
     nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
   }
-  return ep_err(EP_ERR_BOOTSTRAP, "bootstrap: rank 0 of rendezvous '%s' (pid %d) refused this "
+  return ep_err(EP_ERR_BOOTSTRAP,
+                "bootstrap: rank 0 of rendezvous '%s' (pid %d) refused this "
                 "rank: another job uses the same rendezvous, or the ranks do not share "
-                "EP_JOB_SECRET", b->name, (int)pid);
+                "EP_JOB_SECRET",
+                b->name, (int)pid);
 }
 
 /* Connected: make sure the listener is ours before sending anything, then prove each other. */
 static ep_status_t handshake(ep_boot_t *b, int fd, double deadline) {
   b->socks[0] = fd;
   struct ucred c;
-  if (!peer_cred(fd, &c)) return ep_err(EP_ERR_SYSTEM, "bootstrap: SO_PEERCRED: %s", strerror(errno));
+  if (!peer_cred(fd, &c))
+    return ep_err(EP_ERR_SYSTEM, "bootstrap: SO_PEERCRED: %s", strerror(errno));
   if (c.uid != geteuid())
-    return ep_err(EP_ERR_BOOTSTRAP, "bootstrap: rendezvous '%s' is held by pid %d of uid %d, "
-                  "not by this user: nothing was sent to it", b->name, (int)c.pid, (int)c.uid);
+    return ep_err(EP_ERR_BOOTSTRAP,
+                  "bootstrap: rendezvous '%s' is held by pid %d of uid %d, "
+                  "not by this user: nothing was sent to it",
+                  b->name, (int)c.pid, (int)c.uid);
   hello_t h;
   make_hello(&h, HELLO_MAGIC, b->key, b->name, b->rank, b->nranks);
   ep_status_t st = ep_bio_write(b, fd, &h, sizeof h, deadline, 0);
@@ -237,8 +249,10 @@ static ep_status_t handshake(ep_boot_t *b, int fd, double deadline) {
   if (st == EP_ERR_PEER_FAILED) return refused(b, c.pid);
   if (st) return st;
   if (!hello_valid(b, &h, ACK_MAGIC) || h.rank != b->rank)
-    return ep_err(EP_ERR_BOOTSTRAP, "bootstrap: rendezvous '%s' is held by pid %d, which does "
-                  "not know this job's secret", b->name, (int)c.pid);
+    return ep_err(EP_ERR_BOOTSTRAP,
+                  "bootstrap: rendezvous '%s' is held by pid %d, which does "
+                  "not know this job's secret",
+                  b->name, (int)c.pid);
   if (b->live) ep_live_set_pid(b->live, 0, c.pid, true);
   return EP_OK;
 }
@@ -260,10 +274,10 @@ static ep_status_t peer_connect(ep_boot_t *b, double deadline) {
   }
 }
 
-ep_status_t ep_boot_open(ep_boot_t *b, const char *name, const uint8_t key[EP_KEY_BYTES],
-                         int rank, int nranks, ep_live_t *live, double deadline) {
-  *b = (ep_boot_t){.rank = rank, .nranks = nranks, .listen_fd = -1, .live = live,
-                   .op = EP_OP_GROUP_CREATE};
+ep_status_t ep_boot_open(ep_boot_t *b, const char *name, const uint8_t key[EP_KEY_BYTES], int rank,
+                         int nranks, ep_live_t *live, double deadline) {
+  *b = (ep_boot_t){
+      .rank = rank, .nranks = nranks, .listen_fd = -1, .live = live, .op = EP_OP_GROUP_CREATE};
   memcpy(b->key, key, EP_KEY_BYTES);
   snprintf(b->name, sizeof b->name, "%s", name);
   b->socks = malloc((size_t)nranks * sizeof(int));

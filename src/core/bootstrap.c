@@ -20,7 +20,7 @@ enum { F_DATA = 1, F_FDS = 2, F_ABORT = 3, F_MISMATCH = 4, F_REJECT = 5 };
 #define SLICE_MS 10       /* liveness is checked this often while waiting */
 
 typedef struct {
-  uint16_t type, op;  /* op, seq, step: the sender's call (bootstrap.h) */
+  uint16_t type, op; /* op, seq, step: the sender's call (bootstrap.h) */
   uint32_t seq, step;
   int32_t rank;    /* the sender; ABORT: the rank at fault; REJECT: the rank that rejected */
   int32_t aux;     /* ABORT: the rank reporting it; REJECT: its status */
@@ -43,7 +43,7 @@ static _Thread_local int failed_peer = -1;
 
 const char *ep_boot_op_name(int op) {
   static const char *const names[EP_OP_COUNT] = {
-      "no call", "ep_group_create", "ep_group_barrier", "ep_group_allgather",
+      "no call",          "ep_group_create",  "ep_group_barrier", "ep_group_allgather",
       "ep_group_destroy", "ep_buffer_create", "ep_buffer_destroy"};
   return op >= 0 && op < EP_OP_COUNT ? names[op] : "an unknown call";
 }
@@ -87,15 +87,18 @@ ep_status_t ep_bio_wait(ep_boot_t *b, int fd, short events, double deadline, int
     struct pollfd p = {fd, events, 0};
     int n = poll(&p, 1, ep_bio_ms_left(deadline, SLICE_MS));
     if (n > 0) return EP_OK;
-    if (n < 0 && errno != EINTR) return ep_err(EP_ERR_SYSTEM, "bootstrap: poll: %s", strerror(errno));
+    if (n < 0 && errno != EINTR)
+      return ep_err(EP_ERR_SYSTEM, "bootstrap: poll: %s", strerror(errno));
     /* A leaf talks only to rank 0, which hears of every death and says so in its answer (or
      * closes: EOF). A leaf must not judge others itself: in the last exchange of a destroy, a
      * released leaf may exit before rank 0 has written this leaf's release. */
     ep_status_t st = b->rank != 0 && peer == 0 ? watch_center(b) : ep_bio_watch(b);
     if (st) return st;
     if (ep_now() >= deadline)
-      return ep_bio_fail(EP_ERR_TIMEOUT, peer, "bootstrap: deadline passed waiting for rank %d "
-                         "(call #%u)", peer, b->seq);
+      return ep_bio_fail(EP_ERR_TIMEOUT, peer,
+                         "bootstrap: deadline passed waiting for rank %d "
+                         "(call #%u)",
+                         peer, b->seq);
   }
 }
 
@@ -111,8 +114,10 @@ ep_status_t ep_bio_write(ep_boot_t *b, int fd, const void *buf, size_t len, doub
       ep_status_t st = ep_bio_wait(b, fd, POLLOUT, deadline, peer);
       if (st) return st;
     } else {
-      return ep_bio_fail(EP_ERR_PEER_FAILED, peer, "bootstrap: rank %d closed its connection "
-                         "(%s)", peer, strerror(errno));
+      return ep_bio_fail(EP_ERR_PEER_FAILED, peer,
+                         "bootstrap: rank %d closed its connection "
+                         "(%s)",
+                         peer, strerror(errno));
     }
   }
   return EP_OK;
@@ -126,14 +131,15 @@ ep_status_t ep_bio_read(ep_boot_t *b, int fd, void *buf, size_t len, double dead
       p += n;
       len -= (size_t)n;
     } else if (n == 0) {
-      return ep_bio_fail(EP_ERR_PEER_FAILED, peer, "bootstrap: rank %d closed its connection "
-                         "(it exited or was killed)", peer);
+      return ep_bio_fail(EP_ERR_PEER_FAILED, peer,
+                         "bootstrap: rank %d closed its connection "
+                         "(it exited or was killed)",
+                         peer);
     } else if (errno == EAGAIN || errno == EINTR) {
       ep_status_t st = ep_bio_wait(b, fd, POLLIN, deadline, peer);
       if (st) return st;
     } else {
-      return ep_bio_fail(EP_ERR_PEER_FAILED, peer, "bootstrap: rank %d: %s", peer,
-                         strerror(errno));
+      return ep_bio_fail(EP_ERR_PEER_FAILED, peer, "bootstrap: rank %d: %s", peer, strerror(errno));
     }
   }
   return EP_OK;
@@ -148,8 +154,8 @@ static frame_t frame_of(const ep_boot_t *b, int type, int rank, uint64_t len) {
 static ep_status_t send_frame(ep_boot_t *b, int peer, const frame_t *f, const void *data,
                               double deadline) {
   ep_status_t st = ep_bio_write(b, b->socks[peer], f, sizeof *f, deadline, peer);
-  return st || f->type == F_FDS ? st : ep_bio_write(b, b->socks[peer], data, f->len, deadline,
-                                                    peer);
+  return st || f->type == F_FDS ? st
+                                : ep_bio_write(b, b->socks[peer], data, f->len, deadline, peer);
 }
 
 /* One frame header from `peer` with the descriptors attached to it: up to `room` land in fds
@@ -161,8 +167,8 @@ static ep_status_t read_header(ep_boot_t *b, int peer, frame_t *f, int *fds, int
     struct cmsghdr align;
   } u;
   struct iovec iov = {f, sizeof *f};
-  struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-                     .msg_controllen = sizeof u.buf};
+  struct msghdr m = {
+      .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
   int sock = b->socks[peer];
   ssize_t n;
   *got = 0;
@@ -178,8 +184,10 @@ static ep_status_t read_header(ep_boot_t *b, int peer, frame_t *f, int *fds, int
     int tmp[FDS_PER_FRAME];
     memcpy(tmp, CMSG_DATA(c), (size_t)k * sizeof(int));
     for (int i = 0; i < k; i++) {
-      if (*got < room) fds[(*got)++] = tmp[i];
-      else close(tmp[i]);
+      if (*got < room)
+        fds[(*got)++] = tmp[i];
+      else
+        close(tmp[i]);
     }
   }
   if ((size_t)n == sizeof *f) return EP_OK;
@@ -195,8 +203,8 @@ static ep_status_t skip_payload(ep_boot_t *b, int peer, uint64_t len, double dea
   char junk[512];
   ep_status_t st = EP_OK;
   for (; len > 0 && !st; len -= len < sizeof junk ? len : sizeof junk)
-    st = ep_bio_read(b, b->socks[peer], junk, len < sizeof junk ? len : sizeof junk, deadline,
-                     peer);
+    st =
+        ep_bio_read(b, b->socks[peer], junk, len < sizeof junk ? len : sizeof junk, deadline, peer);
   return st;
 }
 
@@ -223,8 +231,10 @@ static ep_status_t abort_error(const ep_boot_t *b, const frame_t *f) {
   ep_status_t why = (ep_status_t)f->status;
   ep_status_t st = why == EP_ERR_TIMEOUT ? EP_ERR_TIMEOUT : EP_ERR_PEER_FAILED;
   if (f->rank == b->rank)
-    return ep_err(st, "bootstrap: this rank came too late: rank %d gave up waiting for it (call "
-                  "#%u, %s)", f->aux, b->seq, ep_status_name(why));
+    return ep_err(st,
+                  "bootstrap: this rank came too late: rank %d gave up waiting for it (call "
+                  "#%u, %s)",
+                  f->aux, b->seq, ep_status_name(why));
   if (f->rank != f->aux)
     return ep_err(st, "bootstrap: rank %d failed (%s, reported by rank %d)", f->rank,
                   ep_status_name(why), f->aux);
@@ -233,13 +243,17 @@ static ep_status_t abort_error(const ep_boot_t *b, const frame_t *f) {
 }
 
 static ep_status_t reject_error(const ep_boot_t *b, int rank, ep_status_t why) {
-  return ep_err(EP_ERR_PEER_INVALID, "rank %d rejected its arguments for %s (#%u) (%s; its own "
-                "error says which)", rank, ep_boot_op_name(b->op), b->seq, ep_status_name(why));
+  return ep_err(EP_ERR_PEER_INVALID,
+                "rank %d rejected its arguments for %s (#%u) (%s; its own "
+                "error says which)",
+                rank, ep_boot_op_name(b->op), b->seq, ep_status_name(why));
 }
 
 static void call_text(char *out, size_t n, int op, uint32_t seq, uint32_t step, bool with_step) {
-  if (with_step) snprintf(out, n, "%s (#%u, exchange %u)", ep_boot_op_name(op), seq, step);
-  else snprintf(out, n, "%s (#%u)", ep_boot_op_name(op), seq);
+  if (with_step)
+    snprintf(out, n, "%s (#%u, exchange %u)", ep_boot_op_name(op), seq, step);
+  else
+    snprintf(out, n, "%s (#%u)", ep_boot_op_name(op), seq);
 }
 
 /* Every rank words it from where it stands: its own call first, then the other rank's. */
@@ -255,15 +269,18 @@ static ep_status_t mismatch_error(const ep_boot_t *b, const mismatch_t *m) {
   }
   failed_peer = who;
   if (op[0] == op[1] && seq[0] == seq[1] && step[0] == step[1])
-    return ep_err(EP_ERR_MISMATCH, "this rank sends %llu bytes in call #%u, rank %d sends %llu "
-                  "(ranks disagree about the exchange)", (unsigned long long)m->len[mine],
-                  b->seq, who, (unsigned long long)m->len[other]);
+    return ep_err(EP_ERR_MISMATCH,
+                  "this rank sends %llu bytes in call #%u, rank %d sends %llu "
+                  "(ranks disagree about the exchange)",
+                  (unsigned long long)m->len[mine], b->seq, who, (unsigned long long)m->len[other]);
   bool steps = op[0] == op[1] && seq[0] == seq[1];
   char a[96], c[96];
   call_text(a, sizeof a, op[mine], seq[mine], step[mine], steps);
   call_text(c, sizeof c, op[other], seq[other], step[other], steps);
-  return ep_err(EP_ERR_MISMATCH, "this rank calls %s, rank %d calls %s (collective calls must "
-                "come in the same order on every rank)", a, who, c);
+  return ep_err(EP_ERR_MISMATCH,
+                "this rank calls %s, rank %d calls %s (collective calls must "
+                "come in the same order on every rank)",
+                a, who, c);
 }
 
 /* A verdict frame on the link to rank 0, already read or still waiting there (a rank that comes
@@ -300,8 +317,8 @@ typedef struct {
 
 static ep_status_t note_mismatch(ep_boot_t *b, verdict_t *v, int r, const frame_t *f,
                                  uint64_t want) {
-  v->mm = (mismatch_t){r, {(uint16_t)b->op, f->op}, {b->seq, f->seq}, {b->step, f->step},
-                       {want, f->len}};
+  v->mm = (mismatch_t){
+      r, {(uint16_t)b->op, f->op}, {b->seq, f->seq}, {b->step, f->step}, {want, f->len}};
   return EP_ERR_MISMATCH;
 }
 
@@ -313,8 +330,8 @@ static ep_status_t root_recv_part(ep_boot_t *b, int r, void *dst, size_t bytes, 
   ep_status_t st = next_frame(b, r, &f, fds, FDS_PER_FRAME, &got, deadline);
   if (st) return st;
   uint64_t want = fd ? 1 : bytes;
-  bool ok = same_exchange(b, &f) && f.type == (fd ? F_FDS : F_DATA) &&
-            (f.status != 0 || f.len == want);
+  bool ok =
+      same_exchange(b, &f) && f.type == (fd ? F_FDS : F_DATA) && (f.status != 0 || f.len == want);
   if (f.type == F_ABORT || !ok || f.status != 0 || !fd) close_fds(fds, got);
   if (f.type == F_ABORT) return abort_error(b, &f);
   if (!ok) return note_mismatch(b, v, r, &f, want);
@@ -333,8 +350,10 @@ static ep_status_t root_recv_part(ep_boot_t *b, int r, void *dst, size_t bytes, 
 static ep_status_t gather_timeout(ep_boot_t *b, const struct pollfd *p) {
   for (int r = 1; r < b->nranks; r++)
     if (p[r].fd >= 0)
-      return ep_bio_fail(EP_ERR_TIMEOUT, r, "bootstrap: deadline passed waiting for rank %d (call "
-                         "#%u: it has not entered it)", r, b->seq);
+      return ep_bio_fail(EP_ERR_TIMEOUT, r,
+                         "bootstrap: deadline passed waiting for rank %d (call "
+                         "#%u: it has not entered it)",
+                         r, b->seq);
   return EP_OK;
 }
 
@@ -407,8 +426,8 @@ static ep_status_t peer_allgather(ep_boot_t *b, const void *send, void *recv, si
   if (f.type >= F_ABORT) return verdict_of(b, &f, mine, deadline);
   if (!same_exchange(b, &f) || f.type != F_DATA || f.len != total || mine) {
     /* Rank 0 answered another exchange than this rank's. */
-    mismatch_t m = {b->rank, {f.op, (uint16_t)b->op}, {f.seq, b->seq}, {f.step, b->step},
-                    {f.len, total}};
+    mismatch_t m = {
+        b->rank, {f.op, (uint16_t)b->op}, {f.seq, b->seq}, {f.step, b->step}, {f.len, total}};
     return mismatch_error(b, &m);
   }
   return ep_bio_read(b, b->socks[0], recv, total, deadline, 0);
@@ -434,8 +453,7 @@ ep_status_t ep_boot_allgather(ep_boot_t *b, const void *send, void *recv, size_t
   ep_status_t st = b->rank == 0 ? root_allgather(b, send, recv, bytes, mine, deadline)
                                 : peer_allgather(b, send, recv, bytes, mine, deadline);
   /* A verdict (rejection, mismatch) reached every rank already; a failure must be told. */
-  if (st && st != EP_ERR_PEER_INVALID && st != EP_ERR_MISMATCH && st != mine)
-    ep_boot_abort(b, st);
+  if (st && st != EP_ERR_PEER_INVALID && st != EP_ERR_MISMATCH && st != mine) ep_boot_abort(b, st);
   if (mine) ep_err_set_msg(saved); /* the rejecting rank keeps its own, precise message */
   return mine ? mine : st;
 }
@@ -460,7 +478,9 @@ static ep_status_t send_fds(ep_boot_t *b, int peer, const int *fds, int count, d
     } u;
     memset(&u, 0, sizeof u); /* the padding of the control message is sent too */
     struct iovec iov = {&f, sizeof f};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+    struct msghdr m = {.msg_iov = &iov,
+                       .msg_iovlen = 1,
+                       .msg_control = u.buf,
                        .msg_controllen = CMSG_SPACE((size_t)k * sizeof(int))};
     struct cmsghdr *c = CMSG_FIRSTHDR(&m);
     c->cmsg_level = SOL_SOCKET;
@@ -489,7 +509,8 @@ static ep_status_t peer_recv_fds(ep_boot_t *b, int *out, int count, double deadl
     frame_t f;
     int got;
     ep_status_t st = next_frame(b, 0, &f, out + have, count - have, &got, deadline);
-    if (!st && f.type >= F_ABORT) st = verdict_of(b, &f, EP_OK, deadline);
+    if (!st && f.type >= F_ABORT)
+      st = verdict_of(b, &f, EP_OK, deadline);
     else if (!st && (!same_exchange(b, &f) || f.type != F_FDS || f.len != (uint64_t)got))
       st = ep_err(EP_ERR_MISMATCH, "%s (#%u): rank 0 answered another exchange (%s #%u)",
                   ep_boot_op_name(b->op), b->seq, ep_boot_op_name(f.op), f.seq);
@@ -521,8 +542,10 @@ ep_status_t ep_boot_allgather_fd(ep_boot_t *b, int fd, int *fds, double deadline
     st = root_allgather_fd(b, fd, fds, deadline);
   } else {
     st = send_fds(b, 0, &fd, 1, deadline);
-    if (st) st = pending_verdict(b, EP_OK, st);
-    else st = peer_recv_fds(b, fds, n, answer_deadline(deadline));
+    if (st)
+      st = pending_verdict(b, EP_OK, st);
+    else
+      st = peer_recv_fds(b, fds, n, answer_deadline(deadline));
   }
   if (st) {
     close_fds(fds, n);
@@ -539,7 +562,9 @@ void ep_boot_begin(ep_boot_t *b, int op) {
   b->step = 0;
 }
 
-int ep_boot_failed_peer(void) { return failed_peer; }
+int ep_boot_failed_peer(void) {
+  return failed_peer;
+}
 
 void ep_boot_abort(ep_boot_t *b, ep_status_t why) {
   if (!b->socks) return;

@@ -53,8 +53,8 @@ typedef struct {
 } ep_boot_t;
 
 /* Collective. `deadline` is absolute (ep_now() seconds). `live` is watched while waiting. */
-ep_status_t ep_boot_open(ep_boot_t *b, const char *name, const uint8_t key[EP_KEY_BYTES],
-                         int rank, int nranks, ep_live_t *live, double deadline);
+ep_status_t ep_boot_open(ep_boot_t *b, const char *name, const uint8_t key[EP_KEY_BYTES], int rank,
+                         int nranks, ep_live_t *live, double deadline);
 /* Starts the next collective call of the group (its exchanges follow). */
 void ep_boot_begin(ep_boot_t *b, int op);
 /* Exchanges of the current call. `mine` is this rank's status for the call: non-zero when it

@@ -9,16 +9,26 @@
 
 /* ------------------------------------------------------------------ services for backends */
 
-int ep_ctx_rank(const ep_ctx_t *ctx) { return ctx->buf->group->rank; }
-int ep_ctx_nranks(const ep_ctx_t *ctx) { return ctx->buf->group->nranks; }
-double ep_ctx_timeout(const ep_ctx_t *ctx) { return ctx->buf->timeout_s; }
-void ep_ctx_mark_broken(ep_ctx_t *ctx) { ctx->buf->broken = true; }
-bool ep_ctx_peer_lost(const ep_ctx_t *ctx) { return ctx->buf->group->peer_lost; }
+int ep_ctx_rank(const ep_ctx_t *ctx) {
+  return ctx->buf->group->rank;
+}
+int ep_ctx_nranks(const ep_ctx_t *ctx) {
+  return ctx->buf->group->nranks;
+}
+double ep_ctx_timeout(const ep_ctx_t *ctx) {
+  return ctx->buf->timeout_s;
+}
+void ep_ctx_mark_broken(ep_ctx_t *ctx) {
+  ctx->buf->broken = true;
+}
+bool ep_ctx_peer_lost(const ep_ctx_t *ctx) {
+  return ctx->buf->group->peer_lost;
+}
 
 /* Bootstrap exchanges of a buffer: part of its group's current collective call (buffer create or
  * destroy, buffer_life.c), which holds the group's channel; a failure breaks the group too. */
-static ep_status_t boot_locked(ep_ctx_t *ctx, int kind, const void *send, void *recv,
-                               size_t bytes, int fd, int *fds) {
+static ep_status_t boot_locked(ep_ctx_t *ctx, int kind, const void *send, void *recv, size_t bytes,
+                               int fd, int *fds) {
   ep_group *g = ctx->buf->group;
   if (!ep_group_in_call(g))
     return ep_err(EP_ERR_INTERNAL, "bootstrap exchange outside a buffer create or destroy");
@@ -41,9 +51,13 @@ ep_status_t ep_ctx_check_peers(ep_ctx_t *ctx, int *dead, const char **how) {
   return ep_group_check(ctx->buf->group, dead, how);
 }
 
-ep_status_t ep_ctx_liveness(void *ctx) { return ep_ctx_check_peers(ctx, NULL, NULL); }
+ep_status_t ep_ctx_liveness(void *ctx) {
+  return ep_ctx_check_peers(ctx, NULL, NULL);
+}
 
-const ep_topo_t *ep_ctx_topo(const ep_ctx_t *ctx) { return &ctx->buf->group->topo; }
+const ep_topo_t *ep_ctx_topo(const ep_ctx_t *ctx) {
+  return &ctx->buf->group->topo;
+}
 
 static ep_status_t net_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
   return ep_ctx_allgather(ctx, send, recv, bytes);
@@ -54,12 +68,12 @@ ep_status_t ep_ctx_net_open(ep_ctx_t *ctx, const char *engine, int device,
   ep_group *g = ctx->buf->group;
   *n = NULL;
   if (!(*e = ep_net_find(engine))) return EP_ERR_UNSUPPORTED;
-  ep_net_open_t how = {g->rank, g->nranks, device, ep_now() + ctx->buf->timeout_s, net_allgather,
-                       ctx};
+  ep_net_open_t how = {g->rank,       g->nranks, device, ep_now() + ctx->buf->timeout_s,
+                       net_allgather, ctx};
   ep_status_t st = (*e)->open(&how, n);
   if (!st)
-    ep_log_at(EP_LOG_INFO, g->rank, "init", "network engine %s open: %d ranks on %d hosts",
-              engine, g->nranks, g->topo.nhosts);
+    ep_log_at(EP_LOG_INFO, g->rank, "init", "network engine %s open: %d ranks on %d hosts", engine,
+              g->nranks, g->topo.nhosts);
   return st;
 }
 
@@ -90,9 +104,9 @@ ep_status_t ep_ctx_fail(ep_ctx_t *ctx, ep_status_t status, int peer, const char 
  * buffer's calls stay in step. With several buffers nobody can tell which: see LIFECYCLE.md. */
 static void reject_lost_call(const char *op) {
   int kind = !strcmp(op, "ep_dispatch") || !strcmp(op, "ep_combine") ? 0
-             : !strcmp(op, "ep_ll_dispatch")                          ? 1
-             : !strcmp(op, "ep_ll_combine")                           ? 2
-                                                                      : -1;
+             : !strcmp(op, "ep_ll_dispatch")                         ? 1
+             : !strcmp(op, "ep_ll_combine")                          ? 2
+                                                                     : -1;
   ep_id_t id = kind < 0 ? 0 : ep_reg_sole(EP_OBJ_BUFFER);
   ep_buffer *b;
   if (!id || ep_reg_acquire(id, EP_OBJ_BUFFER, true, (void **)&b) != EP_OK) return;
@@ -114,13 +128,17 @@ ep_status_t ep_buffer_get(ep_buffer_t buffer, const char *op, ep_buffer **b) {
   }
   if ((*b)->broken) {
     ep_reg_release((*b)->id);
-    return ep_err(EP_ERR_BROKEN, "%s: buffer is unusable after an earlier failure (%s); destroy "
-                  "or release it", op, ep_errbox_get(&(*b)->err));
+    return ep_err(EP_ERR_BROKEN,
+                  "%s: buffer is unusable after an earlier failure (%s); destroy "
+                  "or release it",
+                  op, ep_errbox_get(&(*b)->err));
   }
   return EP_OK;
 }
 
-void ep_buffer_put(ep_buffer *b) { ep_reg_release(b->id); }
+void ep_buffer_put(ep_buffer *b) {
+  ep_reg_release(b->id);
+}
 
 static bool status_breaks(ep_status_t st) {
   return st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED || st == EP_ERR_SYSTEM ||
@@ -132,7 +150,8 @@ ep_status_t ep_buffer_after(ep_buffer *b, ep_status_t st, const char *op) {
   if (status_breaks(st)) b->broken = true;
   /* A peer that timed out or died leaves every collective of the group in doubt: its destroys
    * must not wait a second deadline for the same peer. */
-  if (st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED) b->group->broken = b->group->peer_lost = true;
+  if (st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED)
+    b->group->broken = b->group->peer_lost = true;
   /* Backends report through ep_ctx_fail; a bare status from them still gets the op name. */
   ep_err_prefix(op);
   ep_errbox_put(&b->err, ep_last_error());
@@ -154,8 +173,10 @@ ep_status_t ep_buffer_query(ep_buffer_t buffer, ep_buffer_info_t *info) {
   ep_buffer_info_t i;
   memset(&i, 0, sizeof i);
   if (info->size < sizeof(size_t) || info->size > sizeof i || info->size % sizeof(void *))
-    return ep_err(EP_ERR_CONFIG, "%s: info->size is %zu, this library accepts %zu..%zu (use "
-                  "EP_BUFFER_INFO_INIT)", op, info->size, sizeof(size_t), sizeof i);
+    return ep_err(EP_ERR_CONFIG,
+                  "%s: info->size is %zu, this library accepts %zu..%zu (use "
+                  "EP_BUFFER_INFO_INIT)",
+                  op, info->size, sizeof(size_t), sizeof i);
   ep_buffer *b;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(buffer), EP_OBJ_BUFFER, false, (void **)&b);
   if (st) {
@@ -171,7 +192,8 @@ ep_status_t ep_buffer_query(ep_buffer_t buffer, ep_buffer_info_t *info) {
   i.bytes = b->bytes;
   i.config = b->cfg;
   const ep_topo_t *t = &b->group->topo;
-  i.nhosts = t->nhosts, i.host = t->host, i.local_rank = t->local_rank, i.local_size = t->local_size;
+  i.nhosts = t->nhosts, i.host = t->host, i.local_rank = t->local_rank,
+  i.local_size = t->local_size;
   if (b->ops->traffic) b->ops->traffic(b->state, &i.net_bytes_sent, &i.local_bytes_sent);
   ep_reg_release(b->id);
   memcpy(info, &i, info->size); /* an older caller's smaller struct gets the fields it has */
@@ -236,13 +258,15 @@ static ep_status_t resolve_backend(ep_buffer_config_t *c, const struct ep_backen
   if (c->backend != EP_BACKEND_CPU && c->backend != EP_BACKEND_CUDA)
     return ep_err(EP_ERR_INVALID_ARG, "cfg->backend: %d is not an ep_backend_t", c->backend);
   if (!(*ops = ep_backend_find(c->backend)))
-    return ep_err(EP_ERR_UNSUPPORTED, "cfg->backend: the %s backend is not built into this "
-                  "library", backend_name(c->backend));
+    return ep_err(EP_ERR_UNSUPPORTED,
+                  "cfg->backend: the %s backend is not built into this "
+                  "library",
+                  backend_name(c->backend));
   return EP_OK;
 }
 
 ep_status_t ep_buffer_resolve_config(const ep_buffer_config_t *cfg, double group_timeout,
-                                  ep_buffer_config_t *c, const struct ep_backend_ops **ops) {
+                                     ep_buffer_config_t *c, const struct ep_backend_ops **ops) {
   *c = (ep_buffer_config_t)EP_BUFFER_CONFIG_INIT;
   ep_status_t st = cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
   if (!st) st = ep_env_check(); /* an invalid EP_* value fails here, named, never defaulted */
@@ -281,20 +305,22 @@ typedef struct {
 
 ep_status_t ep_buffer_agree_config(ep_buffer *b) {
   const ep_buffer_config_t *c = &b->cfg;
-  cfg_key_t me = {c->backend, c->num_channels, c->ll_max_tokens, c->ll_hidden, c->ll_num_experts,
-                  c->ll_max_topk, c->queue_bytes};
+  cfg_key_t me = {c->backend,        c->num_channels, c->ll_max_tokens, c->ll_hidden,
+                  c->ll_num_experts, c->ll_max_topk,  c->queue_bytes};
   int n = b->group->nranks;
   cfg_key_t *all = calloc((size_t)n, sizeof *all);
   if (!all) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
   ep_status_t st = ep_ctx_allgather(&b->ctx, &me, all, sizeof me);
-  static const char *names[] = {"backend", "num_channels", "ll_max_tokens", "ll_hidden",
-                                "ll_num_experts", "ll_max_topk", "queue_bytes"};
+  static const char *names[] = {"backend",        "num_channels", "ll_max_tokens", "ll_hidden",
+                                "ll_num_experts", "ll_max_topk",  "queue_bytes"};
   for (int r = 0; r < n && !st; r++) {
     const int32_t *x = &all[r].backend, *y = &me.backend;
     for (int f = 0; f < 6 && !st; f++)
       if (x[f] != y[f])
-        st = ep_err(EP_ERR_MISMATCH, "cfg->%s: this rank has %d, rank %d has %d (buffer configs "
-                    "must agree)", names[f], y[f], r, x[f]);
+        st = ep_err(EP_ERR_MISMATCH,
+                    "cfg->%s: this rank has %d, rank %d has %d (buffer configs "
+                    "must agree)",
+                    names[f], y[f], r, x[f]);
     if (!st && all[r].queue_bytes != me.queue_bytes)
       st = ep_err(EP_ERR_MISMATCH, "cfg->queue_bytes: this rank has %llu, rank %d has %llu",
                   (unsigned long long)me.queue_bytes, r, (unsigned long long)all[r].queue_bytes);

@@ -16,8 +16,8 @@ struct ep_buffer_s {
   void *state; /* the backend's */
   ep_buffer_config_t cfg;
   double timeout_s;
-  bool broken; /* a collective failed mid-way: only destroy/release remain */
-  int ll_live; /* low-latency handles alive (at most 2) */
+  bool broken;  /* a collective failed mid-way: only destroy/release remain */
+  int ll_live;  /* low-latency handles alive (at most 2) */
   size_t bytes; /* the backend's size hint for this buffer */
   struct ep_ctx ctx;
   ep_errbox_t err;

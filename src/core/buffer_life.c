@@ -33,8 +33,8 @@ static ep_status_t buffer_new(ep_group *g, const ep_buffer_config_t *cfg, ep_buf
  * EP_ERR_PEER_INVALID instead of pairing this create with their next one. */
 static ep_status_t buffer_create(ep_group *g, const ep_buffer_config_t *cfg, ep_buffer_t *out) {
   ep_buffer *b = NULL;
-  ep_status_t st = out ? buffer_new(g, cfg, &b)
-                       : ep_err(EP_ERR_NULL_ARG, "ep_buffer_create: buf is NULL");
+  ep_status_t st =
+      out ? buffer_new(g, cfg, &b) : ep_err(EP_ERR_NULL_ARG, "ep_buffer_create: buf is NULL");
   if (st) return ep_group_xchg(g, EP_XCHG_BYTES, NULL, NULL, 0, -1, NULL, st, g->timeout_s);
   st = ep_buffer_agree_config(b);
   /* After the agreement: every rank checks the same config, so all fail alike or none does. */
@@ -56,8 +56,8 @@ static ep_status_t buffer_create(ep_group *g, const ep_buffer_config_t *cfg, ep_
     buffer_free(b);
     return st;
   }
-  ep_log_at(EP_LOG_INFO, g->rank, "init", "buffer %#" PRIx64 " up: backend %s, %d channels",
-            b->id, b->ops->name, b->cfg.num_channels);
+  ep_log_at(EP_LOG_INFO, g->rank, "init", "buffer %#" PRIx64 " up: backend %s, %d channels", b->id,
+            b->ops->name, b->cfg.num_channels);
   *out = ep_id_to_ptr(b->id);
   return EP_OK;
 }

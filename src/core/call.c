@@ -7,12 +7,11 @@
 #include "internal.h"
 
 static const char *const field_names[EP_CF_COUNT] = {
-    "the operation", "hidden", "dtype", "topk", "num_experts", "num_scales",
-    "topk_weights given"};
+    "the operation", "hidden", "dtype", "topk", "num_experts", "num_scales", "topk_weights given"};
 
 static const char *kind_name(int32_t k) {
-  return k == EP_CALL_DISPATCH ? "dispatch"
-         : k == EP_CALL_CACHED ? "cached dispatch"
+  return k == EP_CALL_DISPATCH  ? "dispatch"
+         : k == EP_CALL_CACHED  ? "cached dispatch"
          : k == EP_CALL_COMBINE ? "combine"
                                 : "an unknown call";
 }
@@ -54,8 +53,8 @@ void ep_call_combine_key(const ep_combine_args_t *a, const ep_handle_info_t *h,
   key->f[EP_CF_WEIGHTS] = a->topk_weights != NULL;
 }
 
-ep_status_t ep_call_bad_expert(ep_ctx_t *ctx, const char *op, int64_t token, int k,
-                               int64_t value, int num_experts) {
+ep_status_t ep_call_bad_expert(ep_ctx_t *ctx, const char *op, int64_t token, int k, int64_t value,
+                               int num_experts) {
   if (!ctx)
     return ep_err(EP_ERR_OUT_OF_RANGE, "%s: topk_idx[%lld][%d] is %lld, must be -1 or in [0, %d)",
                   op, (long long)token, k, (long long)value, num_experts);
@@ -73,16 +72,17 @@ int64_t ep_call_out_rows(const ep_dispatch_call_t *c, int64_t view_rows) {
 
 static const char OP[] = "ep_dispatch";
 
-ep_status_t ep_call_outputs_ready(ep_ctx_t *ctx, ep_dispatch_call_t *c, int nr,
-                                  int64_t view_rows) {
+ep_status_t ep_call_outputs_ready(ep_ctx_t *ctx, ep_dispatch_call_t *c, int nr, int64_t view_rows) {
   ep_dispatch_out_t *o = &c->out;
   if (o->mode == EP_OUTPUT_ALLOC) {
     if (o->alloc(o->alloc_ctx, &c->in, nr, o) != 0)
       return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, OP, "outputs",
                          "the alloc callback failed for %d rows", nr);
     if (nr == 0 || o->recv_x) return EP_OK;
-    return ep_ctx_fail(ctx, EP_ERR_NULL_ARG, -1, OP, "outputs", "the alloc callback returned 0 "
-                       "but left out->recv_x NULL for %d rows", nr);
+    return ep_ctx_fail(ctx, EP_ERR_NULL_ARG, -1, OP, "outputs",
+                       "the alloc callback returned 0 "
+                       "but left out->recv_x NULL for %d rows",
+                       nr);
   }
   int64_t rows = ep_call_out_rows(c, view_rows);
   if (nr <= rows) return EP_OK;
@@ -92,7 +92,8 @@ ep_status_t ep_call_outputs_ready(ep_ctx_t *ctx, ep_dispatch_call_t *c, int nr,
   if (c->views)
     return ep_ctx_fail(ctx, EP_ERR_TOO_LARGE, -1, OP, "outputs",
                        "%d rows arrive but the receive area holds %lld (views need every row at "
-                       "once): raise queue_bytes or use EP_OUTPUT_CALLER", nr, (long long)rows);
+                       "once): raise queue_bytes or use EP_OUTPUT_CALLER",
+                       nr, (long long)rows);
   return ep_ctx_fail(ctx, EP_ERR_TOO_LARGE, -1, OP, "outputs",
                      "%d rows arrive but out->capacity is %d", nr, o->capacity);
 }
@@ -101,7 +102,7 @@ ep_handle_info_t ep_call_handle_info(const ep_dispatch_call_t *c, int nr, void *
                                      void (*free_priv)(void *)) {
   const ep_dispatch_args_t *a = &c->in;
   int rows = c->out.worst_case ? c->out.capacity : nr;
-  return (ep_handle_info_t){EP_HANDLE_NORMAL, a->num_tokens, nr,        rows,
-                            a->hidden,        a->topk,       a->num_experts, a->dtype,
-                            a->num_scales,    priv,          free_priv};
+  return (ep_handle_info_t){EP_HANDLE_NORMAL, a->num_tokens,  nr,       rows,          a->hidden,
+                            a->topk,          a->num_experts, a->dtype, a->num_scales, priv,
+                            free_priv};
 }

@@ -133,8 +133,10 @@ ep_status_t ep_env_check_value(const char *name, const char *value) {
     return ep_err(EP_ERR_NULL_ARG, "ep_env_check_value: %s is NULL", name ? "value" : "name");
   const ep_env_row_t *r = row_find(name, strlen(name));
   if (!r)
-    return ep_err(EP_ERR_INVALID_ARG, "ep_env_check_value: %s is not a variable epcomm reads "
-                  "(`epcomm info` lists them)", name);
+    return ep_err(EP_ERR_INVALID_ARG,
+                  "ep_env_check_value: %s is not a variable epcomm reads "
+                  "(`epcomm info` lists them)",
+                  name);
   return check_row(r, value);
 }
 
@@ -189,10 +191,14 @@ void ep_env_check_unknown(void) {
     const char *eq = strchr(*e, '=');
     size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
     if (!row_find(*e, len))
-      ep_log_at(EP_LOG_WARN, -1, "init", "unknown variable %.*s is set; `epcomm info` lists the "
-                "EP_* variables epcomm reads", (int)len, *e);
+      ep_log_at(EP_LOG_WARN, -1, "init",
+                "unknown variable %.*s is set; `epcomm info` lists the "
+                "EP_* variables epcomm reads",
+                (int)len, *e);
     else if (ep_log_enabled(EP_LOG_INFO))
       ep_log_at(EP_LOG_INFO, -1, "init", "%.*s set by environment to %s", (int)len, *e,
-                !eq ? "" : strcmp(row_find(*e, len)->pub.type, "secret") ? eq + 1 : "(not shown)");
+                !eq                                             ? ""
+                : strcmp(row_find(*e, len)->pub.type, "secret") ? eq + 1
+                                                                : "(not shown)");
   }
 }

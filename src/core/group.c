@@ -113,8 +113,8 @@ static ep_status_t group_init(ep_group *g, const char *name, const uint8_t *key,
  * their own local channel ("<rendezvous>.h<host>"), for what only a host can share. Identities
  * first, so that a bad split of hosts fails on every rank alike before anyone waits for a local
  * channel that cannot form. */
-static ep_status_t group_init_net(ep_group *g, const char *name, const uint8_t *key,
-                                  int notify_fd, const ep_ident_t *mine) {
+static ep_status_t group_init_net(ep_group *g, const char *name, const uint8_t *key, int notify_fd,
+                                  const ep_ident_t *mine) {
   double deadline = ep_now() + g->timeout_s;
   ep_ident_t *all = calloc((size_t)g->nranks, sizeof *all);
   if (!all) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
@@ -145,14 +145,18 @@ static ep_status_t check_world_launcher(const ep_ident_t *mine, const char *op) 
   for (int i = 0; vars[i]; i++)
     if (getenv(vars[i])) return EP_OK;
   if (mine->has_id)
-    return ep_err(EP_ERR_BOOTSTRAP, "%s: EP_HOST_ID=%s puts ranks on several hosts, which talk "
-                  "through MPI: start the ranks with mpirun (or srun --mpi=pmix)", op,
-                  mine->host_id);
+    return ep_err(EP_ERR_BOOTSTRAP,
+                  "%s: EP_HOST_ID=%s puts ranks on several hosts, which talk "
+                  "through MPI: start the ranks with mpirun (or srun --mpi=pmix)",
+                  op, mine->host_id);
   if (mine->hosts <= 1)
-    return ep_err(EP_ERR_BOOTSTRAP, "%s: the job's ranks run on several machines, whose groups "
+    return ep_err(EP_ERR_BOOTSTRAP,
+                  "%s: the job's ranks run on several machines, whose groups "
                   "talk through MPI: start the ranks with mpirun --hostfile or srun --mpi=pmix "
-                  "(torchrun across machines is not supported yet)", op);
-  return ep_err(EP_ERR_BOOTSTRAP, "%s: EP_HOSTS=%d splits the job into %d hosts, which talk "
+                  "(torchrun across machines is not supported yet)",
+                  op);
+  return ep_err(EP_ERR_BOOTSTRAP,
+                "%s: EP_HOSTS=%d splits the job into %d hosts, which talk "
                 "through MPI: start the ranks with `epcomm launch -n R --hosts %d` or mpirun",
                 op, mine->hosts, mine->hosts, mine->hosts);
 }
@@ -198,10 +202,12 @@ static ep_status_t group_finish(ep_group *g, const char *op, const char *name, c
     ep_group_free(g);
     return st;
   }
-  ep_log_at(EP_LOG_INFO, g->rank, "init", "group %#" PRIx64 " up: %d ranks on %d host(s) (this "
-            "rank: host %d, local rank %d of %d), rendezvous %s, timeout %.1f s", g->id, g->nranks,
-            g->topo.nhosts, g->topo.host, g->topo.local_rank, g->topo.local_size, name,
-            g->timeout_s);
+  ep_log_at(EP_LOG_INFO, g->rank, "init",
+            "group %#" PRIx64
+            " up: %d ranks on %d host(s) (this "
+            "rank: host %d, local rank %d of %d), rendezvous %s, timeout %.1f s",
+            g->id, g->nranks, g->topo.nhosts, g->topo.host, g->topo.local_rank, g->topo.local_size,
+            name, g->timeout_s);
   tell_launcher(notify_fd, "up", g->rank);
   *out = ep_id_to_ptr(g->id);
   return EP_OK;
@@ -262,9 +268,12 @@ static const char *torch_job_id(char *buf, size_t n) {
   const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
   const char *run = getenv("TORCHELASTIC_RUN_ID"), *given = env_get("EP_JOB_ID");
   if (given && *given) return NULL;
-  if (addr && *addr && port && *port) snprintf(buf, n, "torch-%s:%s", addr, port);
-  else if (run && *run && strcmp(run, "none") != 0) snprintf(buf, n, "torch-%s", run);
-  else return NULL;
+  if (addr && *addr && port && *port)
+    snprintf(buf, n, "torch-%s:%s", addr, port);
+  else if (run && *run && strcmp(run, "none") != 0)
+    snprintf(buf, n, "torch-%s", run);
+  else
+    return NULL;
   return buf;
 }
 
@@ -276,7 +285,8 @@ ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *g
   int rank, nranks;
   const env_source_t *src = env_ranks(&rank, &nranks);
   if (!src)
-    return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create_from_env: no rank in the environment "
+    return ep_err(EP_ERR_BOOTSTRAP,
+                  "ep_group_create_from_env: no rank in the environment "
                   "(EP_RANK/EP_NRANKS): start the program with `epcomm launch -n R`, torchrun "
                   "or mpirun");
   if (nranks < 1 || rank >= nranks)
@@ -363,7 +373,8 @@ ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t 
   explicit_bzero(all, (size_t)boot->nranks * sizeof *all);
   explicit_bzero(&mine, sizeof mine);
   free(all);
-  if (cb != 0) return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create: the user allgather callback failed");
+  if (cb != 0)
+    return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create: the user allgather callback failed");
   rv.name[RENDEZVOUS_MAX - 1] = '\0';
   if (net && (st = check_world_launcher(&ident, "ep_group_create"))) return st;
   ep_group *g;
@@ -378,4 +389,3 @@ ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t 
   }
   return st;
 }
-

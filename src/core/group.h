@@ -32,7 +32,7 @@ struct ep_group_s {
   pthread_mutex_t boot_lock;        /* one collective call at a time on the bootstrap channel */
   pthread_t call_thread;            /* the thread whose call holds boot_lock */
   _Atomic bool in_call;
-  ep_id_t *buffers;                 /* live buffers, for BUSY reports and release */
+  ep_id_t *buffers; /* live buffers, for BUSY reports and release */
   int nbuffers, capbuffers;
   ep_errbox_t err;
 };
@@ -63,8 +63,8 @@ enum { EP_XCHG_BYTES, EP_XCHG_FD, EP_XCHG_BARRIER };
 /* One exchange of the current call, bounded by timeout_s. `mine`: this rank's own status for the
  * call (non-zero: it rejected the call, takes part anyway, and gets `mine` back). A failure
  * other than a peer's rejection breaks the group. */
-ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, size_t bytes,
-                          int fd, int *fds, ep_status_t mine, double timeout_s);
+ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, size_t bytes, int fd,
+                          int *fds, ep_status_t mine, double timeout_s);
 
 /* The group's rank of local index `l` of this host. */
 static inline int ep_group_local_to_rank(const ep_group *g, int l) {

@@ -60,7 +60,9 @@ ep_status_t ep_group_explain(ep_group *g, ep_status_t st) {
   return st;
 }
 
-bool ep_group_same_host(const ep_group *g) { return g->topo.nhosts == 1; }
+bool ep_group_same_host(const ep_group *g) {
+  return g->topo.nhosts == 1;
+}
 
 ep_status_t ep_group_add_buffer(ep_group *g, ep_id_t buf) {
   pthread_mutex_lock(&g->lock);
@@ -106,7 +108,9 @@ bool ep_group_in_call(const ep_group *g) {
   return g->in_call && pthread_equal(g->call_thread, pthread_self());
 }
 
-static ep_status_t liveness(void *ctx) { return ep_group_check(ctx, NULL, NULL); }
+static ep_status_t liveness(void *ctx) {
+  return ep_group_check(ctx, NULL, NULL);
+}
 
 /* Across hosts: the world engine, named with the host of the rank a failure is about. */
 static ep_status_t world_xchg(ep_group *g, int kind, const void *send, void *recv, size_t bytes,
@@ -124,9 +128,10 @@ static ep_status_t world_xchg(ep_group *g, int kind, const void *send, void *rec
   return st;
 }
 
-ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, size_t bytes,
-                          int fd, int *fds, ep_status_t mine, double timeout_s) {
-  if (g->broken) return mine ? mine : ep_err(EP_ERR_BROKEN, "group is broken by an earlier failure");
+ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, size_t bytes, int fd,
+                          int *fds, ep_status_t mine, double timeout_s) {
+  if (g->broken)
+    return mine ? mine : ep_err(EP_ERR_BROKEN, "group is broken by an earlier failure");
   double deadline = ep_now() + timeout_s;
   int peer = -1;
   ep_status_t st;
@@ -177,13 +182,15 @@ ep_status_t ep_group_query(ep_group_t group, ep_group_info_t *info) {
   if (!info) return ep_err(EP_ERR_NULL_ARG, "%s: info is NULL", op);
   if (info->size < sizeof(size_t) || info->size > sizeof(ep_group_info_t) ||
       info->size % sizeof(int) != 0)
-    return ep_err(EP_ERR_CONFIG, "%s: info->size is %zu, this library accepts %zu..%zu (use "
-                  "EP_GROUP_INFO_INIT)", op, info->size, sizeof(size_t), sizeof(ep_group_info_t));
+    return ep_err(EP_ERR_CONFIG,
+                  "%s: info->size is %zu, this library accepts %zu..%zu (use "
+                  "EP_GROUP_INFO_INIT)",
+                  op, info->size, sizeof(size_t), sizeof(ep_group_info_t));
   ep_group *g;
   ep_status_t st = group_get(group, false, &g, op);
   if (st) return st;
-  ep_group_info_t i = {info->size,        g->rank,           g->nranks,
-                       g->topo.nhosts,    g->topo.host,      g->topo.local_rank,
+  ep_group_info_t i = {info->size,        g->rank,      g->nranks,
+                       g->topo.nhosts,    g->topo.host, g->topo.local_rank,
                        g->topo.local_size};
   ep_reg_release(g->id);
   memcpy(info, &i, info->size);
@@ -209,8 +216,8 @@ static ep_status_t group_exchange(ep_group_t group, int op, const void *send, vo
   if (st) return st;
   st = ep_group_call_begin(g, op);
   if (!st)
-    st = ep_group_xchg(g, op == EP_OP_GROUP_BARRIER ? EP_XCHG_BARRIER : EP_XCHG_BYTES, send,
-                       recv, bytes, -1, NULL, mine, g->timeout_s);
+    st = ep_group_xchg(g, op == EP_OP_GROUP_BARRIER ? EP_XCHG_BARRIER : EP_XCHG_BYTES, send, recv,
+                       bytes, -1, NULL, mine, g->timeout_s);
   ep_group_call_end(g);
   if (st && st != mine) st = ep_group_fail(g, st, name);
   ep_reg_release(g->id);
@@ -237,8 +244,10 @@ static ep_status_t busy_with_buffers(ep_group *g, const char *op) {
   unsigned long long first = n ? (unsigned long long)g->buffers[0] : 0;
   pthread_mutex_unlock(&g->lock);
   if (n == 0) return EP_OK;
-  return ep_err(EP_ERR_BUSY, "%s: %d buffer(s) of this group are still alive (first: %#llx); "
-                "destroy buffers before their group", op, n, first);
+  return ep_err(EP_ERR_BUSY,
+                "%s: %d buffer(s) of this group are still alive (first: %#llx); "
+                "destroy buffers before their group",
+                op, n, first);
 }
 
 /* The collective part of a destroy: a barrier, so that nobody leaves while a peer still talks to
@@ -247,8 +256,10 @@ static ep_status_t busy_with_buffers(ep_group *g, const char *op) {
  * too, or in another call. */
 static ep_status_t destroy_barrier(ep_group *g, ep_status_t busy) {
   ep_status_t st = ep_group_call_begin(g, EP_OP_GROUP_DESTROY);
-  if (st == EP_ERR_BROKEN) st = busy;
-  else st = ep_group_xchg(g, EP_XCHG_BARRIER, NULL, NULL, 0, -1, NULL, busy, g->timeout_s);
+  if (st == EP_ERR_BROKEN)
+    st = busy;
+  else
+    st = ep_group_xchg(g, EP_XCHG_BARRIER, NULL, NULL, 0, -1, NULL, busy, g->timeout_s);
   ep_group_call_end(g);
   return st;
 }
@@ -260,7 +271,9 @@ ep_status_t ep_group_destroy(ep_group_t group) {
   if (st) return st;
   ep_status_t busy = busy_with_buffers(g, "ep_group_destroy");
   ep_log_at(EP_LOG_INFO, g->rank, "teardown", "group %#llx: destroy%s", (unsigned long long)g->id,
-            busy ? " refused (live buffers)" : g->broken ? " (broken: local only)" : "");
+            busy        ? " refused (live buffers)"
+            : g->broken ? " (broken: local only)"
+                        : "");
   ep_status_t q = destroy_barrier(g, busy);
   if (q && q != busy) ep_group_fail(g, q, "ep_group_destroy");
   ep_reg_release(g->id);

@@ -41,17 +41,17 @@ ep_status_t ep_handle_get(ep_buffer *b, const void *handle, const char *op, cons
   if (st) return ep_err_named(st, op, arg);
   if (h->buffer_id != b->id) {
     ep_reg_release(h->id);
-    return ep_err(EP_ERR_INVALID_ARG, "%s: %s comes from another (or a destroyed) buffer", op,
-                  arg);
+    return ep_err(EP_ERR_INVALID_ARG, "%s: %s comes from another (or a destroyed) buffer", op, arg);
   }
   *out = h;
   return EP_OK;
 }
 
-void ep_handle_put(ep_handle *h) { ep_reg_release(h->id); }
+void ep_handle_put(ep_handle *h) {
+  ep_reg_release(h->id);
+}
 
-static ep_status_t num_recv(const void *handle, enum ep_handle_kind kind, int *n,
-                            const char *op) {
+static ep_status_t num_recv(const void *handle, enum ep_handle_kind kind, int *n, const char *op) {
   if (!n) return ep_err(EP_ERR_NULL_ARG, "%s: num_recv_tokens is NULL", op);
   ep_handle *h;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), obj_kind(kind), false, (void **)&h);
@@ -90,7 +90,8 @@ static ep_status_t pin_ll_buffer(ep_ll_handle_t handle, ep_buffer **out) {
   ep_reg_release(h->id);
   ep_status_t st = ep_reg_acquire(bid, EP_OBJ_BUFFER, true, (void **)out);
   if (st == EP_ERR_BUSY)
-    return ep_err(EP_ERR_BUSY, "ep_ll_handle_destroy: a call on the handle's buffer is in "
+    return ep_err(EP_ERR_BUSY,
+                  "ep_ll_handle_destroy: a call on the handle's buffer is in "
                   "flight; destroy the handle once it has returned");
   if (st) *out = NULL;
   return EP_OK;

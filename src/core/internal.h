@@ -3,8 +3,8 @@
 #define EP_CORE_INTERNAL_H
 
 #include <pthread.h>
-#include <stdbool.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,10 +40,10 @@ const char *ep_errbox_get(ep_errbox_t *b);
 void ep_log_raw(int level, int rank, const char *phase, const char *fmt, va_list ap);
 
 /* ---- environment registry (env.c) */
-const char *ep_env_str(const char *name);            /* NULL if unset; name must be registered */
+const char *ep_env_str(const char *name); /* NULL if unset; name must be registered */
 double ep_env_double(const char *name, double dflt);
 long ep_env_long(const char *name, long dflt);
-void ep_env_check_unknown(void);                     /* warn once about unknown EP_* (typos) */
+void ep_env_check_unknown(void); /* warn once about unknown EP_* (typos) */
 
 /* ---- object registry (registry.c): opaque ids with generations, so that a stale or doubled
  * handle is detected instead of dereferenced. */
@@ -63,13 +63,17 @@ ep_id_t ep_reg_sole(enum ep_obj_kind kind);
 /* Per-process counter of groups created from the environment (rendezvous name suffix). */
 unsigned ep_reg_next_env_group(void);
 
-static inline void *ep_id_to_ptr(ep_id_t id) { return (void *)(uintptr_t)id; }
-static inline ep_id_t ep_ptr_to_id(const void *p) { return (ep_id_t)(uintptr_t)p; }
+static inline void *ep_id_to_ptr(ep_id_t id) {
+  return (void *)(uintptr_t)id;
+}
+static inline ep_id_t ep_ptr_to_id(const void *p) {
+  return (ep_id_t)(uintptr_t)p;
+}
 
 /* ---- versioned structs: `dst` holds defaults of the full current size; an older caller's
  * smaller struct overwrites only the fields it has. */
 ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *argname,
-                          bool has_magic);
+                           bool has_magic);
 /* The args (or out) struct of a call: NULL, or a bad size, fails naming the call and the
  * argument ("ep_dispatch: out"). */
 ep_status_t ep_args_load(void *dst, size_t full, const void *args, const char *op,

@@ -89,14 +89,19 @@ static void derived_key(const char *id, int src, uint8_t key[EP_KEY_BYTES]) {
 ep_status_t ep_job_from_env(const char *cfg_job, char *id, size_t n, uint8_t key[EP_KEY_BYTES]) {
   const char *given = cfg_job ? cfg_job : ep_env_str("EP_JOB_ID");
   int src = given && *given ? -1 : find_source();
-  if (given && *given) snprintf(id, n, "%.60s", given);
-  else if (src >= 0) source_id(src, id, n);
+  if (given && *given)
+    snprintf(id, n, "%.60s", given);
+  else if (src >= 0)
+    source_id(src, id, n);
   else
-    return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create_from_env: no job id (EP_JOB_ID, "
+    return ep_err(EP_ERR_BOOTSTRAP,
+                  "ep_group_create_from_env: no job id (EP_JOB_ID, "
                   "torchrun's MASTER_ADDR and MASTER_PORT, or mpirun's / srun's job variables) "
                   "to meet the other ranks under");
   const char *secret = ep_env_str("EP_JOB_SECRET");
-  if (secret && *secret) ep_secret_key(secret, key);
-  else derived_key(id, src >= 0 ? src : find_source(), key);
+  if (secret && *secret)
+    ep_secret_key(secret, key);
+  else
+    derived_key(id, src >= 0 ? src : find_source(), key);
   return EP_OK;
 }

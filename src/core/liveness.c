@@ -2,13 +2,13 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
-#include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -52,8 +52,10 @@ void ep_live_set_pid(ep_live_t *l, int r, pid_t pid, int same_host) {
   /* Older kernels (or valgrind) have no pidfd_open: probe the pid instead. */
   l->pidfds[r] = PROBE_PID;
   if (ep_log_enabled(EP_LOG_DEBUG))
-    ep_log_at(EP_LOG_DEBUG, l->rank, "init", "no pidfd for rank %d (pid %d): %s; probing the "
-              "pid instead", r, (int)pid, strerror(errno));
+    ep_log_at(EP_LOG_DEBUG, l->rank, "init",
+              "no pidfd for rank %d (pid %d): %s; probing the "
+              "pid instead",
+              r, (int)pid, strerror(errno));
 }
 
 /* The launcher holds the other end of the notify socket for as long as it lives: a hang-up means

@@ -10,10 +10,10 @@
 
 typedef struct {
   int nranks, rank;
-  int *pidfds;    /* -1 where unavailable (own rank, other host, not known yet) */
-  pid_t *pids;    /* 0 while unknown */
-  int notify_fd;  /* EP_NOTIFY_FD or -1; not owned (the launcher's, shared by all groups) */
-  int dead;       /* first dead rank seen (this rank: its launcher died), or -1 */
+  int *pidfds;   /* -1 where unavailable (own rank, other host, not known yet) */
+  pid_t *pids;   /* 0 while unknown */
+  int notify_fd; /* EP_NOTIFY_FD or -1; not owned (the launcher's, shared by all groups) */
+  int dead;      /* first dead rank seen (this rank: its launcher died), or -1 */
   char how[96];
 } ep_live_t;
 

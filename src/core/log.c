@@ -3,8 +3,8 @@
  * The level and sink are read once per process (pthread_once) and never change afterwards:
  * immutable after start-up, so no locking on the hot path. */
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>

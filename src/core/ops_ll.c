@@ -1,7 +1,7 @@
 /* Public entry points of low-latency mode (SEMANTICS.md §6). The core checks everything that
- * can be checked without reading tensor contents, enforces the two-live-handles rule, and hands over
- * to the backend. A collective call rejected here is announced to the peers (ops->ll_reject), so
- * that their matching call fails at once instead of waiting for this rank until the deadline. */
+ * can be checked without reading tensor contents, enforces the two-live-handles rule, and hands
+ * over to the backend. A collective call rejected here is announced to the peers (ops->ll_reject),
+ * so that their matching call fails at once instead of waiting for this rank until the deadline. */
 #include <stdio.h>
 #include <string.h>
 
@@ -23,40 +23,52 @@ ep_status_t ep_ll_check_config(const ep_buffer_config_t *c, int R) {
   if (!T && !H && !E) return EP_OK;
   NEED(T >= 1 && H >= 1 && E >= 1, EP_ERR_OUT_OF_RANGE,
        "cfg: ll_max_tokens, ll_hidden, ll_num_experts are %d, %d, %d: give all three "
-       "low-latency sizes (each >= 1) or none", T, H, E);
+       "low-latency sizes (each >= 1) or none",
+       T, H, E);
   NEED(T <= LL_MAX_TOKENS, EP_ERR_TOO_LARGE, "cfg->ll_max_tokens: %d, at most %d", T,
        LL_MAX_TOKENS);
-  NEED(H % 8 == 0, EP_ERR_SHAPE, "cfg->ll_hidden: %d is not a multiple of 8 (bf16 rows must be "
-       "a multiple of 16 bytes)", H);
-  NEED(E % R == 0, EP_ERR_SHAPE, "cfg->ll_num_experts: %d is not divisible by the %d ranks", E,
-       R);
+  NEED(H % 8 == 0, EP_ERR_SHAPE,
+       "cfg->ll_hidden: %d is not a multiple of 8 (bf16 rows must be "
+       "a multiple of 16 bytes)",
+       H);
+  NEED(E % R == 0, EP_ERR_SHAPE, "cfg->ll_num_experts: %d is not divisible by the %d ranks", E, R);
   NEED(E / R <= EP_MAX_LOCAL_EXPERTS, EP_ERR_TOO_LARGE,
        "cfg->ll_num_experts: %d gives %d experts per rank, more than %d", E, E / R,
        EP_MAX_LOCAL_EXPERTS);
   NEED(K >= 1 && K <= EP_MAX_TOPK, EP_ERR_OUT_OF_RANGE, "cfg->ll_max_topk: %d, must be in [1, %d]",
        K, EP_MAX_TOPK);
   double bytes = 2.0 * ((double)E * T * (4.0 * H + 8) + 2.0 * T * K * H);
-  NEED(bytes <= 0x1p44, EP_ERR_TOO_LARGE, "cfg: the low-latency sizes (T=%d, H=%d, E=%d, K=%d) "
-       "need %.3g bytes of buffer per rank", T, H, E, K, bytes);
+  NEED(bytes <= 0x1p44, EP_ERR_TOO_LARGE,
+       "cfg: the low-latency sizes (T=%d, H=%d, E=%d, K=%d) "
+       "need %.3g bytes of buffer per rank",
+       T, H, E, K, bytes);
   return EP_OK;
 }
 
 const char *ep_ll_state_why(int st) {
   switch (st) {
-    case EP_LLS_SENT: return "its dispatch receive is pending (call ep_ll_recv)";
-    case EP_LLS_RECEIVED: return "its dispatch is complete";
-    case EP_LLS_COMB_SENT: return "its combine receive is pending (call ep_ll_recv)";
-    case EP_LLS_COMBINED: return "it was already combined (one combine per dispatch)";
-    case EP_LLS_FAILED: return "a call on it failed (destroy it and dispatch again)";
-    default: return "it holds no result";
+    case EP_LLS_SENT:
+      return "its dispatch receive is pending (call ep_ll_recv)";
+    case EP_LLS_RECEIVED:
+      return "its dispatch is complete";
+    case EP_LLS_COMB_SENT:
+      return "its combine receive is pending (call ep_ll_recv)";
+    case EP_LLS_COMBINED:
+      return "it was already combined (one combine per dispatch)";
+    case EP_LLS_FAILED:
+      return "a call on it failed (destroy it and dispatch again)";
+    default:
+      return "it holds no result";
   }
 }
 
 static ep_status_t ll_enabled(const ep_buffer *b, const char *op) {
   NEED(b->ops->ll_dispatch && b->ops->ll_reject, EP_ERR_UNSUPPORTED,
        "%s: the %s backend has no low-latency mode", op, b->ops->name);
-  NEED(b->cfg.ll_max_tokens > 0, EP_ERR_INVALID_ARG, "%s: low-latency mode is disabled on this "
-       "buffer; create it with ll_max_tokens, ll_hidden and ll_num_experts", op);
+  NEED(b->cfg.ll_max_tokens > 0, EP_ERR_INVALID_ARG,
+       "%s: low-latency mode is disabled on this "
+       "buffer; create it with ll_max_tokens, ll_hidden and ll_num_experts",
+       op);
   return EP_OK;
 }
 
@@ -70,26 +82,37 @@ static ep_status_t check_dispatch(const ep_buffer *b, ep_ll_dispatch_args_t *a, 
        "%s: num_tokens %d exceeds the buffer's ll_max_tokens %d", op, a->num_tokens,
        c->ll_max_tokens);
   NEED(a->topk >= 1, EP_ERR_OUT_OF_RANGE, "%s: topk is %d, must be >= 1", op, a->topk);
-  NEED(a->topk <= c->ll_max_topk, EP_ERR_TOO_LARGE, "%s: topk %d exceeds the buffer's "
-       "ll_max_topk %d", op, a->topk, c->ll_max_topk);
+  NEED(a->topk <= c->ll_max_topk, EP_ERR_TOO_LARGE,
+       "%s: topk %d exceeds the buffer's "
+       "ll_max_topk %d",
+       op, a->topk, c->ll_max_topk);
   NEED(a->num_tokens == 0 || a->x, EP_ERR_NULL_ARG, "%s: x is NULL", op);
   NEED(a->num_tokens == 0 || a->topk_idx, EP_ERR_NULL_ARG, "%s: topk_idx is NULL", op);
   a->use_fp8 = !!a->use_fp8, a->round_scale = !!a->round_scale, a->use_ue8m0 = !!a->use_ue8m0;
   a->two_phase = !!a->two_phase;
   NEED(!a->round_scale || a->use_fp8, EP_ERR_INVALID_ARG, "%s: round_scale requires use_fp8", op);
-  NEED(!a->use_ue8m0 || a->round_scale, EP_ERR_INVALID_ARG, "%s: use_ue8m0 requires round_scale "
-       "(an exponent byte only holds a power-of-two scale)", op);
-  NEED(!a->use_fp8 || c->ll_hidden % 128 == 0, EP_ERR_SHAPE, "%s: use_fp8 needs ll_hidden to be "
-       "a multiple of 128 (one scale per 128 channels); it is %d", op, c->ll_hidden);
+  NEED(!a->use_ue8m0 || a->round_scale, EP_ERR_INVALID_ARG,
+       "%s: use_ue8m0 requires round_scale "
+       "(an exponent byte only holds a power-of-two scale)",
+       op);
+  NEED(!a->use_fp8 || c->ll_hidden % 128 == 0, EP_ERR_SHAPE,
+       "%s: use_fp8 needs ll_hidden to be "
+       "a multiple of 128 (one scale per 128 channels); it is %d",
+       op, c->ll_hidden);
   NEED(a->scale_layout == EP_SCALES_ROW_MAJOR || a->scale_layout == EP_SCALES_COL_MAJOR,
-       EP_ERR_INVALID_ARG, "%s: scale_layout is %d, must be EP_SCALES_ROW_MAJOR (0) or "
-       "EP_SCALES_COL_MAJOR (1)", op, a->scale_layout);
+       EP_ERR_INVALID_ARG,
+       "%s: scale_layout is %d, must be EP_SCALES_ROW_MAJOR (0) or "
+       "EP_SCALES_COL_MAJOR (1)",
+       op, a->scale_layout);
   NEED(!a->use_ue8m0 || a->scale_layout != EP_SCALES_COL_MAJOR || c->ll_hidden % 512 == 0,
-       EP_ERR_SHAPE, "%s: scale_layout EP_SCALES_COL_MAJOR with use_ue8m0 packs four exponent "
-       "bytes per int32 and needs ll_hidden to be a multiple of 512; it is %d", op, c->ll_hidden);
-  NEED(b->ll_live < LL_SLOTS, EP_ERR_BUSY, "%s: %d low-latency handles are alive and the buffer "
-       "holds %d results; destroy one (ep_ll_handle_destroy) before the next ep_ll_dispatch", op,
-       b->ll_live, LL_SLOTS);
+       EP_ERR_SHAPE,
+       "%s: scale_layout EP_SCALES_COL_MAJOR with use_ue8m0 packs four exponent "
+       "bytes per int32 and needs ll_hidden to be a multiple of 512; it is %d",
+       op, c->ll_hidden);
+  NEED(b->ll_live < LL_SLOTS, EP_ERR_BUSY,
+       "%s: %d low-latency handles are alive and the buffer "
+       "holds %d results; destroy one (ep_ll_handle_destroy) before the next ep_ll_dispatch",
+       op, b->ll_live, LL_SLOTS);
   return EP_OK;
 }
 
@@ -107,10 +130,11 @@ static ep_status_t run_dispatch(ep_buffer *b, const ep_ll_dispatch_args_t *a,
   b->ll_live++;
   *handle = out;
   if (ep_log_enabled(EP_LOG_DEBUG))
-    ep_log_at(EP_LOG_DEBUG, b->group->rank, "run", "%s: %d tokens sent, %d rows received%s "
-              "(%s, topk %d, %d results alive)", op, a->num_tokens, info.num_recv_tokens,
-              a->two_phase ? " or on their way" : "", a->use_fp8 ? "fp8" : "bf16", a->topk,
-              b->ll_live);
+    ep_log_at(EP_LOG_DEBUG, b->group->rank, "run",
+              "%s: %d tokens sent, %d rows received%s "
+              "(%s, topk %d, %d results alive)",
+              op, a->num_tokens, info.num_recv_tokens, a->two_phase ? " or on their way" : "",
+              a->use_fp8 ? "fp8" : "bf16", a->topk, b->ll_live);
   return EP_OK;
 }
 
@@ -159,8 +183,11 @@ static ep_status_t view_from(ep_handle *h, ep_ll_recv_view_t *view, const char *
   ep_buffer *b;
   ep_status_t st = ep_reg_acquire(h->buffer_id, EP_OBJ_BUFFER, false, (void **)&b);
   if (st == EP_ERR_BUSY) return ep_err(st, "%s: a call on the handle's buffer is in flight", op);
-  if (st) return ep_err(EP_ERR_DESTROYED, "%s: the handle's buffer was destroyed (the received "
-                        "rows lived in it)", op);
+  if (st)
+    return ep_err(EP_ERR_DESTROYED,
+                  "%s: the handle's buffer was destroyed (the received "
+                  "rows lived in it)",
+                  op);
   ep_ll_recv_view_t v;
   memset(&v, 0, sizeof v);
   v.size = view->size;
@@ -177,9 +204,11 @@ ep_status_t ep_ll_get_recv_view(ep_ll_handle_t handle, ep_ll_recv_view_t *view) 
   /* The rules of ep_struct_load, for an output struct: an older caller's smaller view gets the
    * fields it has; a size that is not a multiple of 8 would cut a pointer in half. */
   NEED(view->size >= sizeof(size_t) && view->size <= sizeof(ep_ll_recv_view_t) &&
-       view->size % sizeof(void *) == 0, EP_ERR_CONFIG, "%s: view->size is %zu, this library "
-       "accepts %zu..%zu (set it to sizeof(ep_ll_recv_view_t))", op, view->size, sizeof(size_t),
-       sizeof(ep_ll_recv_view_t));
+           view->size % sizeof(void *) == 0,
+       EP_ERR_CONFIG,
+       "%s: view->size is %zu, this library "
+       "accepts %zu..%zu (set it to sizeof(ep_ll_recv_view_t))",
+       op, view->size, sizeof(size_t), sizeof(ep_ll_recv_view_t));
   ep_handle *h;
   ep_status_t st = ep_reg_acquire(ep_ptr_to_id(handle), EP_OBJ_LL_HANDLE, false, (void **)&h);
   if (st) {
@@ -204,8 +233,10 @@ ep_status_t ep_ll_get_combine_buffer(ep_buffer_t buffer, ep_ll_handle_t handle, 
   void *p = NULL;
   if (!(st = ll_enabled(b, op)) && !(st = ep_handle_get(b, handle, op, "handle", EP_HANDLE_LL, &h)))
     st = b->ops->ll_combine_buffer ? b->ops->ll_combine_buffer(&h->info, &p)
-                                   : ep_err(EP_ERR_UNSUPPORTED, "%s: the %s backend has no "
-                                            "zero-copy combine buffer", op, b->ops->name);
+                                   : ep_err(EP_ERR_UNSUPPORTED,
+                                            "%s: the %s backend has no "
+                                            "zero-copy combine buffer",
+                                            op, b->ops->name);
   if (!st) *y = p;
   if (h) ep_handle_put(h);
   ep_reg_release(b->id);

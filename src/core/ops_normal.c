@@ -8,9 +8,9 @@
 
 #include "buffer.h"
 
-#define NEED(cond, st, ...)                                       \
-  do {                                                            \
-    if (!(cond)) return ep_err((st), __VA_ARGS__);                \
+#define NEED(cond, st, ...)                        \
+  do {                                             \
+    if (!(cond)) return ep_err((st), __VA_ARGS__); \
   } while (0)
 
 /* ------------------------------------------------------------------ layout */
@@ -20,8 +20,8 @@ static ep_status_t check_routing(int R, const int64_t *topk_idx, int n, int topk
   NEED(n >= 0, EP_ERR_OUT_OF_RANGE, "%s: num_tokens is %d, must be >= 0", op, n);
   NEED(n <= EP_MAX_TOKENS, EP_ERR_TOO_LARGE, "%s: num_tokens is %d, at most %d per call", op, n,
        EP_MAX_TOKENS);
-  NEED(topk >= 1 && topk <= EP_MAX_TOPK, EP_ERR_OUT_OF_RANGE,
-       "%s: topk is %d, must be in [1, %d]", op, topk, EP_MAX_TOPK);
+  NEED(topk >= 1 && topk <= EP_MAX_TOPK, EP_ERR_OUT_OF_RANGE, "%s: topk is %d, must be in [1, %d]",
+       op, topk, EP_MAX_TOPK);
   NEED(n == 0 || topk_idx, EP_ERR_NULL_ARG, "%s: topk_idx is NULL", op);
   NEED(E >= 1, EP_ERR_OUT_OF_RANGE, "%s: num_experts is %d, must be >= 1", op, E);
   NEED(E % R == 0, EP_ERR_SHAPE, "%s: num_experts %d is not divisible by the %d ranks", op, E, R);
@@ -38,8 +38,8 @@ ep_status_t ep_get_dispatch_layout(ep_buffer_t buffer, const ep_layout_args_t *a
   if (st) return st;
   ep_layout_args_t a;
   memset(&a, 0, sizeof a);
-  if (!(st = ep_args_load_since(&a, sizeof a, offsetof(ep_layout_args_t, tokens_per_host), args,
-                                op, "args")))
+  if (!(st = ep_args_load_since(&a, sizeof a, offsetof(ep_layout_args_t, tokens_per_host), args, op,
+                                "args")))
     st = check_routing(b->group->nranks, a.topk_idx, a.num_tokens, a.topk, a.num_experts, op);
   if (!st) st = ep_buffer_after(b, b->ops->layout(b->state, &a), op);
   ep_buffer_put(b);
@@ -53,8 +53,10 @@ static ep_status_t check_payload(const ep_dispatch_args_t *a, const char *op) {
        "%s: args->dtype is %d: set EP_DTYPE_BF16 or EP_DTYPE_FP8_E4M3", op, (int)a->dtype);
   NEED(a->num_tokens >= 0, EP_ERR_OUT_OF_RANGE, "%s: num_tokens is %d, must be >= 0", op,
        a->num_tokens);
-  NEED(a->num_tokens <= EP_MAX_TOKENS, EP_ERR_TOO_LARGE, "%s: num_tokens is %d, at most %d per "
-       "call", op, a->num_tokens, EP_MAX_TOKENS);
+  NEED(a->num_tokens <= EP_MAX_TOKENS, EP_ERR_TOO_LARGE,
+       "%s: num_tokens is %d, at most %d per "
+       "call",
+       op, a->num_tokens, EP_MAX_TOKENS);
   NEED(a->hidden >= 1, EP_ERR_OUT_OF_RANGE, "%s: hidden is %d, must be >= 1", op, a->hidden);
   size_t row = (size_t)a->hidden * ep_dtype_size(a->dtype);
   NEED(row % 16 == 0, EP_ERR_SHAPE, "%s: hidden %d gives rows of %zu bytes, not a multiple of 16",
@@ -79,12 +81,14 @@ static ep_status_t check_mode(const ep_buffer *b, const ep_dispatch_out_t *o, co
        (int)o->mode);
   NEED(o->mode != EP_OUTPUT_VIEWS || (b->ops->caps & EP_CAP_DISPATCH_VIEWS), EP_ERR_UNSUPPORTED,
        "%s: out->mode is EP_OUTPUT_VIEWS but the %s backend has no dispatch views (see "
-       "ep_buffer_query); use EP_OUTPUT_CALLER or EP_OUTPUT_ALLOC", op, b->ops->name);
+       "ep_buffer_query); use EP_OUTPUT_CALLER or EP_OUTPUT_ALLOC",
+       op, b->ops->name);
   NEED(o->mode != EP_OUTPUT_ALLOC || o->alloc, EP_ERR_NULL_ARG,
        "%s: out->alloc is NULL (out->mode is EP_OUTPUT_ALLOC)", op);
   NEED(o->mode != EP_OUTPUT_ALLOC || !o->worst_case, EP_ERR_INVALID_ARG,
        "%s: out->worst_case needs outputs of fixed size: EP_OUTPUT_CALLER or EP_OUTPUT_VIEWS, "
-       "not EP_OUTPUT_ALLOC", op);
+       "not EP_OUTPUT_ALLOC",
+       op);
   NEED(o->worst_case == 0 || o->worst_case == 1, EP_ERR_INVALID_ARG,
        "%s: out->worst_case is %d, must be 0 or 1", op, o->worst_case);
   NEED(o->capacity >= 0, EP_ERR_OUT_OF_RANGE, "%s: out->capacity is %d, must be >= 0", op,
@@ -101,8 +105,7 @@ static ep_status_t check_outputs(const ep_buffer *b, const ep_dispatch_args_t *a
   NEED(a->expert_alignment >= 0, EP_ERR_OUT_OF_RANGE, "%s: expert_alignment is %d", op,
        a->expert_alignment);
   if (o->mode == EP_OUTPUT_CALLER) {
-    NEED(o->recv_x, EP_ERR_NULL_ARG, "%s: out->recv_x is NULL (out->mode is EP_OUTPUT_CALLER)",
-         op);
+    NEED(o->recv_x, EP_ERR_NULL_ARG, "%s: out->recv_x is NULL (out->mode is EP_OUTPUT_CALLER)", op);
     NEED(a->dtype != EP_DTYPE_FP8_E4M3 || o->recv_x_scales, EP_ERR_NULL_ARG,
          "%s: out->recv_x_scales is NULL (fp8 x)", op);
     NEED(a->dtype == EP_DTYPE_FP8_E4M3 || !o->recv_x_scales, EP_ERR_INVALID_ARG,
@@ -137,10 +140,11 @@ static ep_status_t check_cached(ep_buffer *b, const ep_dispatch_args_t *a, ep_ha
       (a->dtype == EP_DTYPE_FP8_E4M3 && a->num_scales != i->num_scales)) {
     ep_handle_put(*h);
     *h = NULL;
-    return ep_err(EP_ERR_MISMATCH, "%s: num_tokens/hidden/dtype/num_scales (%d/%d/%d/%d) differ "
-                  "from the cached handle's (%d/%d/%d/%d)", op, a->num_tokens, a->hidden,
-                  (int)a->dtype, a->num_scales, i->num_tokens, i->hidden, (int)i->dtype,
-                  i->num_scales);
+    return ep_err(EP_ERR_MISMATCH,
+                  "%s: num_tokens/hidden/dtype/num_scales (%d/%d/%d/%d) differ "
+                  "from the cached handle's (%d/%d/%d/%d)",
+                  op, a->num_tokens, a->hidden, (int)a->dtype, a->num_scales, i->num_tokens,
+                  i->hidden, (int)i->dtype, i->num_scales);
   }
   return EP_OK;
 }
@@ -177,7 +181,8 @@ static ep_status_t validate_dispatch(ep_buffer *b, ep_dispatch_call_t *c, ep_han
   ep_status_t st = check_payload(a, op);
   if (!st) st = check_outputs(b, a, &c->out, op);
   if (!st) clear_rows(&c->out);
-  if (!st && a->cached) st = check_cached(b, a, cached, op);
+  if (!st && a->cached)
+    st = check_cached(b, a, cached, op);
   else if (!st)
     st = check_routing(b->group->nranks, a->topk_idx, a->num_tokens, a->topk, a->num_experts, op);
   if (!st) describe(b, c, *cached ? &(*cached)->info : NULL);
@@ -202,13 +207,17 @@ static ep_status_t run_dispatch(ep_buffer *b, ep_dispatch_call_t *c, ep_handle *
   memset(&info, 0, sizeof info);
   c->out.handle = NULL;
   ep_status_t st = ep_buffer_after(b, b->ops->dispatch(b->state, c, &info), op);
-  if (!st && !cached) st = ep_handle_new(b, &info, &c->out.handle);
-  else if (info.free_priv) info.free_priv(info.priv);
+  if (!st && !cached)
+    st = ep_handle_new(b, &info, &c->out.handle);
+  else if (info.free_priv)
+    info.free_priv(info.priv);
   if (st) return st;
   report(&c->out, user);
   if (ep_log_enabled(EP_LOG_DEBUG))
-    ep_log_at(EP_LOG_DEBUG, b->group->rank, "run", "%s: %d tokens sent, %d received (hidden %d, "
-              "%s%s)", op, c->in.num_tokens, c->out.num_recv_tokens, c->in.hidden,
+    ep_log_at(EP_LOG_DEBUG, b->group->rank, "run",
+              "%s: %d tokens sent, %d received (hidden %d, "
+              "%s%s)",
+              op, c->in.num_tokens, c->out.num_recv_tokens, c->in.hidden,
               c->in.dtype == EP_DTYPE_BF16 ? "bf16" : "fp8", cached ? ", cached" : "");
   return EP_OK;
 }
@@ -289,8 +298,10 @@ ep_status_t ep_get_combine_buffer(ep_buffer_t buffer, ep_handle_t handle, void *
   void *p = NULL;
   if (!(st = ep_handle_get(b, handle, op, "handle", EP_HANDLE_NORMAL, &h)))
     st = b->ops->combine_buffer ? b->ops->combine_buffer(b->state, &h->info, &p)
-                                : ep_err(EP_ERR_UNSUPPORTED, "%s: the %s backend has no combine "
-                                         "buffer (it reads any x where it is)", op, b->ops->name);
+                                : ep_err(EP_ERR_UNSUPPORTED,
+                                         "%s: the %s backend has no combine "
+                                         "buffer (it reads any x where it is)",
+                                         op, b->ops->name);
   if (!st) *x = p;
   if (h) ep_handle_put(h);
   ep_reg_release(b->id);

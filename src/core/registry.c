@@ -48,8 +48,12 @@ static struct {
 
 /* The lock is held across fork(), so that the child never inherits it locked by a thread that
  * does not exist there (its exit report would wait for it forever). */
-static void fork_prepare(void) { pthread_mutex_lock(&reg.lock); }
-static void fork_parent(void) { pthread_mutex_unlock(&reg.lock); }
+static void fork_prepare(void) {
+  pthread_mutex_lock(&reg.lock);
+}
+static void fork_parent(void) {
+  pthread_mutex_unlock(&reg.lock);
+}
 static void fork_child(void) {
   reg.pid = getpid();
   pthread_mutex_unlock(&reg.lock);
@@ -117,8 +121,7 @@ static ep_status_t slot_find(ep_id_t id, enum ep_obj_kind kind, slot_t **out) {
   slot_t *s = &reg.slots[idx - 1];
   if (idkind != (int)kind)
     return ep_err(EP_ERR_INVALID_ARG, "%s: this is an epcomm %s%s, not a %s", kind_name(kind),
-                  s->gen == gen && s->kind ? "" : "destroyed ", kind_name(idkind),
-                  kind_name(kind));
+                  s->gen == gen && s->kind ? "" : "destroyed ", kind_name(idkind), kind_name(kind));
   if ((s->gen & GEN_MASK) != gen || s->kind == 0) {
     if ((s->gen & GEN_MASK) >= gen)
       return ep_err(EP_ERR_DESTROYED, "%s was already destroyed", kind_name(kind));
@@ -128,9 +131,10 @@ static ep_status_t slot_find(ep_id_t id, enum ep_obj_kind kind, slot_t **out) {
     return ep_err(EP_ERR_INVALID_ARG, "%s: this is an epcomm %s, not a %s", kind_name(kind),
                   kind_name(s->kind), kind_name(kind));
   if (s->pid != reg.pid)
-    return ep_err(EP_ERR_FORKED, "%s was created by pid %d, used after fork in pid %d (a forked "
-                  "child must create its own epcomm objects)", kind_name(kind), (int)s->pid,
-                  (int)reg.pid);
+    return ep_err(EP_ERR_FORKED,
+                  "%s was created by pid %d, used after fork in pid %d (a forked "
+                  "child must create its own epcomm objects)",
+                  kind_name(kind), (int)s->pid, (int)reg.pid);
   *out = s;
   return EP_OK;
 }
@@ -140,8 +144,10 @@ ep_status_t ep_reg_acquire(ep_id_t id, enum ep_obj_kind kind, bool exclusive, vo
   slot_t *s;
   ep_status_t st = slot_find(id, kind, &s);
   if (st == EP_OK && (s->exclusive || (exclusive && s->inflight > 0)))
-    st = ep_err(EP_ERR_BUSY, "%s is in use by another call in flight (calls on one %s must not "
-                "overlap)", kind_name(kind), kind_name(kind));
+    st = ep_err(EP_ERR_BUSY,
+                "%s is in use by another call in flight (calls on one %s must not "
+                "overlap)",
+                kind_name(kind), kind_name(kind));
   if (st == EP_OK) {
     s->inflight++;
     s->exclusive = exclusive;
@@ -193,8 +199,7 @@ ep_id_t ep_reg_sole(enum ep_obj_kind kind) {
     slot_t *s = &reg.slots[i];
     if (s->kind != (int)kind || s->pid != reg.pid) continue;
     n++;
-    id = ((uint64_t)s->kind << KIND_SHIFT) | ((s->gen & GEN_MASK) << SLOT_BITS) |
-         (uint64_t)(i + 1);
+    id = ((uint64_t)s->kind << KIND_SHIFT) | ((s->gen & GEN_MASK) << SLOT_BITS) | (uint64_t)(i + 1);
   }
   pthread_mutex_unlock(&reg.lock);
   return n == 1 ? id : 0;
@@ -220,15 +225,19 @@ __attribute__((destructor)) static void ep_reg_report_at_exit(void) {
     }
     if (s->kind == EP_OBJ_HANDLE || s->kind == EP_OBJ_LL_HANDLE) live++;
     if (s->kind != EP_OBJ_GROUP && s->kind != EP_OBJ_BUFFER) continue;
-    unsigned long long id = ((uint64_t)s->kind << KIND_SHIFT) |
-                            ((s->gen & GEN_MASK) << SLOT_BITS) | (uint64_t)(i + 1);
+    unsigned long long id =
+        ((uint64_t)s->kind << KIND_SHIFT) | ((s->gen & GEN_MASK) << SLOT_BITS) | (uint64_t)(i + 1);
     live++;
     if (s->kind == EP_OBJ_GROUP)
-      ep_log_at(EP_LOG_WARN, s->rank, "exit", "group %#llx was not destroyed before exit; call "
-                "ep_group_destroy()", id);
+      ep_log_at(EP_LOG_WARN, s->rank, "exit",
+                "group %#llx was not destroyed before exit; call "
+                "ep_group_destroy()",
+                id);
     else
-      ep_log_at(EP_LOG_WARN, s->rank, "exit", "buffer %#llx was not destroyed before exit; call "
-                "ep_buffer_destroy() before the group and before exit", id);
+      ep_log_at(EP_LOG_WARN, s->rank, "exit",
+                "buffer %#llx was not destroyed before exit; call "
+                "ep_buffer_destroy() before the group and before exit",
+                id);
   }
   if (live == 0) { /* nothing alive: hand the table back so leak checkers see nothing */
     free(reg.slots);

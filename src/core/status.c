@@ -9,7 +9,9 @@
 #define EP_STR_(x) #x
 #define EP_XSTR_(x) EP_STR_(x)
 
-int ep_version(void) { return EP_VERSION_CODE; }
+int ep_version(void) {
+  return EP_VERSION_CODE;
+}
 const char *ep_version_string(void) {
   return EP_XSTR_(EP_VERSION_MAJOR) "." EP_XSTR_(EP_VERSION_MINOR) "." EP_XSTR_(EP_VERSION_PATCH);
 }
@@ -37,15 +39,23 @@ const char *ep_status_string(ep_status_t s) {
 /* The per-thread message: owned by the thread, so no locking. */
 static _Thread_local char tls_error[EP_ERRMSG_MAX];
 
-const char *ep_last_error(void) { return tls_error; }
+const char *ep_last_error(void) {
+  return tls_error;
+}
 
-void ep_err_set_msg(const char *msg) { snprintf(tls_error, sizeof tls_error, "%s", msg); }
-const char *ep_ctx_last_error(void) { return tls_error; }
+void ep_err_set_msg(const char *msg) {
+  snprintf(tls_error, sizeof tls_error, "%s", msg);
+}
+const char *ep_ctx_last_error(void) {
+  return tls_error;
+}
 
 ep_status_t ep_err_named(ep_status_t st, const char *op, const char *arg) {
   char msg[EP_ERRMSG_MAX];
-  if (arg) snprintf(msg, sizeof msg, "%s: %s: %s", op, arg, tls_error);
-  else snprintf(msg, sizeof msg, "%s: %s", op, tls_error);
+  if (arg)
+    snprintf(msg, sizeof msg, "%s: %s: %s", op, arg, tls_error);
+  else
+    snprintf(msg, sizeof msg, "%s: %s", op, tls_error);
   ep_err_set_msg(msg);
   return st;
 }
@@ -58,7 +68,9 @@ void ep_err_prefix(const char *op) {
   snprintf(msg, sizeof msg, "%s: %s", op, tls_error);
   ep_err_set_msg(msg);
 }
-void ep_ctx_restore_error(const char *msg) { ep_err_set_msg(msg); }
+void ep_ctx_restore_error(const char *msg) {
+  ep_err_set_msg(msg);
+}
 
 ep_status_t ep_err(ep_status_t s, const char *fmt, ...) {
   va_list ap;
@@ -73,7 +85,9 @@ void ep_errbox_init(ep_errbox_t *b) {
   b->msg[0] = '\0';
 }
 
-void ep_errbox_fini(ep_errbox_t *b) { pthread_mutex_destroy(&b->lock); }
+void ep_errbox_fini(ep_errbox_t *b) {
+  pthread_mutex_destroy(&b->lock);
+}
 
 void ep_errbox_put(ep_errbox_t *b, const char *msg) {
   pthread_mutex_lock(&b->lock);
@@ -91,7 +105,7 @@ const char *ep_errbox_get(ep_errbox_t *b) {
 }
 
 ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *argname,
-                          bool has_magic) {
+                           bool has_magic) {
   const struct {
     size_t size;
     uint32_t magic;
@@ -99,11 +113,15 @@ ep_status_t ep_struct_load(void *dst, size_t full, const void *src, const char *
   size_t min = has_magic ? sizeof *head : sizeof(size_t);
   /* A size that is not a multiple of 8 would cut a pointer in half: never a real struct size. */
   if (head->size < min || head->size > full || head->size % sizeof(void *) != 0)
-    return ep_err(EP_ERR_CONFIG, "%s: size field is %zu, this library accepts %zu..%zu (set it to "
-                  "sizeof the struct, or use the _INIT macro)", argname, head->size, min, full);
+    return ep_err(EP_ERR_CONFIG,
+                  "%s: size field is %zu, this library accepts %zu..%zu (set it to "
+                  "sizeof the struct, or use the _INIT macro)",
+                  argname, head->size, min, full);
   if (has_magic && head->magic != EP_CONFIG_MAGIC)
-    return ep_err(EP_ERR_CONFIG, "%s: magic is 0x%x, expected 0x%x (initialise it with the _INIT "
-                  "macro)", argname, head->magic, EP_CONFIG_MAGIC);
+    return ep_err(EP_ERR_CONFIG,
+                  "%s: magic is 0x%x, expected 0x%x (initialise it with the _INIT "
+                  "macro)",
+                  argname, head->magic, EP_CONFIG_MAGIC);
   /* An older, smaller struct: fields it does not have keep the defaults already in dst. */
   memcpy(dst, src, head->size);
   ((struct { size_t size; } *)dst)->size = full;
@@ -120,10 +138,14 @@ ep_status_t ep_args_load_since(void *dst, size_t full, size_t oldest, const void
   size_t size = *(const size_t *)args;
   if (size != full && size != oldest) {
     if (oldest == full)
-      return ep_err(EP_ERR_CONFIG, "%s: %s: size field is %zu, this library needs %zu (set it "
-                    "with the struct's _INIT macro)", op, argname, size, full);
-    return ep_err(EP_ERR_CONFIG, "%s: %s: size field is %zu, this library accepts %zu (API 0.2) "
-                  "or %zu (set it with the struct's _INIT macro)", op, argname, size, oldest, full);
+      return ep_err(EP_ERR_CONFIG,
+                    "%s: %s: size field is %zu, this library needs %zu (set it "
+                    "with the struct's _INIT macro)",
+                    op, argname, size, full);
+    return ep_err(EP_ERR_CONFIG,
+                  "%s: %s: size field is %zu, this library accepts %zu (API 0.2) "
+                  "or %zu (set it with the struct's _INIT macro)",
+                  op, argname, size, oldest, full);
   }
   ep_status_t st = ep_struct_load(dst, full, args, argname, false);
   return st ? ep_err_named(st, op, NULL) : EP_OK;

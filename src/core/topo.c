@@ -25,13 +25,18 @@ void ep_ident_fill(ep_ident_t *me, const char *hostkey) {
   snprintf(me->hostkey, sizeof me->hostkey, "%s", hostkey);
 }
 
-bool ep_ident_wants_hosts(const ep_ident_t *me) { return me->has_id || me->hosts > 1; }
+bool ep_ident_wants_hosts(const ep_ident_t *me) {
+  return me->has_id || me->hosts > 1;
+}
 
 /* The name of rank r's host, by the rule above (pretend hosts: "EP_HOSTS part g"). */
 static void key_of(const ep_ident_t *all, int R, int r, char *out, size_t n) {
-  if (all[r].has_id) snprintf(out, n, "id:%s", all[r].host_id);
-  else if (all[r].hosts > 1) snprintf(out, n, "part:%d", r / (R / all[r].hosts));
-  else snprintf(out, n, "machine:%s", all[r].hostkey);
+  if (all[r].has_id)
+    snprintf(out, n, "id:%s", all[r].host_id);
+  else if (all[r].hosts > 1)
+    snprintf(out, n, "part:%d", r / (R / all[r].hosts));
+  else
+    snprintf(out, n, "machine:%s", all[r].hostkey);
 }
 
 /* Ranks must agree on how hosts are named before the names can be compared. */
@@ -39,16 +44,22 @@ static ep_status_t check_rule(const ep_ident_t *all, int R) {
   for (int r = 1; r < R; r++) {
     if (all[r].has_id != all[0].has_id) {
       int with = all[0].has_id ? 0 : r, without = all[0].has_id ? r : 0;
-      return ep_err(EP_ERR_INVALID_ARG, "EP_HOST_ID is set on rank %d ('%s') but not on rank %d: "
-                    "set it on every rank or on none", with, all[with].host_id, without);
+      return ep_err(EP_ERR_INVALID_ARG,
+                    "EP_HOST_ID is set on rank %d ('%s') but not on rank %d: "
+                    "set it on every rank or on none",
+                    with, all[with].host_id, without);
     }
     if (!all[0].has_id && all[r].hosts != all[0].hosts)
-      return ep_err(EP_ERR_MISMATCH, "EP_HOSTS is %d on rank 0 and %d on rank %d: set the same "
-                    "value on every rank", all[0].hosts, all[r].hosts, r);
+      return ep_err(EP_ERR_MISMATCH,
+                    "EP_HOSTS is %d on rank 0 and %d on rank %d: set the same "
+                    "value on every rank",
+                    all[0].hosts, all[r].hosts, r);
   }
   if (!all[0].has_id && all[0].hosts > 1 && R % all[0].hosts)
-    return ep_err(EP_ERR_SHAPE, "EP_HOSTS=%d does not divide the %d ranks of the group (every "
-                  "host holds the same number of ranks)", all[0].hosts, R);
+    return ep_err(EP_ERR_SHAPE,
+                  "EP_HOSTS=%d does not divide the %d ranks of the group (every "
+                  "host holds the same number of ranks)",
+                  all[0].hosts, R);
   return EP_OK;
 }
 
@@ -57,9 +68,11 @@ static ep_status_t check_machines(const ep_ident_t *all, const ep_topo_t *t, int
   for (int r = 0; r < R; r++) {
     int first = t->rank_at[t->host_of[r] * t->local_size];
     if (strcmp(all[r].hostkey, all[first].hostkey))
-      return ep_err(EP_ERR_INVALID_ARG, "ranks %d and %d form host %d (%s) but run on different "
+      return ep_err(EP_ERR_INVALID_ARG,
+                    "ranks %d and %d form host %d (%s) but run on different "
                     "machines (%.40s, %.40s): the ranks of one host share memory, so they must "
-                    "run on one machine", first, r, t->host_of[r],
+                    "run on one machine",
+                    first, r, t->host_of[r],
                     all[r].has_id ? "same EP_HOST_ID" : "same EP_HOSTS part", all[first].hostkey,
                     all[r].hostkey);
   }
@@ -67,7 +80,7 @@ static ep_status_t check_machines(const ep_ident_t *all, const ep_topo_t *t, int
 }
 
 static ep_status_t number_hosts(const ep_ident_t *all, int R, ep_topo_t *t, int *count) {
-  char (*keys)[96] = calloc((size_t)R, sizeof *keys);
+  char(*keys)[96] = calloc((size_t)R, sizeof *keys);
   if (!keys) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
   int H = 0;
   for (int r = 0; r < R; r++) {
@@ -83,9 +96,10 @@ static ep_status_t number_hosts(const ep_ident_t *all, int R, ep_topo_t *t, int 
   ep_status_t st = EP_OK;
   for (int h = 1; h < H && !st; h++)
     if (count[h] != count[0])
-      st = ep_err(EP_ERR_SHAPE, "host %d (%.60s) has %d rank(s) and host 0 (%.60s) has %d: every "
-                  "host must hold the same number of ranks", h, keys[h], count[h], keys[0],
-                  count[0]);
+      st = ep_err(EP_ERR_SHAPE,
+                  "host %d (%.60s) has %d rank(s) and host 0 (%.60s) has %d: every "
+                  "host must hold the same number of ranks",
+                  h, keys[h], count[h], keys[0], count[0]);
   free(keys);
   return st;
 }

@@ -7,11 +7,11 @@
 /* What a rank says about where it runs, gathered from every rank at group creation. */
 typedef struct {
   int32_t pid;
-  int32_t hosts;     /* EP_HOSTS (1 when unset) */
-  int32_t has_id;    /* EP_HOST_ID is set */
+  int32_t hosts;  /* EP_HOSTS (1 when unset) */
+  int32_t has_id; /* EP_HOST_ID is set */
   int32_t pad;
-  char hostkey[96];  /* the machine: hostname/boot id */
-  char host_id[64];  /* EP_HOST_ID */
+  char hostkey[96]; /* the machine: hostname/boot id */
+  char host_id[64]; /* EP_HOST_ID */
 } ep_ident_t;
 
 void ep_ident_fill(ep_ident_t *me, const char *hostkey);

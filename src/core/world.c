@@ -109,8 +109,10 @@ static ep_status_t all_to_all(const wait_t *wt, int tag, const void *mine, void 
 
 /* As the local channel says it: the exchange only when the calls are the same. */
 static void call_text(char *out, size_t n, const header_t *h, bool with_step) {
-  if (with_step) snprintf(out, n, "%s (#%u, exchange %u)", ep_boot_op_name(h->op), h->seq, h->step);
-  else snprintf(out, n, "%s (#%u)", ep_boot_op_name(h->op), h->seq);
+  if (with_step)
+    snprintf(out, n, "%s (#%u, exchange %u)", ep_boot_op_name(h->op), h->seq, h->step);
+  else
+    snprintf(out, n, "%s (#%u)", ep_boot_op_name(h->op), h->seq);
 }
 
 /* The same verdict on every rank, from the same headers. */
@@ -128,17 +130,20 @@ static ep_status_t judge(const header_t *all, int R, int me, ep_status_t mine, i
   for (int r = 0; r < R; r++)
     if (all[r].status && r != me && !mine) {
       *peer = r;
-      return ep_err(EP_ERR_PEER_INVALID, "rank %d rejected its arguments for %s (#%u) (%s; its "
-                    "own error says which)", r, ep_boot_op_name(m->op), m->seq,
-                    ep_status_name((ep_status_t)all[r].status));
+      return ep_err(EP_ERR_PEER_INVALID,
+                    "rank %d rejected its arguments for %s (#%u) (%s; its "
+                    "own error says which)",
+                    r, ep_boot_op_name(m->op), m->seq, ep_status_name((ep_status_t)all[r].status));
     }
   if (mine) return mine;
   for (int r = 0; r < R; r++)
     if (all[r].bytes != m->bytes && !all[r].status) {
       *peer = r;
-      return ep_err(EP_ERR_MISMATCH, "%s (#%u): this rank exchanges %llu bytes, rank %d %llu "
-                    "(must agree on all ranks)", ep_boot_op_name(m->op), m->seq,
-                    (unsigned long long)m->bytes, r, (unsigned long long)all[r].bytes);
+      return ep_err(EP_ERR_MISMATCH,
+                    "%s (#%u): this rank exchanges %llu bytes, rank %d %llu "
+                    "(must agree on all ranks)",
+                    ep_boot_op_name(m->op), m->seq, (unsigned long long)m->bytes, r,
+                    (unsigned long long)all[r].bytes);
     }
   return EP_OK;
 }
@@ -172,7 +177,8 @@ void ep_world_notify(ep_world_t *w, int dead, const char *how) {
     snprintf(w->tx_buf.how, sizeof w->tx_buf.how, "%s", how);
     int k = 0;
     for (int r = 0; r < w->nranks; r++)
-      if (r != w->rank) w->tx[k++] = (ep_net_xfer_t){r, 1, TAG_NOTICE, &w->tx_buf, sizeof w->tx_buf, 0, 0, 0};
+      if (r != w->rank)
+        w->tx[k++] = (ep_net_xfer_t){r, 1, TAG_NOTICE, &w->tx_buf, sizeof w->tx_buf, 0, 0, 0};
     w->told = w->e->post(w->n, w->tx, k, NULL) == EP_OK;
   }
   pthread_mutex_unlock(&w->lock);

@@ -18,12 +18,12 @@ typedef struct {
   const struct ep_net_engine *e;
   ep_net_t *n;
   int rank, nranks;
-  uint32_t step;           /* exchange within the current call */
-  pthread_mutex_t lock;    /* notices are looked at from every thread that waits */
-  ep_net_xfer_t *rx, *tx;  /* [R] standing receives of notices; sends of ours */
+  uint32_t step;          /* exchange within the current call */
+  pthread_mutex_t lock;   /* notices are looked at from every thread that waits */
+  ep_net_xfer_t *rx, *tx; /* [R] standing receives of notices; sends of ours */
   ep_notice_t *rx_buf, tx_buf;
-  bool told;               /* this rank sent its notice */
-  int heard;               /* first notice received (index into rx), -1: none */
+  bool told; /* this rank sent its notice */
+  int heard; /* first notice received (index into rx), -1: none */
 } ep_world_t;
 
 /* Collective over every rank of the job: opens the world engine (MPI: initialized when nobody

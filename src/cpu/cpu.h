@@ -76,9 +76,9 @@ typedef struct cpu_state {
   /* The ranks that share this segment world: every rank on one host; across hosts, the ranks of
    * this host (rank, nranks are then the local index and size; segs[] is indexed by them). */
   int rank, nranks, channels;
-  int grank, gnranks;         /* in the group (== rank, nranks on one host) */
+  int grank, gnranks; /* in the group (== rank, nranks on one host) */
   const ep_topo_t *topo;
-  struct cpu_net *net;        /* across hosts: engine endpoints and the hierarchical path */
+  struct cpu_net *net; /* across hosts: engine endpoints and the hierarchical path */
   size_t queue_bytes;
   cpu_seg_hdr_t layout; /* offsets, identical in every segment */
   cpu_seg_t *segs;      /* [R]: mapped segments, segs[rank] is our own */
@@ -88,14 +88,14 @@ typedef struct cpu_state {
   cpu_worker_t *workers;
   pthread_mutex_t pool_lock;
   pthread_cond_t pool_cond;
-  uint64_t job_gen;     /* bumped to hand work to the workers */
-  int job_pending;      /* workers still busy with the current job */
+  uint64_t job_gen; /* bumped to hand work to the workers */
+  int job_pending;  /* workers still busy with the current job */
   bool pool_stop;
-  void *job;            /* the current call's plan */
+  void *job; /* the current call's plan */
   ep_status_t (*job_fn)(struct cpu_state *s, void *job, int channel);
   ep_status_t job_status;
   bool job_err_set;
-  char job_err[512]; /* message of the first failing channel (thread-local elsewhere) */
+  char job_err[512];       /* message of the first failing channel (thread-local elsewhere) */
   _Atomic int local_abort; /* a channel of this rank failed: the others stop */
   _Atomic int culprit;     /* rank the first failing wait was about (-1: none) */
   struct cpu_ll *ll;       /* low-latency state, NULL when disabled */
@@ -126,7 +126,9 @@ static inline cpu_hello_t *cpu_hello(cpu_state_t *s, int owner, int parity, int 
                          ((size_t)parity * (size_t)s->nranks + (size_t)writer) *
                              s->layout.hello_bytes);
 }
-static inline int32_t *cpu_hello_to_rank(cpu_hello_t *h) { return (int32_t *)(h + 1); }
+static inline int32_t *cpu_hello_to_rank(cpu_hello_t *h) {
+  return (int32_t *)(h + 1);
+}
 static inline int32_t *cpu_hello_chan(cpu_state_t *s, cpu_hello_t *h) {
   return cpu_hello_to_rank(h) + s->nranks;
 }

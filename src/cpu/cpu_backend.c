@@ -22,11 +22,13 @@ static ep_status_t cpu_check_config(const ep_buffer_config_t *cfg, int nranks) {
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
   if (ram > 0 && (double)bytes > ram)
-    return ep_err(EP_ERR_TOO_LARGE, "cfg: one rank's segment would take %.1f GiB (low-latency "
+    return ep_err(EP_ERR_TOO_LARGE,
+                  "cfg: one rank's segment would take %.1f GiB (low-latency "
                   "sizes T=%d, H=%d, E=%d, K=%d; queues %zu x %d channels x %d ranks) but this "
-                  "host has %.1f GiB of memory", (double)bytes / (1 << 30), cfg->ll_max_tokens,
-                  cfg->ll_hidden, cfg->ll_num_experts, cfg->ll_max_topk, cfg->queue_bytes,
-                  cfg->num_channels, nranks, ram / (1 << 30));
+                  "host has %.1f GiB of memory",
+                  (double)bytes / (1 << 30), cfg->ll_max_tokens, cfg->ll_hidden,
+                  cfg->ll_num_experts, cfg->ll_max_topk, cfg->queue_bytes, cfg->num_channels,
+                  nranks, ram / (1 << 30));
   return EP_OK;
 }
 
@@ -75,7 +77,9 @@ static ep_status_t cpu_destroy(void *state, bool collective) {
   return st;
 }
 
-static ep_status_t cpu_available(void) { return EP_OK; } /* shared memory: every Linux host */
+static ep_status_t cpu_available(void) {
+  return EP_OK;
+} /* shared memory: every Linux host */
 
 static const struct ep_backend_ops cpu_ops = {
     .name = "cpu",
@@ -102,4 +106,6 @@ static const struct ep_backend_ops cpu_ops = {
     .traffic = cpu_net_traffic,
 };
 
-const struct ep_backend_ops *ep_backend_cpu(void) { return &cpu_ops; }
+const struct ep_backend_ops *ep_backend_cpu(void) {
+  return &cpu_ops;
+}

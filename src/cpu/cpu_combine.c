@@ -82,8 +82,10 @@ static int reduce_ready(cpu_state_t *s, const job_t *j, reduce_t *rd, cpu_q_t *i
     for (int r = 0; r < R && ready; r++) {
       rd->src[r] = NULL;
       if (!m[r]) continue;
-      if (r == s->rank) rd->src[r] = (const unsigned char *)j->a->x + (size_t)rd->self_row * j->row;
-      else ready = (rd->src[r] = cpu_q_peek(&in[r], j->rec)) != NULL;
+      if (r == s->rank)
+        rd->src[r] = (const unsigned char *)j->a->x + (size_t)rd->self_row * j->row;
+      else
+        ready = (rd->src[r] = cpu_q_peek(&in[r], j->rec)) != NULL;
     }
     if (!ready) break;
     if (m[s->rank]) rd->self_row++;

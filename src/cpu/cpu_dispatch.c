@@ -1,10 +1,11 @@
 /* Normal-mode dispatch (SEMANTICS.md §3): route, hello (counts + cross-rank checks), outputs,
  * data. */
 #include "cpu_dispatch.h"
-#include "cpu_net.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "cpu_net.h"
 
 static const char OP[] = "ep_dispatch";
 
@@ -45,7 +46,8 @@ static void plan_recv_side(cpu_state_t *s, cpu_plan_t *p) {
     cpu_hello_t *h = cpu_hello_from(s, src);
     const int32_t *to = cpu_hello_to_rank(h), *ch = cpu_hello_chan(s, h);
     for (int d = 0; d < R; d++)
-      p->rank_prefix[(size_t)src * R + d] = to[d] + (src ? p->rank_prefix[(size_t)(src - 1) * R + d] : 0);
+      p->rank_prefix[(size_t)src * R + d] =
+          to[d] + (src ? p->rank_prefix[(size_t)(src - 1) * R + d] : 0);
     for (int c = 0; c < C; c++) {
       p->recv_cnt[(size_t)src * C + c] = ch[c];
       p->recv_base[(size_t)src * C + c] = row;
@@ -78,8 +80,10 @@ static void fill_worst_tail(const ep_dispatch_out_t *o, int Nr, int topk) {
 static ep_status_t build_plan(cpu_state_t *s, const ep_dispatch_args_t *a, cpu_plan_t **out) {
   cpu_plan_t *p = cpu_plan_new(s->nranks, s->channels, a->num_tokens);
   if (!p)
-    return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout", "out of memory for the "
-                       "layout of num_tokens %d x %d ranks", a->num_tokens, s->nranks);
+    return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout",
+                       "out of memory for the "
+                       "layout of num_tokens %d x %d ranks",
+                       a->num_tokens, s->nranks);
   ep_status_t st = cpu_route(s, a->topk_idx, a->num_tokens, a->topk, a->num_experts, NULL, NULL,
                              p->in_rank, NULL, NULL, OP);
   if (st) {
@@ -140,7 +144,8 @@ ep_status_t cpu_dispatch(void *state, ep_dispatch_call_t *c, ep_handle_info_t *o
     cpu_reject(s);
     return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
                        "one token takes %zu bytes; queue_bytes (%zu) must hold two: raise "
-                       "queue_bytes", j.rec, s->queue_bytes);
+                       "queue_bytes",
+                       j.rec, s->queue_bytes);
   }
   cpu_plan_t *p = j.cached ? c->cached->priv : NULL;
   ep_status_t st = j.cached ? EP_OK : build_plan(s, a, &p);

@@ -56,7 +56,8 @@ static inline void put_row(const cpu_dispatch_job_t *j, void *dst, const void *s
 }
 
 /* Local expert ids and weights of output row r from a token's global ids (w: NULL = none). */
-static void deliver_ids(const cpu_dispatch_job_t *j, int32_t r, const int64_t *ids, const float *w) {
+static void deliver_ids(const cpu_dispatch_job_t *j, int32_t r, const int64_t *ids,
+                        const float *w) {
   for (int k = 0; k < j->topk; k++) {
     int64_t e = ids[k] - j->first_expert;
     bool local = ids[k] >= 0 && e >= 0 && e < j->num_local;
@@ -71,8 +72,7 @@ static void unpack(const cpu_dispatch_job_t *j, const unsigned char *rec, int32_
   const ep_dispatch_args_t *a = j->a;
   if (j->drain) return;
   put_row(j, (unsigned char *)j->o->recv_x + (size_t)r * j->row, rec + j->off_x);
-  if (j->scales)
-    memcpy(j->o->recv_x_scales + (size_t)r * a->num_scales, rec + j->off_s, j->scales);
+  if (j->scales) memcpy(j->o->recv_x_scales + (size_t)r * a->num_scales, rec + j->off_s, j->scales);
   if (j->o->recv_src_idx) memcpy(&j->o->recv_src_idx[r], rec, sizeof(int32_t));
   if (j->cached) return;
   deliver_ids(j, r, (const int64_t *)(rec + j->off_i),

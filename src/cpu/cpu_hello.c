@@ -1,14 +1,17 @@
 /* The hello phase that opens every normal-mode call: each rank posts what its call is (the core's
- * call key) and, for a dispatch, its counts into every peer's segment, then waits for all peers' posts. Ranks that
- * disagree about the call, or a rank that rejected its arguments, make *every* rank fail the
- * call the same way, before any payload moves; the queues stay consistent and usable. */
+ * call key) and, for a dispatch, its counts into every peer's segment, then waits for all peers'
+ * posts. Ranks that disagree about the call, or a rank that rejected its arguments, make *every*
+ * rank fail the call the same way, before any payload moves; the queues stay consistent and usable.
+ */
 #include <stdio.h>
 #include <string.h>
 
 #include "cpu.h"
 #include "cpu_net.h"
 
-static int parity(const cpu_state_t *s) { return (int)(s->seq & 1); }
+static int parity(const cpu_state_t *s) {
+  return (int)(s->seq & 1);
+}
 
 cpu_hello_t *cpu_hello_from(cpu_state_t *s, int src) {
   return cpu_hello(s, s->rank, parity(s), src);

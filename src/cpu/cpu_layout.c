@@ -29,9 +29,9 @@ static void host_layout(const cpu_state_t *s, const uint8_t *seen, int t, int32_
   }
 }
 
-ep_status_t cpu_route(cpu_state_t *s, const int64_t *idx, int n, int topk, int E,
-                      int32_t *per_rank, int32_t *per_expert, uint8_t *in_rank, int32_t *per_host,
-                      uint8_t *in_host, const char *op) {
+ep_status_t cpu_route(cpu_state_t *s, const int64_t *idx, int n, int topk, int E, int32_t *per_rank,
+                      int32_t *per_expert, uint8_t *in_rank, int32_t *per_host, uint8_t *in_host,
+                      const char *op) {
   ep_status_t st = check_ids(s, idx, n, topk, E, op);
   if (st) return st;
   int R = s->gnranks, per = E / R;
@@ -57,7 +57,7 @@ ep_status_t cpu_route(cpu_state_t *s, const int64_t *idx, int n, int topk, int E
 }
 
 ep_status_t cpu_layout(void *state, const ep_layout_args_t *a) {
-  return cpu_route(state, a->topk_idx, a->num_tokens, a->topk, a->num_experts,
-                   a->tokens_per_rank, a->tokens_per_expert, a->is_token_in_rank,
-                   a->tokens_per_host, a->is_token_in_host, "ep_get_dispatch_layout");
+  return cpu_route(state, a->topk_idx, a->num_tokens, a->topk, a->num_experts, a->tokens_per_rank,
+                   a->tokens_per_expert, a->is_token_in_rank, a->tokens_per_host,
+                   a->is_token_in_host, "ep_get_dispatch_layout");
 }

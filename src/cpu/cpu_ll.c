@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t al(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static size_t al(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
 
 /* One function lays out the region for the size hint, the segment and every access. */
 static void ll_layout(int T, int H, int E, int K, int R, cpu_ll_layout_t *l) {
@@ -31,8 +33,7 @@ static void ll_layout(int T, int H, int E, int K, int R, cpu_ll_layout_t *l) {
 size_t cpu_ll_region_bytes(const ep_buffer_config_t *cfg, int nranks) {
   if (!cfg || !cfg->ll_max_tokens || nranks < 1) return 0;
   cpu_ll_layout_t l;
-  ll_layout(cfg->ll_max_tokens, cfg->ll_hidden, cfg->ll_num_experts, cfg->ll_max_topk, nranks,
-            &l);
+  ll_layout(cfg->ll_max_tokens, cfg->ll_hidden, cfg->ll_num_experts, cfg->ll_max_topk, nranks, &l);
   return l.total;
 }
 
@@ -91,8 +92,10 @@ ep_status_t cpu_ll_create(cpu_state_t *s, const ep_buffer_config_t *cfg) {
 void cpu_ll_run(cpu_state_t *s, size_t bytes, int *parts,
                 ep_status_t (*fn)(cpu_state_t *, void *, int), void *job) {
   *parts = s->channels > 1 && bytes >= s->ll->wide_bytes ? s->channels : 1;
-  if (*parts > 1) cpu_run_channels(s, fn, job);
-  else fn(s, job, 0);
+  if (*parts > 1)
+    cpu_run_channels(s, fn, job);
+  else
+    fn(s, job, 0);
 }
 
 void cpu_ll_release(void *state, ep_handle_info_t *h) {
@@ -108,7 +111,8 @@ ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v) {
   /* A slot's arrays never move: a two-phase caller may learn where its rows will land before
    * they do (DeepEP's return_recv_hook returns the tensors first); contents follow ep_ll_recv. */
   if (sl->state == LL_FREE || sl->state == LL_FAILED)
-    return ep_err(EP_ERR_INVALID_ARG, "ep_ll_get_recv_view: no view: %s", ep_ll_state_why(sl->state));
+    return ep_err(EP_ERR_INVALID_ARG, "ep_ll_get_recv_view: no view: %s",
+                  ep_ll_state_why(sl->state));
   const cpu_ll_t *ll = sl->ll;
   unsigned char *slab = sl->base + ll->lay.slab;
   v->num_local_experts = ll->L;
@@ -130,8 +134,10 @@ ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v) {
 ep_status_t cpu_ll_combine_buffer(const ep_handle_info_t *h, void **y) {
   const cpu_ll_slot_t *sl = h->priv;
   if (sl->state != LL_RECEIVED)
-    return ep_err(EP_ERR_INVALID_ARG, "ep_ll_get_combine_buffer: the handle cannot be combined: "
-                  "%s", ep_ll_state_why(sl->state));
+    return ep_err(EP_ERR_INVALID_ARG,
+                  "ep_ll_get_combine_buffer: the handle cannot be combined: "
+                  "%s",
+                  ep_ll_state_why(sl->state));
   *y = sl->base + sl->ll->lay.cin;
   return EP_OK;
 }

@@ -70,14 +70,14 @@ enum {
 /* Process-local state of one slot: what the receive phases and the combine need later. */
 typedef struct {
   int index, state;
-  uint64_t q;       /* dispatch call that filled it */
-  uint64_t ticket;  /* combine ticket (c + 1) of the pending combine receive */
+  uint64_t q;      /* dispatch call that filled it */
+  uint64_t ticket; /* combine ticket (c + 1) of the pending combine receive */
   int N, topk, fp8, round_scale, ue8m0, scale_layout;
-  int32_t *src_slot; /* [R] slot of every source rank for call q (combine writes there) */
-  int64_t *idx;      /* [T][K] topk_idx of the dispatch (to check the combine's) */
-  float *w;          /* [T][K] combine weights, 0 where the combine's id is -1 */
-  uint8_t *use;      /* [T][K] the combine reduces slot (t, k) */
-  void *out;         /* combine output of a pending two-phase receive */
+  int32_t *src_slot;   /* [R] slot of every source rank for call q (combine writes there) */
+  int64_t *idx;        /* [T][K] topk_idx of the dispatch (to check the combine's) */
+  float *w;            /* [T][K] combine weights, 0 where the combine's id is -1 */
+  uint8_t *use;        /* [T][K] the combine reduces slot (t, k) */
+  void *out;           /* combine output of a pending two-phase receive */
   unsigned char *base; /* this slot in our own segment */
   const struct cpu_ll *ll;
 } cpu_ll_slot_t;
@@ -93,15 +93,15 @@ typedef struct {
 struct cpu_ll {
   int T, H, E, K, L, R, RT, NS;
   cpu_ll_layout_t lay;
-  uint64_t q;  /* dispatch calls made (rejected ones included) */
-  uint64_t c;  /* combine calls made (rejected ones included) */
+  uint64_t q;        /* dispatch calls made (rejected ones included) */
+  uint64_t c;        /* combine calls made (rejected ones included) */
   size_t wide_bytes; /* from this many bytes a call's copies use every channel */
   cpu_ll_slot_t slot[CPU_LL_SLOTS];
   cpu_ll_kernels_t k;
   /* scratch of one call */
-  unsigned char *cast; /* [T][H + 4 * NS]: fp8 rows and scales of this rank's tokens */
-  int32_t *sel;        /* [E]: this rank's selections of every expert */
-  int32_t *pos;        /* [channels][E]: next row of each expert a part of the send writes */
+  unsigned char *cast;   /* [T][H + 4 * NS]: fp8 rows and scales of this rank's tokens */
+  int32_t *sel;          /* [E]: this rank's selections of every expert */
+  int32_t *pos;          /* [channels][E]: next row of each expert a part of the send writes */
   const uint16_t **rows; /* [channels][K]: rows a part of the reduction adds up */
 };
 typedef struct cpu_ll cpu_ll_t;
@@ -119,7 +119,9 @@ static inline cpu_ll_arrive_t *cpu_ll_arrive(cpu_state_t *s, int rank, uint64_t 
   return (cpu_ll_arrive_t *)(cpu_ll_base(s, rank) + s->ll->lay.arrive +
                              (size_t)(q & 1) * s->ll->lay.arrive_bytes);
 }
-static inline int32_t *cpu_ll_sel(cpu_ll_arrive_t *a) { return (int32_t *)(a + 1); }
+static inline int32_t *cpu_ll_sel(cpu_ll_arrive_t *a) {
+  return (int32_t *)(a + 1);
+}
 static inline _Atomic uint64_t *cpu_ll_creject(cpu_state_t *s, int rank) {
   return (_Atomic uint64_t *)(cpu_ll_base(s, rank) + s->ll->lay.creject);
 }
@@ -181,7 +183,8 @@ ep_status_t cpu_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v);
 ep_status_t cpu_ll_combine_buffer(const ep_handle_info_t *h, void **y);
 void cpu_ll_release(void *state, ep_handle_info_t *h);
 
-/* The scales of slab row `row` of local expert le in the column-major layout (cpu_ll_dispatch.c). */
+/* The scales of slab row `row` of local expert le in the column-major layout (cpu_ll_dispatch.c).
+ */
 void cpu_ll_put_cols(const cpu_ll_t *ll, unsigned char *scales, size_t le, size_t row,
                      const unsigned char *sc, int ue8m0);
 

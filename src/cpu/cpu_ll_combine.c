@@ -15,9 +15,11 @@ static ep_status_t take_routing(cpu_ll_slot_t *sl, const ep_ll_combine_args_t *a
   for (size_t i = 0; i < n; i++) {
     int64_t id = a->topk_idx[i];
     if (id != -1 && id != sl->idx[i])
-      return ep_err(EP_ERR_MISMATCH, "%s: topk_idx[%zu][%zu] is %lld but the dispatch had %lld "
-                    "(a combine may only set slots to -1)", OP, i / (size_t)sl->topk,
-                    i % (size_t)sl->topk, (long long)id, (long long)sl->idx[i]);
+      return ep_err(EP_ERR_MISMATCH,
+                    "%s: topk_idx[%zu][%zu] is %lld but the dispatch had %lld "
+                    "(a combine may only set slots to -1)",
+                    OP, i / (size_t)sl->topk, i % (size_t)sl->topk, (long long)id,
+                    (long long)sl->idx[i]);
   }
   for (size_t i = 0; i < n; i++) {
     sl->use[i] = a->topk_idx[i] != -1;
@@ -52,7 +54,8 @@ static ep_status_t back_part(cpu_state_t *s, void *arg, int p) {
       int64_t rg = range[(size_t)l * ll->R + src];
       int b = (int)(rg >> 32), n = (int)(rg & 0xffffffff);
       int lo = f + b > f0 ? f + b : f0, hi = f + b + n < f1 ? f + b + n : f1;
-      unsigned char *area = cpu_ll_slot_base(s, cpu_ll_seg(s, src), sl->src_slot[src]) + ll->lay.area;
+      unsigned char *area =
+          cpu_ll_slot_base(s, cpu_ll_seg(s, src), sl->src_slot[src]) + ll->lay.area;
       for (size_t r = (size_t)l * (size_t)ll->RT + (size_t)(lo - f); lo < hi; lo++, r++)
         memcpy(area + ((size_t)tok[r] * (size_t)sl->topk + (size_t)kk[r]) * row,
                (const unsigned char *)j->y + r * row, row);
@@ -132,8 +135,7 @@ ep_status_t cpu_ll_recv_combine(cpu_state_t *s, cpu_ll_slot_t *sl, const char *o
     return st;
   }
   job_t j = {1, sl, NULL};
-  cpu_ll_run(s, (size_t)sl->N * (size_t)sl->topk * 2 * (size_t)s->ll->H, &j.parts, reduce_part,
-             &j);
+  cpu_ll_run(s, (size_t)sl->N * (size_t)sl->topk * 2 * (size_t)s->ll->H, &j.parts, reduce_part, &j);
   sl->state = LL_COMBINED;
   return EP_OK;
 }

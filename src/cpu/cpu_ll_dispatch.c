@@ -8,7 +8,7 @@
 static const char OP[] = "ep_ll_dispatch";
 
 typedef struct {
-  int parts;     /* the work is split by token ranges (cpu_ll_run) */
+  int parts; /* the work is split by token ranges (cpu_ll_run) */
   const ep_ll_dispatch_args_t *a;
   size_t row;    /* slab bytes of a row: 2H (bf16) or H (fp8) */
   size_t sbytes; /* bytes of a row's scales: 0, NS (ue8m0) or 4 NS */
@@ -21,16 +21,16 @@ static ep_status_t check_ids(const cpu_ll_t *ll, const ep_ll_dispatch_args_t *a,
   for (int t = 0; t < a->num_tokens; t++) {
     const int64_t *id = a->topk_idx + (size_t)t * (size_t)a->topk;
     for (int k = 0; k < a->topk; k++) {
-      if (id[k] < -1 || id[k] >= ll->E)
-        return ep_call_bad_expert(NULL, OP, t, k, id[k], ll->E);
+      if (id[k] < -1 || id[k] >= ll->E) return ep_call_bad_expert(NULL, OP, t, k, id[k], ll->E);
       if (id[k] < 0) continue;
       /* The combine returns rows by (token, slot) and reduces them by slot: a token selecting an
        * expert twice would get one row for two slots. DeepEP leaves it undefined; we refuse. */
       for (int j = 0; j < k; j++)
         if (id[j] == id[k])
-          return ep_err(EP_ERR_INVALID_ARG, "%s: topk_idx[%d] selects expert %lld twice (slots "
-                        "%d and %d); each expert at most once per token", OP, t,
-                        (long long)id[k], j, k);
+          return ep_err(EP_ERR_INVALID_ARG,
+                        "%s: topk_idx[%d] selects expert %lld twice (slots "
+                        "%d and %d); each expert at most once per token",
+                        OP, t, (long long)id[k], j, k);
       sel[id[k]]++;
     }
   }
@@ -53,8 +53,8 @@ static ep_status_t cast_part(cpu_state_t *s, void *arg, int p) {
   cpu_ll_part(a->num_tokens, j->parts, p, &t0, &t1);
   for (int t = t0; t < t1; t++) {
     unsigned char *o = ll->cast + (size_t)t * j->stride;
-    ll->k.cast_row((const uint16_t *)a->x + (size_t)t * ll->H, ll->H, a->round_scale,
-                   a->use_ue8m0, o, o + ll->H);
+    ll->k.cast_row((const uint16_t *)a->x + (size_t)t * ll->H, ll->H, a->round_scale, a->use_ue8m0,
+                   o, o + ll->H);
   }
   return EP_OK;
 }
@@ -126,7 +126,7 @@ static void send_rows(cpu_state_t *s, const job_t *j, int d, int t0, int t1, int
         memcpy(slab + r * j->row, c, j->row);
         if (a->scale_layout == EP_SCALES_COL_MAJOR)
           cpu_ll_put_cols(ll, scales, (size_t)(id[k] - lo), (size_t)(pos[id[k]] - 1), c + j->row,
-                   a->use_ue8m0);
+                          a->use_ue8m0);
         else
           memcpy(scales + r * j->sbytes, c + j->row, j->sbytes);
       } else {
@@ -192,8 +192,8 @@ ep_status_t cpu_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_hand
   cpu_ll_t *ll = s->ll;
   cpu_call_begin(s);
   cpu_ll_slot_t *sl = take_slot(ll);
-  ep_status_t st = sl ? check_ids(ll, a, ll->sel)
-                      : ep_err(EP_ERR_INTERNAL, "%s: no free result slot", OP);
+  ep_status_t st =
+      sl ? check_ids(ll, a, ll->sel) : ep_err(EP_ERR_INTERNAL, "%s: no free result slot", OP);
   if (st) {
     cpu_ll_reject(s, false);
     return st;
@@ -201,7 +201,9 @@ ep_status_t cpu_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_hand
   job_t j = {1, a, a->use_fp8 ? (size_t)ll->H : 2 * (size_t)ll->H,
              !a->use_fp8 ? 0 : (size_t)ll->NS * (a->use_ue8m0 ? 1 : 4), 0};
   j.stride = (size_t)ll->H + 4 * (size_t)ll->NS;
-  cpu_ll_arrive_t mine = {.status = LL_ENTERED, .slot = sl->index, .topk = a->topk,
+  cpu_ll_arrive_t mine = {.status = LL_ENTERED,
+                          .slot = sl->index,
+                          .topk = a->topk,
                           .fmt = a->use_fp8 | a->round_scale << 1 | a->use_ue8m0 << 2 |
                                  (a->use_fp8 && a->scale_layout == EP_SCALES_COL_MAJOR) << 3,
                           .num_tokens = a->num_tokens};

@@ -17,7 +17,9 @@ static inline float u2f(uint32_t u) {
   memcpy(&f, &u, sizeof f);
   return f;
 }
-static inline float bf16_f32(uint16_t b) { return u2f((uint32_t)b << 16); }
+static inline float bf16_f32(uint16_t b) {
+  return u2f((uint32_t)b << 16);
+}
 
 /* Round to nearest even; NaN gives 0x7fff, the canonical NaN of CUDA's conversion. */
 static inline uint16_t f32_bf16(float f) {
@@ -59,8 +61,10 @@ static inline float block_scale(float amax, int round_scale, float *inv, int *e)
 }
 
 static inline void store_scale(void *sc, int b, int ue8m0, float inv, int e) {
-  if (ue8m0) ((uint8_t *)sc)[b] = (uint8_t)(e + 127);
-  else ((float *)sc)[b] = inv;
+  if (ue8m0)
+    ((uint8_t *)sc)[b] = (uint8_t)(e + 127);
+  else
+    ((float *)sc)[b] = inv;
 }
 
 static void cast_row_scalar(const uint16_t *x, int H, int round_scale, int ue8m0, uint8_t *q,
@@ -94,7 +98,9 @@ void cpu_ll_kernels_scalar(cpu_ll_kernels_t *k) {
   k->reduce = reduce_scalar;
 }
 
-uint8_t cpu_ll_f32_to_e4m3(float f) { return f32_e4m3(f); }
+uint8_t cpu_ll_f32_to_e4m3(float f) {
+  return f32_e4m3(f);
+}
 
 /* ------------------------------------------------------------------ AVX2 + FMA */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -145,7 +151,8 @@ AVX2 static inline __m256i e4m3x8(__m256 f) {
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
   __m256i nrm = _mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7ffff)), lsb);
   nrm = _mm256_sub_epi32(_mm256_srli_epi32(nrm, 20), _mm256_set1_epi32(120 << 3));
-  __m256 s = _mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(_mm256_set1_epi32((int)SUB_MAGIC)));
+  __m256 s =
+      _mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(_mm256_set1_epi32((int)SUB_MAGIC)));
   __m256i sub = _mm256_sub_epi32(_mm256_castps_si256(s), _mm256_set1_epi32((int)SUB_MAGIC));
   __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)E4M3_MIN_NORMAL), a);
   __m256i code = _mm256_blendv_epi8(nrm, sub, is_sub);
@@ -196,5 +203,7 @@ void cpu_ll_kernels_pick(cpu_ll_kernels_t *k) {
   }
 }
 #else
-void cpu_ll_kernels_pick(cpu_ll_kernels_t *k) { cpu_ll_kernels_scalar(k); }
+void cpu_ll_kernels_pick(cpu_ll_kernels_t *k) {
+  cpu_ll_kernels_scalar(k);
+}
 #endif

@@ -83,8 +83,8 @@ ep_status_t cpu_ll_verdict(cpu_state_t *s, const char *op) {
     if (a->fmt != a0->fmt)
       return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r, op, "gate",
                          "use_fp8/round_scale/use_ue8m0/scale_layout are %d/%d/%d/%d on rank 0 "
-                         "and %d/%d/%d/%d on rank %d (must agree on all ranks)", a0->fmt & 1,
-                         (a0->fmt >> 1) & 1, (a0->fmt >> 2) & 1, (a0->fmt >> 3) & 1,
+                         "and %d/%d/%d/%d on rank %d (must agree on all ranks)",
+                         a0->fmt & 1, (a0->fmt >> 1) & 1, (a0->fmt >> 2) & 1, (a0->fmt >> 3) & 1,
                          a->fmt & 1, (a->fmt >> 1) & 1, (a->fmt >> 2) & 1, (a->fmt >> 3) & 1, r);
   }
   return EP_OK;
@@ -93,8 +93,8 @@ ep_status_t cpu_ll_verdict(cpu_state_t *s, const char *op) {
 ep_status_t cpu_ll_gate(cpu_state_t *s, const char *op) {
   int gave_up;
   uint64_t q = s->ll->q;
-  ep_status_t st = wait_each(s, entered, &q, op, "gate",
-                             "its entry into this low-latency dispatch", &gave_up);
+  ep_status_t st =
+      wait_each(s, entered, &q, op, "gate", "its entry into this low-latency dispatch", &gave_up);
   return st ? st : cpu_ll_verdict(s, op);
 }
 
@@ -108,8 +108,8 @@ typedef struct {
 /* r: a rank of this host (local index); flags are indexed by the writer's rank in the group. */
 static int flag_ready(cpu_state_t *s, int r, const void *arg) {
   const flag_arg_t *f = arg;
-  _Atomic uint64_t *flag = cpu_ll_flag(cpu_ll_slot_base(s, s->rank, f->slot), f->off,
-                                       cpu_ll_rank_of(s, r));
+  _Atomic uint64_t *flag =
+      cpu_ll_flag(cpu_ll_slot_base(s, s->rank, f->slot), f->off, cpu_ll_rank_of(s, r));
   if (atomic_load_explicit(flag, memory_order_acquire) == f->want) return 1;
   if (!f->combine) return 0; /* past its gate a dispatch sender always delivers */
   /* A rejection of this combine or a later one; in the later case its flag for this one was

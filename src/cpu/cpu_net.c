@@ -39,7 +39,8 @@ ep_status_t cpu_net_create(cpu_state_t *s) {
   n->chunk = (size_t)ep_env_long("EP_NET_CHUNK", 1 << 20);
   n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->gnranks + s->topo->nhosts;
   n->counts = malloc((size_t)s->gnranks * (size_t)n->cw * sizeof *n->counts);
-  if (!n->counts) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
+  if (!n->counts)
+    return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
   ep_status_t st = agree_chunk(s);
   if (!st) st = ep_ctx_net_open(s->ctx, "mpi", -1, &n->e, &n->normal);
   if (!st && s->ll) st = ep_ctx_net_open(s->ctx, "mpi", -1, &n->e, &n->ll);
@@ -70,8 +71,10 @@ void *cpu_stage(cpu_state_t *s, cpu_stage_t *st, size_t bytes) {
   size_t cap = bytes + bytes / 4 + 4096;
   unsigned char *p = aligned_alloc(64, (cap + 63) & ~(size_t)63);
   if (!p) {
-    ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_dispatch", "network", "out of memory for %zu "
-                "bytes of network staging", bytes);
+    ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_dispatch", "network",
+                "out of memory for %zu "
+                "bytes of network staging",
+                bytes);
     return NULL;
   }
   free(st->p);
@@ -80,16 +83,18 @@ void *cpu_stage(cpu_state_t *s, cpu_stage_t *st, size_t bytes) {
 }
 
 const char *cpu_net_who(const cpu_state_t *s, int rank, char *buf, size_t n) {
-  if (rank < 0 || rank >= s->gnranks) snprintf(buf, n, "no rank");
-  else snprintf(buf, n, "rank %d (host %d)", rank, s->topo->host_of[rank]);
+  if (rank < 0 || rank >= s->gnranks)
+    snprintf(buf, n, "no rank");
+  else
+    snprintf(buf, n, "rank %d (host %d)", rank, s->topo->host_of[rank]);
   return buf;
 }
 
-ep_status_t cpu_net_wait(cpu_state_t *s, ep_net_t *n, ep_net_xfer_t *x, int count,
-                         const char *op, const char *phase) {
+ep_status_t cpu_net_wait(cpu_state_t *s, ep_net_t *n, ep_net_xfer_t *x, int count, const char *op,
+                         const char *phase) {
   double t = ep_ctx_timeout(s->ctx);
-  ep_status_t st = ep_net_wait(s->net->e, n, x, count, ep_now() + t, t, ep_ctx_liveness, s->ctx,
-                               "network");
+  ep_status_t st =
+      ep_net_wait(s->net->e, n, x, count, ep_now() + t, t, ep_ctx_liveness, s->ctx, "network");
   if (!st) return EP_OK;
   int peer = -1, dead;
   for (int i = 0; i < count && peer < 0; i++)
@@ -101,7 +106,8 @@ ep_status_t cpu_net_wait(cpu_state_t *s, ep_net_t *n, ep_net_xfer_t *x, int coun
   /* A death the liveness check saw is already named with its host. */
   if (st == EP_ERR_PEER_FAILED && ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK)
     return ep_ctx_fail(s->ctx, st, dead, op, phase, "%s", msg);
-  return ep_ctx_fail(s->ctx, st, peer, op, phase, "%s (%s)", msg, cpu_net_who(s, peer, who, sizeof who));
+  return ep_ctx_fail(s->ctx, st, peer, op, phase, "%s (%s)", msg,
+                     cpu_net_who(s, peer, who, sizeof who));
 }
 
 ep_status_t cpu_net_all_to_all(cpu_state_t *s, ep_net_t *n, int tag, const void *mine, void *all,
@@ -116,8 +122,10 @@ ep_status_t cpu_net_all_to_all(cpu_state_t *s, ep_net_t *n, int tag, const void 
   }
   memcpy((char *)all + bytes * (size_t)s->grank, mine, bytes);
   ep_status_t st = s->net->e->post(n, x, k, NULL);
-  if (st) st = ep_ctx_fail(s->ctx, st, -1, op, phase, "%s", ep_last_error());
-  else st = cpu_net_wait(s, n, x, k, op, phase);
+  if (st)
+    st = ep_ctx_fail(s->ctx, st, -1, op, phase, "%s", ep_last_error());
+  else
+    st = cpu_net_wait(s, n, x, k, op, phase);
   free(x);
   return st;
 }

@@ -45,36 +45,36 @@ typedef struct {
 
 typedef struct cpu_net {
   const struct ep_net_engine *e;
-  ep_net_t *normal;     /* normal mode (its own communicator: calls of the two modes are
-                           independent sequences) */
-  ep_net_t *ll;         /* low-latency mode */
-  size_t chunk;         /* EP_NET_CHUNK */
+  ep_net_t *normal;             /* normal mode (its own communicator: calls of the two modes are
+                                   independent sequences) */
+  ep_net_t *ll;                 /* low-latency mode */
+  size_t chunk;                 /* EP_NET_CHUNK */
   cpu_stage_t send, recv, part; /* staging: blocks to send, blocks received, own partials */
-  int32_t *counts;      /* [R][cw] gathered count words of the current call */
-  int cw;               /* int32 words of one rank's counts: key, to_rank[R], to_host[H] */
+  int32_t *counts;              /* [R][cw] gathered count words of the current call */
+  int cw;                       /* int32 words of one rank's counts: key, to_rank[R], to_host[H] */
   _Atomic uint64_t net_bytes, local_bytes; /* sent so far (ep_buffer_query) */
-  struct cpu_net_ll *llnet; /* low-latency state across hosts (cpu_net_ll.c) */
+  struct cpu_net_ll *llnet;                /* low-latency state across hosts (cpu_net_ll.c) */
 } cpu_net_t;
 
 /* The layout of one dispatch across hosts (the handle's priv). Blocks are those of this rank's
  * column, in the order of their source rank. */
 typedef struct {
-  cpu_plan_t *flat;     /* in_rank [N][R], rank_prefix [R][R], N, Nr, R, C */
+  cpu_plan_t *flat; /* in_rank [N][R], rank_prefix [R][R], N, Nr, R, C */
   int H, L;
-  int32_t *cnt;         /* [R][R]: rows rank s sends to rank d */
-  int32_t *hcnt;        /* [R][H]: tokens rank s sends to host g */
-  int32_t *hsend_off;   /* [H + 1]: this rank's tokens to host g: hsend_idx[off[g] .. off[g+1]] */
+  int32_t *cnt;       /* [R][R]: rows rank s sends to rank d */
+  int32_t *hcnt;      /* [R][H]: tokens rank s sends to host g */
+  int32_t *hsend_off; /* [H + 1]: this rank's tokens to host g: hsend_idx[off[g] .. off[g+1]] */
   int32_t *hsend_idx;
-  int32_t *tok_j;       /* [N][H]: index of token t in its block to host g, -1: not sent there */
-  int32_t *tok_nfan;    /* [N][H]: ranks of host g that token t goes to */
-  int *col;             /* [H]: the sources of this rank's column, ascending */
-  int32_t *blk_base;    /* [H + 1]: entries of block b are blk_base[b] .. blk_base[b+1] */
-  int32_t *fan_off;     /* [entries + 1]: receivers of entry i: fan_off[i] .. fan_off[i+1] */
-  uint16_t *fan_l;      /* receiver's local index, ascending */
-  int32_t *fan_row;     /* its output row there */
+  int32_t *tok_j;    /* [N][H]: index of token t in its block to host g, -1: not sent there */
+  int32_t *tok_nfan; /* [N][H]: ranks of host g that token t goes to */
+  int *col;          /* [H]: the sources of this rank's column, ascending */
+  int32_t *blk_base; /* [H + 1]: entries of block b are blk_base[b] .. blk_base[b+1] */
+  int32_t *fan_off;  /* [entries + 1]: receivers of entry i: fan_off[i] .. fan_off[i+1] */
+  uint16_t *fan_l;   /* receiver's local index, ascending */
+  int32_t *fan_row;  /* its output row there */
   int32_t nfan;
-  int32_t *row_src;     /* [Nr]: source rank of each received row */
-  int32_t *row_j;       /* [Nr]: its entry in the source's block to this host */
+  int32_t *row_src; /* [Nr]: source rank of each received row */
+  int32_t *row_j;   /* [Nr]: its entry in the source's block to this host */
 } cpu_nplan_t;
 
 void cpu_nplan_free(void *plan);
@@ -90,8 +90,8 @@ void *cpu_stage(cpu_state_t *s, cpu_stage_t *st, size_t bytes); /* NULL: out of 
 ep_status_t cpu_net_counts(cpu_state_t *s, const int32_t *mine, const char *op);
 void cpu_net_reject(cpu_state_t *s);
 /* Waits for transfers with the buffer's deadline and liveness; names the rank and its host. */
-ep_status_t cpu_net_wait(cpu_state_t *s, ep_net_t *n, ep_net_xfer_t *x, int count,
-                         const char *op, const char *phase);
+ep_status_t cpu_net_wait(cpu_state_t *s, ep_net_t *n, ep_net_xfer_t *x, int count, const char *op,
+                         const char *phase);
 /* Every rank's `bytes` into all[r * bytes] (own included), point to point over endpoint n. */
 ep_status_t cpu_net_all_to_all(cpu_state_t *s, ep_net_t *n, int tag, const void *mine, void *all,
                                size_t bytes, const char *op, const char *phase);

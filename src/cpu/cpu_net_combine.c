@@ -22,26 +22,26 @@ static const char OP[] = "ep_combine";
 typedef struct {
   const ep_combine_args_t *a;
   const cpu_nplan_t *p;
-  int H, topk, N, Hn, me;     /* hidden, topk, tokens; hosts, this rank's host */
+  int H, topk, N, Hn, me; /* hidden, topk, tokens; hosts, this rank's host */
   bool has_w;
-  size_t row, rec, wb;        /* bf16 row; send-back record (row + weights); partial weights */
-  int32_t ce;                 /* partial entries per network chunk */
+  size_t row, rec, wb; /* bf16 row; send-back record (row + weights); partial weights */
+  int32_t ce;          /* partial entries per network chunk */
   /* forwarder: partials of block b, entry e at pbase[b] + poff[blk_base[b] + b + e] */
-  unsigned char **pbase;      /* [Hn]: own block: the part staging; others: the send staging */
-  size_t *poff;               /* [entries + Hn] */
-  _Atomic int32_t *cleft;     /* [send chunks] entries not yet reduced */
-  int *cx;                    /* [Hn + 1] block b's send chunks: sx[cx[b] .. cx[b+1]] */
-  _Atomic uint8_t *own_done;  /* [own entries] partial of own entry e written */
+  unsigned char **pbase;     /* [Hn]: own block: the part staging; others: the send staging */
+  size_t *poff;              /* [entries + Hn] */
+  _Atomic int32_t *cleft;    /* [send chunks] entries not yet reduced */
+  int *cx;                   /* [Hn + 1] block b's send chunks: sx[cx[b] .. cx[b+1]] */
+  _Atomic uint8_t *own_done; /* [own entries] partial of own entry e written */
   int own;
   /* source: partials from host g for entry e at sbase[g] + soff[hsend_off[g] + g + e] */
-  unsigned char **sbase;      /* [Hn] */
-  size_t *soff;               /* [my entries + Hn] */
-  int *rx;                    /* [Hn + 1] receive chunks from host g: x[rx[g] .. rx[g+1]] */
-  _Atomic int32_t *ready;     /* [Hn] entries from host g received (channel 0) */
+  unsigned char **sbase;  /* [Hn] */
+  size_t *soff;           /* [my entries + Hn] */
+  int *rx;                /* [Hn + 1] receive chunks from host g: x[rx[g] .. rx[g+1]] */
+  _Atomic int32_t *ready; /* [Hn] entries from host g received (channel 0) */
   /* network: receives first, then sends (posted chunk by chunk as partials complete) */
   ep_net_xfer_t *x;
   int nrx, nx;
-  _Atomic uint8_t *cposted;   /* [send chunks] */
+  _Atomic uint8_t *cposted; /* [send chunks] */
   int sent_chunks;
 } job_t;
 
@@ -58,7 +58,9 @@ static size_t offsets(const job_t *j, size_t *off, int32_t n, const int32_t *nfa
   return off[n];
 }
 
-static int nchunks(const job_t *j, int32_t n) { return (int)((n + j->ce - 1) / j->ce); }
+static int nchunks(const job_t *j, int32_t n) {
+  return (int)((n + j->ce - 1) / j->ce);
+}
 
 static ep_status_t plan_partials(cpu_state_t *s, job_t *j) {
   const cpu_nplan_t *p = j->p;
@@ -77,7 +79,8 @@ static ep_status_t plan_partials(cpu_state_t *s, job_t *j) {
   }
   j->sbase = j->pbase + Hn;
   for (int32_t i = 0; i < entries; i++) nf[i] = p->fan_off[i + 1] - p->fan_off[i];
-  size_t own_bytes = 0, send_bytes = 0, recv_bytes = 0, *pb = malloc(sizeof(size_t) * 2 * (size_t)Hn);
+  size_t own_bytes = 0, send_bytes = 0, recv_bytes = 0,
+         *pb = malloc(sizeof(size_t) * 2 * (size_t)Hn);
   if (!pb) {
     free(nf);
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "network", "out of memory");
@@ -85,12 +88,15 @@ static ep_status_t plan_partials(cpu_state_t *s, job_t *j) {
   for (int b = 0; b < Hn; b++) {
     int32_t n = p->blk_base[b + 1] - p->blk_base[b];
     size_t bytes = offsets(j, j->poff + p->blk_base[b] + b, n, nf + p->blk_base[b], 1);
-    if (b == j->own) pb[b] = own_bytes, own_bytes += bytes;
-    else pb[b] = send_bytes, send_bytes += bytes;
+    if (b == j->own)
+      pb[b] = own_bytes, own_bytes += bytes;
+    else
+      pb[b] = send_bytes, send_bytes += bytes;
   }
   for (int g = 0; g < Hn; g++) {
     int32_t n = p->hsend_off[g + 1] - p->hsend_off[g];
-    for (int32_t e = 0; e < n; e++) nf[e] = p->tok_nfan[(size_t)p->hsend_idx[p->hsend_off[g] + e] * Hn + g];
+    for (int32_t e = 0; e < n; e++)
+      nf[e] = p->tok_nfan[(size_t)p->hsend_idx[p->hsend_off[g] + e] * Hn + g];
     size_t bytes = offsets(j, j->soff + p->hsend_off[g] + g, n, nf, 1);
     pb[Hn + g] = recv_bytes;
     if (g != j->me) recv_bytes += bytes;
@@ -128,8 +134,14 @@ static ep_status_t plan_network(cpu_state_t *s, job_t *j) {
     const size_t *off = j->soff + p->hsend_off[g] + g;
     for (int32_t e = 0; g != j->me && e < m; e += j->ce) {
       int32_t end = e + j->ce < m ? e + j->ce : m;
-      j->x[j->nx++] = (ep_net_xfer_t){s->topo->rank_at[g * L + lr], 0, NET_TAG_COMBINE,
-                                      j->sbase[g] + off[e], off[end] - off[e], 0, 0, 0};
+      j->x[j->nx++] = (ep_net_xfer_t){s->topo->rank_at[g * L + lr],
+                                      0,
+                                      NET_TAG_COMBINE,
+                                      j->sbase[g] + off[e],
+                                      off[end] - off[e],
+                                      0,
+                                      0,
+                                      0};
     }
   }
   j->rx[Hn] = j->nrx = j->nx;
@@ -140,8 +152,8 @@ static ep_status_t plan_network(cpu_state_t *s, job_t *j) {
     for (int32_t e = 0; b != j->own && e < m; e += j->ce, k++) {
       int32_t end = e + j->ce < m ? e + j->ce : m;
       j->cleft[k] = end - e;
-      j->x[j->nrx + k] = (ep_net_xfer_t){p->col[b], 1, NET_TAG_COMBINE, j->pbase[b] + off[e],
-                                         off[end] - off[e], 0, 0, 0};
+      j->x[j->nrx + k] = (ep_net_xfer_t){
+          p->col[b], 1, NET_TAG_COMBINE, j->pbase[b] + off[e], off[end] - off[e], 0, 0, 0};
     }
     j->cx[b + 1] = k;
   }
@@ -208,13 +220,13 @@ static bool net_busy(cpu_state_t *s, job_t *j, ep_status_t *st) {
 /* ------------------------------------------------------------------ one channel */
 
 typedef struct {
-  cpu_q_t *out, *in;  /* [L] send-back queues to the forwarders; from the receivers */
-  int32_t *next;      /* [L] receiver: next row of x to consider for forwarder l */
-  bool *touched;      /* [L] forwarder: queues consumed from since their last release */
-  int b, e, e_end;    /* forwarder: next entry (block, entry), end of this channel's range */
-  int t, t_end;       /* source: next token to reduce */
+  cpu_q_t *out, *in; /* [L] send-back queues to the forwarders; from the receivers */
+  int32_t *next;     /* [L] receiver: next row of x to consider for forwarder l */
+  bool *touched;     /* [L] forwarder: queues consumed from since their last release */
+  int b, e, e_end;   /* forwarder: next entry (block, entry), end of this channel's range */
+  int t, t_end;      /* source: next token to reduce */
   const unsigned char **rows; /* [L] forwarder: row of each receiver for the current entry */
-  float *acc;         /* [H] */
+  float *acc;                 /* [H] */
   uint64_t bytes;
 } chan_t;
 
@@ -266,8 +278,10 @@ static bool sent_back(const cpu_state_t *s, const job_t *j, const chan_t *ch) {
 /* The partial of one entry, once every row of it is at hand. */
 static void make_partial(const job_t *j, chan_t *ch, int nrows, const float *const *w,
                          unsigned char *dst) {
-  if (nrows == 1) memcpy(dst, ch->rows[0], j->row);
-  else cpu_reduce_partial((float *)dst, (const uint16_t *const *)ch->rows, nrows, j->H);
+  if (nrows == 1)
+    memcpy(dst, ch->rows[0], j->row);
+  else
+    cpu_reduce_partial((float *)dst, (const uint16_t *const *)ch->rows, nrows, j->H);
   if (!j->has_w) return;
   float *pw = (float *)(dst + (nrows == 1 ? j->row : 2 * j->row));
   for (int k = 0; k < j->topk; k++) {
@@ -286,7 +300,9 @@ static int forward(cpu_state_t *s, job_t *j, chan_t *ch, int c) {
   for (int l = 0; l < L; l++) touched[l] = false;
   while (ch->b < j->Hn) {
     if (ch->e >= ch->e_end) {
-      if (++ch->b < j->Hn) cpu_chan_range(p->blk_base[ch->b + 1] - p->blk_base[ch->b], s->channels, c, &ch->e, &ch->e_end);
+      if (++ch->b < j->Hn)
+        cpu_chan_range(p->blk_base[ch->b + 1] - p->blk_base[ch->b], s->channels, c, &ch->e,
+                       &ch->e_end);
       continue;
     }
     int32_t i = p->blk_base[ch->b] + ch->e, n = p->fan_off[i + 1] - p->fan_off[i];
@@ -309,8 +325,10 @@ static int forward(cpu_state_t *s, job_t *j, chan_t *ch, int c) {
       int l = p->fan_l[p->fan_off[i] + f];
       if (l != s->rank) cpu_q_consume(&ch->in[l], j->rec), touched[l] = true;
     }
-    if (ch->b == j->own) atomic_store_explicit(&j->own_done[ch->e], 1, memory_order_release);
-    else atomic_fetch_sub(&j->cleft[j->cx[ch->b] + ch->e / j->ce], 1);
+    if (ch->b == j->own)
+      atomic_store_explicit(&j->own_done[ch->e], 1, memory_order_release);
+    else
+      atomic_fetch_sub(&j->cleft[j->cx[ch->b] + ch->e / j->ce], 1);
     ch->e++, moved++;
     if (moved % BATCH == 0)
       for (int l = 0; l < L; l++)
@@ -450,8 +468,10 @@ ep_status_t cpu_net_combine(cpu_state_t *s, const ep_combine_args_t *a, const ep
   if (j.rec > s->queue_bytes / 2) {
     free(words);
     cpu_net_reject(s);
-    return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments", "one row takes %zu bytes; "
-                       "queue_bytes (%zu) must hold two", j.rec, s->queue_bytes);
+    return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
+                       "one row takes %zu bytes; "
+                       "queue_bytes (%zu) must hold two",
+                       j.rec, s->queue_bytes);
   }
   st = cpu_net_counts(s, words, OP);
   free(words);

@@ -22,17 +22,17 @@ typedef struct {
   bool cached, has_w, drain;
   int topk, num_local, first_expert, own; /* own: this rank's block among its column's */
   size_t row, scales, rec, off_x, off_s, off_i, off_w;
-  ep_net_xfer_t *x;        /* receives (chunks, block by block), then sends */
+  ep_net_xfer_t *x; /* receives (chunks, block by block), then sends */
   int nx;
-  int32_t crows;           /* records per chunk */
+  int32_t crows; /* records per chunk */
   unsigned char *sbuf, *rbuf;
-  size_t *blk_off;         /* [H] where block b's records are in rbuf */
-  int *blk_x;              /* [H + 1] block b's receive chunks: x[blk_x[b] .. blk_x[b+1]] */
-  int32_t *arrived;        /* [H] records of block b received (channel 0) */
-  _Atomic int32_t *ready;  /* [H] entries of block b with record and fan-out list */
-  int32_t *next;           /* [H][L] fan-out counters (channel 0 lists the blocks) */
-  int32_t *tpe;            /* [C][num_local] selections received per local expert */
-  _Atomic int net_left;    /* transfers not done */
+  size_t *blk_off;        /* [H] where block b's records are in rbuf */
+  int *blk_x;             /* [H + 1] block b's receive chunks: x[blk_x[b] .. blk_x[b+1]] */
+  int32_t *arrived;       /* [H] records of block b received (channel 0) */
+  _Atomic int32_t *ready; /* [H] entries of block b with record and fan-out list */
+  int32_t *next;          /* [H][L] fan-out counters (channel 0 lists the blocks) */
+  int32_t *tpe;           /* [C][num_local] selections received per local expert */
+  _Atomic int net_left;   /* transfers not done */
 } job_t;
 
 /* ------------------------------------------------------------------ records */
@@ -55,7 +55,8 @@ static void pack(const job_t *j, int grank, int32_t t, int32_t row, int32_t e, u
   memcpy(rec, h, sizeof h);
   memcpy(rec + j->off_x, (const unsigned char *)a->x + (size_t)t * j->row, j->row);
   for (int i = 0; j->scales && i < a->num_scales; i++)
-    ((float *)(rec + j->off_s))[i] = a->x_scales[t * a->scale_token_stride + i * a->scale_hidden_stride];
+    ((float *)(rec + j->off_s))[i] =
+        a->x_scales[t * a->scale_token_stride + i * a->scale_hidden_stride];
   if (j->cached) return;
   memcpy(rec + j->off_i, a->topk_idx + (size_t)t * j->topk, (size_t)j->topk * sizeof(int64_t));
   if (j->has_w)
@@ -70,12 +71,14 @@ static void deliver_ids(const job_t *j, int c, int32_t r, const int64_t *ids, co
     bool local = ids[k] >= 0 && e >= 0 && e < j->num_local;
     if (local) j->tpe[(size_t)c * j->num_local + (size_t)e]++;
     if (o->recv_topk_idx) o->recv_topk_idx[(size_t)r * j->topk + k] = local ? e : -1;
-    if (o->recv_topk_weights) o->recv_topk_weights[(size_t)r * j->topk + k] = local && w ? w[k] : 0.0f;
+    if (o->recv_topk_weights)
+      o->recv_topk_weights[(size_t)r * j->topk + k] = local && w ? w[k] : 0.0f;
   }
 }
 
 /* A record (from a queue or a network block) into the outputs at row r. */
-static void deliver(const job_t *j, int c, const unsigned char *rec, int32_t r, int32_t e, int src) {
+static void deliver(const job_t *j, int c, const unsigned char *rec, int32_t r, int32_t e,
+                    int src) {
   if (j->drain) return;
   const ep_dispatch_out_t *o = j->o;
   memcpy((unsigned char *)o->recv_x + (size_t)r * j->row, rec + j->off_x, j->row);
@@ -92,9 +95,11 @@ static void deliver_own(const job_t *j, int c, int grank, int32_t t, int32_t r, 
   if (j->drain) return;
   const ep_dispatch_args_t *a = j->a;
   const ep_dispatch_out_t *o = j->o;
-  memcpy((unsigned char *)o->recv_x + (size_t)r * j->row, (const unsigned char *)a->x + (size_t)t * j->row, j->row);
+  memcpy((unsigned char *)o->recv_x + (size_t)r * j->row,
+         (const unsigned char *)a->x + (size_t)t * j->row, j->row);
   for (int q = 0; j->scales && q < a->num_scales; q++)
-    o->recv_x_scales[(size_t)r * a->num_scales + q] = a->x_scales[t * a->scale_token_stride + q * a->scale_hidden_stride];
+    o->recv_x_scales[(size_t)r * a->num_scales + q] =
+        a->x_scales[t * a->scale_token_stride + q * a->scale_hidden_stride];
   if (o->recv_src_idx) o->recv_src_idx[r] = t;
   if (j->cached) return;
   j->p->row_src[r] = grank, j->p->row_j[r] = e;
@@ -104,16 +109,20 @@ static void deliver_own(const job_t *j, int c, int grank, int32_t t, int32_t r, 
 
 /* ------------------------------------------------------------------ network */
 
-static size_t block_bytes(const job_t *j, int32_t n) { return (size_t)n * j->rec; }
+static size_t block_bytes(const job_t *j, int32_t n) {
+  return (size_t)n * j->rec;
+}
 
 /* Chunks of a block of n records; the sender and the receiver cut it alike. */
-static int chunks_of(const job_t *j, int32_t n) { return (int)((n + j->crows - 1) / j->crows); }
+static int chunks_of(const job_t *j, int32_t n) {
+  return (int)((n + j->crows - 1) / j->crows);
+}
 
 static void add_chunks(job_t *j, int peer, int send, unsigned char *base, int32_t n) {
   for (int32_t k = 0; k < n; k += j->crows) {
     int32_t m = n - k < j->crows ? n - k : j->crows;
-    j->x[j->nx++] = (ep_net_xfer_t){peer, send, NET_TAG_DISPATCH, base + block_bytes(j, k),
-                                    block_bytes(j, m), 0, 0, 0};
+    j->x[j->nx++] = (ep_net_xfer_t){
+        peer, send, NET_TAG_DISPATCH, base + block_bytes(j, k), block_bytes(j, m), 0, 0, 0};
   }
 }
 
@@ -139,14 +148,16 @@ static ep_status_t start_network(cpu_state_t *s, job_t *j) {
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "network", "out of memory");
   for (int b = 0; b < H; b++) {
     j->blk_x[b] = j->nx;
-    if (b != j->own) add_chunks(j, p->col[b], 0, j->rbuf + j->blk_off[b], p->blk_base[b + 1] - p->blk_base[b]);
+    if (b != j->own)
+      add_chunks(j, p->col[b], 0, j->rbuf + j->blk_off[b], p->blk_base[b + 1] - p->blk_base[b]);
   }
   j->blk_x[H] = j->nx;
   unsigned char *at = j->sbuf;
   for (int g = 0; g < H; g++) {
     if (g == me) continue;
     int32_t n = p->hsend_off[g + 1] - p->hsend_off[g];
-    for (int32_t e = 0; e < n; e++) pack(j, s->grank, p->hsend_idx[p->hsend_off[g] + e], 0, e, at + block_bytes(j, e));
+    for (int32_t e = 0; e < n; e++)
+      pack(j, s->grank, p->hsend_idx[p->hsend_off[g] + e], 0, e, at + block_bytes(j, e));
     add_chunks(j, s->topo->rank_at[g * p->L + s->topo->local_rank], 1, at, n);
     at += block_bytes(j, n);
   }
@@ -174,7 +185,8 @@ static int net_progress(cpu_state_t *s, job_t *j, ep_status_t *st) {
       have = (i - j->blk_x[b] + 1) * j->crows < n ? (i - j->blk_x[b] + 1) * j->crows : n;
     }
     for (int32_t e = j->arrived[b]; !j->cached && e < have; e++)
-      cpu_nplan_fan(s, p, b, e, (const int64_t *)(j->rbuf + j->blk_off[b] + block_bytes(j, e) + j->off_i),
+      cpu_nplan_fan(s, p, b, e,
+                    (const int64_t *)(j->rbuf + j->blk_off[b] + block_bytes(j, e) + j->off_i),
                     j->topk, j->num_local, j->next + (size_t)b * p->L);
     if (have != j->arrived[b]) news = true;
     j->arrived[b] = have;
@@ -183,7 +195,8 @@ static int net_progress(cpu_state_t *s, job_t *j, ep_status_t *st) {
   }
   for (int c = 1; news && c < s->channels; c++) cpu_ring_bell(s, s->rank, c);
   int sends = j->nx - j->blk_x[p->H];
-  if (!left && (*st = s->net->e->test(s->net->normal, j->x + j->blk_x[p->H], sends, &done))) return 0;
+  if (!left && (*st = s->net->e->test(s->net->normal, j->x + j->blk_x[p->H], sends, &done)))
+    return 0;
   int was = atomic_load(&j->net_left);
   atomic_store(&j->net_left, left ? left + 1 : sends - done);
   return news || was != atomic_load(&j->net_left);
@@ -192,7 +205,7 @@ static int net_progress(cpu_state_t *s, job_t *j, ep_status_t *st) {
 /* ------------------------------------------------------------------ one channel */
 
 typedef struct {
-  int32_t e, f;   /* next entry of the block, and next receiver of that entry */
+  int32_t e, f; /* next entry of the block, and next receiver of that entry */
   int32_t end;
 } cursor_t;
 
@@ -203,26 +216,31 @@ typedef struct {
   bool *end_sent;    /* [L] our END record is in its queue */
   int *pushed;       /* [L] records pushed since the last publication */
   bool blocks_done, ends_sent;
-  uint64_t bytes;    /* pushed into queues */
+  uint64_t bytes; /* pushed into queues */
 } chan_t;
 
 /* Entry e of block b, for local receiver l (its fan index f), pushed or delivered; false when
  * the queue is full. */
-static bool forward(cpu_state_t *s, const job_t *j, chan_t *ch, int c, int b, int32_t e, int32_t f) {
+static bool forward(cpu_state_t *s, const job_t *j, chan_t *ch, int c, int b, int32_t e,
+                    int32_t f) {
   const cpu_nplan_t *p = j->p;
   int l = p->fan_l[f];
   int32_t row = p->fan_row[f];
   const unsigned char *from = b == j->own ? NULL : j->rbuf + j->blk_off[b] + block_bytes(j, e);
   int32_t t = from ? -1 : p->hsend_idx[p->hsend_off[s->topo->host] + e];
   if (l == s->rank) {
-    if (from) deliver(j, c, from, row, e, p->col[b]);
-    else deliver_own(j, c, s->grank, t, row, e);
+    if (from)
+      deliver(j, c, from, row, e, p->col[b]);
+    else
+      deliver_own(j, c, s->grank, t, row, e);
     return true;
   }
   unsigned char *rec = cpu_q_reserve(&ch->out[l], j->rec);
   if (!rec) return false;
-  if (!from) pack(j, s->grank, t, row, e, rec);
-  else memcpy(rec, from, j->rec);
+  if (!from)
+    pack(j, s->grank, t, row, e, rec);
+  else
+    memcpy(rec, from, j->rec);
   int32_t h[4];
   memcpy(h, rec, sizeof h);
   h[H_ROW] = row, h[H_ENTRY] = e, h[H_SRC] = p->col[b];
@@ -251,7 +269,8 @@ static int push_blocks(cpu_state_t *s, const job_t *j, chan_t *ch, int c) {
     all &= k->e >= k->end;
   }
   for (int l = 0; l < s->nranks; l++)
-    if (l != s->rank && ch->pushed[l]) cpu_q_publish(&ch->out[l]), cpu_ring_bell(s, l, c), ch->pushed[l] = 0;
+    if (l != s->rank && ch->pushed[l])
+      cpu_q_publish(&ch->out[l]), cpu_ring_bell(s, l, c), ch->pushed[l] = 0;
   ch->blocks_done = all;
   return moved;
 }
@@ -286,8 +305,10 @@ static int pull(cpu_state_t *s, const job_t *j, chan_t *ch, int c, bool *all_end
     while (!ch->ended[l] && (rec = cpu_q_peek(&ch->in[l], j->rec))) {
       int32_t h[4];
       memcpy(h, rec, sizeof h);
-      if (h[H_ROW] < 0) ch->ended[l] = true;
-      else deliver(j, c, rec, h[H_ROW], h[H_ENTRY], h[H_SRC]);
+      if (h[H_ROW] < 0)
+        ch->ended[l] = true;
+      else
+        deliver(j, c, rec, h[H_ROW], h[H_ENTRY], h[H_SRC]);
       cpu_q_consume(&ch->in[l], j->rec);
       if (++n % BATCH == 0) cpu_q_release(&ch->in[l]), cpu_ring_bell(s, l, c);
     }
@@ -301,7 +322,8 @@ static int pull(cpu_state_t *s, const job_t *j, chan_t *ch, int c, bool *all_end
 static int laggard(const cpu_state_t *s, const chan_t *ch, char *what, size_t n) {
   for (int l = 0; l < s->nranks; l++)
     if (l != s->rank && !ch->ended[l]) {
-      snprintf(what, n, "rows forwarded by rank %d of this host", s->topo->rank_at[s->topo->host * s->nranks + l]);
+      snprintf(what, n, "rows forwarded by rank %d of this host",
+               s->topo->rank_at[s->topo->host * s->nranks + l]);
       return s->topo->rank_at[s->topo->host * s->nranks + l];
     }
   snprintf(what, n, "room in a queue, or a network block");
@@ -401,8 +423,9 @@ static void list_own(cpu_state_t *s, job_t *j) {
   int h = s->topo->host;
   int32_t n = p->hsend_off[h + 1] - p->hsend_off[h];
   for (int32_t e = 0; !j->cached && e < n; e++)
-    cpu_nplan_fan(s, p, j->own, e, j->a->topk_idx + (size_t)p->hsend_idx[p->hsend_off[h] + e] * j->topk,
-                  j->topk, j->num_local, j->next + (size_t)j->own * p->L);
+    cpu_nplan_fan(s, p, j->own, e,
+                  j->a->topk_idx + (size_t)p->hsend_idx[p->hsend_off[h] + e] * j->topk, j->topk,
+                  j->num_local, j->next + (size_t)j->own * p->L);
   atomic_store(&j->ready[j->own], n);
   j->arrived[j->own] = n;
 }
@@ -443,7 +466,8 @@ static void job_free(job_t *j) {
 }
 
 /* This rank's count words: key, then its tokens per rank and per host. */
-static int32_t *count_words(cpu_state_t *s, const ep_dispatch_call_t *c, cpu_nplan_t *p, bool cached) {
+static int32_t *count_words(cpu_state_t *s, const ep_dispatch_call_t *c, cpu_nplan_t *p,
+                            bool cached) {
   int R = s->gnranks, H = p->H, key = (int)(sizeof(ep_call_key_t) / 4);
   int32_t *w = calloc((size_t)s->net->cw, sizeof *w);
   if (!w) return NULL;
@@ -460,12 +484,16 @@ static int32_t *count_words(cpu_state_t *s, const ep_dispatch_call_t *c, cpu_npl
 static ep_status_t route(cpu_state_t *s, const ep_dispatch_args_t *a, cpu_nplan_t **out) {
   cpu_nplan_t *p = cpu_nplan_new(s, a->num_tokens);
   if (!p)
-    return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout", "out of memory for the "
-                       "layout of num_tokens %d x %d ranks", a->num_tokens, s->gnranks);
+    return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout",
+                       "out of memory for the "
+                       "layout of num_tokens %d x %d ranks",
+                       a->num_tokens, s->gnranks);
   ep_status_t st = cpu_route(s, a->topk_idx, a->num_tokens, a->topk, a->num_experts, NULL, NULL,
                              p->flat->in_rank, NULL, NULL, OP);
-  if (st) cpu_nplan_free(p);
-  else *out = p;
+  if (st)
+    cpu_nplan_free(p);
+  else
+    *out = p;
   return st;
 }
 
@@ -478,8 +506,10 @@ ep_status_t cpu_net_dispatch(cpu_state_t *s, ep_dispatch_call_t *c, ep_handle_in
   j.crows = (int32_t)(s->net->chunk / j.rec > 0 ? s->net->chunk / j.rec : 1);
   ep_status_t st = EP_OK;
   if (j.rec > s->queue_bytes / 2)
-    st = ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments", "one token takes %zu bytes; "
-                     "queue_bytes (%zu) must hold two: raise queue_bytes", j.rec, s->queue_bytes);
+    st = ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
+                     "one token takes %zu bytes; "
+                     "queue_bytes (%zu) must hold two: raise queue_bytes",
+                     j.rec, s->queue_bytes);
   cpu_nplan_t *p = j.cached ? c->cached->priv : NULL;
   if (!st && !j.cached) st = route(s, &c->in, &p);
   if (st) {

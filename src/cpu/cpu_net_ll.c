@@ -27,26 +27,30 @@ typedef struct {
 
 /* The network side of one result slot. */
 typedef struct {
-  ep_net_xfer_t *x;       /* dispatch: receives from other hosts, then sends */
+  ep_net_xfer_t *x; /* dispatch: receives from other hosts, then sends */
   int nx, nrecv;
-  bool pending;           /* posted, not yet waited for */
+  bool pending; /* posted, not yet waited for */
   size_t row, sbytes, rec;
   cpu_stage_t sbuf, rbuf;
-  ep_net_xfer_t *cx;      /* combine: header receives, header sends, row sends, row receives */
+  ep_net_xfer_t *cx; /* combine: header receives, header sends, row sends, row receives */
   int ncx, nhdr;
   bool cpending;
-  chdr_t *hin, *hout;     /* [R] */
+  chdr_t *hin, *hout; /* [R] */
   cpu_stage_t csbuf, crbuf;
 } nslot_t;
 
 struct cpu_net_ll {
-  unsigned char *recs;    /* [R][arrive_bytes]: the records of the current dispatch */
+  unsigned char *recs;            /* [R][arrive_bytes]: the records of the current dispatch */
   nslot_t slot[CPU_LL_SLOTS + 1]; /* + 1: the one a rejected combine uses */
 };
 
-static nslot_t *nslot(cpu_state_t *s, int i) { return &s->net->llnet->slot[i]; }
+static nslot_t *nslot(cpu_state_t *s, int i) {
+  return &s->net->llnet->slot[i];
+}
 
-static bool remote(const cpu_state_t *s, int r) { return cpu_ll_seg(s, r) < 0; }
+static bool remote(const cpu_state_t *s, int r) {
+  return cpu_ll_seg(s, r) < 0;
+}
 
 ep_status_t cpu_net_ll_create(cpu_state_t *s) {
   int R = s->gnranks;
@@ -172,7 +176,8 @@ static void unpack_rows(cpu_state_t *s, const cpu_ll_slot_t *sl, const nslot_t *
   unsigned char *slab = sl->base + ll->lay.slab;
   unsigned char *scales = slab + (size_t)ll->L * (size_t)ll->RT * (size_t)ll->H;
   const int64_t *range = (const int64_t *)(sl->base + ll->lay.range);
-  int32_t *srci = (int32_t *)(sl->base + ll->lay.src), *route = (int32_t *)(sl->base + ll->lay.route);
+  int32_t *srci = (int32_t *)(sl->base + ll->lay.src),
+          *route = (int32_t *)(sl->base + ll->lay.route);
   int32_t cnt[ll->L];
   memset(cnt, 0, sizeof cnt);
   for (int32_t i = 0; i < n; i++, at += ns->rec) {
@@ -213,7 +218,8 @@ static int32_t rows_back(const cpu_state_t *s, const cpu_ll_slot_t *sl, int src)
 }
 
 /* Headers from and to every rank of the other hosts (a rejected combine: rows = 0). */
-static ep_status_t post_headers(cpu_state_t *s, nslot_t *ns, int64_t status, const cpu_ll_slot_t *sl) {
+static ep_status_t post_headers(cpu_state_t *s, nslot_t *ns, int64_t status,
+                                const cpu_ll_slot_t *sl) {
   int R = s->gnranks;
   ns->ncx = 0;
   for (int r = 0; r < R; r++)
@@ -277,7 +283,8 @@ static ep_status_t crecv_net(cpu_state_t *s, nslot_t *ns, const char *op, int *r
     size_t n = (size_t)ns->hin[r].rows * row;
     if (n) ns->cx[ns->ncx++] = (ep_net_xfer_t){r, 0, TAG_CROWS, at, n, 0, 0, 0}, at += n;
   }
-  if (!st && ns->ncx > first) st = s->net->e->post(s->net->ll, ns->cx + first, ns->ncx - first, NULL);
+  if (!st && ns->ncx > first)
+    st = s->net->e->post(s->net->ll, ns->cx + first, ns->ncx - first, NULL);
   if (!st) st = cpu_net_wait(s, s->net->ll, ns->cx, ns->ncx, op, "recv");
   ns->cpending = false;
   return st;
@@ -295,11 +302,14 @@ static ep_status_t unpack_back(cpu_state_t *s, cpu_ll_slot_t *sl, int d, const u
     for (int t = 0; t < sl->N; t++)
       for (int k = 0; k < sl->topk; k++) {
         if (sl->idx[(size_t)t * (size_t)sl->topk + (size_t)k] != e) continue;
-        if (n++ < rows) memcpy(area + ((size_t)t * (size_t)sl->topk + (size_t)k) * row, at, row), at += row;
+        if (n++ < rows)
+          memcpy(area + ((size_t)t * (size_t)sl->topk + (size_t)k) * row, at, row), at += row;
       }
   if (n == rows) return EP_OK;
-  return ep_ctx_fail(s->ctx, EP_ERR_INTERNAL, d, op, "recv", "rank %d sent %lld rows back, this "
-                     "rank's dispatch gave it %lld", d, (long long)rows, (long long)n);
+  return ep_ctx_fail(s->ctx, EP_ERR_INTERNAL, d, op, "recv",
+                     "rank %d sent %lld rows back, this "
+                     "rank's dispatch gave it %lld",
+                     d, (long long)rows, (long long)n);
 }
 
 ep_status_t cpu_net_ll_crecv(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op) {
@@ -308,8 +318,10 @@ ep_status_t cpu_net_ll_crecv(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op) 
   ep_status_t st = crecv_net(s, ns, op, &rejecter);
   if (st) return st;
   if (rejecter >= 0)
-    return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, rejecter, op, "recv", "rank %d rejected its "
-                       "arguments for this combine (see its error)", rejecter);
+    return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, rejecter, op, "recv",
+                       "rank %d rejected its "
+                       "arguments for this combine (see its error)",
+                       rejecter);
   const unsigned char *at = ns->crbuf.p;
   size_t row = 2 * (size_t)s->ll->H;
   for (int i = 0; i < ns->nhdr && !st; i++) {
@@ -335,7 +347,8 @@ void cpu_net_ll_settle(cpu_state_t *s, cpu_ll_slot_t *sl) {
   char saved[512];
   snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
   ep_status_t st = EP_OK;
-  if (ns->pending) st = cpu_net_wait(s, s->net->ll, ns->x, ns->nx, "ep_ll_handle_destroy", "settle");
+  if (ns->pending)
+    st = cpu_net_wait(s, s->net->ll, ns->x, ns->nx, "ep_ll_handle_destroy", "settle");
   ns->pending = false;
   if (!st) st = crecv_net(s, ns, "ep_ll_handle_destroy", &rejecter);
   if (st) ep_ctx_mark_broken(s->ctx);

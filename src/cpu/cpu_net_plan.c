@@ -1,10 +1,11 @@
 /* The layout of one dispatch across hosts (cpu_nplan_t, cpu_net.h): this rank's tokens per host,
  * the counts of every rank, and the fan-out lists of the blocks this rank forwards. */
+#include "cpu_net_plan.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_net.h"
-#include "cpu_net_plan.h"
 
 void cpu_nplan_free(void *plan) {
   cpu_nplan_t *p = plan;
@@ -62,7 +63,9 @@ void cpu_nplan_send_side(const cpu_state_t *s, cpu_nplan_t *p, int32_t *to_rank,
   }
 }
 
-static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+static int cmp_int(const void *a, const void *b) {
+  return *(const int *)a - *(const int *)b;
+}
 
 /* Everyone's counts (key, to_rank[R], to_host[H] per rank) give the receive side: rank_prefix,
  * the rows of this rank, the blocks this rank forwards and room for their fan-out lists. */
@@ -71,7 +74,8 @@ bool cpu_nplan_recv_side(const cpu_state_t *s, cpu_nplan_t *p, const int32_t *co
   int R = s->gnranks, H = p->H, L = p->L, key = (int)(sizeof(ep_call_key_t) / 4);
   for (int src = 0; src < R; src++) {
     memcpy(p->cnt + (size_t)src * R, counts + (size_t)src * cw + key, (size_t)R * sizeof(int32_t));
-    memcpy(p->hcnt + (size_t)src * H, counts + (size_t)src * cw + key + R, (size_t)H * sizeof(int32_t));
+    memcpy(p->hcnt + (size_t)src * H, counts + (size_t)src * cw + key + R,
+           (size_t)H * sizeof(int32_t));
   }
   int32_t *pre = p->flat->rank_prefix;
   for (int i = 0; i < R; i++)
@@ -102,8 +106,8 @@ bool cpu_nplan_recv_side(const cpu_state_t *s, cpu_nplan_t *p, const int32_t *co
   return true;
 }
 
-void cpu_nplan_fan(const cpu_state_t *s, cpu_nplan_t *p, int b, int j, const int64_t *ids,
-                   int topk, int num_local, int32_t *next) {
+void cpu_nplan_fan(const cpu_state_t *s, cpu_nplan_t *p, int b, int j, const int64_t *ids, int topk,
+                   int num_local, int32_t *next) {
   const ep_topo_t *t = s->topo;
   int L = p->L, R = s->gnranks, src = p->col[b], i = p->blk_base[b] + j;
   uint8_t mark[L];

@@ -11,7 +11,7 @@ void cpu_nplan_send_side(const cpu_state_t *s, cpu_nplan_t *p, int32_t *to_rank,
 bool cpu_nplan_recv_side(const cpu_state_t *s, cpu_nplan_t *p, const int32_t *counts, int cw);
 /* Fan-out list of entry j of block b from the token's global expert ids; next[L]: rows handed
  * out so far per receiver for this block's source (blocks are listed in entry order). */
-void cpu_nplan_fan(const cpu_state_t *s, cpu_nplan_t *p, int b, int j, const int64_t *ids,
-                   int topk, int num_local, int32_t *next);
+void cpu_nplan_fan(const cpu_state_t *s, cpu_nplan_t *p, int b, int j, const int64_t *ids, int topk,
+                   int num_local, int32_t *next);
 
 #endif

@@ -6,13 +6,13 @@
 
 typedef struct {
   int R, C, N, Nr;
-  uint8_t *in_rank;      /* [N][R] */
-  int32_t *send_idx;     /* per destination, its tokens ascending: send_off[d] .. send_off[d+1] */
-  int32_t *send_off;     /* [R+1] */
-  int32_t *send_chan;    /* [R][C+1]: channel c of destination d is send_chan[d][c] .. [c+1] */
-  int32_t *recv_cnt;     /* [R][C]: rows from source s on channel c */
-  int32_t *recv_base;    /* [R][C]: first output row of (s, c) */
-  int32_t *rank_prefix;  /* [R][R] */
+  uint8_t *in_rank;     /* [N][R] */
+  int32_t *send_idx;    /* per destination, its tokens ascending: send_off[d] .. send_off[d+1] */
+  int32_t *send_off;    /* [R+1] */
+  int32_t *send_chan;   /* [R][C+1]: channel c of destination d is send_chan[d][c] .. [c+1] */
+  int32_t *recv_cnt;    /* [R][C]: rows from source s on channel c */
+  int32_t *recv_base;   /* [R][C]: first output row of (s, c) */
+  int32_t *rank_prefix; /* [R][R] */
 } cpu_plan_t;
 
 cpu_plan_t *cpu_plan_new(int R, int C, int N);
@@ -27,6 +27,8 @@ static inline void cpu_chan_range(int N, int C, int c, int *begin, int *end) {
 }
 
 /* Record sizes: every field 16-byte aligned so that rows copy with wide moves. */
-static inline size_t cpu_al16(size_t x) { return (x + 15) & ~(size_t)15; }
+static inline size_t cpu_al16(size_t x) {
+  return (x + 15) & ~(size_t)15;
+}
 
 #endif

@@ -82,15 +82,14 @@ AVX2 static inline __m256i round256(__m256 f) {
   __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
                                    _mm256_set1_epi32(0x7f800000));
   __m256i hi = _mm256_srli_epi32(u, 16);
-  __m256i rne = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                       _mm256_and_si256(hi, _mm256_set1_epi32(1))),
-      16);
+  __m256i rne = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                                   _mm256_and_si256(hi, _mm256_set1_epi32(1))),
+                                  16);
   return _mm256_blendv_epi8(rne, _mm256_set1_epi32(0x7fff), nan);
 }
 
-AVX2 static void reduce_avx2(uint16_t *out, const uint16_t *const *rows, int n,
-                             const uint16_t *b0, const uint16_t *b1, int H, int stream) {
+AVX2 static void reduce_avx2(uint16_t *out, const uint16_t *const *rows, int n, const uint16_t *b0,
+                             const uint16_t *b1, int H, int stream) {
   const __m256i z = _mm256_setzero_si256();
   stream = stream && ((uintptr_t)out & 31) == 0;
   int h = 0;
@@ -113,8 +112,10 @@ AVX2 static void reduce_avx2(uint16_t *out, const uint16_t *const *rows, int n,
       hi = _mm256_add_ps(hi, _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, x)));
     }
     __m256i r = _mm256_packus_epi32(round256(lo), round256(hi));
-    if (stream) _mm256_stream_si256((__m256i *)(out + h), r);
-    else _mm256_storeu_si256((__m256i *)(out + h), r);
+    if (stream)
+      _mm256_stream_si256((__m256i *)(out + h), r);
+    else
+      _mm256_storeu_si256((__m256i *)(out + h), r);
   }
   reduce_vector(out, rows, n, b0, b1, h, H);
 }
@@ -127,10 +128,9 @@ AVX512 static inline __m512i round512(__m512 f) {
   __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
                                           _mm512_set1_epi32(0x7f800000));
   __m512i hi = _mm512_srli_epi32(u, 16);
-  __m512i rne = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                       _mm512_and_si512(hi, _mm512_set1_epi32(1))),
-      16);
+  __m512i rne = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                                                   _mm512_and_si512(hi, _mm512_set1_epi32(1))),
+                                  16);
   return _mm512_mask_blend_epi32(nan, rne, _mm512_set1_epi32(0x7fff));
 }
 
@@ -158,8 +158,10 @@ AVX512 static void reduce_avx512(uint16_t *out, const uint16_t *const *rows, int
       hi = _mm512_add_ps(hi, _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, x)));
     }
     __m512i r = _mm512_packus_epi32(round512(lo), round512(hi));
-    if (stream) _mm512_stream_si512((void *)(out + h), r);
-    else _mm512_storeu_si512((void *)(out + h), r);
+    if (stream)
+      _mm512_stream_si512((void *)(out + h), r);
+    else
+      _mm512_storeu_si512((void *)(out + h), r);
   }
   reduce_vector(out, rows, n, b0, b1, h, H);
 }
@@ -183,24 +185,26 @@ static void run_vector(uint16_t *o, const uint16_t *const *r, int n, const uint1
 
 static reduce_fn kernel(cpu_reduce_kind_t kind) {
   switch (kind) {
-  case CPU_REDUCE_SCALAR: return run_scalar;
-  case CPU_REDUCE_VECTOR: return run_vector;
+    case CPU_REDUCE_SCALAR:
+      return run_scalar;
+    case CPU_REDUCE_VECTOR:
+      return run_vector;
 #ifdef EP_X86
-  case CPU_REDUCE_AVX2:
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") ? reduce_avx2 : NULL;
-  case CPU_REDUCE_AVX512:
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-               ? reduce_avx512
-               : NULL;
+    case CPU_REDUCE_AVX2:
+      __builtin_cpu_init();
+      return __builtin_cpu_supports("avx2") ? reduce_avx2 : NULL;
+    case CPU_REDUCE_AVX512:
+      __builtin_cpu_init();
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? reduce_avx512
+                                                                                     : NULL;
 #endif
-  default: return NULL;
+    default:
+      return NULL;
   }
 }
 
-int cpu_reduce_rows_with(cpu_reduce_kind_t kind, uint16_t *out, const uint16_t *const *rows,
-                         int n, const uint16_t *bias0, const uint16_t *bias1, int H, int stream) {
+int cpu_reduce_rows_with(cpu_reduce_kind_t kind, uint16_t *out, const uint16_t *const *rows, int n,
+                         const uint16_t *bias0, const uint16_t *bias1, int H, int stream) {
   reduce_fn f = kind == CPU_REDUCE_AUTO ? NULL : kernel(kind);
   if (kind == CPU_REDUCE_AUTO) {
     cpu_reduce_rows(out, rows, n, bias0, bias1, H, stream);

@@ -12,18 +12,18 @@
 
 typedef enum {
   CPU_REDUCE_AUTO = 0,
-  CPU_REDUCE_SCALAR = 1,  /* reference loop, one channel at a time */
-  CPU_REDUCE_VECTOR = 2,  /* portable GCC/Clang vector extensions, 8 channels per step */
-  CPU_REDUCE_AVX2 = 3,    /* x86-64 AVX2, 16 channels per step */
-  CPU_REDUCE_AVX512 = 4,  /* x86-64 AVX-512BW, 32 channels per step */
+  CPU_REDUCE_SCALAR = 1, /* reference loop, one channel at a time */
+  CPU_REDUCE_VECTOR = 2, /* portable GCC/Clang vector extensions, 8 channels per step */
+  CPU_REDUCE_AVX2 = 3,   /* x86-64 AVX2, 16 channels per step */
+  CPU_REDUCE_AVX512 = 4, /* x86-64 AVX-512BW, 32 channels per step */
 } cpu_reduce_kind_t;
 
 void cpu_reduce_rows(uint16_t *out, const uint16_t *const *rows, int n, const uint16_t *bias0,
                      const uint16_t *bias1, int H, int stream);
 void cpu_reduce_fence(void); /* orders earlier non-temporal stores (x86 sfence; else nothing) */
 /* For tests: run one kernel; returns 0, or -1 if this CPU or build does not have it. */
-int cpu_reduce_rows_with(cpu_reduce_kind_t kind, uint16_t *out, const uint16_t *const *rows,
-                         int n, const uint16_t *bias0, const uint16_t *bias1, int H, int stream);
+int cpu_reduce_rows_with(cpu_reduce_kind_t kind, uint16_t *out, const uint16_t *const *rows, int n,
+                         const uint16_t *bias0, const uint16_t *bias1, int H, int stream);
 
 /* Across hosts (SEMANTICS.md §4.6). A host's partial: out[h] = float(rows[0][h]) +
  * float(rows[1][h]) + ..., fp32 in order, n >= 1. */

@@ -32,7 +32,9 @@ unsigned char *cpu_q_reserve(cpu_q_t *q, size_t rec) {
   return q->ring->data + at % q->cap;
 }
 
-void cpu_q_commit(cpu_q_t *q, size_t rec) { q->pos = place(q->pos, rec, q->cap) + rec; }
+void cpu_q_commit(cpu_q_t *q, size_t rec) {
+  q->pos = place(q->pos, rec, q->cap) + rec;
+}
 
 void cpu_q_publish(cpu_q_t *q) {
   atomic_store_explicit(&q->ring->tail, q->pos, memory_order_release);
@@ -47,7 +49,9 @@ const unsigned char *cpu_q_peek(cpu_q_t *q, size_t rec) {
   return q->ring->data + at % q->cap;
 }
 
-void cpu_q_consume(cpu_q_t *q, size_t rec) { q->pos = place(q->pos, rec, q->cap) + rec; }
+void cpu_q_consume(cpu_q_t *q, size_t rec) {
+  q->pos = place(q->pos, rec, q->cap) + rec;
+}
 
 void cpu_q_release(cpu_q_t *q) {
   atomic_store_explicit(&q->ring->head, q->pos, memory_order_release);

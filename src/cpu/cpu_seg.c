@@ -9,7 +9,9 @@
 #include "cpu.h"
 #include "cpu_ll.h"
 
-static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static size_t align_up(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
 
 size_t cpu_seg_size(int nranks, int ll_ranks, int channels, size_t queue_bytes,
                     const ep_buffer_config_t *cfg, cpu_seg_hdr_t *l) {
@@ -20,10 +22,10 @@ size_t cpu_seg_size(int nranks, int ll_ranks, int channels, size_t queue_bytes,
   l->off_abort = off;
   off += CPU_CL;
   l->off_hello = off;
-  l->hello_bytes = align_up(sizeof(cpu_hello_t) +
-                                sizeof(int32_t) * ((size_t)nranks + (size_t)channels +
-                                                   EP_MAX_LOCAL_EXPERTS),
-                            CPU_CL);
+  l->hello_bytes =
+      align_up(sizeof(cpu_hello_t) +
+                   sizeof(int32_t) * ((size_t)nranks + (size_t)channels + EP_MAX_LOCAL_EXPERTS),
+               CPU_CL);
   off += 2 * (size_t)nranks * l->hello_bytes;
   l->off_rings = off = align_up(off, 4096);
   l->ring_bytes = align_up(sizeof(cpu_ring_t) + queue_bytes, 4096);
@@ -78,8 +80,9 @@ static ep_status_t agree_ok(cpu_state_t *s, ep_status_t mine) {
   int32_t *all = calloc((size_t)s->gnranks, sizeof *all), me = (int32_t)mine;
   if (!all) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
   ep_status_t st = ep_ctx_allgather(s->ctx, &me, all, sizeof me);
-  if (st && !mine) st = ep_ctx_fail(s->ctx, st, -1, "ep_buffer_create", "init", "exchanging segments: %s",
-                           ep_last_error());
+  if (st && !mine)
+    st = ep_ctx_fail(s->ctx, st, -1, "ep_buffer_create", "init", "exchanging segments: %s",
+                     ep_last_error());
   for (int r = 0; r < s->gnranks && !st && !mine; r++)
     if (r != s->grank && all[r] != EP_OK)
       st = ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, r, "ep_buffer_create", "init",
@@ -108,8 +111,10 @@ ep_status_t cpu_seg_setup(cpu_state_t *s, const ep_buffer_config_t *cfg) {
   /* Every rank says whether it got its segment before fds move, so that a local failure makes
    * the peers fail at once instead of waiting for the deadline. */
   ep_status_t x = agree_ok(s, st);
-  if (!x) x = ep_ctx_allgather_fd(s->ctx, fd, fds);
-  else for (int r = 0; r < s->nranks; r++) fds[r] = -1;
+  if (!x)
+    x = ep_ctx_allgather_fd(s->ctx, fd, fds);
+  else
+    for (int r = 0; r < s->nranks; r++) fds[r] = -1;
   if (fd >= 0) close(fd); /* the mapping keeps the memory; peers hold their own duplicates */
   if (!st) st = x;
   for (int r = 0; r < s->nranks; r++) {

@@ -79,14 +79,20 @@ static ep_status_t peer_aborted(cpu_waiter_t *w, uint64_t ab) {
   ep_status_t st = why == EP_ERR_TIMEOUT ? EP_ERR_TIMEOUT : EP_ERR_PEER_FAILED;
   note_culprit(s, culprit >= 0 ? culprit : reporter);
   if (culprit == s->rank)
-    return ep_ctx_fail(s->ctx, st, reporter, w->op, w->phase, "this rank came too late: rank %d "
-                       "gave up on the call (%s) before it arrived", reporter, ep_status_name(why));
+    return ep_ctx_fail(s->ctx, st, reporter, w->op, w->phase,
+                       "this rank came too late: rank %d "
+                       "gave up on the call (%s) before it arrived",
+                       reporter, ep_status_name(why));
   if (culprit >= 0 && culprit != reporter && why == EP_ERR_TIMEOUT)
-    return ep_ctx_fail(s->ctx, st, culprit, w->op, w->phase, "rank %d did not answer within the "
-                       "deadline (reported by rank %d)", culprit, reporter);
+    return ep_ctx_fail(s->ctx, st, culprit, w->op, w->phase,
+                       "rank %d did not answer within the "
+                       "deadline (reported by rank %d)",
+                       culprit, reporter);
   if (culprit >= 0 && culprit != reporter)
-    return ep_ctx_fail(s->ctx, st, culprit, w->op, w->phase, "rank %d failed this call (%s, "
-                       "reported by rank %d)", culprit, ep_status_name(why), reporter);
+    return ep_ctx_fail(s->ctx, st, culprit, w->op, w->phase,
+                       "rank %d failed this call (%s, "
+                       "reported by rank %d)",
+                       culprit, ep_status_name(why), reporter);
   return ep_ctx_fail(s->ctx, st, reporter, w->op, w->phase, "rank %d gave up on this call (%s)",
                      reporter, ep_status_name(why));
 }
@@ -104,8 +110,7 @@ static ep_status_t check_world(cpu_waiter_t *w) {
   const char *how;
   if (ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK) {
     note_culprit(s, dead);
-    return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, w->op, w->phase, "rank %d %s", dead,
-                       how);
+    return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, w->op, w->phase, "rank %d %s", dead, how);
   }
   ab = atomic_load(cpu_abort_word(s, s->rank));
   return ab ? peer_aborted(w, ab) : EP_OK;

@@ -14,10 +14,9 @@
 #ifndef EP_CUDA_H
 #define EP_CUDA_H
 
+#include <cuda_runtime_api.h>
 #include <stdbool.h>
 #include <stdint.h>
-
-#include <cuda_runtime_api.h>
 
 #include "core/backend.h"
 #include "cuda/kernels/ep_kernels.h"
@@ -28,34 +27,34 @@ typedef struct {
   ep_ctx_t *ctx;
   int rank, nranks, device, channels;
   size_t queue_bytes;
-  epk_buf_t kb;            /* what the kernels see */
-  uint8_t *pool;           /* own pool (device) */
-  uint8_t **peer_ptrs;     /* [R] host copy of kb.peers; [rank] == pool */
-  bool *opened;            /* [R] mapped through cudaIpcOpenMemHandle (to close) */
-  void *priv_mem;          /* private device allocation: priv, peers, peer_blocks, ecount */
-  epk_host_t *host;        /* page-locked, mapped; host address */
-  cuda_arena_t *arena;     /* shared with the handles it serves (reference counted) */
+  epk_buf_t kb;        /* what the kernels see */
+  uint8_t *pool;       /* own pool (device) */
+  uint8_t **peer_ptrs; /* [R] host copy of kb.peers; [rank] == pool */
+  bool *opened;        /* [R] mapped through cudaIpcOpenMemHandle (to close) */
+  void *priv_mem;      /* private device allocation: priv, peers, peer_blocks, ecount */
+  epk_host_t *host;    /* page-locked, mapped; host address */
+  cuda_arena_t *arena; /* shared with the handles it serves (reference counted) */
   cudaStream_t side;
-  cudaEvent_t last;        /* recorded after each call on its stream (not while capturing) */
+  cudaEvent_t last; /* recorded after each call on its stream (not while capturing) */
   cudaStream_t last_stream;
   bool last_valid;
-  uint32_t ticket;         /* synchronous calls made (host side) */
-  int prev_device;         /* the caller's current device, restored on leaving */
-  ep_call_key_t err_key;   /* key of the last call, to name a bad slot or field */
-  struct cuda_ll *ll;      /* low-latency mode (cuda_ll.h), NULL when disabled */
-  int fit_blocks;          /* this rank's share of its GPU's SMs (SMs / ranks on the GPU) */
-  uint64_t off_ll;         /* its region in the pool */
-  epk_trace_t *trace_mem;  /* EP_CUDA_TRACE: device sums of the normal-mode phases, else NULL */
+  uint32_t ticket;        /* synchronous calls made (host side) */
+  int prev_device;        /* the caller's current device, restored on leaving */
+  ep_call_key_t err_key;  /* key of the last call, to name a bad slot or field */
+  struct cuda_ll *ll;     /* low-latency mode (cuda_ll.h), NULL when disabled */
+  int fit_blocks;         /* this rank's share of its GPU's SMs (SMs / ranks on the GPU) */
+  uint64_t off_ll;        /* its region in the pool */
+  epk_trace_t *trace_mem; /* EP_CUDA_TRACE: device sums of the normal-mode phases, else NULL */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */
 typedef struct {
   cuda_arena_t *arena;
-  int32_t *plan;   /* epk_plan_* layout, in the arena */
+  int32_t *plan; /* epk_plan_* layout, in the arena */
   size_t plan_bytes;
-  int32_t *src;    /* [src_cap] recv_src_idx of every received row, in the arena */
+  int32_t *src; /* [src_cap] recv_src_idx of every received row, in the arena */
   int64_t src_cap;
-  int N, R, nr;    /* nr: -1 until known on the host (worst-case path) */
+  int N, R, nr; /* nr: -1 until known on the host (worst-case path) */
 } cuda_plan_t;
 
 /* ---- cuda_mem.c: create / destroy of the memory and the mappings */

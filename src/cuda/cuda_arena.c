@@ -46,7 +46,9 @@ ep_status_t cuda_arena_new(size_t bytes, cuda_arena_t **out) {
   return EP_OK;
 }
 
-static size_t rounded(size_t bytes) { return epk_al(bytes ? bytes : 1, ARENA_ALIGN); }
+static size_t rounded(size_t bytes) {
+  return epk_al(bytes ? bytes : 1, ARENA_ALIGN);
+}
 
 void *cuda_arena_alloc(cuda_arena_t *a, size_t bytes) {
   size_t need = rounded(bytes);

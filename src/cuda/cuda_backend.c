@@ -25,10 +25,11 @@ static ep_status_t trace_setup(cuda_state_t *s) {
   epk_trace_t t;
   memset(&t, 0, sizeof t);
   epk_trace_fold(&t); /* no call yet: points cleared, kind -1 */
-  ep_status_t st = cuda_check(s, cudaMalloc((void **)&s->trace_mem, sizeof t), "ep_buffer_create",
-                              "trace");
-  if (!st) st = cuda_check(s, cudaMemcpy(s->trace_mem, &t, sizeof t, cudaMemcpyHostToDevice),
-                           "ep_buffer_create", "trace");
+  ep_status_t st =
+      cuda_check(s, cudaMalloc((void **)&s->trace_mem, sizeof t), "ep_buffer_create", "trace");
+  if (!st)
+    st = cuda_check(s, cudaMemcpy(s->trace_mem, &t, sizeof t, cudaMemcpyHostToDevice),
+                    "ep_buffer_create", "trace");
   if (!st) s->kb.trace = s->trace_mem;
   return st;
 }
@@ -36,16 +37,18 @@ static ep_status_t trace_setup(cuda_state_t *s) {
 /* The means of every phase per kind of call, in microseconds, on stderr (kernels quiesced). */
 static void trace_print(cuda_state_t *s) {
   static const char *kind[EPK_TR_KINDS] = {"dispatch (full)", "dispatch (cached)", "combine"};
-  static const char *pt[EPK_TR_POINTS] = {"", "notify: plan", "post", "wait peers", "finish",
-                                          "gap to data", "data kernel"};
+  static const char *pt[EPK_TR_POINTS] = {"",       "notify: plan", "post",       "wait peers",
+                                          "finish", "gap to data",  "data kernel"};
   epk_trace_t t;
   if (cudaMemcpy(&t, s->trace_mem, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess) return;
   epk_trace_fold(&t); /* the last call */
   for (int k = 0; k < EPK_TR_KINDS; k++) {
     if (!t.n[k]) continue;
     char line[512];
-    int o = snprintf(line, sizeof line, "epcomm trace rank %d: %-17s %6llu calls, mean us: total "
-                     "%.1f", s->rank, kind[k], (unsigned long long)t.n[k],
+    int o = snprintf(line, sizeof line,
+                     "epcomm trace rank %d: %-17s %6llu calls, mean us: total "
+                     "%.1f",
+                     s->rank, kind[k], (unsigned long long)t.n[k],
                      1e-3 * (double)t.sum[k][0] / (double)t.n[k]);
     for (int i = 1; i < EPK_TR_POINTS && o > 0 && o < (int)sizeof line; i++)
       o += snprintf(line + o, sizeof line - (size_t)o, ", %s %.1f", pt[i],
@@ -59,9 +62,11 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   if (!s) return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
   if (ep_ctx_topo(ctx)->nhosts > 1) {
     free(s);
-    return ep_ctx_fail(ctx, EP_ERR_UNSUPPORTED, -1, "ep_buffer_create", "init", "the cuda backend "
+    return ep_ctx_fail(ctx, EP_ERR_UNSUPPORTED, -1, "ep_buffer_create", "init",
+                       "the cuda backend "
                        "does not span hosts yet (the group has %d hosts): its NCCL path is not "
-                       "written; use the cpu backend, or one host", ep_ctx_topo(ctx)->nhosts);
+                       "written; use the cpu backend, or one host",
+                       ep_ctx_topo(ctx)->nhosts);
   }
   s->ctx = ctx;
   s->rank = ep_ctx_rank(ctx);
@@ -123,8 +128,8 @@ static ep_status_t cuda_available(void) {
 static const struct ep_backend_ops cuda_ops = {
     .name = "cuda",
     .id = EP_BACKEND_CUDA,
-    .caps = EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE |
-            EP_CAP_COMBINE_BUFFER,
+    .caps =
+        EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE | EP_CAP_COMBINE_BUFFER,
     .dispatch_view_lifetime = EP_LIFETIME_NEXT_DISPATCH,
     .ll_view_lifetime = EP_LIFETIME_HANDLE,
     .available = cuda_available,
@@ -145,4 +150,6 @@ static const struct ep_backend_ops cuda_ops = {
     .ll_reject = cuda_ll_reject,
 };
 
-const struct ep_backend_ops *ep_backend_cuda(void) { return &cuda_ops; }
+const struct ep_backend_ops *ep_backend_cuda(void) {
+  return &cuda_ops;
+}

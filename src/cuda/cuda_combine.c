@@ -9,7 +9,9 @@
 
 static const char OP[] = "ep_combine";
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+static bool aligned16(const void *p) {
+  return ((uintptr_t)p & 15) == 0;
+}
 
 /* Byte offset of x in the pool when all its rows lie in area D, else -1. */
 static int64_t direct_offset(const cuda_state_t *s, const void *x, int64_t rows, uint64_t row) {
@@ -35,7 +37,8 @@ ep_status_t cuda_combine_buffer(void *state, const ep_handle_info_t *h, void **x
   cuda_state_t *s = state;
   const uint64_t wrow = 4 * (uint64_t)(h->topk > 0 ? h->topk : 0);
   if (!fits_area_c(s, h, wrow))
-    return ep_err(EP_ERR_TOO_LARGE, "ep_get_combine_buffer: %d rows of %d bytes (%llu with room "
+    return ep_err(EP_ERR_TOO_LARGE,
+                  "ep_get_combine_buffer: %d rows of %d bytes (%llu with room "
                   "for weights) do not fit the combine area of %llu bytes: raise queue_bytes",
                   h->recv_rows, h->hidden * 2,
                   (unsigned long long)(c_rows_bytes(h) + 512 + (uint64_t)s->nranks * wrow),
@@ -57,15 +60,17 @@ static ep_status_t check(cuda_state_t *s, const ep_combine_args_t *a, const ep_h
     if (!fits_area_c(s, h, wrow))
       return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
                          "x is the combine buffer, but this handle's %d rows do not fit it "
-                         "(ep_get_combine_buffer refuses this handle)", h->recv_rows);
+                         "(ep_get_combine_buffer refuses this handle)",
+                         h->recv_rows);
     return EP_OK;
   }
   int64_t rows = epk_stage_rows(s->kb.area_bytes, row, wrow);
   if (rows < s->nranks)
     return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
                        "the combine area (%llu bytes) holds %lld rows of %llu bytes, fewer than "
-                       "the %d ranks: raise queue_bytes", (unsigned long long)s->kb.area_bytes,
-                       (long long)rows, (unsigned long long)(row + wrow), s->nranks);
+                       "the %d ranks: raise queue_bytes",
+                       (unsigned long long)s->kb.area_bytes, (long long)rows,
+                       (unsigned long long)(row + wrow), s->nranks);
   return EP_OK;
 }
 
@@ -100,9 +105,10 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
   n.plan = p->plan;
   n.xrow = row;
   n.wrow = has_w ? (uint64_t)h->topk * 4 : 0;
-  epk_combine_t k = {h->num_tokens, h->hidden, h->topk, has_w, xoff >= 0, wgap256, xoff,
-                     h->recv_rows, a->x, a->topk_weights, a->bias[0], a->bias[1], a->out,
-                     a->out_topk_weights, p->plan, p->src, p->src_cap};
+  epk_combine_t k = {
+      h->num_tokens, h->hidden,           h->topk, has_w,           xoff >= 0,  wgap256,
+      xoff,          h->recv_rows,        a->x,    a->topk_weights, a->bias[0], a->bias[1],
+      a->out,        a->out_topk_weights, p->plan, p->src,          p->src_cap};
   rc = cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
   if (!rc) rc = cuda_check(s, epk_launch_combine(&s->kb, &k, st), OP, "launch");
   cuda_leave(s, st, true);

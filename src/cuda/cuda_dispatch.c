@@ -16,14 +16,16 @@ static const char OP[] = "ep_dispatch";
 
 typedef struct {
   ep_dispatch_call_t *c;
-  const ep_dispatch_args_t *a;   /* inputs (c->in) */
-  ep_dispatch_out_t *o;          /* outputs (c->out) */
+  const ep_dispatch_args_t *a; /* inputs (c->in) */
+  ep_dispatch_out_t *o;        /* outputs (c->out) */
   cuda_plan_t *plan;
   int mode;
   epk_recv_layout_t lay;
 } call_t;
 
-static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+static bool aligned16(const void *p) {
+  return ((uintptr_t)p & 15) == 0;
+}
 
 /* Host-side checks; every failure here is followed by a reject (peers fail at once too). */
 static ep_status_t check(cuda_state_t *s, const call_t *c, cudaStream_t st) {
@@ -31,8 +33,8 @@ static ep_status_t check(cuda_state_t *s, const call_t *c, cudaStream_t st) {
   if (c->lay.rows < 1)
     return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
                        "one row takes %zu bytes and more; the receive area (%llu bytes) holds "
-                       "none: raise queue_bytes", c->c->row_bytes,
-                       (unsigned long long)s->kb.area_bytes);
+                       "none: raise queue_bytes",
+                       c->c->row_bytes, (unsigned long long)s->kb.area_bytes);
   if (!aligned16(a->x) || !aligned16(c->o->recv_x))
     return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, OP, "arguments",
                        "%s must be 16-byte aligned on the CUDA backend",
@@ -40,8 +42,8 @@ static ep_status_t check(cuda_state_t *s, const call_t *c, cudaStream_t st) {
   if (c->c->views && c->o->worst_case && c->o->capacity > c->lay.rows)
     return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, -1, OP, "arguments",
                        "out->capacity %d exceeds the %lld rows the receive area holds (views "
-                       "need every row at once): raise queue_bytes", c->o->capacity,
-                       (long long)c->lay.rows);
+                       "need every row at once): raise queue_bytes",
+                       c->o->capacity, (long long)c->lay.rows);
   if (c->c->sync && (!c->c->cached || c->plan->nr < 0) && cuda_capturing(st))
     return ep_ctx_fail(s->ctx, EP_ERR_INVALID_ARG, -1, OP, "arguments",
                        "the call waits on the host for the receive count and cannot be captured "
@@ -74,12 +76,33 @@ static void fill_data(cuda_state_t *s, const call_t *c, int64_t cap, epk_dispatc
   const ep_dispatch_call_t *d = c->c;
   const ep_dispatch_out_t *o = c->o;
   const bool fp8 = a->dtype == EP_DTYPE_FP8_E4M3;
-  *k = (epk_dispatch_t){d->cached != NULL, a->num_tokens, fp8 ? a->num_scales : 0, d->topk,
-                        d->has_w, d->num_local, c->mode, o->worst_case != 0, d->sync, 0, cap,
-                        d->row_bytes, a->x, a->x_scales, a->scale_token_stride,
-                        a->scale_hidden_stride, a->topk_idx, a->topk_weights, c->plan->plan,
-                        c->plan->src, c->plan->src_cap, o->recv_x, o->recv_x_scales,
-                        o->recv_topk_weights, o->recv_topk_idx, o->recv_src_idx, c->lay};
+  *k = (epk_dispatch_t){d->cached != NULL,
+                        a->num_tokens,
+                        fp8 ? a->num_scales : 0,
+                        d->topk,
+                        d->has_w,
+                        d->num_local,
+                        c->mode,
+                        o->worst_case != 0,
+                        d->sync,
+                        0,
+                        cap,
+                        d->row_bytes,
+                        a->x,
+                        a->x_scales,
+                        a->scale_token_stride,
+                        a->scale_hidden_stride,
+                        a->topk_idx,
+                        a->topk_weights,
+                        c->plan->plan,
+                        c->plan->src,
+                        c->plan->src_cap,
+                        o->recv_x,
+                        o->recv_x_scales,
+                        o->recv_topk_weights,
+                        o->recv_topk_idx,
+                        o->recv_src_idx,
+                        c->lay};
   if (c->mode != EPK_MODE_VIEW) return;
   uint8_t *ad = s->pool + s->kb.off_area_d;
   k->recv_x = ad + c->lay.off_x;

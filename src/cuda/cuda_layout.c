@@ -11,17 +11,25 @@ ep_status_t cuda_layout(void *state, const ep_layout_args_t *a) {
   ep_status_t rc = cuda_enter(s, a->stream, OP, &st);
   if (rc) return rc;
   /* One host: the CUDA backend does not span hosts yet (cuda_create refuses). */
-  epk_layout_t k = {a->topk_idx, a->num_tokens, a->topk, a->num_experts, 1,
-                    a->tokens_per_rank, a->tokens_per_expert, a->is_token_in_rank,
-                    NULL, a->tokens_per_host, a->is_token_in_host};
+  epk_layout_t k = {a->topk_idx,
+                    a->num_tokens,
+                    a->topk,
+                    a->num_experts,
+                    1,
+                    a->tokens_per_rank,
+                    a->tokens_per_expert,
+                    a->is_token_in_rank,
+                    NULL,
+                    a->tokens_per_host,
+                    a->is_token_in_host};
   __atomic_store_n(&s->host->layout_bad, 0, __ATOMIC_RELEASE);
   rc = cuda_check(s, epk_launch_layout(&s->kb, &k, st), OP, "launch");
   if (!rc && !cuda_capturing(st)) rc = cuda_check(s, cudaStreamSynchronize(st), OP, "layout");
   int32_t bad = __atomic_load_n(&s->host->layout_bad, __ATOMIC_ACQUIRE);
   if (!rc && bad) {
     long long slot = bad - 1;
-    rc = ep_call_bad_expert(s->ctx, OP, slot / a->topk, (int)(slot % a->topk),
-                            s->host->bad_value, a->num_experts);
+    rc = ep_call_bad_expert(s->ctx, OP, slot / a->topk, (int)(slot % a->topk), s->host->bad_value,
+                            a->num_experts);
   }
   cuda_leave(s, st, true);
   return rc;

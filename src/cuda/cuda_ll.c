@@ -1,11 +1,11 @@
 /* Low-latency mode of the CUDA backend: the region's size, the private device state, result
  * slots, views, host waits and their messages, rejections. The protocol: cuda/kernels/ll_kernels.h;
  * the host side's rules: cuda_ll.h. */
+#include "cuda/cuda_ll.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include "cuda/cuda_ll.h"
 
 static const char OP[] = "ep_buffer_create";
 
@@ -16,8 +16,8 @@ static bool ll_enabled(const ep_buffer_config_t *cfg) {
 uint64_t cuda_ll_region_bytes(const ep_buffer_config_t *cfg, int nranks, epk_ll_layout_t *lay) {
   memset(lay, 0, sizeof *lay);
   if (!ll_enabled(cfg) || nranks < 1 || cfg->ll_num_experts % nranks) return 0;
-  epk_ll_layout(cfg->ll_max_tokens, cfg->ll_hidden, cfg->ll_num_experts, cfg->ll_max_topk,
-                nranks, lay);
+  epk_ll_layout(cfg->ll_max_tokens, cfg->ll_hidden, cfg->ll_num_experts, cfg->ll_max_topk, nranks,
+                lay);
   return lay->total;
 }
 
@@ -71,8 +71,9 @@ ep_status_t cuda_ll_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
     epk_ll_trace_t t;
     memset(&t, 0, sizeof t);
     t.at[0] = ~0ull;
-    st = cuda_check(s, cudaMemcpy((uint8_t *)ll->priv_mem + lay.p_trace, &t, sizeof t,
-                                  cudaMemcpyHostToDevice), OP, "private memory");
+    st = cuda_check(
+        s, cudaMemcpy((uint8_t *)ll->priv_mem + lay.p_trace, &t, sizeof t, cudaMemcpyHostToDevice),
+        OP, "private memory");
     if (st) return st;
   }
   for (int i = 0; i < EPK_LL_SLOTS; i++) {
@@ -89,9 +90,9 @@ ep_status_t cuda_ll_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
  * buffer ran, in microseconds, on stderr (one line per kind). */
 static void print_trace(cuda_state_t *s, cuda_ll_t *ll) {
   static const char *kind[EPK_LL_TR_KINDS] = {
-      "dispatch bf16 one phase", "dispatch bf16 send", "dispatch fp8 one phase", "dispatch fp8 send",
-      "dispatch receive", "combine send (push)", "combine send (zero copy)", "combine receive",
-      "combine one phase (fused)"};
+      "dispatch bf16 one phase",  "dispatch bf16 send", "dispatch fp8 one phase",
+      "dispatch fp8 send",        "dispatch receive",   "combine send (push)",
+      "combine send (zero copy)", "combine receive",    "combine one phase (fused)"};
   static const char *dpt[] = {"number", "post", "peers", "place", "copy", "flags", "recv"};
   static const char *cpt[] = {"check", "push", "flags"};
   static const char *rpt[] = {"await", "reduce", "flags"};
@@ -102,12 +103,20 @@ static void print_trace(cuda_state_t *s, cuda_ll_t *ll) {
     return;
   for (int k = 0; k < EPK_LL_TR_KINDS; k++) {
     if (!t.n[k]) continue;
-    const char **pt = k <= EPK_LL_TR_D8_SEND ? dpt : k == EPK_LL_TR_DRECV ? NULL
-                      : k == EPK_LL_TR_CRECV ? rpt : k == EPK_LL_TR_C1 ? fpt : cpt;
-    const int np = k <= EPK_LL_TR_D8_SEND ? 7 : k == EPK_LL_TR_DRECV ? 0 : k == EPK_LL_TR_C1 ? 6 : 3;
+    const char **pt = k <= EPK_LL_TR_D8_SEND ? dpt
+                      : k == EPK_LL_TR_DRECV ? NULL
+                      : k == EPK_LL_TR_CRECV ? rpt
+                      : k == EPK_LL_TR_C1    ? fpt
+                                             : cpt;
+    const int np = k <= EPK_LL_TR_D8_SEND ? 7
+                   : k == EPK_LL_TR_DRECV ? 0
+                   : k == EPK_LL_TR_C1    ? 6
+                                          : 3;
     char line[512];
-    int o = snprintf(line, sizeof line, "epcomm ll trace rank %d: %-26s %6llu calls, mean us: "
-                     "kernel %.1f", s->rank, kind[k], (unsigned long long)t.n[k],
+    int o = snprintf(line, sizeof line,
+                     "epcomm ll trace rank %d: %-26s %6llu calls, mean us: "
+                     "kernel %.1f",
+                     s->rank, kind[k], (unsigned long long)t.n[k],
                      1e-3 * (double)t.sum[k][0] / (double)t.n[k]);
     for (int i = 0; i < np && o > 0 && o < (int)sizeof line; i++)
       o += snprintf(line + o, sizeof line - (size_t)o, ", %s %.1f", pt[i],
@@ -155,8 +164,10 @@ ep_status_t cuda_ll_view(const ep_handle_info_t *h, ep_ll_recv_view_t *v) {
 ep_status_t cuda_ll_combine_buffer(const ep_handle_info_t *h, void **y) {
   const cuda_ll_slot_t *sl = h->priv;
   if (sl->state != EP_LLS_RECEIVED)
-    return ep_err(EP_ERR_INVALID_ARG, "ep_ll_get_combine_buffer: the handle cannot be combined: "
-                  "%s", ep_ll_state_why(sl->state));
+    return ep_err(EP_ERR_INVALID_ARG,
+                  "ep_ll_get_combine_buffer: the handle cannot be combined: "
+                  "%s",
+                  ep_ll_state_why(sl->state));
   *y = sl->data + sl->ll->k.lay.d_cin;
   return EP_OK;
 }
@@ -221,8 +232,8 @@ bool cuda_ll_eager(cuda_state_t *s, cudaStream_t st, uint32_t *ticket) {
   return true;
 }
 
-ep_status_t cuda_ll_wait(cuda_state_t *s, const epk_ll_report_t *r, uint32_t ticket,
-                         const char *op, const char *phase) {
+ep_status_t cuda_ll_wait(cuda_state_t *s, const epk_ll_report_t *r, uint32_t ticket, const char *op,
+                         const char *phase) {
   ep_status_t st = cuda_wait_word(s, &r->ticket, ticket, op, phase);
   if (!st) st = cuda_take_error(s, op); /* a timeout or dead peer the kernel recorded */
   if (!st && __atomic_load_n(&r->status, __ATOMIC_ACQUIRE) != EP_OK)
@@ -240,26 +251,30 @@ ep_status_t cuda_ll_explain(cuda_state_t *s, const epk_ll_report_t *r, const cha
     case EP_ERR_OUT_OF_RANGE: /* this rank's own argument: no phase, as the CPU says it */
       return ep_call_bad_expert(NULL, op, t, k, r->value, s->err_key.f[EP_CF_EXPERTS]);
     case EP_ERR_INVALID_ARG:
-      return ep_err(EP_ERR_INVALID_ARG, "%s: topk_idx[%d] selects expert %lld twice (slots %d "
-                    "and %d); each expert at most once per token", op, t, (long long)r->value,
-                    r->dup_k, k);
+      return ep_err(EP_ERR_INVALID_ARG,
+                    "%s: topk_idx[%d] selects expert %lld twice (slots %d "
+                    "and %d); each expert at most once per token",
+                    op, t, (long long)r->value, r->dup_k, k);
     case EP_ERR_PEER_INVALID:
-      return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, r->peer, op, phase, "rank %d rejected its "
-                         "arguments for this %s (see its error)", r->peer,
-                         comb ? "combine" : "call");
+      return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, r->peer, op, phase,
+                         "rank %d rejected its "
+                         "arguments for this %s (see its error)",
+                         r->peer, comb ? "combine" : "call");
     case EP_ERR_MISMATCH:
       if (r->item >= 0 && r->peer < 0) /* the combine's check: neither the dispatch's id nor -1 */
-        return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, -1, op, phase, "topk_idx[%d][%d] is %lld "
-                           "but the dispatch had %lld (a combine may only set slots to -1)", t,
-                           k, (long long)r->value, (long long)r->want);
+        return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, -1, op, phase,
+                           "topk_idx[%d][%d] is %lld "
+                           "but the dispatch had %lld (a combine may only set slots to -1)",
+                           t, k, (long long)r->value, (long long)r->want);
       if (r->field == 0)
-        return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r->peer, op, phase, "topk is %d on rank 0 "
-                           "and %d on rank %d (must agree on all ranks)", r->mine, r->theirs,
-                           r->peer);
+        return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r->peer, op, phase,
+                           "topk is %d on rank 0 "
+                           "and %d on rank %d (must agree on all ranks)",
+                           r->mine, r->theirs, r->peer);
       return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r->peer, op, phase,
                          "use_fp8/round_scale/use_ue8m0/scale_layout are %d/%d/%d/%d on rank 0 "
-                         "and %d/%d/%d/%d on rank %d (must agree on all ranks)", r->mine & 1,
-                         (r->mine >> 1) & 1, (r->mine >> 2) & 1, (r->mine >> 3) & 1,
+                         "and %d/%d/%d/%d on rank %d (must agree on all ranks)",
+                         r->mine & 1, (r->mine >> 1) & 1, (r->mine >> 2) & 1, (r->mine >> 3) & 1,
                          r->theirs & 1, (r->theirs >> 1) & 1, (r->theirs >> 2) & 1,
                          (r->theirs >> 3) & 1, r->peer);
     default:

@@ -22,23 +22,23 @@ typedef struct cuda_ll cuda_ll_t;
 
 /* One result slot as the host sees it (the handle's priv). */
 typedef struct {
-  int index, state;       /* enum ep_ll_state */
-  uint64_t stamp;         /* when it was last given back: the least recently used free slot is
-                             taken, so that readers of its combine input have the most time */
+  int index, state; /* enum ep_ll_state */
+  uint64_t stamp;   /* when it was last given back: the least recently used free slot is
+                       taken, so that readers of its combine input have the most time */
   int n, topk, fmt;
-  void *out;              /* combine output of a pending two-phase receive */
-  cudaStream_t stream;    /* stream of the send call: ep_ll_recv runs there */
-  uint8_t *ctrl, *data;   /* this slot's parts in our own pool (device addresses) */
+  void *out;            /* combine output of a pending two-phase receive */
+  cudaStream_t stream;  /* stream of the send call: ep_ll_recv runs there */
+  uint8_t *ctrl, *data; /* this slot's parts in our own pool (device addresses) */
   cuda_ll_t *ll;
 } cuda_ll_slot_t;
 
 struct cuda_ll {
-  epk_ll_t k;             /* what the kernels see */
-  void *priv_mem;         /* private device memory (k.priv) */
+  epk_ll_t k;     /* what the kernels see */
+  void *priv_mem; /* private device memory (k.priv) */
   cuda_ll_slot_t slot[EPK_LL_SLOTS];
   uint64_t clock;
-  uint32_t ticket;        /* host waits made */
-  bool async;             /* EP_CUDA_LL_ASYNC: never wait on the host */
+  uint32_t ticket; /* host waits made */
+  bool async;      /* EP_CUDA_LL_ASYNC: never wait on the host */
 };
 
 /* ---- cuda_ll.c */
@@ -57,8 +57,8 @@ ep_status_t cuda_ll_recv(void *state, ep_handle_info_t *h);
 /* Whether the call on `st` waits on the host for its verdict; if so, the ticket to wait for. */
 bool cuda_ll_eager(cuda_state_t *s, cudaStream_t st, uint32_t *ticket);
 /* Waits for a low-latency report, then turns it into a status and message. */
-ep_status_t cuda_ll_wait(cuda_state_t *s, const epk_ll_report_t *r, uint32_t ticket,
-                         const char *op, const char *phase);
+ep_status_t cuda_ll_wait(cuda_state_t *s, const epk_ll_report_t *r, uint32_t ticket, const char *op,
+                         const char *phase);
 /* The message of a report that failed (also for a failure deferred from a graph). */
 ep_status_t cuda_ll_explain(cuda_state_t *s, const epk_ll_report_t *r, const char *op,
                             const char *phase);

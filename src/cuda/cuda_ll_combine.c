@@ -9,7 +9,9 @@
 
 static const char OP[] = "ep_ll_combine";
 
-static bool aligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+static bool aligned(const void *p, uintptr_t a) {
+  return ((uintptr_t)p & (a - 1)) == 0;
+}
 
 static ep_status_t check(cuda_state_t *s, const ep_ll_combine_args_t *a, const cuda_ll_slot_t *sl) {
   if (sl->state != EP_LLS_RECEIVED)
@@ -20,8 +22,10 @@ static ep_status_t check(cuda_state_t *s, const ep_ll_combine_args_t *a, const c
   static const uintptr_t need[] = {16, 16, 8, 4};
   for (int i = 0; i < 4; i++)
     if ((i == 0 || sl->n) && !aligned(p[i], need[i]))
-      return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, OP, "arguments", "%s must be %d-byte "
-                         "aligned on the CUDA backend", names[i], (int)need[i]);
+      return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, OP, "arguments",
+                         "%s must be %d-byte "
+                         "aligned on the CUDA backend",
+                         names[i], (int)need[i]);
   return EP_OK;
 }
 

@@ -9,7 +9,9 @@
 
 static const char OP[] = "ep_ll_dispatch";
 
-static bool aligned(const void *p, uintptr_t a) { return ((uintptr_t)p & (a - 1)) == 0; }
+static bool aligned(const void *p, uintptr_t a) {
+  return ((uintptr_t)p & (a - 1)) == 0;
+}
 
 /* The free slot given back longest ago (the core allows a dispatch only while one is free). */
 static cuda_ll_slot_t *take_slot(cuda_ll_t *ll) {
@@ -68,8 +70,8 @@ ep_status_t cuda_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_han
   }
   uint32_t ticket;
   const bool eager = cuda_ll_eager(s, st, &ticket);
-  epk_ll_dispatch_t k = {a->x, a->topk_idx, a->num_tokens, a->topk, format_of(a), sl->index,
-                         !a->two_phase, ticket};
+  epk_ll_dispatch_t k = {a->x,         a->topk_idx, a->num_tokens, a->topk,
+                         format_of(a), sl->index,   !a->two_phase, ticket};
   s->err_key.f[EP_CF_TOPK] = a->topk; /* names a bad entry, here or in a deferred report */
   s->err_key.f[EP_CF_EXPERTS] = ll->k.lay.E;
   rc = cuda_check(s, epk_ll_launch_dispatch(&s->kb, &ll->k, &k, st), OP, "launch");
@@ -90,8 +92,7 @@ ep_status_t cuda_ll_recv_dispatch(cuda_state_t *s, cuda_ll_slot_t *sl, const cha
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, sl->stream, op, &st);
   if (!rc) {
-    rc = cuda_check(s, epk_ll_launch_dispatch_recv(&s->kb, &s->ll->k, sl->index, st), op,
-                    "launch");
+    rc = cuda_check(s, epk_ll_launch_dispatch_recv(&s->kb, &s->ll->k, sl->index, st), op, "launch");
     cuda_leave(s, st, true);
   }
   sl->state = rc ? EP_LLS_FAILED : EP_LLS_RECEIVED;

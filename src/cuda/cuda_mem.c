@@ -67,8 +67,8 @@ static ep_status_t local_setup(cuda_state_t *s, const ep_buffer_config_t *cfg, p
   me->want_blocks = cfg->num_sms > 0 ? cfg->num_sms : (int)ep_env_long("EP_CUDA_SMS", 0);
   epk_ll_layout_t ll;
   uint64_t ll_bytes = cuda_ll_region_bytes(cfg, s->nranks, &ll);
-  size_t bytes = cuda_pool_layout(s->nranks, s->channels, s->queue_bytes, ll_bytes, &s->off_ll,
-                                  &s->kb);
+  size_t bytes =
+      cuda_pool_layout(s->nranks, s->channels, s->queue_bytes, ll_bytes, &s->off_ll, &s->kb);
   if ((st = cuda_check(s, cudaMalloc((void **)&s->pool, bytes), OP, "pool"))) return st;
   if ((st = cuda_check(s, cudaMemset(s->pool, 0, s->kb.off_area_d), OP, "pool"))) return st;
   /* Flags and entry records start at zero before any peer can see the pool (the exchange). */
@@ -138,18 +138,18 @@ static ep_status_t private_setup(cuda_state_t *s, const int32_t *blocks) {
 }
 
 static ep_status_t host_setup(cuda_state_t *s) {
-  ep_status_t st = cuda_check(s, cudaHostAlloc((void **)&s->host, sizeof(epk_host_t),
-                                               cudaHostAllocMapped), OP, "host block");
+  ep_status_t st =
+      cuda_check(s, cudaHostAlloc((void **)&s->host, sizeof(epk_host_t), cudaHostAllocMapped), OP,
+                 "host block");
   if (st) return st;
   memset(s->host, 0, sizeof *s->host);
   void *dev = NULL;
-  if ((st = cuda_check(s, cudaHostGetDevicePointer(&dev, s->host, 0), OP, "host block")))
-    return st;
+  if ((st = cuda_check(s, cudaHostGetDevicePointer(&dev, s->host, 0), OP, "host block"))) return st;
   s->kb.host = dev;
   long mib = ep_env_long("EP_CUDA_ARENA_MB", 64);
   if ((st = cuda_arena_new((size_t)(mib > 1 ? mib : 1) << 20, &s->arena))) return st;
-  if ((st = cuda_check(s, cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking), OP,
-                       "stream")))
+  if ((st =
+           cuda_check(s, cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking), OP, "stream")))
     return st;
   return cuda_check(s, cudaEventCreateWithFlags(&s->last, cudaEventDisableTiming), OP, "event");
 }

@@ -32,32 +32,51 @@ ep_status_t cuda_check(cuda_state_t *s, cudaError_t e, const char *op, const cha
 
 static const char *phase_name(unsigned p) {
   switch (p) {
-    case EPK_PH_NOTIFY: return "notify";
-    case EPK_PH_ARRIVE: return "dispatch data";
-    case EPK_PH_WINDOW: return "dispatch window";
-    case EPK_PH_STAGED: return "combine data";
-    case EPK_PH_CDONE: return "combine release";
-    case EPK_PH_LL_ENTER: return "enter";
-    case EPK_PH_LL_GATE: return "gate";
+    case EPK_PH_NOTIFY:
+      return "notify";
+    case EPK_PH_ARRIVE:
+      return "dispatch data";
+    case EPK_PH_WINDOW:
+      return "dispatch window";
+    case EPK_PH_STAGED:
+      return "combine data";
+    case EPK_PH_CDONE:
+      return "combine release";
+    case EPK_PH_LL_ENTER:
+      return "enter";
+    case EPK_PH_LL_GATE:
+      return "gate";
     case EPK_PH_LL_DATA:
     case EPK_PH_LL_COMB:
-    case EPK_PH_LL_ZDONE: return "recv";
-    default: return "check";
+    case EPK_PH_LL_ZDONE:
+      return "recv";
+    default:
+      return "check";
   }
 }
 
 static const char *waited_for(unsigned p) {
   switch (p) {
-    case EPK_PH_NOTIFY: return "its hello (counts and call description)";
-    case EPK_PH_ARRIVE: return "its rows";
-    case EPK_PH_WINDOW: return "it to free its receive window";
-    case EPK_PH_STAGED: return "its rows to combine";
-    case EPK_PH_LL_ENTER: return "its entry into the previous low-latency dispatch";
-    case EPK_PH_LL_GATE: return "its entry into this low-latency dispatch";
-    case EPK_PH_LL_DATA: return "its rows of this low-latency dispatch";
-    case EPK_PH_LL_COMB: return "its rows of this low-latency combine";
-    case EPK_PH_LL_ZDONE: return "it to finish reading this rank's zero-copy combine input";
-    default: return "it to finish reading our rows";
+    case EPK_PH_NOTIFY:
+      return "its hello (counts and call description)";
+    case EPK_PH_ARRIVE:
+      return "its rows";
+    case EPK_PH_WINDOW:
+      return "it to free its receive window";
+    case EPK_PH_STAGED:
+      return "its rows to combine";
+    case EPK_PH_LL_ENTER:
+      return "its entry into the previous low-latency dispatch";
+    case EPK_PH_LL_GATE:
+      return "its entry into this low-latency dispatch";
+    case EPK_PH_LL_DATA:
+      return "its rows of this low-latency dispatch";
+    case EPK_PH_LL_COMB:
+      return "its rows of this low-latency combine";
+    case EPK_PH_LL_ZDONE:
+      return "it to finish reading this rank's zero-copy combine input";
+    default:
+      return "it to finish reading our rows";
   }
 }
 
@@ -75,8 +94,8 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
    * details in the report of its kind (the gate's, the combine check's, the receive's). */
   if (code != EP_ERR_TIMEOUT && code != EP_ERR_PEER_FAILED &&
       (phase == EPK_PH_LL_GATE || phase == EPK_PH_LL_CHECK || phase == EPK_PH_LL_COMB))
-    return cuda_ll_explain(s, phase == EPK_PH_LL_COMB ? &s->host->ll_recv : &s->host->ll_send,
-                           op, ph);
+    return cuda_ll_explain(s, phase == EPK_PH_LL_COMB ? &s->host->ll_recv : &s->host->ll_send, op,
+                           ph);
   switch (code) {
     case EP_ERR_TIMEOUT:
       return ep_ctx_fail(s->ctx, EP_ERR_TIMEOUT, peer, op, ph,
@@ -84,8 +103,9 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
                          ep_ctx_timeout(s->ctx), waited_for(phase));
     case EP_ERR_MISMATCH:
     case EP_ERR_PEER_INVALID: /* the kernel names the field of the call key (or "rejected") */
-      return ep_call_key_fail(s->ctx, op, ph, code == EP_ERR_PEER_INVALID ? EP_CF_REJECTED
-                              : (int)detail, &s->err_key, NULL, peer);
+      return ep_call_key_fail(s->ctx, op, ph,
+                              code == EP_ERR_PEER_INVALID ? EP_CF_REJECTED : (int)detail,
+                              &s->err_key, NULL, peer);
     case EP_ERR_OUT_OF_RANGE: {
       unsigned k = (unsigned)(s->err_key.f[EP_CF_TOPK] > 0 ? s->err_key.f[EP_CF_TOPK] : 1);
       return ep_call_bad_expert(s->ctx, op, detail / k, (int)(detail % k), s->host->bad_value,
@@ -94,8 +114,8 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
     case EP_ERR_TOO_LARGE:
       return ep_ctx_fail(s->ctx, EP_ERR_TOO_LARGE, peer, op, ph,
                          "%u rows arrive on rank %d, more than its outputs hold "
-                         "(worst_case_tokens, or the receive area for views)", detail,
-                         peer >= 0 ? peer : s->rank);
+                         "(worst_case_tokens, or the receive area for views)",
+                         detail, peer >= 0 ? peer : s->rank);
     default:
       return ep_ctx_fail(s->ctx, (ep_status_t)code, peer, op, ph, "a kernel failed");
   }
@@ -110,8 +130,10 @@ static ep_status_t deferred(cuda_state_t *s, const char *op) {
   if (!st) return EP_OK;
   if (st == EP_ERR_PEER_INVALID || st == EP_ERR_MISMATCH || st == EP_ERR_OUT_OF_RANGE ||
       st == EP_ERR_TOO_LARGE || st == EP_ERR_INVALID_ARG) {
-    ep_log_at(EP_LOG_WARN, s->rank, "run", "an earlier asynchronous call failed and moved no "
-              "data: %s", ep_last_error());
+    ep_log_at(EP_LOG_WARN, s->rank, "run",
+              "an earlier asynchronous call failed and moved no "
+              "data: %s",
+              ep_last_error());
     return EP_OK;
   }
   ep_ctx_mark_broken(s->ctx);
@@ -164,8 +186,8 @@ ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want,
     const char *how = NULL;
     if (ep_ctx_check_peers(s->ctx, &dead, &how) == EP_ERR_PEER_FAILED) {
       __atomic_store_n(&s->host->abort, 1u, __ATOMIC_RELEASE);
-      return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, op, phase, "rank %d died (%s)",
-                         dead, how ? how : "no longer alive");
+      return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, op, phase, "rank %d died (%s)", dead,
+                         how ? how : "no longer alive");
     }
     if (now > deadline) {
       __atomic_store_n(&s->host->abort, 1u, __ATOMIC_RELEASE);

@@ -27,13 +27,15 @@ static const struct ep_net_engine *engine_at(int i) {
 const struct ep_net_engine *ep_net_find(const char *name) {
   for (int i = 0; engine_at(i); i++)
     if (!strcmp(engine_at(i)->name, name)) return engine_at(i);
-  ep_err(EP_ERR_UNSUPPORTED, "the %s engine is not built into this library%s", name,
-         !strcmp(name, "nccl") ? " (it comes with the CUDA backend: build where nvcc is found)"
-                               : "");
+  ep_err(
+      EP_ERR_UNSUPPORTED, "the %s engine is not built into this library%s", name,
+      !strcmp(name, "nccl") ? " (it comes with the CUDA backend: build where nvcc is found)" : "");
   return NULL;
 }
 
-const struct ep_net_engine *ep_net_world_engine(void) { return ep_net_mpi(); }
+const struct ep_net_engine *ep_net_world_engine(void) {
+  return ep_net_mpi();
+}
 
 /* ------------------------------------------------------------------ waiting */
 
@@ -70,9 +72,10 @@ ep_status_t ep_net_wait(const struct ep_net_engine *e, ep_net_t *n, ep_net_xfer_
       if (check && (st = check(ctx))) return st;
       if (now >= deadline) {
         int i = first_pending(x, count);
-        return ep_err(EP_ERR_TIMEOUT, "%s: deadline of %.1f s passed waiting for rank %d (%s of "
-                      "%zu bytes not complete)", what, timeout_s, x[i].peer,
-                      x[i].send ? "a send" : "a receive", x[i].bytes);
+        return ep_err(EP_ERR_TIMEOUT,
+                      "%s: deadline of %.1f s passed waiting for rank %d (%s of "
+                      "%zu bytes not complete)",
+                      what, timeout_s, x[i].peer, x[i].send ? "a send" : "a receive", x[i].bytes);
       }
     }
     /* MPI moves data only inside its calls: test often while transfers complete, then back

@@ -31,14 +31,14 @@ typedef struct ep_net ep_net_t;
 /* One transfer of a batch. Between one pair of ranks, sends and receives with the same tag are
  * matched in the order they are posted (both engines guarantee it). */
 typedef struct {
-  int peer;     /* global rank */
-  int send;     /* 1: send `bytes` of buf to peer; 0: receive at most `bytes` from peer into buf */
-  int tag;      /* 0 .. EP_NET_MAX_TAG */
+  int peer; /* global rank */
+  int send; /* 1: send `bytes` of buf to peer; 0: receive at most `bytes` from peer into buf */
+  int tag;  /* 0 .. EP_NET_MAX_TAG */
   void *buf;
   size_t bytes;
-  size_t got;   /* receive: bytes that arrived (set once done) */
-  int done;     /* set by test */
-  void *req;    /* the engine's */
+  size_t got; /* receive: bytes that arrived (set once done) */
+  int done;   /* set by test */
+  void *req;  /* the engine's */
 } ep_net_xfer_t;
 
 #define EP_NET_MAX_TAG 4095
@@ -46,8 +46,8 @@ typedef struct {
 /* How an endpoint is opened: collective over the R ranks of the group. */
 typedef struct {
   int rank, nranks;
-  int device;        /* device engines: the CUDA device of this rank; -1 otherwise */
-  double deadline;   /* absolute (ep_now()) */
+  int device;      /* device engines: the CUDA device of this rank; -1 otherwise */
+  double deadline; /* absolute (ep_now()) */
   /* The group's own exchange across hosts, for what an engine must share at open (NCCL's
    * unique id): every rank's `bytes` into recv[r * bytes]. NULL for an engine that opens on its
    * own (MPI: a duplicate of MPI_COMM_WORLD). */

@@ -58,15 +58,29 @@ typedef struct {
   mpi_handle_t comm_world, byte, errors_return, request_null;
 } mpi_fns_t;
 
-#define FN(name) {"MPI_" #name, offsetof(mpi_fns_t, name)}
+#define FN(name) \
+  { "MPI_" #name, offsetof(mpi_fns_t, name) }
 static const struct {
   const char *sym;
   size_t off;
 } symbols[] = {
-    FN(Initialized), FN(Finalized),  FN(Init_thread), FN(Query_thread),  FN(Finalize),
-    FN(Comm_idup),   FN(Comm_free),  FN(Comm_set_errhandler), FN(Comm_rank), FN(Comm_size),
-    FN(Isend),       FN(Irecv),      FN(Test),        FN(Cancel),        FN(Request_free),
-    FN(Get_count),   FN(Error_string),
+    FN(Initialized),
+    FN(Finalized),
+    FN(Init_thread),
+    FN(Query_thread),
+    FN(Finalize),
+    FN(Comm_idup),
+    FN(Comm_free),
+    FN(Comm_set_errhandler),
+    FN(Comm_rank),
+    FN(Comm_size),
+    FN(Isend),
+    FN(Irecv),
+    FN(Test),
+    FN(Cancel),
+    FN(Request_free),
+    FN(Get_count),
+    FN(Error_string),
     {"ompi_mpi_comm_world", offsetof(mpi_fns_t, comm_world)},
     {"ompi_mpi_byte", offsetof(mpi_fns_t, byte)},
     {"ompi_mpi_errors_return", offsetof(mpi_fns_t, errors_return)},
@@ -79,14 +93,14 @@ static const char *const lib_names[] = {"libmpi.so.40", "libmpi.so", NULL};
 /* ------------------------------------------------------------------ the process's MPI */
 
 static struct {
-  pthread_mutex_t lock;  /* guards this record; with a thread level below MULTIPLE, every call */
+  pthread_mutex_t lock; /* guards this record; with a thread level below MULTIPLE, every call */
   void *dl;
   char path[256];
   mpi_fns_t f;
-  int users;             /* open endpoints */
-  bool ours;             /* epcomm called MPI_Init_thread: it finalizes */
-  bool serialize;        /* thread level SERIALIZED: one MPI call at a time, under `lock` */
-  bool failed;           /* an endpoint closed after a failure: MPI_Finalize could wait forever */
+  int users;      /* open endpoints */
+  bool ours;      /* epcomm called MPI_Init_thread: it finalizes */
+  bool serialize; /* thread level SERIALIZED: one MPI call at a time, under `lock` */
+  bool failed;    /* an endpoint closed after a failure: MPI_Finalize could wait forever */
 } rt = {PTHREAD_MUTEX_INITIALIZER, NULL, "", {0}, 0, false, false, false};
 
 static void call_begin(void) {
@@ -98,8 +112,10 @@ static void call_end(void) {
 
 static const char *mpi_strerror(int code, char *buf) {
   int len = 0;
-  if (!rt.f.Error_string || rt.f.Error_string(code, buf, &len) != MPI_OK) snprintf(buf, 64, "error %d", code);
-  else buf[len < ERR_STRING_MAX ? len : ERR_STRING_MAX - 1] = '\0';
+  if (!rt.f.Error_string || rt.f.Error_string(code, buf, &len) != MPI_OK)
+    snprintf(buf, 64, "error %d", code);
+  else
+    buf[len < ERR_STRING_MAX ? len : ERR_STRING_MAX - 1] = '\0';
   return buf;
 }
 
@@ -112,9 +128,10 @@ static ep_status_t resolve(void *dl) {
     void *p = data ? dlsym(RTLD_DEFAULT, symbols[i].sym) : NULL;
     if (!p) p = dlsym(dl, symbols[i].sym);
     if (!p)
-      return ep_err(EP_ERR_UNSUPPORTED, "%s has no symbol %s: the MPI engine needs Open MPI "
-                    "(libmpi.so.40 ABI); set EP_MPI_LIB to an Open MPI library", rt.path,
-                    symbols[i].sym);
+      return ep_err(EP_ERR_UNSUPPORTED,
+                    "%s has no symbol %s: the MPI engine needs Open MPI "
+                    "(libmpi.so.40 ABI); set EP_MPI_LIB to an Open MPI library",
+                    rt.path, symbols[i].sym);
     memcpy((char *)&rt.f + symbols[i].off, &p, sizeof p);
   }
   return EP_OK;
@@ -125,7 +142,8 @@ static ep_status_t init_mpi(void) {
   int inited = 0, finalized = 0, level = 0;
   rt.f.Finalized(&finalized);
   if (finalized)
-    return ep_err(EP_ERR_UNSUPPORTED, "MPI was already finalized in this process (MPI is "
+    return ep_err(EP_ERR_UNSUPPORTED,
+                  "MPI was already finalized in this process (MPI is "
                   "initialized once per process: epcomm finalizes it with its last multi-host "
                   "group when it initialized it; call MPI_Init_thread yourself before creating "
                   "groups to keep MPI for the whole process)");
@@ -133,8 +151,7 @@ static ep_status_t init_mpi(void) {
   if (!inited) {
     int rc = rt.f.Init_thread(NULL, NULL, THREAD_MULTIPLE, &level);
     char why[ERR_STRING_MAX];
-    if (rc != MPI_OK)
-      return ep_err(EP_ERR_BOOTSTRAP, "MPI_Init_thread: %s", mpi_strerror(rc, why));
+    if (rc != MPI_OK) return ep_err(EP_ERR_BOOTSTRAP, "MPI_Init_thread: %s", mpi_strerror(rc, why));
     rt.ours = true;
     /* Our world, our handler: a failed call returns instead of aborting the job. */
     rt.f.Comm_set_errhandler(rt.f.comm_world, rt.f.errors_return);
@@ -142,9 +159,11 @@ static ep_status_t init_mpi(void) {
     rt.f.Query_thread(&level);
   }
   if (level < THREAD_SERIALIZED)
-    return ep_err(EP_ERR_UNSUPPORTED, "MPI runs at thread level %d; epcomm calls MPI from the "
+    return ep_err(EP_ERR_UNSUPPORTED,
+                  "MPI runs at thread level %d; epcomm calls MPI from the "
                   "thread of each epcomm call: initialize MPI with MPI_THREAD_SERIALIZED or "
-                  "MPI_THREAD_MULTIPLE (MPI_Init_thread)", level);
+                  "MPI_THREAD_MULTIPLE (MPI_Init_thread)",
+                  level);
   rt.serialize = level < THREAD_MULTIPLE;
   return EP_OK;
 }
@@ -157,8 +176,10 @@ static ep_status_t runtime_acquire(void) {
   if (!rt.dl) {
     void *dl = ep_net_dlopen("EP_MPI_LIB", lib_names, rt.path, sizeof rt.path);
     st = dl ? resolve(dl) : EP_ERR_UNSUPPORTED;
-    if (dl && st) dlclose(dl);
-    else if (dl) rt.dl = dl, dlopen(rt.path, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+    if (dl && st)
+      dlclose(dl);
+    else if (dl)
+      rt.dl = dl, dlopen(rt.path, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
   }
   if (!st && rt.users == 0) st = init_mpi();
   if (!st) rt.users++;
@@ -192,8 +213,10 @@ static ep_status_t mpi_probe(void) {
   bool ok = dlsym(dl, "ompi_mpi_comm_world") && dlsym(dl, "MPI_Init_thread");
   dlclose(dl);
   return ok ? EP_OK
-            : ep_err(EP_ERR_UNSUPPORTED, "%s is not Open MPI (no ompi_mpi_comm_world): the MPI "
-                     "engine needs the libmpi.so.40 ABI", path);
+            : ep_err(EP_ERR_UNSUPPORTED,
+                     "%s is not Open MPI (no ompi_mpi_comm_world): the MPI "
+                     "engine needs the libmpi.so.40 ABI",
+                     path);
 }
 
 /* MPI_Comm_idup, bounded: a rank that never arrives must not hang the others. */
@@ -207,8 +230,11 @@ static ep_status_t dup_world(const ep_net_open_t *how, mpi_handle_t *comm) {
   ep_net_xfer_t x = {.peer = -1, .send = 1, .req = req}; /* .send: no count to read */
   ep_status_t st = ep_net_wait(ep_net_mpi(), NULL, &x, 1, how->deadline, how->deadline - ep_now(),
                                NULL, NULL, "duplicating MPI_COMM_WORLD");
-  if (st) return st == EP_ERR_TIMEOUT ? ep_err(st, "MPI_Comm_idup(MPI_COMM_WORLD): not every "
-                                               "rank arrived before the deadline") : st;
+  if (st)
+    return st == EP_ERR_TIMEOUT ? ep_err(st,
+                                         "MPI_Comm_idup(MPI_COMM_WORLD): not every "
+                                         "rank arrived before the deadline")
+                                : st;
   call_begin();
   rt.f.Comm_set_errhandler(*comm, rt.f.errors_return);
   call_end();
@@ -227,7 +253,8 @@ static ep_status_t mpi_open(const ep_net_open_t *how, ep_net_t **out) {
     rt.f.Comm_size(n->comm, &n->nranks);
     call_end();
     if (n->nranks != how->nranks || n->rank != how->rank)
-      st = ep_err(EP_ERR_MISMATCH, "MPI_COMM_WORLD is rank %d of %d but the group says rank %d "
+      st = ep_err(EP_ERR_MISMATCH,
+                  "MPI_COMM_WORLD is rank %d of %d but the group says rank %d "
                   "of %d: a group that spans hosts must span MPI_COMM_WORLD, in its order",
                   n->rank, n->nranks, how->rank, how->nranks);
   }
@@ -260,10 +287,10 @@ static ep_status_t mpi_post(ep_net_t *n, ep_net_xfer_t *x, int count, void *stre
     }
     mpi_handle_t req;
     call_begin();
-    int rc = x[i].send ? rt.f.Isend(x[i].buf, (int)x[i].bytes, rt.f.byte, x[i].peer, x[i].tag,
-                                    n->comm, &req)
-                       : rt.f.Irecv(x[i].buf, (int)x[i].bytes, rt.f.byte, x[i].peer, x[i].tag,
-                                    n->comm, &req);
+    int rc =
+        x[i].send
+            ? rt.f.Isend(x[i].buf, (int)x[i].bytes, rt.f.byte, x[i].peer, x[i].tag, n->comm, &req)
+            : rt.f.Irecv(x[i].buf, (int)x[i].bytes, rt.f.byte, x[i].peer, x[i].tag, n->comm, &req);
     call_end();
     if (rc != MPI_OK) {
       char why[ERR_STRING_MAX];
@@ -329,4 +356,6 @@ static const struct ep_net_engine mpi_engine = {
     .cancel = mpi_cancel,
 };
 
-const struct ep_net_engine *ep_net_mpi(void) { return &mpi_engine; }
+const struct ep_net_engine *ep_net_mpi(void) {
+  return &mpi_engine;
+}

@@ -38,13 +38,14 @@ typedef struct {
   __typeof__(&ncclGetLastError) GetLastError;
 } nccl_fns_t;
 
-#define FN(name) {"nccl" #name, offsetof(nccl_fns_t, name)}
+#define FN(name) \
+  { "nccl" #name, offsetof(nccl_fns_t, name) }
 static const struct {
   const char *sym;
   size_t off;
-} symbols[] = {FN(GetVersion),    FN(GetUniqueId), FN(CommInitRankConfig), FN(CommFinalize),
-               FN(CommDestroy),   FN(CommAbort),   FN(CommGetAsyncError),  FN(Send),
-               FN(Recv),          FN(GroupStart),  FN(GroupEnd),           FN(GetErrorString),
+} symbols[] = {FN(GetVersion),  FN(GetUniqueId), FN(CommInitRankConfig), FN(CommFinalize),
+               FN(CommDestroy), FN(CommAbort),   FN(CommGetAsyncError),  FN(Send),
+               FN(Recv),        FN(GroupStart),  FN(GroupEnd),           FN(GetErrorString),
                FN(GetLastError)};
 #undef FN
 
@@ -67,12 +68,15 @@ static ep_status_t load(void) {
     if (!dl) st = EP_ERR_UNSUPPORTED;
     for (size_t i = 0; dl && !st && i < sizeof symbols / sizeof symbols[0]; i++) {
       void *p = dlsym(dl, symbols[i].sym);
-      if (!p) st = ep_err(EP_ERR_UNSUPPORTED, "%s has no %s: NCCL 2.19 or later is needed", lib.path,
-                          symbols[i].sym);
+      if (!p)
+        st = ep_err(EP_ERR_UNSUPPORTED, "%s has no %s: NCCL 2.19 or later is needed", lib.path,
+                    symbols[i].sym);
       memcpy((char *)&lib.f + symbols[i].off, &p, sizeof p);
     }
-    if (dl && st) dlclose(dl);
-    else if (dl) lib.dl = dl, dlopen(lib.path, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+    if (dl && st)
+      dlclose(dl);
+    else if (dl)
+      lib.dl = dl, dlopen(lib.path, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
   }
   pthread_mutex_unlock(&lib.lock);
   return st;
@@ -119,8 +123,10 @@ static ep_status_t wait_ready(ep_net_t *n, double deadline, const char *what) {
     if (a == ncclSuccess) return EP_OK;
     if (a != ncclInProgress) return nccl_fail(EP_ERR_PEER_FAILED, what, a, n);
     if (ep_now() >= deadline)
-      return ep_err(EP_ERR_TIMEOUT, "NCCL %s: not done before the deadline (a rank did not join, "
-                    "or no network path: see `epcomm doctor env`)", what);
+      return ep_err(EP_ERR_TIMEOUT,
+                    "NCCL %s: not done before the deadline (a rank did not join, "
+                    "or no network path: see `epcomm doctor env`)",
+                    what);
     nap();
   }
 }
@@ -155,8 +161,10 @@ static ep_status_t nccl_open(const ep_net_open_t *how, ep_net_t **out) {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0; /* so that creation has a deadline */
     ncclResult_t r = lib.f.CommInitRankConfig(&n->comm, how->nranks, id, how->rank, &cfg);
-    if (r != ncclSuccess && r != ncclInProgress) st = nccl_fail(EP_ERR_SYSTEM, "ncclCommInitRank", r, n);
-    else st = wait_ready(n, how->deadline, "ncclCommInitRank");
+    if (r != ncclSuccess && r != ncclInProgress)
+      st = nccl_fail(EP_ERR_SYSTEM, "ncclCommInitRank", r, n);
+    else
+      st = wait_ready(n, how->deadline, "ncclCommInitRank");
   }
   if (st) {
     if (n->comm) lib.f.CommAbort(n->comm);
@@ -173,8 +181,10 @@ static void nccl_close(ep_net_t *n, bool clean) {
   /* Finalize flushes what is in flight and says goodbye to the peers; bounded, then abort. */
   if (clean && (r = lib.f.CommFinalize(n->comm)) == ncclSuccess)
     clean = wait_ready(n, ep_now() + 30.0, "ncclCommFinalize") == EP_OK;
-  if (clean && r == ncclSuccess) lib.f.CommDestroy(n->comm);
-  else lib.f.CommAbort(n->comm);
+  if (clean && r == ncclSuccess)
+    lib.f.CommDestroy(n->comm);
+  else
+    lib.f.CommAbort(n->comm);
   free(n);
 }
 
@@ -258,4 +268,6 @@ static const struct ep_net_engine nccl_engine = {
     .cancel = nccl_cancel,
 };
 
-const struct ep_net_engine *ep_net_nccl(void) { return &nccl_engine; }
+const struct ep_net_engine *ep_net_nccl(void) {
+  return &nccl_engine;
+}

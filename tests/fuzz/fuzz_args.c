@@ -15,13 +15,13 @@
 
 #include "epcomm.h"
 
-#define CONTRACT(cond)                                                                     \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      fprintf(stderr, "fuzz_args: contract broken: %s (%s:%d; last error: %s)\n", #cond,   \
-              __FILE__, __LINE__, ep_last_error());                                        \
-      abort();                                                                             \
-    }                                                                                      \
+#define CONTRACT(cond)                                                                             \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "fuzz_args: contract broken: %s (%s:%d; last error: %s)\n", #cond, __FILE__, \
+              __LINE__, ep_last_error());                                                          \
+      abort();                                                                                     \
+    }                                                                                              \
   } while (0)
 
 typedef struct {
@@ -34,7 +34,9 @@ static uint8_t take(bytes_t *b) {
   b->n--;
   return *b->p++;
 }
-static int pick(bytes_t *b, const int *v, int count) { return v[take(b) % count]; }
+static int pick(bytes_t *b, const int *v, int count) {
+  return v[take(b) % count];
+}
 
 static int allgather1(void *ctx, const void *send, void *recv, size_t bytes) {
   (void)ctx;
@@ -80,7 +82,8 @@ static void make(bytes_t *b, shapes_t *s) {
   s->cap = pick(b, caps, 5), s->worst = take(b) % 4 ? 0 : pick(b, caps, 5);
   size_t n = s->n > 0 ? (size_t)s->n : 0, h = s->h > 0 ? (size_t)s->h : 0;
   size_t k = s->topk > 0 ? (size_t)s->topk : 0, c = s->cap > 0 ? (size_t)s->cap : 0;
-  size_t rows = c > (size_t)(s->worst > 0 ? s->worst : 0) ? c : (size_t)(s->worst > 0 ? s->worst : 0);
+  size_t rows =
+      c > (size_t)(s->worst > 0 ? s->worst : 0) ? c : (size_t)(s->worst > 0 ? s->worst : 0);
   size_t ns_ = (size_t)(s->ns ? s->ns : (s->h > 0 ? (s->h + 127) / 128 : 1));
   s->x = alloc_or_null(b, n * h * 2);
   s->scales = alloc_or_null(b, n * ns_ * 4);
@@ -134,8 +137,8 @@ static int fuzz_alloc(void *ctx, const ep_dispatch_args_t *a, int n, ep_dispatch
   return 0;
 }
 
-static const ep_output_mode_t modes[] = {EP_OUTPUT_CALLER, EP_OUTPUT_CALLER, EP_OUTPUT_CALLER,
-                                         EP_OUTPUT_ALLOC,  EP_OUTPUT_ALLOC,  EP_OUTPUT_VIEWS,
+static const ep_output_mode_t modes[] = {EP_OUTPUT_CALLER,    EP_OUTPUT_CALLER,   EP_OUTPUT_CALLER,
+                                         EP_OUTPUT_ALLOC,     EP_OUTPUT_ALLOC,    EP_OUTPUT_VIEWS,
                                          (ep_output_mode_t)0, (ep_output_mode_t)9};
 
 static void make_out(bytes_t *b, const shapes_t *s, const ep_dispatch_args_t *a, alloc_t *ac,
@@ -221,8 +224,8 @@ static void call_ll(bytes_t *b) {
   float *w = calloc(nn * kk + 1, 4);
   for (size_t t = 0; idx && t < nn; t++)
     for (size_t j = 0; j < kk; j++) /* distinct per token, sometimes not, sometimes bad */
-      idx[t * kk + j] = take(b) % 10 ? (int64_t)((t + j * 3 + (take(b) % 2)) % LL_E)
-                                     : (int64_t)take(b) - 120;
+      idx[t * kk + j] =
+          take(b) % 10 ? (int64_t)((t + j * 3 + (take(b) % 2)) % LL_E) : (int64_t)take(b) - 120;
   for (size_t i = 0; x && i < nn * LL_H; i++) x[i] = (uint16_t)(take(b) << 8 | take(b));
   uint16_t *y = calloc((size_t)LL_E * LL_T * LL_H, 2);
   ep_ll_handle_t h[3] = {NULL, NULL, NULL};
@@ -265,7 +268,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int32_t pr[1], pe[8];
   uint8_t ir[64];
   switch (take(&b) % 5) {
-    case 3: call_ll(&b); break;
+    case 3:
+      call_ll(&b);
+      break;
     case 4: { /* a size the library accepts fills that many bytes of a full-size info */
       ep_buffer_info_t info;
       memset(&info, 0, sizeof info);
@@ -282,7 +287,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       ep_get_dispatch_layout(buffer, take(&b) % 32 ? &l : NULL);
       break;
     }
-    default: call_dispatch(&b, &s); break;
+    default:
+      call_dispatch(&b, &s);
+      break;
   }
   release(&s);
   return 0;

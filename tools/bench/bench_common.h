@@ -32,10 +32,10 @@ typedef struct {
   uint64_t seed;
   const char *json; /* NULL: table only; "-": JSON on stdout instead of the table; else a file */
   /* epcomm bench only */
-  int baseline;     /* BENCH_BASELINE_* */
-  double timeout_s; /* group deadline (must cover the baseline run) */
-  int hosts;        /* --hosts H: the ranks form H pretend hosts (EP_HOSTS); 0: not given */
-  int nhosts;       /* hosts of the group once it exists (0 or 1: one host) */
+  int baseline;       /* BENCH_BASELINE_* */
+  double timeout_s;   /* group deadline (must cover the baseline run) */
+  int hosts;          /* --hosts H: the ranks form H pretend hosts (EP_HOSTS); 0: not given */
+  int nhosts;         /* hosts of the group once it exists (0 or 1: one host) */
   const int *host_of; /* [R] host of every rank when nhosts > 1 (the combine's order) */
   /* MPI baseline only */
   const char *raw; /* results file for epcomm bench to merge */

@@ -26,8 +26,8 @@ static void print_config(const bench_opts_t *o, const bench_who_t *who, int R) {
   printf(
       "%s: %s mode, %s, %d ranks%s x %s; per rank %d tokens, hidden %d %s, topk %d, %d experts, "
       "%s routing; %d warm-up + %d timed iterations\n",
-      who->tool, ll(o) ? "low-latency" : "normal", who->what, R, hosts, workers, o->tokens, o->hidden,
-      o->dtype == BENCH_FP8 ? "fp8 (+ fp32 scales)" : "bf16", o->topk, o->experts,
+      who->tool, ll(o) ? "low-latency" : "normal", who->what, R, hosts, workers, o->tokens,
+      o->hidden, o->dtype == BENCH_FP8 ? "fp8 (+ fp32 scales)" : "bf16", o->topk, o->experts,
       bench_routing_name(o->routing), o->warmup, o->iters);
 }
 
@@ -274,9 +274,10 @@ static void print_hosts(const bench_opts_t *o, int R, bench_rank_t *const *rk) {
          m.flat_local_d / 1e6);
   printf("  %-34s %12.2f %12.2f\n", "flat all-to-all combine (routing)", m.flat_net_c / 1e6,
          m.flat_local_c / 1e6);
-  printf("  dispatch: %.0f bytes per (token, other host) pair (%.0f pairs per rank); a row is "
-         "%.0f bytes, the rest its index, expert ids and weights\n\n",
-         m.pairs > 0 ? m.net_d / m.pairs : 0, m.pairs, row);
+  printf(
+      "  dispatch: %.0f bytes per (token, other host) pair (%.0f pairs per rank); a row is "
+      "%.0f bytes, the rest its index, expert ids and weights\n\n",
+      m.pairs > 0 ? m.net_d / m.pairs : 0, m.pairs, row);
 }
 
 bench_traffic_t bench_traffic(const bench_opts_t *o, int R, bench_rank_t *const *rk) {

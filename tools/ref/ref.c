@@ -23,7 +23,9 @@ static float u2f(uint32_t u) {
 
 /* ------------------------------------------------------------------ helpers */
 
-static void *zalloc(size_t count, size_t size) { return calloc(count ? count : 1, size); }
+static void *zalloc(size_t count, size_t size) {
+  return calloc(count ? count : 1, size);
+}
 
 /* 1 if token `ids` (topk slots) selects an expert that lives on rank r (L experts per rank). */
 static int goes_to(const int64_t *ids, int topk, int L, int r) {
@@ -88,8 +90,7 @@ int ref_dispatch(int R, int E, int topk, size_t row_bytes, int num_scales, int a
     const ref_rank_input_t *a = &in[s];
     if (a->n < 0) return -1;
     if (a->n == 0) continue;
-    if ((row_bytes > 0 && !a->x) || (num_scales > 0 && !a->scales) ||
-        (has_w && !a->topk_weights))
+    if ((row_bytes > 0 && !a->x) || (num_scales > 0 && !a->scales) || (has_w && !a->topk_weights))
       return -1;
     if (ref_layout(a->topk_idx, a->n, topk, E, R, NULL, NULL, NULL) != 0) return -1;
   }
@@ -100,7 +101,8 @@ int ref_dispatch(int R, int E, int topk, size_t row_bytes, int num_scales, int a
   if (!send) return -1;
   for (int s = 0; s < R; s++)
     for (int t = 0; t < in[s].n; t++)
-      for (int j = 0; j < R; j++) send[s * R + j] += goes_to(in[s].topk_idx + (size_t)t * topk, topk, L, j);
+      for (int j = 0; j < R; j++)
+        send[s * R + j] += goes_to(in[s].topk_idx + (size_t)t * topk, topk, L, j);
 
   for (int r = 0; r < R; r++) {
     ref_recv_t *o = &out[r];
@@ -132,7 +134,9 @@ int ref_dispatch(int R, int E, int topk, size_t row_bytes, int num_scales, int a
         for (int k = 0; k < topk; k++) {
           int mine = ids[k] >= 0 && ids[k] / L == r;
           o->topk_idx[(size_t)j * topk + k] = mine ? ids[k] - (int64_t)r * L : -1;
-          if (has_w) o->topk_weights[(size_t)j * topk + k] = mine ? in[s].topk_weights[(size_t)t * topk + k] : 0.0f;
+          if (has_w)
+            o->topk_weights[(size_t)j * topk + k] =
+                mine ? in[s].topk_weights[(size_t)t * topk + k] : 0.0f;
           if (mine) o->tokens_per_expert[ids[k] - (int64_t)r * L]++;
         }
         o->src_idx[j] = t;
@@ -192,8 +196,10 @@ static float reduce_weight(int R, int nhosts, const int *host_of, const int32_t 
       int32_t j = row_on[(size_t)r * total];
       if (j < 0 || (nhosts > 1 && host_of[r] != g)) continue;
       float v = w[r][(size_t)j * topk + k];
-      if (nhosts <= 1) acc += v;
-      else p = rows++ ? p + v : v;
+      if (nhosts <= 1)
+        acc += v;
+      else
+        p = rows++ ? p + v : v;
     }
     if (nhosts > 1 && rows) acc += p;
   }
@@ -201,10 +207,9 @@ static float reduce_weight(int R, int nhosts, const int *host_of, const int32_t 
 }
 
 int ref_combine_hosts(int R, int nhosts, const int *host_of, int H, int topk,
-                      const ref_rank_input_t *in, const ref_recv_t *recv,
-                      const uint16_t *const *y, const float *const *w,
-                      const uint16_t *const *bias0, const uint16_t *const *bias1, uint16_t **out,
-                      float **out_w) {
+                      const ref_rank_input_t *in, const ref_recv_t *recv, const uint16_t *const *y,
+                      const float *const *w, const uint16_t *const *bias0,
+                      const uint16_t *const *bias1, uint16_t **out, float **out_w) {
   if (R <= 0 || H <= 0 || topk < 0 || !in || !recv || !y || !out || (w && !out_w)) return -1;
   if (nhosts > 1 && !host_of) return -1;
   for (int r = 0; nhosts > 1 && r < R; r++)
@@ -243,7 +248,8 @@ int ref_combine_hosts(int R, int nhosts, const int *host_of, int H, int topk,
         out[s][(size_t)t * H + h] = ref_f32_to_bf16(acc);
       }
       for (int k = 0; w && k < topk; k++)
-        out_w[s][(size_t)t * topk + k] = reduce_weight(R, nhosts, host_of, row_on, total, w, topk, k);
+        out_w[s][(size_t)t * topk + k] =
+            reduce_weight(R, nhosts, host_of, row_on, total, w, topk, k);
     }
   free(where);
   free(off);
@@ -272,7 +278,8 @@ int ref_layout_hosts(const int64_t *topk_idx, int n, int topk, int E, int R, int
   for (int t = 0; t < n; t++)
     for (int g = 0; g < nhosts; g++) {
       int in = 0;
-      for (int r = 0; r < R; r++) in |= in_rank[(size_t)t * R + r] && (nhosts == 1 || host_of[r] == g);
+      for (int r = 0; r < R; r++)
+        in |= in_rank[(size_t)t * R + r] && (nhosts == 1 || host_of[r] == g);
       if (tokens_per_host) tokens_per_host[g] += in;
       if (is_token_in_host) is_token_in_host[(size_t)t * nhosts + g] = (uint8_t)in;
     }
@@ -285,7 +292,9 @@ int ref_layout_hosts(const int64_t *topk_idx, int n, int topk, int E, int R, int
 static const float REF_INV448 = 1.0f / 448.0f; /* the float constant 1/448 */
 
 /* 2^e built from the exponent bits, as DeepEP's fast_pow2 does (exact for -126 <= e <= 127). */
-static float pow2_bits(int e) { return u2f((uint32_t)(e + 127) << 23); }
+static float pow2_bits(int e) {
+  return u2f((uint32_t)(e + 127) << 23);
+}
 
 void ref_ll_cast_row(const uint16_t *x, int H, int round_scale, int use_ue8m0, uint8_t *q,
                      float *scales, uint8_t *ue8m0) {
@@ -309,7 +318,8 @@ void ref_ll_cast_row(const uint16_t *x, int H, int round_scale, int use_ue8m0, u
       scale = 448.0f / amax;
       scale_inv = amax * REF_INV448;
     }
-    for (int i = 0; i < 128; i++) q[(size_t)b * 128 + i] = ref_f32_to_e4m3(ref_bf16_to_f32(xb[i]) * scale);
+    for (int i = 0; i < 128; i++)
+      q[(size_t)b * 128 + i] = ref_f32_to_e4m3(ref_bf16_to_f32(xb[i]) * scale);
     if (scales) scales[b] = scale_inv;
     if (ue8m0 && use_ue8m0) ue8m0[b] = (uint8_t)(e + 127);
   }
@@ -422,8 +432,7 @@ int ref_ll_dispatch(int R, int T, int E, int H, int topk, const ref_rank_input_t
 
 int ref_ll_combine(int R, int T, int E, int H, int topk, const ref_rank_input_t *in,
                    const uint16_t *const *y, int fused, uint16_t **out) {
-  if (R <= 0 || T < 0 || E <= 0 || E % R != 0 || H <= 0 || topk < 0 || !in || !y || !out)
-    return -1;
+  if (R <= 0 || T < 0 || E <= 0 || E % R != 0 || H <= 0 || topk < 0 || !in || !y || !out) return -1;
   for (int s = 0; s < R; s++)
     if (in[s].n > 0 && (!out[s] || (topk > 0 && !in[s].topk_weights))) return -1;
   for (int r = 0; r < R; r++)

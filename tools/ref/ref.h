@@ -27,10 +27,18 @@
  *   bf16: round to nearest even; overflow gives inf; NaN gives 0x7fff (CUDA's canonical NaN).
  *   e4m3fn: nearest even with subnormals; |value| rounding above 448 (inf too) saturates to
  *           +-448; NaN -> 0x7f; decoding 0x7f / 0xff gives NaN. */
-static inline uint16_t ref_f32_to_bf16(float f) { return tk_f32_to_bf16(f); }
-static inline float ref_bf16_to_f32(uint16_t b) { return tk_bf16_to_f32(b); }
-static inline uint8_t ref_f32_to_e4m3(float f) { return tk_f32_to_e4m3(f); }
-static inline float ref_e4m3_to_f32(uint8_t v) { return tk_e4m3_to_f32(v); }
+static inline uint16_t ref_f32_to_bf16(float f) {
+  return tk_f32_to_bf16(f);
+}
+static inline float ref_bf16_to_f32(uint16_t b) {
+  return tk_bf16_to_f32(b);
+}
+static inline uint8_t ref_f32_to_e4m3(float f) {
+  return tk_f32_to_e4m3(f);
+}
+static inline float ref_e4m3_to_f32(uint8_t v) {
+  return tk_e4m3_to_f32(v);
+}
 
 /* ------------------------------------------------------------ SEMANTICS.md §2 layout */
 
@@ -46,11 +54,11 @@ int ref_layout(const int64_t *topk_idx, int n, int topk, int E, int R, int32_t *
 
 /* Inputs of one source rank s. */
 typedef struct {
-  int n;                      /* tokens of this rank (may be 0) */
-  const void *x;              /* [n][row_bytes] raw bytes (bf16 or fp8); ll modes: bf16 [n][H] */
-  const float *scales;        /* [n][num_scales] or NULL */
-  const int64_t *topk_idx;    /* [n][topk] */
-  const float *topk_weights;  /* [n][topk] or NULL (required by ref_ll_combine) */
+  int n;                     /* tokens of this rank (may be 0) */
+  const void *x;             /* [n][row_bytes] raw bytes (bf16 or fp8); ll modes: bf16 [n][H] */
+  const float *scales;       /* [n][num_scales] or NULL */
+  const int64_t *topk_idx;   /* [n][topk] */
+  const float *topk_weights; /* [n][topk] or NULL (required by ref_ll_combine) */
 } ref_rank_input_t;
 
 /* Outputs for one destination rank r (malloc'd by ref_dispatch, freed by ref_free_recv). Rows are
@@ -91,10 +99,9 @@ int ref_combine(int R, int H, int topk, const ref_rank_input_t *in, const ref_re
  * rounding; combined weights alike from +0. With nhosts <= 1 (host_of may be NULL) it is
  * ref_combine, bit for bit (§4.2). */
 int ref_combine_hosts(int R, int nhosts, const int *host_of, int H, int topk,
-                      const ref_rank_input_t *in, const ref_recv_t *recv,
-                      const uint16_t *const *y, const float *const *w,
-                      const uint16_t *const *bias0, const uint16_t *const *bias1, uint16_t **out,
-                      float **out_w);
+                      const ref_rank_input_t *in, const ref_recv_t *recv, const uint16_t *const *y,
+                      const float *const *w, const uint16_t *const *bias0,
+                      const uint16_t *const *bias1, uint16_t **out, float **out_w);
 /* Host outputs of the layout (§2.3): tokens_per_host[nhosts] (a token counts once per host it
  * goes to), is_token_in_host[n][nhosts]; each may be NULL. -1 on bad arguments. */
 int ref_layout_hosts(const int64_t *topk_idx, int n, int topk, int E, int R, int nhosts,
@@ -118,15 +125,15 @@ void ref_ll_cast_row(const uint16_t *x, int H, int round_scale, int use_ue8m0, u
  * selecting the expert). Rows past count[l] are zero (src_info -1): SEMANTICS.md §6.3 leaves them
  * unspecified. */
 typedef struct {
-  int L, RT, H;               /* local experts, rows per expert (R*T), hidden */
-  int fp8, ue8m0;             /* format of the rows */
-  uint16_t *x;                /* bf16 [L][RT][H]            (fp8 == 0, else NULL) */
-  uint8_t *q;                 /* e4m3 [L][RT][H]            (fp8 != 0, else NULL) */
-  float *scales;              /* [L][RT][H/128] scale_inv   (fp8 && !ue8m0, else NULL) */
-  uint8_t *ue8m0_exp;         /* [L][RT][H/128] e + 127     (ue8m0, else NULL) */
-  int32_t *count;             /* [L] rows received per local expert */
-  int32_t *src_info;          /* [L][RT] token index in its source rank */
-  int64_t *layout_range;      /* [L][R] (begin << 32) | count of the rows from each source */
+  int L, RT, H;          /* local experts, rows per expert (R*T), hidden */
+  int fp8, ue8m0;        /* format of the rows */
+  uint16_t *x;           /* bf16 [L][RT][H]            (fp8 == 0, else NULL) */
+  uint8_t *q;            /* e4m3 [L][RT][H]            (fp8 != 0, else NULL) */
+  float *scales;         /* [L][RT][H/128] scale_inv   (fp8 && !ue8m0, else NULL) */
+  uint8_t *ue8m0_exp;    /* [L][RT][H/128] e + 127     (ue8m0, else NULL) */
+  int32_t *count;        /* [L] rows received per local expert */
+  int32_t *src_info;     /* [L][RT] token index in its source rank */
+  int64_t *layout_range; /* [L][R] (begin << 32) | count of the rows from each source */
 } ref_ll_recv_t;
 
 /* Low-latency dispatch of all ranks: in[s].x bf16 [n][H], in[s].topk_idx [n][topk], n <= T.

@@ -31,8 +31,10 @@ __device__ int lower_bound(const int32_t *v, int n, int key) {
   int a = 0, z = n;
   while (a < z) {
     int m = (a + z) / 2;
-    if (v[m] < key) a = m + 1;
-    else z = m;
+    if (v[m] < key)
+      a = m + 1;
+    else
+      z = m;
   }
   return a;
 }
@@ -106,9 +108,10 @@ __device__ void stage(const epk_buf_t &b, const epk_combine_t &a, const cstate &
     const int64_t row = c.pre[s] + c.lo[s] + (i - c.so[s]);
     if (row >= a.x_rows) continue;
     if (!a.direct)
-      epk_warp_copy<false, EPK_SU>(reinterpret_cast<int4 *>(pool + sx + (uint64_t)i * xrow),
-                               reinterpret_cast<const int4 *>(static_cast<const uint8_t *>(a.x) + row * xrow),
-                               (int)(xrow / 16));
+      epk_warp_copy<false, EPK_SU>(
+          reinterpret_cast<int4 *>(pool + sx + (uint64_t)i * xrow),
+          reinterpret_cast<const int4 *>(static_cast<const uint8_t *>(a.x) + row * xrow),
+          (int)(xrow / 16));
     float *wd = reinterpret_cast<float *>(pool + sw) + (int64_t)i * a.topk;
     for (int j = lane; a.has_w && j < a.topk; j += 32) wd[j] = a.w[row * a.topk + j];
   }
@@ -122,8 +125,8 @@ __device__ void stage(const epk_buf_t &b, const epk_combine_t &a, const cstate &
 }
 
 /* Points the warp's table at token t's rows of holders g .. g+31; returns their mask. */
-__device__ unsigned load_group(const epk_buf_t &b, const epk_combine_t &a, const cstate &c,
-                               int t, int g, const uint8_t **sx, const float **sw) {
+__device__ unsigned load_group(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int t,
+                               int g, const uint8_t **sx, const float **sw) {
   const int lane = threadIdx.x & 31, r = g + lane, R = b.nranks;
   const int32_t *pos = epk_plan_pos(const_cast<int32_t *>(a.plan), R);
   __syncwarp();
@@ -191,8 +194,12 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
                              const uint8_t **sx, const float **sw) {
   const int lane = threadIdx.x & 31, R = b.nranks, nv = a.hidden / 8;
   const int64_t H = a.hidden;
-  const int4 *b0 = a.bias0 ? reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.bias0) + t * H) : nullptr;
-  const int4 *b1 = a.bias1 ? reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.bias1) + t * H) : nullptr;
+  const int4 *b0 =
+      a.bias0 ? reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.bias0) + t * H)
+              : nullptr;
+  const int4 *b1 =
+      a.bias1 ? reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.bias1) + t * H)
+              : nullptr;
   int4 *out = reinterpret_cast<int4 *>(static_cast<uint16_t *>(a.out) + t * H);
   unsigned mask = 0;
   for (int i0 = 0; i0 < nv; i0 += 32 * RU) {
@@ -238,8 +245,7 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
   }
 }
 
-__device__ void reduce(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int k,
-                       int tc) {
+__device__ void reduce(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int k, int tc) {
   __shared__ const uint8_t *s_x[CWARPS][32];
   __shared__ const float *s_w[CWARPS][32];
   const int warp = threadIdx.x >> 5;
@@ -252,7 +258,8 @@ __device__ void reduce(const epk_buf_t &b, const epk_combine_t &a, const cstate 
   const int64_t t0 = (int64_t)k * tc, t1 = min((int64_t)a.num_tokens, t0 + tc), n = t1 - t0;
   if (n <= 0) return;
   const int64_t lo = t0 + n * blockIdx.x / gridDim.x, hi = t0 + n * (blockIdx.x + 1) / gridDim.x;
-  for (int64_t t = lo + warp; t < hi; t += CWARPS) reduce_token(b, a, c, (int)t, s_x[warp], s_w[warp]);
+  for (int64_t t = lo + warp; t < hi; t += CWARPS)
+    reduce_token(b, a, c, (int)t, s_x[warp], s_w[warp]);
 }
 
 __device__ void finish(const epk_buf_t &b) {

@@ -44,8 +44,8 @@ static __device__ __forceinline__ bool epk_stopped(const epk_buf_t &b) {
 
 /* Records the first failure of the buffer (device word, mirrored to the host) and, when `stop`,
  * makes every block of this rank's current call give up. */
-static __device__ __noinline__ void epk_fail(const epk_buf_t &b, uint32_t code, uint32_t phase, int peer,
-                                      uint32_t detail, bool stop) {
+static __device__ __noinline__ void epk_fail(const epk_buf_t &b, uint32_t code, uint32_t phase,
+                                             int peer, uint32_t detail, bool stop) {
   unsigned long long v = epk_err_pack(code, phase, peer, detail);
   if (atomicCAS(&b.priv->err, 0ull, v) == 0ull) {
     *reinterpret_cast<volatile unsigned long long *>(&b.host->err) = v;
@@ -70,7 +70,8 @@ struct epk_waiter {
       return true;
     }
     uint64_t now = epk_now();
-    if (!t0) t0 = now;
+    if (!t0)
+      t0 = now;
     else if (now - t0 > b.timeout_ns) {
       epk_fail(b, EP_ERR_TIMEOUT, phase, peer, 0, true);
       return true;
@@ -121,7 +122,8 @@ static __device__ __forceinline__ int epk_block_scan(int v, int *total) {
 }
 
 /* First slot of topk_idx[n][topk] holding an id < -1 or >= E, or INT64_MAX. Block-wide. */
-static __device__ __forceinline__ long long epk_first_bad(const int64_t *idx, int n, int topk, int E) {
+static __device__ __forceinline__ long long epk_first_bad(const int64_t *idx, int n, int topk,
+                                                          int E) {
   __shared__ unsigned long long bad;
   if (threadIdx.x == 0) bad = ~0ull;
   __syncthreads();

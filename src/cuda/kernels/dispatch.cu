@@ -28,7 +28,9 @@ struct dstate {
   int *open;     /* [R] is wcur[d] free to write now */
 };
 
-__device__ __forceinline__ int4 ld_nc_v4(const int4 *p) { return __ldg(p); }
+__device__ __forceinline__ int4 ld_nc_v4(const int4 *p) {
+  return __ldg(p);
+}
 
 /* Row and metadata of token t to every destination in `mask` (lane l: destination g + l, whose
  * area D is dst[l] and whose window-local row is jw[l]). */
@@ -129,8 +131,7 @@ __device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mod
     const float *sc = reinterpret_cast<const float *>(ad + a.lay.off_s) + r * a.num_scales;
     for (int i = lane; a.recv_scales && i < a.num_scales; i += 32)
       a.recv_scales[gi * a.num_scales + i] = __ldcg(sc + i);
-    const long long *ids =
-        reinterpret_cast<const long long *>(ad + a.lay.off_i) + r * a.topk;
+    const long long *ids = reinterpret_cast<const long long *>(ad + a.lay.off_i) + r * a.topk;
     const float *ws = reinterpret_cast<const float *>(ad + a.lay.off_w) + r * a.topk;
     for (int k = lane; !a.cached && k < a.topk; k += 32) {
       if (a.recv_idx) a.recv_idx[gi * a.topk + k] = __ldcg(ids + k);
@@ -183,8 +184,7 @@ __device__ void finish(const epk_buf_t &b) {
   __threadfence_system();
 }
 
-__device__ void setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st,
-                      int64_t *nr) {
+__device__ void setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int64_t *nr) {
   const int R = b.nranks;
   const int32_t *cnt = epk_plan_cnt(const_cast<int32_t *>(a.plan));
   for (int d = threadIdx.x; d < R; d += DT) {

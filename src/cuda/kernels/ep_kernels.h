@@ -20,10 +20,9 @@
 #ifndef EP_CUDA_KERNELS_H
 #define EP_CUDA_KERNELS_H
 
+#include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include <cuda_runtime_api.h>
 
 #include "core/call_key.h"
 
@@ -37,25 +36,30 @@
 extern "C" {
 #endif
 
-enum { EPK_NOTIFY_DISPATCH = 1, EPK_NOTIFY_CACHED = 2, EPK_NOTIFY_COMBINE = 3, EPK_NOTIFY_REJECT = 4 };
+enum {
+  EPK_NOTIFY_DISPATCH = 1,
+  EPK_NOTIFY_CACHED = 2,
+  EPK_NOTIFY_COMBINE = 3,
+  EPK_NOTIFY_REJECT = 4
+};
 enum { EPK_HELLO_OK = 0, EPK_HELLO_REJECTED = 1 };
 enum { EPK_MODE_COPY = 0, EPK_MODE_VIEW = 1, EPK_MODE_DRAIN = 2 };
 /* Phases named in the error word (cuda_sync.c turns them into words). */
 enum {
   EPK_PH_NONE = 0,
-  EPK_PH_NOTIFY = 1,        /* waiting for a peer's hello */
-  EPK_PH_ARRIVE = 2,        /* dispatch: waiting for a peer's rows */
-  EPK_PH_WINDOW = 3,        /* dispatch: waiting for a peer to free its receive window */
-  EPK_PH_STAGED = 4,        /* combine: waiting for a peer's rows to be readable */
-  EPK_PH_CDONE = 5,         /* combine: waiting for a peer to finish reading our rows */
-  EPK_PH_CHECK = 6,         /* argument checks inside a kernel */
-  EPK_PH_LL_ENTER = 7,      /* low latency: waiting for a peer's entry into the previous dispatch */
-  EPK_PH_LL_GATE = 8,       /* low latency: waiting for a peer's entry into this dispatch */
-  EPK_PH_LL_DATA = 9,       /* low latency: waiting for a peer's rows of this dispatch */
-  EPK_PH_LL_COMB = 10,      /* low latency: waiting for a peer's rows of this combine */
-  EPK_PH_LL_ZDONE = 11,     /* low latency: waiting for a peer to finish reading our zero-copy
-                               combine input */
-  EPK_PH_LL_CHECK = 12,     /* low latency: the combine's topk_idx against the dispatch's */
+  EPK_PH_NOTIFY = 1,    /* waiting for a peer's hello */
+  EPK_PH_ARRIVE = 2,    /* dispatch: waiting for a peer's rows */
+  EPK_PH_WINDOW = 3,    /* dispatch: waiting for a peer to free its receive window */
+  EPK_PH_STAGED = 4,    /* combine: waiting for a peer's rows to be readable */
+  EPK_PH_CDONE = 5,     /* combine: waiting for a peer to finish reading our rows */
+  EPK_PH_CHECK = 6,     /* argument checks inside a kernel */
+  EPK_PH_LL_ENTER = 7,  /* low latency: waiting for a peer's entry into the previous dispatch */
+  EPK_PH_LL_GATE = 8,   /* low latency: waiting for a peer's entry into this dispatch */
+  EPK_PH_LL_DATA = 9,   /* low latency: waiting for a peer's rows of this dispatch */
+  EPK_PH_LL_COMB = 10,  /* low latency: waiting for a peer's rows of this combine */
+  EPK_PH_LL_ZDONE = 11, /* low latency: waiting for a peer to finish reading our zero-copy
+                           combine input */
+  EPK_PH_LL_CHECK = 12, /* low latency: the combine's topk_idx against the dispatch's */
 };
 
 /* Error word: status code (8 bits) | phase (8) | peer + 1 (16, 0 = none) | detail (32). */
@@ -66,7 +70,7 @@ EPK_HD uint64_t epk_err_pack(uint32_t code, uint32_t phase, int peer, uint32_t d
 
 /* What a source rank tells every destination at the start of a call. */
 typedef struct {
-  uint32_t seq; /* the call's sequence number; stored last, with release semantics */
+  uint32_t seq;      /* the call's sequence number; stored last, with release semantics */
   ep_call_key_t key; /* what the call is; compared field by field (detail of a mismatch) */
   int32_t num_tokens, direct, recv_rows;
   int32_t wgap256; /* combine: bytes of area C before its staged weights / 256 (x in area C) */
@@ -77,11 +81,11 @@ typedef struct {
 
 /* Private per-buffer device state (not exported). */
 typedef struct {
-  uint32_t seq;          /* calls made on this buffer (device side, so graph replays count) */
-  uint32_t call_status;  /* 0, or why the current call stopped (every block checks it) */
+  uint32_t seq;           /* calls made on this buffer (device side, so graph replays count) */
+  uint32_t call_status;   /* 0, or why the current call stopped (every block checks it) */
   unsigned long long err; /* first failure, packed; mirrored to the host word */
   uint32_t wdone, finished, cnt_a, cnt_b; /* block counters of the current call */
-  int32_t comb_k, comb_tc; /* combine rounds and tokens per round (from notify) */
+  int32_t comb_k, comb_tc;                /* combine rounds and tokens per round (from notify) */
   int32_t pad[6];
 } epk_priv_t;
 
@@ -89,14 +93,14 @@ typedef struct {
  * written in full, then `ticket` (the host's number for that wait) with a system fence. */
 typedef struct {
   uint32_t ticket;
-  int32_t status;         /* EP_OK, or why the call fails on this rank */
-  int32_t peer;           /* the rank named, -1: none */
-  int32_t nrecv;          /* dispatch: rows this rank receives */
-  int32_t item, dup_k;    /* a bad topk_idx entry (t * topk + k) and, for a duplicate, the k of
-                             its first occurrence */
-  int32_t mine, theirs;   /* a mismatch: rank 0's value and the peer's (field: 0 topk, 1 format) */
+  int32_t status;       /* EP_OK, or why the call fails on this rank */
+  int32_t peer;         /* the rank named, -1: none */
+  int32_t nrecv;        /* dispatch: rows this rank receives */
+  int32_t item, dup_k;  /* a bad topk_idx entry (t * topk + k) and, for a duplicate, the k of
+                           its first occurrence */
+  int32_t mine, theirs; /* a mismatch: rank 0's value and the peer's (field: 0 topk, 1 format) */
   int32_t field, pad;
-  int64_t value, want;    /* the bad expert id; combine: the dispatch's id at that entry */
+  int64_t value, want; /* the bad expert id; combine: the dispatch's id at that entry */
 } epk_ll_report_t;
 
 /* Page-locked host memory mapped into the device: what the host waits on. */
@@ -119,8 +123,14 @@ typedef struct {
  * the next call's notify (or by the host at destroy). */
 enum { EPK_TR_FULL, EPK_TR_CACHED, EPK_TR_COMBINE, EPK_TR_KINDS };
 enum {
-  EPK_TR_N_START, EPK_TR_N_PLAN, EPK_TR_N_POST, EPK_TR_N_GATHER, EPK_TR_N_END, EPK_TR_D_START,
-  EPK_TR_D_END, EPK_TR_POINTS
+  EPK_TR_N_START,
+  EPK_TR_N_PLAN,
+  EPK_TR_N_POST,
+  EPK_TR_N_GATHER,
+  EPK_TR_N_END,
+  EPK_TR_D_START,
+  EPK_TR_D_END,
+  EPK_TR_POINTS
 };
 typedef struct {
   unsigned long long at[EPK_TR_POINTS]; /* the current call's points (0: not reached) */
@@ -150,25 +160,31 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
 /* What every kernel knows about its buffer; constant from create to destroy. */
 typedef struct {
   int rank, nranks, blocks, pad0;
-  uint8_t *const *peers;   /* device array [R]: each rank's pool as mapped here */
+  uint8_t *const *peers;      /* device array [R]: each rank's pool as mapped here */
   const int32_t *peer_blocks; /* device array [R]: blocks of each rank's main kernels */
   epk_priv_t *priv;
-  epk_host_t *host;        /* device address of the mapped host block */
-  int32_t *ecount;         /* scratch: selections per expert, [EP_MAX_LOCAL_EXPERTS * R] */
+  epk_host_t *host; /* device address of the mapped host block */
+  int32_t *ecount;  /* scratch: selections per expert, [EP_MAX_LOCAL_EXPERTS * R] */
   uint64_t timeout_ns;
   uint64_t slot_bytes, off_hello, off_arrive, off_consumed, off_staged, off_cdone, off_ctab;
   uint64_t off_area_d, off_area_c, area_bytes, pool_bytes;
-  epk_trace_t *trace;      /* EP_CUDA_TRACE, else NULL */
+  epk_trace_t *trace; /* EP_CUDA_TRACE, else NULL */
 } epk_buf_t;
 
-EPK_HD uint64_t epk_al(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+EPK_HD uint64_t epk_al(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
 
 /* Plan of one dispatch (in the handle's device memory, int32): header, counts of every source
  * to every destination, tokens of every rank, and for each of this rank's tokens its row among
  * the rows it sends to each destination (-1: not sent). */
 enum { EPK_PLAN_NR = 0, EPK_PLAN_HDR = 4 };
-EPK_HD int32_t *epk_plan_cnt(int32_t *p) { return p + EPK_PLAN_HDR; }
-EPK_HD int32_t *epk_plan_ntok(int32_t *p, int R) { return p + EPK_PLAN_HDR + R * R; }
+EPK_HD int32_t *epk_plan_cnt(int32_t *p) {
+  return p + EPK_PLAN_HDR;
+}
+EPK_HD int32_t *epk_plan_ntok(int32_t *p, int R) {
+  return p + EPK_PLAN_HDR + R * R;
+}
 EPK_HD int32_t *epk_plan_pos(int32_t *p, int R) {
   return p + epk_al((uint64_t)(EPK_PLAN_HDR + R * R + R), 4);
 }
@@ -178,7 +194,7 @@ EPK_HD size_t epk_plan_bytes(int R, int N) {
 
 /* Arrays of area D for one call; identical on every rank (same call, same pool size). */
 typedef struct {
-  int64_t rows; /* W: rows one window holds */
+  int64_t rows;                                 /* W: rows one window holds */
   uint64_t off_x, off_s, off_i, off_w, off_src; /* byte offsets inside area D */
 } epk_recv_layout_t;
 
@@ -209,28 +225,28 @@ typedef struct {
   int num_tokens, topk, num_experts, nhosts;
   int32_t *per_rank, *per_expert;
   uint8_t *in_rank;
-  const int32_t *host_of;     /* [R] device, or NULL: every rank on host 0 */
-  int32_t *per_host;          /* [nhosts] or NULL */
-  uint8_t *in_host;           /* [num_tokens][nhosts] or NULL */
+  const int32_t *host_of; /* [R] device, or NULL: every rank on host 0 */
+  int32_t *per_host;      /* [nhosts] or NULL */
+  uint8_t *in_host;       /* [num_tokens][nhosts] or NULL */
 } epk_layout_t;
 
 typedef struct {
   ep_call_key_t key; /* the core's description of the call, posted as it is */
-  int kind; /* EPK_NOTIFY_*: what the kernel does */
+  int kind;          /* EPK_NOTIFY_*: what the kernel does */
   int hidden, dtype, topk, num_experts, num_scales, has_w, num_tokens, direct, recv_rows;
-  int align, wgap256;       /* COMBINE: x lies in area C, its weights staged after it */
+  int align, wgap256;      /* COMBINE: x lies in area C, its weights staged after it */
   const int64_t *topk_idx; /* DISPATCH */
   int32_t *plan;           /* DISPATCH writes it; CACHED and COMBINE read it */
   int32_t *rank_prefix, *recv_per_expert; /* optional outputs */
-  uint32_t ticket;         /* != 0: publish the receive count to the host */
+  uint32_t ticket;                        /* != 0: publish the receive count to the host */
   uint32_t pad2;
-  uint64_t xrow, wrow;     /* COMBINE: staging bytes per row of this call */
+  uint64_t xrow, wrow; /* COMBINE: staging bytes per row of this call */
 } epk_notify_t;
 
 typedef struct {
   int cached, num_tokens, num_scales, topk, has_w, local_experts, mode;
-  int tail;     /* worst-case path: rows [Nr, cap) get ids -1, weights 0, source -1 */
-  int quiet;    /* the host reports Nr > cap itself (synchronous path): just drain */
+  int tail;  /* worst-case path: rows [Nr, cap) get ids -1, weights 0, source -1 */
+  int quiet; /* the host reports Nr > cap itself (synchronous path): just drain */
   int pad;
   int64_t cap;  /* rows the outputs hold; more arriving: drained, outputs untouched */
   uint64_t row; /* bytes of one x row */

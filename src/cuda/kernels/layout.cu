@@ -7,7 +7,8 @@
 namespace {
 
 /* Token t's hosts (SEMANTICS.md §2.3): it goes to a host when it goes to a rank of it. */
-__device__ void host_layout(const epk_layout_t &a, const int64_t *row, int t, int L, int *per_host) {
+__device__ void host_layout(const epk_layout_t &a, const int64_t *row, int t, int L,
+                            int *per_host) {
   if (!a.per_host && !a.in_host) return;
   uint8_t *in = a.in_host ? a.in_host + (size_t)t * a.nhosts : nullptr;
   for (int g = 0; in && g < a.nhosts; g++) in[g] = 0;

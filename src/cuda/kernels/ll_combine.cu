@@ -73,15 +73,17 @@ __device__ void push(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_combin
     int lo = 0, hi = L; /* the last l with prefix[l] <= f */
     while (hi - lo > 1) {
       const int m = (lo + hi) / 2;
-      if (prefix[m] <= f) lo = m;
-      else hi = m;
+      if (prefix[m] <= f)
+        lo = m;
+      else
+        hi = m;
     }
     const int64_t r = (int64_t)lo * RT + (f - prefix[lo]);
     const int32_t rt = __ldcg(route + r), t = __ldcg(src + r), s = rt >> 8, k = rt & 255;
     uint8_t *area = data(b, ll, s, peer[s]) + ll.lay.d_area;
-    epk_warp_copy<false>(reinterpret_cast<int4 *>(area + ((int64_t)t * a.topk + k) * 2 * H),
-                         reinterpret_cast<const int4 *>(static_cast<const uint8_t *>(a.y) + r * 2 * H),
-                         H / 8);
+    epk_warp_copy<false>(
+        reinterpret_cast<int4 *>(area + ((int64_t)t * a.topk + k) * 2 * H),
+        reinterpret_cast<const int4 *>(static_cast<const uint8_t *>(a.y) + r * 2 * H), H / 8);
   }
 }
 
@@ -139,7 +141,8 @@ __device__ void reduce8_rec(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll
   for (int k0 = 0; k0 < a.topk; k0 += G) {
     int4 v[G], m[G];
 #pragma unroll
-    for (int j = 0; j < G; j++) m[j] = k0 + j < a.topk ? __ldcg(recs + k0 + j) : make_int4(-1, 0, 0, 0);
+    for (int j = 0; j < G; j++)
+      m[j] = k0 + j < a.topk ? __ldcg(recs + k0 + j) : make_int4(-1, 0, 0, 0);
 #pragma unroll
     for (int j = 0; j < G; j++) {
       const int r = m[j].x;
@@ -214,8 +217,10 @@ __device__ void combine_receive(const epk_buf_t &b, const epk_ll_t &ll, const ep
     for (long long it = (long long)blockIdx.x * CW + (threadIdx.x >> 5); it < items; it += step) {
       const int t = (int)(it / chunks), h0 = (int)(it % chunks) * 256 + lane * 8;
       if (h0 >= ll.lay.H) continue;
-      if (ll.opt & EPK_LL_OPT_CMETA) reduce8_rec(b, ll, a, peer, zc, t, h0);
-      else reduce8(b, ll, a, peer, zc, t, h0);
+      if (ll.opt & EPK_LL_OPT_CMETA)
+        reduce8_rec(b, ll, a, peer, zc, t, h0);
+      else
+        reduce8(b, ll, a, peer, zc, t, h0);
     }
   }
   __syncthreads();
@@ -238,7 +243,8 @@ __device__ void combine_receive(const epk_buf_t &b, const epk_ll_t &ll, const ep
   if (threadIdx.x == 0) tr_commit(ll, kind, tp + 3);
 }
 
-__global__ void __launch_bounds__(CT, 1) ll_combine_recv_kernel(epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
+__global__ void __launch_bounds__(CT, 1)
+    ll_combine_recv_kernel(epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
   extern __shared__ int32_t smem[]; /* peer[R], then zc[R] bytes */
   int32_t *peer = smem;
   uint8_t *zc = reinterpret_cast<uint8_t *>(smem + b.nranks);
@@ -253,7 +259,8 @@ __global__ void __launch_bounds__(CT, 1) ll_combine_recv_kernel(epk_buf_t b, epk
 
 /* The send of a combine; with a.recv_too (one phase, EPK_LL_OPT_FUSE) every block then goes on
  * to the receive, in the same kernel (one launch, no second grid start). */
-__global__ void __launch_bounds__(CT, 1) ll_combine_kernel(epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
+__global__ void __launch_bounds__(CT, 1)
+    ll_combine_kernel(epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
   extern __shared__ int32_t smem[]; /* peer[R], prefix[L + 1], zc[R] bytes */
   int32_t *peer = smem, *prefix = smem + b.nranks;
   uint8_t *zc = reinterpret_cast<uint8_t *>(prefix + ll.lay.L + 1);
@@ -283,7 +290,8 @@ __global__ void __launch_bounds__(CT, 1) ll_combine_kernel(epk_buf_t b, epk_ll_t
         epk_st_rel(flag(ctrl(b, ll, s, peer[s]), ll.lay.c_comb, b.rank), v);
     } else if (threadIdx.x == 0) {
       if (ok)
-        for (int s = 0; s < b.nranks; s++) epk_st_rel(flag(ctrl(b, ll, s, peer[s]), ll.lay.c_comb, b.rank), v);
+        for (int s = 0; s < b.nranks; s++)
+          epk_st_rel(flag(ctrl(b, ll, s, peer[s]), ll.lay.c_comb, b.rank), v);
       else
         epk_st_rel(creject(b, ll, b.rank), c);
     }
@@ -291,16 +299,17 @@ __global__ void __launch_bounds__(CT, 1) ll_combine_kernel(epk_buf_t b, epk_ll_t
     if (threadIdx.x == 0) {
       slot_state(ll, a.slot)->zc = ok && a.zero_copy ? c : 0;
       p->c = c;
-      if (a.recv_too) tr_set(ll, 3);
-      else tr_commit(ll, a.zero_copy ? EPK_LL_TR_CZC : EPK_LL_TR_CPUSH, 3);
+      if (a.recv_too)
+        tr_set(ll, 3);
+      else
+        tr_commit(ll, a.zero_copy ? EPK_LL_TR_CZC : EPK_LL_TR_CPUSH, 3);
     }
   }
   /* One phase: the receive waits for every rank's flag of combine c, this rank's own included
    * (raised, or its rejection stored, by the last block above, after every block's fence): what
    * block 0's check wrote (records, weights) is visible once that flag is acquired, and the
    * receive reads it through L2. */
-  if (a.recv_too)
-    combine_receive(b, ll, a, peer, zc, c, a.rticket, c, EPK_LL_TR_C1, 3);
+  if (a.recv_too) combine_receive(b, ll, a, peer, zc, c, a.rticket, c, EPK_LL_TR_C1, 3);
 }
 
 /* A handle whose combine was not received: its readers' marks go up all the same. */

@@ -55,7 +55,9 @@ __device__ __forceinline__ uint32_t *flag(uint8_t *ctrl_part, uint64_t off, int 
 /* ------------------------------------------------------------------ ordering */
 
 /* a >= b for sequence numbers that may wrap. */
-__device__ __forceinline__ bool seq_ge(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
+__device__ __forceinline__ bool seq_ge(uint32_t a, uint32_t b) {
+  return (int32_t)(a - b) >= 0;
+}
 
 __device__ __forceinline__ uint32_t ld_acq_gpu(const uint32_t *p) {
   uint32_t v;
@@ -78,7 +80,8 @@ struct waiter {
     if (++n & 15u) return false;
     if ((n & 1023u) == 0 && *reinterpret_cast<volatile uint32_t *>(&b.host->abort)) return true;
     const uint64_t now = epk_now();
-    if (!t0) t0 = now;
+    if (!t0)
+      t0 = now;
     else if (now - t0 > patience * b.timeout_ns) {
       epk_fail(b, EP_ERR_TIMEOUT, phase, peer, 0, false);
       return true;
@@ -167,7 +170,9 @@ __device__ __forceinline__ void tr_commit(const epk_ll_t &ll, int kind, int last
 
 /* ------------------------------------------------------------------ numerics */
 
-__device__ __forceinline__ float bf16_f32(uint32_t b16) { return __uint_as_float(b16 << 16); }
+__device__ __forceinline__ float bf16_f32(uint32_t b16) {
+  return __uint_as_float(b16 << 16);
+}
 
 /* Round to nearest even; NaN gives 0x7fff (SEMANTICS.md §1.3). */
 __device__ __forceinline__ uint32_t f32_bf16(float f) {

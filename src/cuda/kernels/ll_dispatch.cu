@@ -22,7 +22,8 @@ __device__ long long first_bad(const epk_ll_t &ll, const epk_ll_dispatch_t &a) {
   for (long long i = threadIdx.x; i < nk; i += DT) {
     const int64_t e = __ldg(a.topk_idx + i);
     bool bad = e < -1 || e >= ll.lay.E;
-    for (long long j = i - i % a.topk; !bad && e >= 0 && j < i; j++) bad = __ldg(a.topk_idx + j) == e;
+    for (long long j = i - i % a.topk; !bad && e >= 0 && j < i; j++)
+      bad = __ldg(a.topk_idx + j) == e;
     if (bad) atomicMin(&s_bad, (unsigned long long)i);
   }
   __syncthreads();
@@ -50,7 +51,8 @@ __device__ void number_rows(const epk_ll_t &ll, const epk_ll_dispatch_t &a, int3
       __syncwarp();
       for (int k = 0; t < a.n && k < a.topk; k++) {
         const int64_t e = __ldg(ids + k);
-        if (e >= 0) rowpos[(int64_t)t * a.topk + k] = cnt[e] + __popc(mask[e] & ((1u << lane) - 1u));
+        if (e >= 0)
+          rowpos[(int64_t)t * a.topk + k] = cnt[e] + __popc(mask[e] & ((1u << lane) - 1u));
       }
       __syncwarp();
       /* Only the expert's lowest lane writes. The others may read the mask before or after it
@@ -93,8 +95,10 @@ __device__ long long number_rows_fast(const epk_ll_t &ll, const epk_ll_dispatch_
       const int64_t e = __ldg(ids + k);
       bool bad = e < -1 || e >= E;
       for (int j = 0; !bad && e >= 0 && j < k; j++) bad = __ldg(ids + j) == e;
-      if (bad) atomicMin(&s_bad, (unsigned long long)(t * K + k));
-      else if (e >= 0) atomicOr(&wm[w * E + e], 1u << lane);
+      if (bad)
+        atomicMin(&s_bad, (unsigned long long)(t * K + k));
+      else if (e >= 0)
+        atomicOr(&wm[w * E + e], 1u << lane);
     }
     __syncwarp(); /* a warp's marks are its own lanes' */
     for (int k = 0; mine && k < K; k++) {
@@ -167,8 +171,10 @@ __device__ void verdict(const epk_buf_t &b, const epk_ll_t &ll, uint32_t q, epk_
   const int32_t t0 = __ldcg(&e0->topk), f0 = __ldcg(&e0->fmt);
   for (int r = threadIdx.x; r < b.nranks; r += DT) {
     const epk_ll_entry_t *er = entry(b, ll, r, q);
-    if (__ldcg(&er->status) == EPK_LL_REJECTED) atomicMin(&s_rej, r);
-    else if (__ldcg(&er->topk) != t0 || __ldcg(&er->fmt) != f0) atomicMin(&s_diff, r);
+    if (__ldcg(&er->status) == EPK_LL_REJECTED)
+      atomicMin(&s_rej, r);
+    else if (__ldcg(&er->topk) != t0 || __ldcg(&er->fmt) != f0)
+      atomicMin(&s_diff, r);
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
@@ -185,8 +191,8 @@ __device__ void verdict(const epk_buf_t &b, const epk_ll_t &ll, uint32_t q, epk_
 /* Places of this rank's rows (the lower ranks' selections of the expert come first), the slot of
  * every peer, the receive layout of this rank's slot, and the dispatch's ids (for the combine's
  * check). Returns the rows this rank receives. */
-__device__ int place(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispatch_t &a,
-                     uint32_t q, int32_t *base) {
+__device__ int place(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispatch_t &a, uint32_t q,
+                     int32_t *base) {
   __shared__ int s_nrecv;
   const int R = b.nranks, L = ll.lay.L, me = b.rank;
   int32_t *peer = slot_arr<int32_t>(ll, a.slot, ll.lay.ps_peer);
@@ -239,8 +245,8 @@ __device__ int place(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispat
 }
 
 /* The count exchange of call q; returns the verdict (status EP_OK: the rows go). */
-__device__ bool gate(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispatch_t &a,
-                     uint32_t q, int32_t *smem) {
+__device__ bool gate(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispatch_t &a, uint32_t q,
+                     int32_t *smem) {
   int32_t *cnt = smem;
   uint32_t *mask = reinterpret_cast<uint32_t *>(smem + ll.lay.E);
   epk_ll_report_t v = no_report();
@@ -367,7 +373,8 @@ __device__ void send_item(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_d
     reinterpret_cast<int32_t *>(c + ll.lay.c_src)[r] = t;
     reinterpret_cast<int32_t *>(c + ll.lay.c_route)[r] = b.rank * 256 + k;
   }
-  const int4 *x = reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.x) + (int64_t)t * H);
+  const int4 *x =
+      reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.x) + (int64_t)t * H);
   if (!(a.fmt & EPK_LL_FP8)) {
     epk_warp_copy<false>(reinterpret_cast<int4 *>(slab + r * 2 * H), x, H / 8);
     return;
@@ -376,8 +383,8 @@ __device__ void send_item(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_d
   const bool cols = a.fmt & EPK_LL_COLS;
   cast_row(x, H, a.fmt, slab + r * H, [&](int blk, bool ue8m0, float inv, int ex) {
     if (ue8m0) { /* rows: [L][RT][NS] bytes; columns: [L][NS/4][RT] int32, block 4j+i in byte i */
-      const int64_t at = cols ? (((int64_t)le * (NS / 4) + blk / 4) * RT + row) * 4 + blk % 4
-                              : r * NS + blk;
+      const int64_t at =
+          cols ? (((int64_t)le * (NS / 4) + blk / 4) * RT + row) * 4 + blk % 4 : r * NS + blk;
       scales[at] = (uint8_t)(ex + 127);
     } else { /* rows: [L][RT][NS] floats; columns: [L][NS][RT] */
       const int64_t at = cols ? ((int64_t)le * NS + blk) * RT + row : r * NS + blk;
@@ -395,7 +402,8 @@ __device__ void cast_stage(const epk_ll_t &ll, const epk_ll_dispatch_t &a, uint3
   uint32_t *sc = reinterpret_cast<uint32_t *>(ll.priv + ll.lay.p_stage_sc);
   uint32_t *ready = reinterpret_cast<uint32_t *>(ll.priv + ll.lay.p_ready);
   for (int t = part * DW + (threadIdx.x >> 5); t < a.n; t += parts * DW) {
-    const int4 *x = reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.x) + (int64_t)t * H);
+    const int4 *x =
+        reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.x) + (int64_t)t * H);
     uint32_t *tsc = sc + (int64_t)t * NS;
     cast_row(x, H, a.fmt, stage + (int64_t)t * H, [&](int blk, bool ue8m0, float inv, int ex) {
       tsc[blk] = ue8m0 ? (uint32_t)(ex + 127) : __float_as_uint(inv);
@@ -406,9 +414,8 @@ __device__ void cast_stage(const epk_ll_t &ll, const epk_ll_dispatch_t &a, uint3
 }
 
 /* One (token, k) of an fp8 dispatch from the stage: the row, its scales, token and route. */
-__device__ void send_item_staged(const epk_buf_t &b, const epk_ll_t &ll,
-                                 const epk_ll_dispatch_t &a, long long i, const int32_t *peer,
-                                 uint32_t q) {
+__device__ void send_item_staged(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispatch_t &a,
+                                 long long i, const int32_t *peer, uint32_t q) {
   const int64_t e = __ldg(a.topk_idx + i);
   if (e < 0) return;
   const int L = ll.lay.L, H = ll.lay.H, NS = ll.lay.NS, RT = ll.lay.RT, lane = threadIdx.x & 31;
@@ -430,7 +437,8 @@ __device__ void send_item_staged(const epk_buf_t &b, const epk_ll_t &ll,
   epk_warp_copy<true>(reinterpret_cast<int4 *>(slab + r * H),
                       reinterpret_cast<const int4 *>(ll.priv + ll.lay.p_stage + (int64_t)t * H),
                       H / 16);
-  const uint32_t *sc = reinterpret_cast<const uint32_t *>(ll.priv + ll.lay.p_stage_sc) + (int64_t)t * NS;
+  const uint32_t *sc =
+      reinterpret_cast<const uint32_t *>(ll.priv + ll.lay.p_stage_sc) + (int64_t)t * NS;
   uint8_t *scales = slab + (int64_t)L * RT * H;
   const bool cols = a.fmt & EPK_LL_COLS, ue8m0 = a.fmt & EPK_LL_UE8M0;
   for (int blk = lane; blk < NS; blk += 32) { /* the layouts of cast_row's callback in send_item */
@@ -485,8 +493,10 @@ __global__ void __launch_bounds__(DT, 1)
     __syncthreads();
     const long long nk = (long long)a.n * a.topk, step = (long long)gridDim.x * DW;
     for (long long i = (long long)blockIdx.x * DW + (threadIdx.x >> 5); i < nk; i += step)
-      if (staged) send_item_staged(b, ll, a, i, peer, q);
-      else send_item(b, ll, a, i, peer);
+      if (staged)
+        send_item_staged(b, ll, a, i, peer, q);
+      else
+        send_item(b, ll, a, i, peer);
   }
   __syncthreads();
   tr_max(ll, 5);
@@ -508,13 +518,16 @@ __global__ void __launch_bounds__(DT, 1)
     __syncthreads();
     if (threadIdx.x == 0) {
       const bool fp8 = a.fmt & EPK_LL_FP8;
-      tr_commit(ll, a.recv_too ? (fp8 ? EPK_LL_TR_D8 : EPK_LL_TR_D16)
-                               : (fp8 ? EPK_LL_TR_D8_SEND : EPK_LL_TR_D16_SEND), 7);
+      tr_commit(ll,
+                a.recv_too ? (fp8 ? EPK_LL_TR_D8 : EPK_LL_TR_D16)
+                           : (fp8 ? EPK_LL_TR_D8_SEND : EPK_LL_TR_D16_SEND),
+                7);
     }
   }
 }
 
-__global__ void __launch_bounds__(128, 1) ll_dispatch_recv_kernel(epk_buf_t b, epk_ll_t ll, int slot) {
+__global__ void __launch_bounds__(128, 1)
+    ll_dispatch_recv_kernel(epk_buf_t b, epk_ll_t ll, int slot) {
   tr_min(ll, 0);
   receive(b, ll, slot);
   if (threadIdx.x == 0) tr_commit(ll, EPK_LL_TR_DRECV, 1);

@@ -70,46 +70,46 @@ typedef struct {
 
 /* Private counters (device memory of this rank). */
 typedef struct {
-  uint32_t q;        /* dispatch calls finished (the last block of a call's kernel adds one) */
-  uint32_t c;        /* combine calls finished, likewise: the next ticket is c + 1 */
-  uint32_t gate;     /* q of the last call whose gate block 0 finished */
-  int32_t gate_ok;   /* its verdict: 1 the rows go */
-  int32_t comb_ok;   /* the current combine's check (block 0 -> the last block) */
+  uint32_t q;      /* dispatch calls finished (the last block of a call's kernel adds one) */
+  uint32_t c;      /* combine calls finished, likewise: the next ticket is c + 1 */
+  uint32_t gate;   /* q of the last call whose gate block 0 finished */
+  int32_t gate_ok; /* its verdict: 1 the rows go */
+  int32_t comb_ok; /* the current combine's check (block 0 -> the last block) */
   uint32_t done_send, done_comb, done_recv; /* blocks finished in the current kernel */
   int32_t pad[8];
 } epk_ll_priv_t;
 
 /* Private state of one result slot. */
 typedef struct {
-  uint32_t q;   /* dispatch call that filled the slot */
-  uint32_t zc;  /* ticket of the slot's last combine when it was zero copy, else 0: the next
-                   dispatch into the slot waits for every source to have read it */
-  uint32_t c;   /* ticket of the slot's combine as a source (its receive waits for it); 0 when
-                   this rank rejected it */
+  uint32_t q;  /* dispatch call that filled the slot */
+  uint32_t zc; /* ticket of the slot's last combine when it was zero copy, else 0: the next
+                  dispatch into the slot waits for every source to have read it */
+  uint32_t c;  /* ticket of the slot's combine as a source (its receive waits for it); 0 when
+                  this rank rejected it */
   int32_t n, topk, fmt;
   int32_t pad[2];
 } epk_ll_slot_t;
 
 typedef struct {
   int32_t T, H, E, K, R, L, RT, NS;
-  uint64_t off;               /* region start in the pool */
-  uint64_t entry_bytes;       /* one entry record with its sel[E] */
-  uint64_t creject;           /* from off */
-  uint64_t ctrl, ctrl_bytes;  /* control of slot i at off + ctrl + i * ctrl_bytes */
+  uint64_t off;              /* region start in the pool */
+  uint64_t entry_bytes;      /* one entry record with its sel[E] */
+  uint64_t creject;          /* from off */
+  uint64_t ctrl, ctrl_bytes; /* control of slot i at off + ctrl + i * ctrl_bytes */
   uint64_t c_data, c_comb, c_zdone, c_count, c_range, c_src, c_route;
-  uint64_t data, data_bytes;  /* data of slot i at off + data + i * data_bytes */
+  uint64_t data, data_bytes; /* data of slot i at off + data + i * data_bytes */
   uint64_t d_slab, d_cin, d_area;
-  uint64_t zero_bytes;        /* [off, off + zero_bytes) is zeroed at creation */
+  uint64_t zero_bytes; /* [off, off + zero_bytes) is zeroed at creation */
   uint64_t total;
   /* private device memory */
   uint64_t p_slot, p_slot_bytes; /* slot i's state at p_slot + i * p_slot_bytes */
   uint64_t ps_peer, ps_rowpos, ps_idx, ps_w, ps_use;
-  uint64_t ps_prefix;            /* [L + 1] exclusive prefix of this slot's count[] (combine push) */
-  uint64_t ps_rec;               /* [T][K] int4 per (token, k) of a combine: expert rank (-1: not
-                                    reduced), row at the expert (l * RT + row), weight bits */
-  uint64_t p_stage, p_stage_sc;  /* fp8 cast once per token: [T][H] e4m3, [T][NS] u32 scales */
-  uint64_t p_ready;              /* [T] u32: the dispatch call whose cast of token t is staged */
-  uint64_t p_trace;              /* epk_ll_trace_t */
+  uint64_t ps_prefix;           /* [L + 1] exclusive prefix of this slot's count[] (combine push) */
+  uint64_t ps_rec;              /* [T][K] int4 per (token, k) of a combine: expert rank (-1: not
+                                   reduced), row at the expert (l * RT + row), weight bits */
+  uint64_t p_stage, p_stage_sc; /* fp8 cast once per token: [T][H] e4m3, [T][NS] u32 scales */
+  uint64_t p_ready;             /* [T] u32: the dispatch call whose cast of token t is staged */
+  uint64_t p_trace;             /* epk_ll_trace_t */
   uint64_t p_total;
 } epk_ll_layout_t;
 
@@ -132,8 +132,16 @@ enum {
 /* EP_CUDA_LL_TRACE=1: %globaltimer at the phase boundaries of every low-latency kernel, summed
  * per kind of kernel; the means are printed when the buffer is destroyed (cuda_ll.c). */
 enum {
-  EPK_LL_TR_D16, EPK_LL_TR_D16_SEND, EPK_LL_TR_D8, EPK_LL_TR_D8_SEND, EPK_LL_TR_DRECV,
-  EPK_LL_TR_CPUSH, EPK_LL_TR_CZC, EPK_LL_TR_CRECV, EPK_LL_TR_C1, EPK_LL_TR_KINDS
+  EPK_LL_TR_D16,
+  EPK_LL_TR_D16_SEND,
+  EPK_LL_TR_D8,
+  EPK_LL_TR_D8_SEND,
+  EPK_LL_TR_DRECV,
+  EPK_LL_TR_CPUSH,
+  EPK_LL_TR_CZC,
+  EPK_LL_TR_CRECV,
+  EPK_LL_TR_C1,
+  EPK_LL_TR_KINDS
 };
 #define EPK_LL_TR_POINTS 8
 typedef struct {
@@ -144,7 +152,9 @@ typedef struct {
   unsigned long long n[EPK_LL_TR_KINDS];
 } epk_ll_trace_t;
 
-EPK_HD uint64_t epk_ll_al(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+EPK_HD uint64_t epk_ll_al(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
 
 /* One function lays out the region for the size hint, the pool and every access. */
 EPK_HD void epk_ll_layout(int T, int H, int E, int K, int R, epk_ll_layout_t *l) {
@@ -195,30 +205,30 @@ EPK_HD void epk_ll_layout(int T, int H, int E, int K, int R, epk_ll_layout_t *l)
 /* What every low-latency kernel knows about its buffer; constant from create to destroy. */
 typedef struct {
   epk_ll_layout_t lay;
-  uint8_t *priv;  /* private device memory: epk_ll_priv_t, then the slots' states */
-  int blocks;     /* blocks of the data kernels (the buffer's, see epk_buf_t) */
-  int smem;       /* dynamic shared memory of the dispatch send kernel */
-  int opt;        /* EPK_LL_OPT_* */
-  int trace;      /* EP_CUDA_LL_TRACE */
+  uint8_t *priv; /* private device memory: epk_ll_priv_t, then the slots' states */
+  int blocks;    /* blocks of the data kernels (the buffer's, see epk_buf_t) */
+  int smem;      /* dynamic shared memory of the dispatch send kernel */
+  int opt;       /* EPK_LL_OPT_* */
+  int trace;     /* EP_CUDA_LL_TRACE */
 } epk_ll_t;
 
 typedef struct {
   const void *x;           /* bf16 [n][H] */
   const int64_t *topk_idx; /* [n][topk] */
   int n, topk, fmt, slot;
-  int recv_too;            /* one phase: the last block also waits for this rank's rows */
-  uint32_t ticket;         /* != 0: publish the gate's verdict to the waiting host */
+  int recv_too;    /* one phase: the last block also waits for this rank's rows */
+  uint32_t ticket; /* != 0: publish the gate's verdict to the waiting host */
 } epk_ll_dispatch_t;
 
 typedef struct {
-  const void *y;               /* bf16 [L][RT][H] */
-  const int64_t *topk_idx;     /* [n][topk] of the combine */
-  const float *topk_weights;   /* [n][topk] */
-  void *out;                   /* bf16 [n][H] (receive) */
+  const void *y;             /* bf16 [L][RT][H] */
+  const int64_t *topk_idx;   /* [n][topk] of the combine */
+  const float *topk_weights; /* [n][topk] */
+  void *out;                 /* bf16 [n][H] (receive) */
   int n, topk, slot, zero_copy;
-  uint32_t ticket;             /* != 0: publish the verdict (check / flags) to the host */
-  uint32_t rticket;            /* recv_too: the receive's ticket (the flags' verdict) */
-  int recv_too;                /* the send kernel also receives (one phase, EPK_LL_OPT_FUSE) */
+  uint32_t ticket;  /* != 0: publish the verdict (check / flags) to the host */
+  uint32_t rticket; /* recv_too: the receive's ticket (the flags' verdict) */
+  int recv_too;     /* the send kernel also receives (one phase, EPK_LL_OPT_FUSE) */
   int pad;
 } epk_ll_combine_t;
 
@@ -231,8 +241,8 @@ cudaError_t epk_ll_launch_dispatch(const epk_buf_t *b, const epk_ll_t *ll,
 cudaError_t epk_ll_launch_dispatch_recv(const epk_buf_t *b, const epk_ll_t *ll, int slot,
                                         cudaStream_t s);
 /* Send phase of a combine (push, check, flags). */
-cudaError_t epk_ll_launch_combine(const epk_buf_t *b, const epk_ll_t *ll,
-                                  const epk_ll_combine_t *a, cudaStream_t s);
+cudaError_t epk_ll_launch_combine(const epk_buf_t *b, const epk_ll_t *ll, const epk_ll_combine_t *a,
+                                  cudaStream_t s);
 /* Receive phase of the combine of `slot` into a->out (a->n tokens, a->topk, a->ticket). */
 cudaError_t epk_ll_launch_combine_recv(const epk_buf_t *b, const epk_ll_t *ll,
                                        const epk_ll_combine_t *a, cudaStream_t s);
@@ -243,8 +253,7 @@ cudaError_t epk_ll_launch_reject(const epk_buf_t *b, const epk_ll_t *ll, int com
 /* A handle whose combine was not received goes: its slot tells every expert rank that it will
  * not read their combine input (zdone), so that their next dispatch into that slot need not
  * wait for it. */
-cudaError_t epk_ll_launch_release(const epk_buf_t *b, const epk_ll_t *ll, int slot,
-                                  cudaStream_t s);
+cudaError_t epk_ll_launch_release(const epk_buf_t *b, const epk_ll_t *ll, int slot, cudaStream_t s);
 
 #ifdef __cplusplus
 }

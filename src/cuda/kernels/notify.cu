@@ -21,7 +21,9 @@ __device__ __forceinline__ int32_t *hello_to_rank(epk_hello_t *h) {
   return reinterpret_cast<int32_t *>(h + 1);
 }
 /* Peers write our slots: read them through L2, never from a possibly stale L1 line. */
-__device__ __forceinline__ int32_t rd(const int32_t *p) { return __ldcg(p); }
+__device__ __forceinline__ int32_t rd(const int32_t *p) {
+  return __ldcg(p);
+}
 
 #define SMEM_EXPERTS 4096
 __shared__ int32_t s_ecount[SMEM_EXPERTS]; /* selections per expert, when E fits */
@@ -200,8 +202,8 @@ __device__ bool compare(const epk_buf_t &b, uint32_t seq) {
   __syncthreads();
   int w = worst;
   if (w != INT_MAX && threadIdx.x == 0)
-    epk_fail(b, (w & 15) == EP_CF_REJECTED ? EP_ERR_PEER_INVALID : EP_ERR_MISMATCH,
-             EPK_PH_NOTIFY, w / 16, (uint32_t)(w & 15), true);
+    epk_fail(b, (w & 15) == EP_CF_REJECTED ? EP_ERR_PEER_INVALID : EP_ERR_MISMATCH, EPK_PH_NOTIFY,
+             w / 16, (uint32_t)(w & 15), true);
   __syncthreads();
   return w == INT_MAX;
 }
@@ -285,17 +287,18 @@ __global__ void __launch_bounds__(NT, 1) epk_notify_kernel(epk_buf_t b, epk_noti
     b.priv->call_status = 0;
     if (b.trace) { /* the previous call's data kernel has ended (stream order): fold it */
       epk_trace_fold(b.trace);
-      b.trace->kind = a.kind == EPK_NOTIFY_DISPATCH ? EPK_TR_FULL
-                      : a.kind == EPK_NOTIFY_CACHED ? EPK_TR_CACHED
-                      : a.kind == EPK_NOTIFY_COMBINE ? EPK_TR_COMBINE : -1;
+      b.trace->kind = a.kind == EPK_NOTIFY_DISPATCH  ? EPK_TR_FULL
+                      : a.kind == EPK_NOTIFY_CACHED  ? EPK_TR_CACHED
+                      : a.kind == EPK_NOTIFY_COMBINE ? EPK_TR_COMBINE
+                                                     : -1;
       b.trace->at[EPK_TR_N_START] = epk_now();
     }
   }
   __syncthreads();
   const uint32_t seq = s_seq;
   int status = a.kind == EPK_NOTIFY_REJECT ? EPK_HELLO_REJECTED : EPK_HELLO_OK;
-  int32_t *cnt_me = a.kind == EPK_NOTIFY_DISPATCH ? epk_plan_cnt(a.plan) + b.rank * b.nranks
-                                                  : nullptr;
+  int32_t *cnt_me =
+      a.kind == EPK_NOTIFY_DISPATCH ? epk_plan_cnt(a.plan) + b.rank * b.nranks : nullptr;
   if (a.kind == EPK_NOTIFY_DISPATCH) {
     const bool fast = b.nranks <= 32;
     long long bad = fast ? plan_fast(b, a, cnt_me)
@@ -319,8 +322,10 @@ __global__ void __launch_bounds__(NT, 1) epk_notify_kernel(epk_buf_t b, epk_noti
   }
   epk_tr_set(b, EPK_TR_N_GATHER);
   if (a.kind == EPK_NOTIFY_DISPATCH) finish_dispatch(b, a, seq);
-  if (a.kind != EPK_NOTIFY_COMBINE) write_prefix(b, a);
-  else finish_combine(b, a, seq);
+  if (a.kind != EPK_NOTIFY_COMBINE)
+    write_prefix(b, a);
+  else
+    finish_combine(b, a, seq);
   publish(b, a);
   epk_tr_set(b, EPK_TR_N_END);
 }
