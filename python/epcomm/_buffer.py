@@ -210,10 +210,11 @@ class Buffer(LowLatency):
                                        f"low_latency_mode=True and num_nvl_bytes=0)")
         return self._normal
 
-    def _launch(self, previous_event, async_finish, allocate_on_comm_stream, on_compute=False):
+    def _launch(self, previous_event, async_finish, allocate_on_comm_stream, on_compute=False,
+                after_compute=False):
         if self._cuda:
             return CudaLaunch(self._comm_stream, previous_event, async_finish,
-                              allocate_on_comm_stream, on_compute)
+                              allocate_on_comm_stream, on_compute, after_compute)
         return CpuLaunch(previous_event, async_finish)
 
     def _empty(self, shape, dtype):
@@ -336,7 +337,8 @@ class Buffer(LowLatency):
         R, L = self.group_size, max(E // self.group_size, 1)
         rows = _Rows(self.device, H, x.dtype, 0 if scales is None else scales.size(1),
                      0 if synthetic else topk, w is not None)
-        launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
+        launch = self._launch(previous_event, async_finish, allocate_on_comm_stream,
+                              after_compute=synthetic)
         try:
             rank_prefix = torch.empty((R, R), dtype=_I32, device=self.device)
             rtpe, rtpe_ptr = self._per_expert_out(L)

@@ -86,14 +86,17 @@ class CudaLaunch:
     cudaStream_t the C call runs on."""
 
     def __init__(self, comm, previous_event, async_finish, allocate_on_comm_stream,
-                 on_compute=False):
+                 on_compute=False, after_compute=False):
         self.compute = torch.cuda.current_stream()
         # DeepEP runs a low-latency call whose receive is a hook on the compute stream itself.
         self.launch = self.compute if on_compute else comm
         if not on_compute:
             if previous_event is not None and previous_event.event is not None:
                 self.launch.wait_event(previous_event.event.event)
-            else:
+            # Without previous_event the call follows the compute stream. With it, it still must
+            # when this layer itself just queued inputs there (the routing it derives from
+            # is_token_in_rank): the caller's event was recorded before them.
+            if previous_event is None or previous_event.event is None or after_compute:
                 self.launch.wait_stream(self.compute)
         self.async_finish = async_finish
         self.switched = allocate_on_comm_stream and not on_compute
