@@ -88,7 +88,7 @@ class _Rows:
         return ptr(self.x), ptr(self.scales), ptr(self.idx), ptr(self.w), ptr(self.src)
 
 
-class Buffer(LowLatency):
+class Buffer(LowLatency, _lifecycle.Scoped):
     """DeepEP's Buffer on epcomm (README.md, "Python": what maps and what does not).
 
     ``group``: a torch.distributed ProcessGroup (any backend), an epcomm.Group, or None (the
@@ -500,16 +500,6 @@ class Buffer(LowLatency):
         """Local: frees this rank's side without talking to the peers (after a peer failed)."""
         _lifecycle.untrack(self)
         self._release_quietly()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        # After an error a peer may be gone or stuck: free locally rather than wait for it.
-        if exc_type is None:
-            self.destroy()
-        else:
-            self.release()
 
     def _alive(self):
         return self._group is not None

@@ -10,7 +10,7 @@ from . import _C, _lifecycle
 from ._errors import ArgumentTypeError, BusyError, DestroyedError, InvalidArgumentError, LifecycleWarning
 
 
-class Group:
+class Group(_lifecycle.Scoped):
     """The ranks of one job on this host. Create it on every rank, destroy it on every rank
     (``destroy()``, or a ``with`` block) after the buffers made from it."""
 
@@ -112,16 +112,6 @@ class Group:
         if gid is not None:
             _lifecycle.untrack(self)
             _C.group_release(gid)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        # After an error a peer may be gone: release instead of waiting for it at a barrier.
-        if exc_type is None:
-            self.destroy()
-        else:
-            self.release()
 
     def _alive(self):
         return self._id is not None

@@ -81,3 +81,17 @@ def _at_exit():
         sys.stderr.flush()
     except Exception:  # stderr closed: nothing left to tell
         pass
+
+
+class Scoped:
+    """`with` for the collective objects (Group, Buffer): destroy() when the block ends normally;
+    after an error a peer may be gone or stuck, so release() frees locally instead of waiting."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.destroy()
+        else:
+            self.release()
