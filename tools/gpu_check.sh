@@ -2,6 +2,8 @@
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
 #   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
+#   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode: per-kernel time, DRAM bytes,
+#   occupancy, then the SpeedOfLight/Occupancy/WarpStateStats sections)
 #   net (across pretend hosts, issue 14: the NCCL engine on one GPU with a NCCL_HOSTID per rank,
 #   then the cpu path's net.* tests through MPI; NCCL's library and header are looked for in the
 #   PyTorch wheel when the toolkit has none: set EP_NCCL_LIB / NCCL_HOME to choose)
@@ -172,6 +174,35 @@ for s in $steps; do
           grep -h 'll trace rank 0:' "$out/lltrace-r$R-o$o.log" | sed 's/.*rank 0: //'
         done
       done ;;
+    ncu)
+      # Per-kernel figures of normal mode at R=$NCUR (default 8) with $NCUSMS SMs (16): rank 0
+      # runs under Nsight Compute (clocks left alone), the others plain, all under MPS. First a
+      # metric set of one pass (no replay: a replayed kernel would wait again for its peers), then
+      # the SpeedOfLight/Occupancy/WarpStateStats sections (replayed; may not finish).
+      R=${NCUR:-8} sms=${NCUSMS:-16}
+      cat >"$out/ncu-wrap.sh" <<'WRAP'
+#!/usr/bin/env bash
+if [ "$EP_RANK" = 0 ]; then exec ncu --clock-control none --target-processes all $NCU_ARGS "$@"; fi
+exec "$@"
+WRAP
+      chmod +x "$out/ncu-wrap.sh"
+      kern='regex:epk_(notify|dispatch|combine)_kernel'
+      m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,launch__grid_size,launch__registers_per_thread
+      for dt in bf16 fp8; do
+        NCU_ARGS="-k $kern --launch-skip 30 -c 12 --metrics $m --csv" EP_TIMEOUT_S=60 timeout 200 "$mps" \
+          $b/bin/epcomm launch -n $R "$out/ncu-wrap.sh" $b/bin/epcomm bench --backend cuda --sms $sms \
+          --dtype $dt --variants main --baseline off --iters 20 >"$out/ncu-r$R-$dt.log" 2>&1
+        echo "ncu R=$R $sms SMs $dt (one pass): exit $?"
+        grep -E '^"|==PROF==|==ERROR==|==WARNING==' "$out/ncu-r$R-$dt.log" | grep -v '^"ID"' |
+          awk -F'","' '/^"/ { printf "%s %s = %s\n", $5, $(NF-2), $NF; next } { print }' | head -120
+      done
+      NCU_ARGS="-k $kern --launch-skip 30 -c 3 --section SpeedOfLight --section Occupancy --section WarpStateStats" \
+        EP_TIMEOUT_S=60 timeout 200 "$mps" $b/bin/epcomm launch -n $R "$out/ncu-wrap.sh" $b/bin/epcomm \
+        bench --backend cuda --sms $sms --dtype bf16 --variants main --baseline off --iters 20 \
+        >"$out/ncu-r$R-sections.log" 2>&1
+      echo "ncu R=$R sections: exit $?"
+      grep -E 'epk_|Duration|Throughput|Occupancy|Stall|Warp Cycles|==ERROR==|==PROF==' \
+        "$out/ncu-r$R-sections.log" | head -80 ;;
     doctor)
       $b/bin/epcomm doctor env 2>&1 | tee "$out/doctor-env.txt" | tail -30 ;;
     scan)
