@@ -517,7 +517,8 @@ EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
  * overlaps the caller's compute. The send phase of a dispatch waits for one thing: every rank
  * entering the same call (their counts fix where this rank's rows go; their entry says their
  * result slot is free). The send phase of a combine never waits. two_phase = 0 does both phases
- * in one call.
+ * in one call. Keep the send's inputs (x, topk_idx; y, topk_weights) unchanged until
+ * ep_ll_recv: the CUDA backend's send runs beside the caller's later kernels and reads them.
  *
  * CUDA backend (docs/LOW_LATENCY.md): every call is queued on its stream (ep_ll_recv on the
  * stream of the call it completes) and never waits on the host for data. Outside a graph

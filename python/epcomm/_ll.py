@@ -164,7 +164,7 @@ class LowLatency:
         hook = None
         if return_recv_hook:
             info.state = "sent"
-            hook = self._ll_dispatch_hook(info, buf, count, stats, launch)
+            hook = self._ll_dispatch_hook(info, buf, count, stats, launch, (x, topk_idx))
         elif stats is not None:
             self._on_launch_stream(launch, lambda: stats.add_(count))
         tensors = (x, topk_idx, *(recv_x if isinstance(recv_x, tuple) else (recv_x,)), count, src,
@@ -178,16 +178,18 @@ class LowLatency:
         with torch.cuda.stream(launch.launch):
             return fn()
 
-    def _ll_dispatch_hook(self, info, buf, count, stats, launch):
+    def _ll_dispatch_hook(self, info, buf, count, stats, launch, keep):
         # The hook holds the handle until it is called, and no longer: a hook kept in a variable
         # must not keep a result slot. The receive runs where its dispatch ran (CUDA: on that
         # stream), and so does the update of the statistics.
-        pending = [info]
+        # `keep` (x, topk_idx): on CUDA the send reads them beside the caller's next kernels until
+        # the receive (docs/LOW_LATENCY.md), so their memory must not be reused before.
+        pending = [(info, keep)]
 
         def hook():
             if not pending:
                 raise InvalidArgumentError("low_latency_dispatch hook: already called")
-            held = pending.pop()
+            held, _ = pending.pop()
             _C.ll_recv(buf, held.ref.id)
             held.state = "received"
             if stats is not None:
@@ -251,7 +253,8 @@ class LowLatency:
         info.state = "combined"  # a next combine of this handle is re-sent
         hook = None
         if return_recv_hook:
-            hook = self._ll_combine_hook(buf, target, target is not info, out)
+            hook = self._ll_combine_hook(buf, target, target is not info,
+                                         (out, x, y, topk_idx, topk_weights))
         elif target is not info:
             target.ref.free()
         tensors = (x, y, topk_idx, topk_weights, out)
@@ -291,10 +294,12 @@ class LowLatency:
         return Info(Ref(hid, True, self), self, state="received")
 
     @staticmethod
-    def _ll_combine_hook(buf, target, temporary, out):
+    def _ll_combine_hook(buf, target, temporary, keep):
         # Held until the hook is called, as the dispatch hook does; `out` too: the receive
-        # writes it, even when the caller dropped the tensor the combine returned.
-        pending = [(target, out)]
+        # writes it, even when the caller dropped the tensor the combine returned; and the
+        # send's inputs: on CUDA the send runs beside the caller's next kernels and reads them
+        # until the receive (docs/LOW_LATENCY.md), so their memory must not be reused before.
+        pending = [(target, keep)]
 
         def hook():
             if not pending:

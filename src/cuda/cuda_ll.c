@@ -47,6 +47,34 @@ static ep_status_t shared_memory(cuda_state_t *s, cuda_ll_t *ll) {
   return cuda_check(s, epk_ll_setup(&ll->k), OP, "init");
 }
 
+/* The hook stream: the highest priority, so that when the caller's kernels fill the GPU the
+ * send's blocks are placed first as SMs free up; non-blocking, so that it never waits for the
+ * legacy default stream. */
+static ep_status_t hook_stream(cuda_state_t *s, cuda_ll_t *ll) {
+  if (!ep_env_long("EP_CUDA_LL_HOOK_STREAM", 1)) return EP_OK;
+  int least = 0, greatest = 0;
+  ep_status_t st =
+      cuda_check(s, cudaDeviceGetStreamPriorityRange(&least, &greatest), OP, "hook stream");
+  if (!st)
+    st = cuda_check(s, cudaStreamCreateWithPriority(&ll->hook, cudaStreamNonBlocking, greatest), OP,
+                    "hook stream");
+  if (!st)
+    st = cuda_check(s, cudaEventCreateWithFlags(&ll->fork, cudaEventDisableTiming), OP,
+                    "hook stream");
+  return st;
+}
+
+ep_status_t cuda_ll_send_stream(cuda_state_t *s, cudaStream_t st, bool two_phase, const char *op,
+                                cudaStream_t *run) {
+  cuda_ll_t *ll = s->ll;
+  *run = st;
+  if (!two_phase || !ll->hook || cuda_capturing(st)) return EP_OK;
+  ep_status_t rc = cuda_check(s, cudaEventRecord(ll->fork, st), op, "hook stream");
+  if (!rc) rc = cuda_check(s, cudaStreamWaitEvent(ll->hook, ll->fork, 0), op, "hook stream");
+  if (!rc) *run = ll->hook;
+  return rc;
+}
+
 ep_status_t cuda_ll_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   epk_ll_layout_t lay;
   if (!cuda_ll_region_bytes(cfg, s->nranks, &lay)) return EP_OK;
@@ -63,7 +91,9 @@ ep_status_t cuda_ll_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   ll->async = ep_env_long("EP_CUDA_LL_ASYNC", 0) != 0;
   ll->k.opt = (int)ep_env_long("EP_CUDA_LL_OPT", EPK_LL_OPT_ALL) & EPK_LL_OPT_ALL;
   ll->k.trace = ep_env_long("EP_CUDA_LL_TRACE", 0) != 0;
-  ep_status_t st = cuda_check(s, cudaMalloc(&ll->priv_mem, lay.p_total), OP, "private memory");
+  ep_status_t st = hook_stream(s, ll);
+  if (st) return st;
+  st = cuda_check(s, cudaMalloc(&ll->priv_mem, lay.p_total), OP, "private memory");
   if (!st) st = cuda_check(s, cudaMemset(ll->priv_mem, 0, lay.p_total), OP, "private memory");
   if (st) return st;
   ll->k.priv = ll->priv_mem;
@@ -129,7 +159,10 @@ void cuda_ll_destroy(cuda_state_t *s) {
   cuda_ll_t *ll = s->ll;
   if (!ll) return;
   if (ll->priv_mem && ll->k.trace) print_trace(s, ll);
+  if (ll->hook) cudaStreamSynchronize(ll->hook); /* its last send may still read priv */
   if (ll->priv_mem) cudaFree(ll->priv_mem);
+  if (ll->fork) cudaEventDestroy(ll->fork);
+  if (ll->hook) cudaStreamDestroy(ll->hook);
   free(ll);
   s->ll = NULL;
 }

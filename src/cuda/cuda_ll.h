@@ -39,6 +39,13 @@ struct cuda_ll {
   uint64_t clock;
   uint32_t ticket; /* host waits made */
   bool async;      /* EP_CUDA_LL_ASYNC: never wait on the host */
+  /* Receive hooks (EP_CUDA_LL_HOOK_STREAM): the send part of a two-phase call runs on `hook`, a
+   * stream of the buffer's own at the highest priority, forked from the caller's stream by
+   * `fork`. The caller's kernels queued after the send then run beside it instead of after it;
+   * the receive (on the caller's stream) waits for it through the call-order event. NULL: sends
+   * run on the caller's stream. */
+  cudaStream_t hook;
+  cudaEvent_t fork;
 };
 
 /* ---- cuda_ll.c */
@@ -62,6 +69,11 @@ ep_status_t cuda_ll_wait(cuda_state_t *s, const epk_ll_report_t *r, uint32_t tic
 /* The message of a report that failed (also for a failure deferred from a graph). */
 ep_status_t cuda_ll_explain(cuda_state_t *s, const epk_ll_report_t *r, const char *op,
                             const char *phase);
+
+/* The stream the send part of a call runs on: the hook stream for a two-phase call outside a
+ * capture (forked from st, so that it starts after what the caller queued before), else st. */
+ep_status_t cuda_ll_send_stream(cuda_state_t *s, cudaStream_t st, bool two_phase, const char *op,
+                                cudaStream_t *run);
 
 /* ---- cuda_ll_dispatch.c, cuda_ll_combine.c */
 ep_status_t cuda_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_handle_info_t *out);

@@ -1,7 +1,7 @@
 /* Low-latency combine on the GPU (SEMANTICS.md §6.5): the send kernel (check, push or nothing
  * for a zero-copy y, flags) and the receive kernel (flags, fmaf reduction, readers' marks), on
- * the caller's stream (the receive of a two-phase call on the stream of its send). Protocol:
- * cuda/kernels/ll_kernels.h; host waits: cuda_ll.h. */
+ * the caller's stream (the send of a two-phase call on the hook stream, its receive on the
+ * caller's stream of the send). Protocol: cuda/kernels/ll_kernels.h; host waits: cuda_ll.h. */
 #include <stdint.h>
 #include <string.h>
 
@@ -73,11 +73,13 @@ ep_status_t cuda_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handl
   s->err_key.f[EP_CF_EXPERTS] = s->ll->k.lay.E;
   /* Both kernels (or the one that does both) are queued before the host waits: first for this
    * rank's check (its own error comes first), then for the peers' flags. */
-  rc = cuda_check(s, epk_ll_launch_combine(&s->kb, &s->ll->k, &k, st), OP, "launch");
+  cudaStream_t run;
+  rc = cuda_ll_send_stream(s, st, a->two_phase, OP, &run);
+  if (!rc) rc = cuda_check(s, epk_ll_launch_combine(&s->kb, &s->ll->k, &k, run), OP, "launch");
   if (!rc && !a->two_phase && !fused) rc = receive(s, sl, st, rticket, OP);
   if (!rc && eager) rc = cuda_ll_wait(s, &s->host->ll_send, ticket, OP, "check");
   if (!rc && rticket) rc = cuda_ll_wait(s, &s->host->ll_recv, rticket, OP, "recv");
-  cuda_leave(s, st, true);
+  cuda_leave(s, run, true);
   sl->stream = st;
   if (rc == EP_ERR_MISMATCH) return rc; /* this rank's own topk_idx: the handle stays received */
   if (rc) {

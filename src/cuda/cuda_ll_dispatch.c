@@ -1,7 +1,7 @@
 /* Low-latency dispatch on the GPU (SEMANTICS.md §6.2-6.4): the send kernel, whose block 0 is the
- * count exchange (the gate), and the receive kernel, both on the caller's stream (the receive of
- * a two-phase call on the stream of its send). Protocol: cuda/kernels/ll_kernels.h; host waits:
- * cuda_ll.h. */
+ * count exchange (the gate), and the receive kernel, both on the caller's stream (the send of a
+ * two-phase call on the hook stream, its receive on the caller's stream of the send). Protocol:
+ * cuda/kernels/ll_kernels.h; host waits: cuda_ll.h. */
 #include <stdint.h>
 #include <string.h>
 
@@ -74,9 +74,11 @@ ep_status_t cuda_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_han
                          format_of(a), sl->index,   !a->two_phase, ticket};
   s->err_key.f[EP_CF_TOPK] = a->topk; /* names a bad entry, here or in a deferred report */
   s->err_key.f[EP_CF_EXPERTS] = ll->k.lay.E;
-  rc = cuda_check(s, epk_ll_launch_dispatch(&s->kb, &ll->k, &k, st), OP, "launch");
+  cudaStream_t run;
+  rc = cuda_ll_send_stream(s, st, a->two_phase, OP, &run);
+  if (!rc) rc = cuda_check(s, epk_ll_launch_dispatch(&s->kb, &ll->k, &k, run), OP, "launch");
   if (!rc && eager) rc = cuda_ll_wait(s, &s->host->ll_send, ticket, OP, "gate");
-  cuda_leave(s, st, true);
+  cuda_leave(s, run, true);
   if (rc) return rc; /* the slot stays free; every rank failed alike at the gate */
   sl->state = a->two_phase ? EP_LLS_SENT : EP_LLS_RECEIVED;
   sl->stream = st;
