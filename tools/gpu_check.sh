@@ -15,6 +15,8 @@
 #   $LLOPT (default "0 1 3 7 15 31", R in $LLR, default "2 4 8"), bf16 and fp8, one line each;
 #   lltrace = EP_CUDA_LL_TRACE=1 at R in $LLTR (default "2 8") for OPT in $LLTROPT (default
 #   "0 31"): the mean time of every kernel phase, rank 0's lines)
+#   (llovl = the overlap of two-phase calls with a compute kernel, hook stream on/off, EP_CUDA_SMS
+#   in $OVSMS ("-": the rank's share))
 #   (low-latency mode: ll = the cuda.ll* and cuda.bench* tests, llsan = compute-sanitizer memcheck
 #   and racecheck on small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend
 #   cuda` at R=2/4/8 with 128 tokens (bf16 and fp8), then 16/32/64 tokens)
@@ -151,6 +153,30 @@ for s in $steps; do
             "$(us dispatch_recv "$j")" "$(us dispatch_send "$j8")" "$(us combine_send "$j")" \
             "$(us combine_recv "$j")" "$(summary ratio_graph_calls "$j")" \
             "$(summary overlap_efficiency "$j")" $ck "$note"
+        done
+      done ;;
+    llovl)
+      # Receive hooks: the overlap of two-phase calls with a compute kernel, the send on the hook
+      # stream (EP_CUDA_LL_HOOK_STREAM=1) or on the caller's (0), with EP_CUDA_SMS blocks per
+      # kernel ("-": the rank's share), at R in $LLR, compute kernel ~$LL_COMPUTE_US us (60);
+      # medians in us: communication alone (C), compute alone (P), send->compute->receive (O).
+      printf '%-2s %-4s %-4s %8s %8s %8s %6s %8s %8s %8s %8s %s\n' R hook sms C P O eff d_snd d_rcv \
+        c_snd c_rcv check
+      for R in ${LLR:-2 4}; do
+        for hk in 0 1; do
+          for sm in ${OVSMS:-- 16}; do
+            j=$out/llovl-r$R-h$hk-s$sm.json
+            [ "$sm" = - ] && smv= || smv=$sm
+            EP_CUDA_LL_HOOK_STREAM=$hk EP_CUDA_SMS=${smv:-0} timeout 60 "$mps" $b/bin/epcomm launch \
+              -n $R $b/bin/epcomm bench --mode ll --backend cuda --compute-us ${LL_COMPUTE_US:-60} \
+              --json "$j" >"${j%.json}.log" 2>&1 || echo "R=$R hook=$hk sms=$sm: exit $?"
+            ck=exact
+            grep -q '"check": "pass"' "$j" 2>/dev/null || ck=FAILED
+            printf '%-2s %-4s %-4s %8s %8s %8s %6s %8s %8s %8s %8s %s\n' $R $hk $sm \
+              "$(us overlap_comm "$j")" "$(us overlap_compute "$j")" "$(us overlap "$j")" \
+              "$(summary overlap_efficiency "$j")" "$(us dispatch_send "$j")" \
+              "$(us dispatch_recv "$j")" "$(us combine_send "$j")" "$(us combine_recv "$j")" $ck
+          done
         done
       done ;;
     trace)
