@@ -208,8 +208,10 @@ for s in $steps; do
       R=${NCUR:-8} sms=${NCUSMS:-16}
       cat >"$out/ncu-wrap.sh" <<'WRAP'
 #!/usr/bin/env bash
-if [ "$EP_RANK" = 0 ]; then exec ncu --clock-control none --target-processes all $NCU_ARGS "$@"; fi
-exec "$@"
+# Under MPS every client runs under ncu: rank 0 as the primary (options, report), the others as
+# clients (ncu refuses other options with --mps client).
+if [ "$EP_RANK" = 0 ]; then exec ncu --mps primary --clock-control none --target-processes all $NCU_ARGS "$@"; fi
+exec ncu --mps client "$@"
 WRAP
       chmod +x "$out/ncu-wrap.sh"
       kern='regex:epk_(notify|dispatch|combine)_kernel'

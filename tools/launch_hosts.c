@@ -5,6 +5,7 @@
  * cores), --bind-to none (ranks float, as under `epcomm launch`), the shared-memory transport,
  * and EP_HOSTS=H in the ranks' environment. The library reads EP_HOSTS; nothing else differs. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,11 +43,17 @@ int launch_exec_mpirun(const struct launch *l) {
   }
   int n = 0, nprog = 0;
   while (l->prog[nprog]) nprog++;
-  char **argv = calloc((size_t)nprog + 16, sizeof *argv);
+  char **argv = calloc((size_t)nprog + 20, sizeof *argv);
   if (!argv) return EXIT_INTERNAL;
   argv[n++] = mpirun, argv[n++] = "-n", argv[n++] = nr;
   argv[n++] = "--oversubscribe", argv[n++] = "--bind-to", argv[n++] = "none";
   if (!getenv("OMPI_MCA_btl")) argv[n++] = "--mca", argv[n++] = "btl", argv[n++] = "self,vader";
+  /* Pretend hosts are all this one: mpirun starts no remote daemon, but Open MPI still refuses
+   * to start when its remote agent (ssh or rsh) is missing, as in many containers. */
+  char agent[PATH_MAX];
+  if (!getenv("OMPI_MCA_plm_rsh_agent") && !on_path("ssh", agent, sizeof agent) &&
+      !on_path("rsh", agent, sizeof agent))
+    argv[n++] = "--mca", argv[n++] = "plm_rsh_agent", argv[n++] = "false";
   if (l->tag) argv[n++] = "--tag-output";
   if (l->timeout > 0) {
     snprintf(tmo, sizeof tmo, "%.0f", l->timeout < 1 ? 1 : l->timeout);
