@@ -163,7 +163,7 @@ for s in $steps; do
       printf '%-2s %-4s %-4s %8s %8s %8s %6s %8s %8s %8s %8s %s\n' R hook sms C P O eff d_snd d_rcv \
         c_snd c_rcv check
       for R in ${LLR:-2 4}; do
-        for hk in 0 1; do
+        for hk in ${OVHOOK:-0 1}; do
           for sm in ${OVSMS:-- 16}; do
             j=$out/llovl-r$R-h$hk-s$sm.json
             [ "$sm" = - ] && smv= || smv=$sm

@@ -51,13 +51,16 @@ static ep_status_t shared_memory(cuda_state_t *s, cuda_ll_t *ll) {
  * send's blocks are placed first as SMs free up; non-blocking, so that it never waits for the
  * legacy default stream. */
 static ep_status_t hook_stream(cuda_state_t *s, cuda_ll_t *ll) {
-  if (!ep_env_long("EP_CUDA_LL_HOOK_STREAM", 1)) return EP_OK;
+  const long how = ep_env_long("EP_CUDA_LL_HOOK_STREAM", 1);
+  if (!how) return EP_OK;
   int least = 0, greatest = 0;
   ep_status_t st =
       cuda_check(s, cudaDeviceGetStreamPriorityRange(&least, &greatest), OP, "hook stream");
   if (!st)
-    st = cuda_check(s, cudaStreamCreateWithPriority(&ll->hook, cudaStreamNonBlocking, greatest), OP,
-                    "hook stream");
+    st = cuda_check(
+        s,
+        cudaStreamCreateWithPriority(&ll->hook, cudaStreamNonBlocking, how == 1 ? greatest : least),
+        OP, "hook stream");
   if (!st)
     st = cuda_check(s, cudaEventCreateWithFlags(&ll->fork, cudaEventDisableTiming), OP,
                     "hook stream");
