@@ -14,7 +14,8 @@
 #   (llopt = `epcomm bench --mode ll --backend cuda` at R=2/4/8 once per EP_CUDA_LL_OPT variant in
 #   $LLOPT (default "0 1 3 7 15 31", R in $LLR, default "2 4 8"), bf16 and fp8, one line each;
 #   lltrace = EP_CUDA_LL_TRACE=1 at R in $LLTR (default "2 8") for OPT in $LLTROPT (default
-#   "0 31"): the mean time of every kernel phase, rank 0's lines)
+#   "0 31"): the mean time of every kernel phase, ranks 0 and 1; both steps once per fill of the
+#   view / zero-copy rows in $LLFILL, default "kernel": "kernel copies" adds EP_BENCH_LL_FILL=copies)
 #   (llovl = the overlap of two-phase calls with a compute kernel, hook stream on/off, EP_CUDA_SMS
 #   in $OVSMS ("-": the rank's share))
 #   (low-latency mode: ll = the cuda.ll* and cuda.bench* tests, llsan = compute-sanitizer memcheck
@@ -131,28 +132,34 @@ for s in $steps; do
     llopt)
       # Low-latency kernel variants side by side (same build, EP_CUDA_LL_OPT bits), 128 tokens,
       # the FMA kernel sized ~60 us so that the overlap efficiency can exceed 1.3. Medians in us
-      # from each run's JSON (bf16 run; fp8 run for d8 and d8snd).
+      # from each run's JSON (bf16 run; fp8 run for d8 and d8snd). LLFILL="kernel copies" also
+      # runs each with the view / zero-copy rows' expert outputs written by one cudaMemcpyAsync
+      # per expert (EP_BENCH_LL_FILL=copies, the fill before 2026-12-04): opt shown as e.g. 31c.
       printf '%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s\n' R opt d16 d8 c_view \
         c_call c_zc d16snd d16rcv d8snd c_snd c_rcv graph ovl check
       for R in ${LLR:-2 4 8}; do
         for o in ${LLOPT:-0 1 3 7 15 31}; do
-          note=""
-          for dt in bf16 fp8; do
-            EP_CUDA_LL_OPT=$o timeout 60 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench \
-              --mode ll --backend cuda --dtype $dt --compute-us ${LL_COMPUTE_US:-60} \
-              --json "$out/llopt-r$R-o$o-$dt.json" >"$out/llopt-r$R-o$o-$dt.log" 2>&1 ||
-              note="$note $dt: exit $?"
+          for f in ${LLFILL:-kernel}; do
+            fs="" ol=$o
+            [ "$f" = kernel ] || fs="-f$f" ol=$o${f:0:1}
+            note=""
+            for dt in bf16 fp8; do
+              EP_BENCH_LL_FILL=$f EP_CUDA_LL_OPT=$o timeout 60 "$mps" $b/bin/epcomm launch -n $R \
+                $b/bin/epcomm bench --mode ll --backend cuda --dtype $dt \
+                --compute-us ${LL_COMPUTE_US:-60} --json "$out/llopt-r$R-o$o$fs-$dt.json" \
+                >"$out/llopt-r$R-o$o$fs-$dt.log" 2>&1 || note="$note $dt: exit $?"
+            done
+            j=$out/llopt-r$R-o$o$fs-bf16.json j8=$out/llopt-r$R-o$o$fs-fp8.json
+            ck=exact
+            grep -q '"check": "pass"' "$j" 2>/dev/null && grep -q '"check": "pass"' "$j8" 2>/dev/null ||
+              ck=FAILED
+            printf '%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s%s\n' $R $ol \
+              "$(us dispatch "$j")" "$(us dispatch "$j8")" "$(us combine_view "$j")" \
+              "$(us combine "$j")" "$(us combine_zero_copy "$j")" "$(us dispatch_send "$j")" \
+              "$(us dispatch_recv "$j")" "$(us dispatch_send "$j8")" "$(us combine_send "$j")" \
+              "$(us combine_recv "$j")" "$(summary ratio_graph_calls "$j")" \
+              "$(summary overlap_efficiency "$j")" $ck "$note"
           done
-          j=$out/llopt-r$R-o$o-bf16.json j8=$out/llopt-r$R-o$o-fp8.json
-          ck=exact
-          grep -q '"check": "pass"' "$j" 2>/dev/null && grep -q '"check": "pass"' "$j8" 2>/dev/null ||
-            ck=FAILED
-          printf '%-2s %-3s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %6s %6s %s%s\n' $R $o \
-            "$(us dispatch "$j")" "$(us dispatch "$j8")" "$(us combine_view "$j")" \
-            "$(us combine "$j")" "$(us combine_zero_copy "$j")" "$(us dispatch_send "$j")" \
-            "$(us dispatch_recv "$j")" "$(us dispatch_send "$j8")" "$(us combine_send "$j")" \
-            "$(us combine_recv "$j")" "$(summary ratio_graph_calls "$j")" \
-            "$(summary overlap_efficiency "$j")" $ck "$note"
         done
       done ;;
     llovl)
@@ -192,12 +199,18 @@ for s in $steps; do
         done
       done ;;
     lltrace)
+      # LLFILL as in llopt: the view / zero-copy rows' fill (kernel, or copies).
       for R in ${LLTR:-2 8}; do
         for o in ${LLTROPT:-0 31}; do
-          EP_CUDA_LL_OPT=$o EP_CUDA_LL_TRACE=1 timeout 60 "$mps" $b/bin/epcomm launch -n $R \
-            $b/bin/epcomm bench --mode ll --backend cuda --iters 100 >"$out/lltrace-r$R-o$o.log" 2>&1
-          echo "trace R=$R EP_CUDA_LL_OPT=$o: exit $?"
-          grep -h 'll trace rank 0:' "$out/lltrace-r$R-o$o.log" | sed 's/.*rank 0: //'
+          for f in ${LLFILL:-kernel}; do
+            fs=""
+            [ "$f" = kernel ] || fs="-f$f"
+            EP_BENCH_LL_FILL=$f EP_CUDA_LL_OPT=$o EP_CUDA_LL_TRACE=1 timeout 60 "$mps" \
+              $b/bin/epcomm launch -n $R $b/bin/epcomm bench --mode ll --backend cuda --iters 100 \
+              >"$out/lltrace-r$R-o$o$fs.log" 2>&1
+            echo "trace R=$R EP_CUDA_LL_OPT=$o fill $f: exit $?"
+            grep -h 'll trace rank [01]:' "$out/lltrace-r$R-o$o$fs.log" | sed 's/.*ll trace //'
+          done
         done
       done ;;
     ncu)

@@ -123,9 +123,10 @@ ep_status_t cuda_ll_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
  * buffer ran, in microseconds, on stderr (one line per kind). */
 static void print_trace(cuda_state_t *s, cuda_ll_t *ll) {
   static const char *kind[EPK_LL_TR_KINDS] = {
-      "dispatch bf16 one phase",  "dispatch bf16 send", "dispatch fp8 one phase",
-      "dispatch fp8 send",        "dispatch receive",   "combine send (push)",
-      "combine send (zero copy)", "combine receive",    "combine one phase (fused)"};
+      "dispatch bf16 one phase",   "dispatch bf16 send",      "dispatch fp8 one phase",
+      "dispatch fp8 send",         "dispatch receive",        "combine send (push)",
+      "combine send (zero copy)",  "combine receive",         "combine one phase (fused)",
+      "combine receive, y in buf", "combine fused, y = view", "combine fused, zero copy"};
   static const char *dpt[] = {"number", "post", "peers", "place", "copy", "flags", "recv"};
   static const char *cpt[] = {"check", "push", "flags"};
   static const char *rpt[] = {"await", "reduce", "flags"};
@@ -136,15 +137,14 @@ static void print_trace(cuda_state_t *s, cuda_ll_t *ll) {
     return;
   for (int k = 0; k < EPK_LL_TR_KINDS; k++) {
     if (!t.n[k]) continue;
+    const bool recv = k == EPK_LL_TR_CRECV || k == EPK_LL_TR_CRECV_BUF;
+    const bool fused = k == EPK_LL_TR_C1 || k == EPK_LL_TR_C1_VIEW || k == EPK_LL_TR_C1_ZC;
     const char **pt = k <= EPK_LL_TR_D8_SEND ? dpt
                       : k == EPK_LL_TR_DRECV ? NULL
-                      : k == EPK_LL_TR_CRECV ? rpt
-                      : k == EPK_LL_TR_C1    ? fpt
+                      : recv                 ? rpt
+                      : fused                ? fpt
                                              : cpt;
-    const int np = k <= EPK_LL_TR_D8_SEND ? 7
-                   : k == EPK_LL_TR_DRECV ? 0
-                   : k == EPK_LL_TR_C1    ? 6
-                                          : 3;
+    const int np = k <= EPK_LL_TR_D8_SEND ? 7 : k == EPK_LL_TR_DRECV ? 0 : fused ? 6 : 3;
     char line[512];
     int o = snprintf(line, sizeof line,
                      "epcomm ll trace rank %d: %-26s %6llu calls, mean us: "

@@ -27,6 +27,7 @@ typedef struct {
                        taken, so that readers of its combine input have the most time */
   int n, topk, fmt;
   void *out;            /* combine output of a pending two-phase receive */
+  bool ybuf;            /* its combine's y lay in this buffer (trace kinds only) */
   cudaStream_t stream;  /* stream of the send call: ep_ll_recv runs there */
   uint8_t *ctrl, *data; /* this slot's parts in our own pool (device addresses) */
   cuda_ll_t *ll;

@@ -29,6 +29,14 @@ static ep_status_t check(cuda_state_t *s, const ep_ll_combine_args_t *a, const c
   return EP_OK;
 }
 
+/* Whether y lies in the data of a result slot (a dispatch view, a combine buffer). */
+static bool in_buffer(const cuda_ll_t *ll, const void *y) {
+  const uint8_t *p = y;
+  for (int i = 0; i < EPK_LL_SLOTS; i++)
+    if (p >= ll->slot[i].data && p < ll->slot[i].data + ll->k.lay.data_bytes) return true;
+  return false;
+}
+
 static epk_ll_combine_t kernel_args(const cuda_ll_slot_t *sl, const ep_ll_combine_args_t *a,
                                     uint32_t ticket) {
   epk_ll_combine_t k;
@@ -39,6 +47,7 @@ static epk_ll_combine_t kernel_args(const cuda_ll_slot_t *sl, const ep_ll_combin
   k.out = sl->out;
   k.n = sl->n, k.topk = sl->topk, k.slot = sl->index;
   k.zero_copy = a && a->y == sl->data + sl->ll->k.lay.d_cin; /* recognised by its address */
+  k.ybuf = a ? in_buffer(sl->ll, a->y) : sl->ybuf;
   k.ticket = ticket;
   return k;
 }
@@ -67,6 +76,7 @@ ep_status_t cuda_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handl
   if (eager && !a->two_phase) cuda_ll_eager(s, st, &rticket);
   sl->out = a->out;
   epk_ll_combine_t k = kernel_args(sl, a, ticket);
+  sl->ybuf = k.ybuf; /* for the receive of a two-phase call */
   const bool fused = !a->two_phase && (s->ll->k.opt & EPK_LL_OPT_FUSE);
   k.recv_too = fused, k.rticket = rticket;
   s->err_key.f[EP_CF_TOPK] = sl->topk;

@@ -88,6 +88,21 @@ extern "C" int bgpu_copy(void *dst, const void *src, size_t n, void *stream) {
   return CU(cudaGetLastError());
 }
 
+/* Block l of the grid copies the first count[l] rows of block l. */
+__global__ void copy_rows_kernel(const int4 *src, int4 *dst, const int32_t *count, size_t block16,
+                                 size_t row16) {
+  const size_t base = blockIdx.x * block16, n = (size_t)count[blockIdx.x] * row16;
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) dst[base + i] = src[base + i];
+}
+
+extern "C" int bgpu_copy_rows(void *dst, const void *src, const int32_t *count, int nblk,
+                              size_t block, size_t row, void *stream) {
+  if (nblk <= 0) return 0;
+  copy_rows_kernel<<<nblk, 512, 0, S(stream)>>>((const int4 *)src, (int4 *)dst, count, block / 16,
+                                                row / 16);
+  return CU(cudaGetLastError());
+}
+
 /* An FMA loop over every SM: what a caller runs between the two phases (an expert GEMM, the
  * attention of the other micro-batch). */
 __global__ void burn_kernel(float *sink, int iters) {

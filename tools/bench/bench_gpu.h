@@ -31,6 +31,13 @@ double bgpu_elapsed(bgpu_events_t *e, int from, int to);
  * over every SM: the ceiling that delivered bytes are compared with. */
 int bgpu_copy(void *dst, const void *src, size_t n, void *stream);
 
+/* Blocks of rows in one kernel: for each l < nblk, the first count[l] rows (row bytes, a
+ * multiple of 16) of block l (block bytes apart, 16-byte aligned) from src to dst; count is
+ * device memory. What the low-latency variants write as the experts' outputs before a combine:
+ * one launch, where a cudaMemcpyAsync per expert was 144 operations per call at R = 2. */
+int bgpu_copy_rows(void *dst, const void *src, const int32_t *count, int nblk, size_t block,
+                   size_t row, void *stream);
+
 /* The caller's compute between the two phases: an FMA loop over every SM, `iters` long. */
 int bgpu_burn(float *sink, int iters, void *stream);
 

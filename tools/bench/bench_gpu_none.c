@@ -22,6 +22,10 @@ double bgpu_elapsed(bgpu_events_t *e, int from, int to) {
 int bgpu_copy(void *dst, const void *src, size_t n, void *stream) {
   return -1;
 }
+int bgpu_copy_rows(void *dst, const void *src, const int32_t *count, int nblk, size_t block,
+                   size_t row, void *stream) {
+  return -1;
+}
 int bgpu_burn(float *sink, int iters, void *stream) {
   return -1;
 }

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_gpu.h"
+
 int bench_ll_dispatch(ll_t *u, int two_phase) {
   ep_ll_dispatch_args_t a = EP_LL_DISPATCH_ARGS_INIT;
   a.x = u->x, a.num_tokens = (int)u->T, a.topk_idx = u->idx, a.topk = (int)u->K;
@@ -47,8 +49,17 @@ int bench_ll_drop(bench_ctx_t *c, void *state, int it) {
   return bench_said(ep_ll_handle_destroy(h), "ep_ll_handle_destroy");
 }
 
+/* The fill sits between the untimed dispatch and the timed combine of the view and zero-copy
+ * rows, and a combine ends only after every peer's push, i.e. after every peer's fill: as L
+ * copies (144 per call at R = 2, each its own operation on the stream and its own host call)
+ * the ranks' fills ended apart and the earlier rank's combine window held the difference
+ * (PERFORMANCE.md, the R = 2 view and zero-copy rows). One kernel keeps it short and alike. */
 int bench_ll_put_y(ll_t *u, void *dst) {
   size_t blk = (size_t)u->max_rows * u->H;
+  if (u->c->dev && !u->fill_copies) {
+    if (!bgpu_copy_rows(dst, u->y, u->dcount, u->L, blk * 2, u->H * 2, u->c->stream)) return 0;
+    return fprintf(stderr, "epcomm bench: %s\n", bgpu_error()), 1;
+  }
   for (int l = 0; l < u->L; l++)
     if (bench_copy(u->c, (uint16_t *)dst + l * blk, u->y + l * blk, (size_t)u->count[l] * u->H * 2))
       return fprintf(stderr, "epcomm bench: %s\n", bench_dev_error()), 1;
@@ -70,6 +81,9 @@ static int make_y(ll_t *u, const ep_ll_recv_view_t *v) {
                        u->y_host + l * blk + (size_t)i * u->H);
     }
   if (!c->dev) return u->y = u->y_host, 0;
+  if (!(u->dcount = bench_alloc(c, (size_t)u->L * 4)) ||
+      bench_upload(c, u->dcount, u->count, (size_t)u->L * 4))
+    return fprintf(stderr, "epcomm bench: %s\n", bench_dev_error()), 1;
   for (int l = 0; l < u->L; l++)
     if (bench_upload(c, u->y + l * blk, u->y_host + l * blk, (size_t)u->count[l] * u->H * 2))
       return fprintf(stderr, "epcomm bench: %s\n", bench_dev_error()), 1;
@@ -190,7 +204,7 @@ static void release(ll_t *u) {
   bench_ctx_t *c = u->c;
   if (u->h) ep_ll_handle_destroy(u->h);
   bench_free(c, u->x), bench_free(c, u->out), bench_free(c, u->idx), bench_free(c, u->w);
-  if (c->dev) bench_free(c, u->y);
+  if (c->dev) bench_free(c, u->y), bench_free(c, u->dcount);
   free(u->y_host), free(u->count);
 }
 
@@ -210,6 +224,8 @@ int bench_ll(bench_ctx_t *c) {
   cfg.ll_max_topk = o->topk;
   /* The GPU time of the calls, queued back to back: no host wait for a call's verdict. */
   if (o->backend == BENCH_CUDA) setenv("EP_CUDA_LL_ASYNC", "1", 0);
+  const char *fill = getenv("EP_BENCH_LL_FILL");
+  u.fill_copies = fill && !strcmp(fill, "copies");
   int rc = bench_ctx_open(c, &cfg) || inputs(&u);
   int row[3];
   bench_main_rows(c, row);

@@ -16,6 +16,9 @@ typedef struct {
   uint16_t *y;       /* expert outputs [L][max_rows][H] in the view's row order */
   uint16_t *y_host;  /* the same on the host (only the received rows are ever touched) */
   int32_t *count;    /* [L] rows received per local expert (the routing never changes) */
+  int32_t *dcount;   /* the same in device memory (GPU: bench_ll_put_y's one kernel) */
+  int fill_copies;   /* EP_BENCH_LL_FILL=copies: bench_ll_put_y as one cudaMemcpyAsync per
+                        expert (L per call) instead of one kernel, to compare the two */
   ep_ll_handle_t h;  /* of the last dispatch, until dropped */
   ep_ll_recv_view_t v;
   uint64_t digest_view, digest_out; /* of the checked main outputs */
@@ -26,7 +29,8 @@ typedef struct {
 int bench_ll_dispatch(ll_t *u, int two_phase);
 /* One combine of u->h with expert outputs y into u->out (two_phase: only its send). */
 int bench_ll_combine(ll_t *u, const void *y, int two_phase);
-/* Copies the expert outputs (received rows of every expert) into `dst`, on the stream. */
+/* Copies the expert outputs (received rows of every expert) into `dst`, on the stream: on the
+ * GPU one kernel (one launch per call, equal on every rank), unless u->fill_copies. */
 int bench_ll_put_y(ll_t *u, void *dst);
 /* Digest of the received rows (and scales) of a view: of a host view, or of a view fetched. */
 uint64_t bench_ll_digest(const ll_t *u, const ep_ll_recv_view_t *host_view);

@@ -254,7 +254,8 @@ __global__ void __launch_bounds__(CT, 1)
   tr_min(ll, 0);
   __syncthreads();
   combine_receive(b, ll, a, peer, zc, c, a.ticket,
-                  *reinterpret_cast<volatile uint32_t *>(&priv(ll)->c), EPK_LL_TR_CRECV, 0);
+                  *reinterpret_cast<volatile uint32_t *>(&priv(ll)->c),
+                  a.ybuf ? EPK_LL_TR_CRECV_BUF : EPK_LL_TR_CRECV, 0);
 }
 
 /* The send of a combine; with a.recv_too (one phase, EPK_LL_OPT_FUSE) every block then goes on
@@ -309,7 +310,12 @@ __global__ void __launch_bounds__(CT, 1)
    * (raised, or its rejection stored, by the last block above, after every block's fence): what
    * block 0's check wrote (records, weights) is visible once that flag is acquired, and the
    * receive reads it through L2. */
-  if (a.recv_too) combine_receive(b, ll, a, peer, zc, c, a.rticket, c, EPK_LL_TR_C1, 3);
+  if (a.recv_too)
+    combine_receive(b, ll, a, peer, zc, c, a.rticket, c,
+                    a.zero_copy ? EPK_LL_TR_C1_ZC
+                    : a.ybuf    ? EPK_LL_TR_C1_VIEW
+                                : EPK_LL_TR_C1,
+                    3);
 }
 
 /* A handle whose combine was not received: its readers' marks go up all the same. */

@@ -141,6 +141,11 @@ enum {
   EPK_LL_TR_CZC,
   EPK_LL_TR_CRECV,
   EPK_LL_TR_C1,
+  /* The same kinds of combine when y lay in the buffer (the dispatch view, or zero copy), apart
+   * from those of y in caller memory, so that a trace tells the two paths' waits apart. */
+  EPK_LL_TR_CRECV_BUF,
+  EPK_LL_TR_C1_VIEW,
+  EPK_LL_TR_C1_ZC,
   EPK_LL_TR_KINDS
 };
 #define EPK_LL_TR_POINTS 8
@@ -229,7 +234,7 @@ typedef struct {
   uint32_t ticket;  /* != 0: publish the verdict (check / flags) to the host */
   uint32_t rticket; /* recv_too: the receive's ticket (the flags' verdict) */
   int recv_too;     /* the send kernel also receives (one phase, EPK_LL_OPT_FUSE) */
-  int pad;
+  int ybuf;         /* y lies in this buffer (a view, or zero copy): the trace's kinds only */
 } epk_ll_combine_t;
 
 /* Once per buffer: kernel attributes (dynamic shared memory beyond the default). */
