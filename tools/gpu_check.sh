@@ -118,15 +118,29 @@ for s in $steps; do
       llsan memcheck san-memcheck-ll-flip.log $b/tests/test_ll flip 12
       unset EP_BACKEND ;;
     llbench)
-      for R in 2 4 8; do
+      # Issue 12 item 8: DeepEP's low-latency sizes (H 7168, topk 8, E 288) at R in $LLBR (2 4 8),
+      # 128 tokens bf16 and fp8, then 64/32/16 tokens bf16, 200 timed calls each; one line per run:
+      # median and p90 (us, slowest rank) of dispatch and combine (y in a tensor), the two-phase
+      # send/receive medians, graph replay / calls, overlap efficiency, the check.
+      pus() { # p90 of phase KEY
+        sed -n "s/^  \"$1\": {.*\"time_ms\": {[^}]*\"p90\": \([^,]*\),.*/\1/p" "$2" 2>/dev/null |
+          awk 'END { if (NR) printf "%.1f", $1 * 1000; else printf "-" }'
+      }
+      printf '%-2s %-4s %-4s %8s %8s %8s %8s %8s %8s %8s %8s %6s %6s %s\n' R tok dt d_med d_p90 c_med \
+        c_p90 d_snd d_rcv c_snd c_rcv graph ovl check
+      for R in ${LLBR:-2 4 8}; do
         for run in "128 bf16" "128 fp8" "64 bf16" "32 bf16" "16 bf16"; do
           set -- $run
-          timeout 60 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench --mode ll --backend cuda \
-            --tokens $1 --dtype $2 --json "$out/llbench-r$R-t$1-$2.json" \
-            >"$out/llbench-r$R-t$1-$2.log" 2>&1
-          echo "ll bench R=$R tokens $1 $2: exit $?"
-          grep -v '^\[[1-9]' "$out/llbench-r$R-t$1-$2.log" | sed 's/^\[0\] //' |
-            grep -E '^(epcomm|two-phase|graph|overlap|ratio|check|first)'
+          j=$out/llbench-r$R-t$1-$2.json
+          timeout 90 "$mps" $b/bin/epcomm launch -n $R $b/bin/epcomm bench --mode ll --backend cuda \
+            --tokens $1 --dtype $2 --json "$j" >"${j%.json}.log" 2>&1 || echo "R=$R $1 $2: exit $?"
+          ck=exact
+          grep -q '"check": "pass"' "$j" 2>/dev/null || ck=FAILED
+          printf '%-2s %-4s %-4s %8s %8s %8s %8s %8s %8s %8s %8s %6s %6s %s\n' $R $1 $2 \
+            "$(us dispatch "$j")" "$(pus dispatch "$j")" "$(us combine "$j")" "$(pus combine "$j")" \
+            "$(us dispatch_send "$j")" "$(us dispatch_recv "$j")" "$(us combine_send "$j")" \
+            "$(us combine_recv "$j")" "$(summary ratio_graph_calls "$j")" \
+            "$(summary overlap_efficiency "$j")" $ck
         done
       done ;;
     llopt)
