@@ -44,7 +44,8 @@ static _Thread_local int failed_peer = -1;
 const char *ep_boot_op_name(int op) {
   static const char *const names[EP_OP_COUNT] = {
       "no call",          "ep_group_create",  "ep_group_barrier", "ep_group_allgather",
-      "ep_group_destroy", "ep_buffer_create", "ep_buffer_destroy"};
+      "ep_group_destroy", "ep_buffer_create", "ep_buffer_destroy",
+      "ep_register_memory", "ep_deregister_memory"};
   return op >= 0 && op < EP_OP_COUNT ? names[op] : "an unknown call";
 }
 
