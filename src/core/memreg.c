@@ -39,11 +39,12 @@ static void mem_free(ep_mem *m) {
 static ep_status_t agree_slot(ep_buffer *b, const char *op, const char *verb, int slot,
                               ep_status_t mine) {
   ep_group *g = b->group;
-  int32_t me = slot, *all = mine ? NULL : calloc((size_t)g->nranks, sizeof *all);
-  if (!mine && !all) mine = ep_err(EP_ERR_NO_MEMORY, "%s: out of memory", op);
+  int32_t me = slot, *all = calloc((size_t)g->nranks, sizeof *all);
+  if (!all) return mine ? mine : ep_err(EP_ERR_NO_MEMORY, "%s: out of memory", op);
+  /* The same size on every rank, a rejecting one included (a size mismatch would break the
+   * group). */
   ep_status_t st =
-      ep_group_xchg(g, EP_XCHG_BYTES, mine ? NULL : &me, all, mine ? 0 : sizeof me, -1, NULL, mine,
-                    b->timeout_s);
+      ep_group_xchg(g, EP_XCHG_BYTES, &me, all, sizeof me, -1, NULL, mine, b->timeout_s);
   for (int r = 0; r < g->nranks && !st; r++)
     if (all[r] != me)
       st = ep_err(EP_ERR_MISMATCH,
