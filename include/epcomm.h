@@ -299,13 +299,13 @@ EP_API int ep_backend_available(ep_backend_t backend);
 
 /* What a buffer can do, and how long the memory it hands out stays valid. */
 typedef enum {
-  EP_CAP_DISPATCH_VIEWS = 1u << 0, /* ep_dispatch with EP_OUTPUT_VIEWS */
-  EP_CAP_LOW_LATENCY = 1u << 1,    /* ep_ll_* (and the buffer was created with ll sizes) */
-  EP_CAP_DEVICE_MEMORY = 1u << 2,  /* tensors are device pointers, calls are ordered on `stream` */
-  EP_CAP_GRAPH_CAPTURE = 1u << 3,  /* calls that never wait on the host can be captured in a
-                                      CUDA graph (worst-case and cached dispatch, combine, every
-                                      low-latency call) */
-  EP_CAP_COMBINE_BUFFER = 1u << 4, /* ep_get_combine_buffer: a combine input inside the buffer */
+  EP_CAP_DISPATCH_VIEWS = 1u << 0,  /* ep_dispatch with EP_OUTPUT_VIEWS */
+  EP_CAP_LOW_LATENCY = 1u << 1,     /* ep_ll_* (and the buffer was created with ll sizes) */
+  EP_CAP_DEVICE_MEMORY = 1u << 2,   /* tensors are device pointers, calls are ordered on `stream` */
+  EP_CAP_GRAPH_CAPTURE = 1u << 3,   /* calls that never wait on the host can be captured in a
+                                       CUDA graph (worst-case and cached dispatch, combine, every
+                                       low-latency call) */
+  EP_CAP_COMBINE_BUFFER = 1u << 4,  /* ep_get_combine_buffer: a combine input inside the buffer */
   EP_CAP_REGISTER_MEMORY = 1u << 5, /* ep_register_memory makes caller memory readable by the
                                        peers in place (every backend accepts the call) */
 } ep_cap_t;
@@ -532,10 +532,11 @@ EP_API ep_status_t ep_register_memory(ep_buffer_t buf, void *ptr, size_t bytes, 
 
 /* Collective, bounded by the deadline: waits for this rank's work on the buffer (CUDA: the
  * combines that read the range), unmaps the peers' ranges, then a barrier, so that no rank
- * frees its memory while a peer may still read it. Errors: EP_ERR_NULL_ARG (mem), EP_ERR_DESTROYED (deregistered already, or its buffer destroyed), EP_ERR_INVALID_ARG (mem of
+ * frees its memory while a peer may still read it. Errors: EP_ERR_NULL_ARG (mem),
+ * EP_ERR_DESTROYED (deregistered already, or its buffer destroyed), EP_ERR_INVALID_ARG (mem of
  * another buffer, or not a registration), EP_ERR_MISMATCH (the ranks deregister different
- * registrations: both named), EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED. A failure after the
- * exchange still undoes this rank's part. */
+ * registrations: both named), EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED. A failure after the exchange
+ * still undoes this rank's part. */
 EP_API ep_status_t ep_deregister_memory(ep_buffer_t buf, ep_mem_t mem);
 
 /* Handle queries and destroy (local, thread safe). */

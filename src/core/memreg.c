@@ -76,8 +76,9 @@ static ep_status_t check_range(const ep_buffer *b, void *ptr, size_t bytes, cons
     return ep_err(EP_ERR_OUT_OF_RANGE, "%s: ptr %p + bytes %zu wraps around the address space", op,
                   ptr, bytes);
   if (slot < 0)
-    return ep_err(EP_ERR_TOO_LARGE, "%s: the buffer holds %d registrations already (deregister one)",
-                  op, EP_MAX_MEM_REGS);
+    return ep_err(EP_ERR_TOO_LARGE,
+                  "%s: the buffer holds %d registrations already (deregister one)", op,
+                  EP_MAX_MEM_REGS);
   (void)b;
   return EP_OK;
 }

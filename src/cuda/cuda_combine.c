@@ -107,11 +107,24 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
   n.plan = p->plan;
   n.xrow = row;
   n.wrow = has_w ? (uint64_t)h->topk * 4 : 0;
-  epk_combine_t k = {
-      h->num_tokens, h->hidden,           h->topk, has_w,           xoff >= 0,  wgap256,
-      xoff,          h->recv_rows,        a->x,    a->topk_weights, a->bias[0], a->bias[1],
-      a->out,        a->out_topk_weights, p->plan, p->src,          p->src_cap,
-      x_reg,         0};
+  epk_combine_t k = {.num_tokens = h->num_tokens,
+                     .hidden = h->hidden,
+                     .topk = h->topk,
+                     .has_w = has_w,
+                     .direct = xoff >= 0,
+                     .wgap256 = wgap256,
+                     .x_off = xoff,
+                     .x_rows = h->recv_rows,
+                     .x = a->x,
+                     .w = a->topk_weights,
+                     .bias0 = a->bias[0],
+                     .bias1 = a->bias[1],
+                     .out = a->out,
+                     .out_w = a->out_topk_weights,
+                     .plan = p->plan,
+                     .hsrc = p->src,
+                     .hsrc_cap = p->src_cap,
+                     .x_reg = x_reg};
   rc = cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
   if (!rc) rc = cuda_check(s, epk_launch_combine(&s->kb, &k, st), OP, "launch");
   cuda_leave(s, st, true);

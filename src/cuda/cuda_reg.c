@@ -40,8 +40,8 @@ typedef CUresult (*range_fn_t)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
 static range_fn_t range_fn(void) {
   void *fn = NULL;
   enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
-                                       &q) != cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) !=
+          cudaSuccess ||
       q != cudaDriverEntryPointSuccess)
     return (void)cudaGetLastError(), NULL;
   return (range_fn_t)fn;
@@ -152,8 +152,7 @@ static ep_status_t map_peer(cuda_state_t *s, int r, const cudaIpcMemHandle_t *h,
 }
 
 /* Every peer's range as mapped here, into row[R]; reg->map records what to close. */
-static ep_status_t map_all(cuda_state_t *s, cuda_reg_t *reg, const reg_info_t *all,
-                           uint8_t **row) {
+static ep_status_t map_all(cuda_state_t *s, cuda_reg_t *reg, const reg_info_t *all, uint8_t **row) {
   ep_status_t st = EP_OK;
   for (int r = 0; r < s->nranks && !st; r++) {
     if (r == s->rank) {

@@ -171,7 +171,7 @@ typedef struct {
   uint64_t timeout_ns;
   uint64_t slot_bytes, off_hello, off_arrive, off_consumed, off_staged, off_cdone, off_ctab;
   uint64_t off_area_d, off_area_c, area_bytes, pool_bytes;
-  epk_trace_t *trace; /* EP_CUDA_TRACE, else NULL */
+  epk_trace_t *trace;   /* EP_CUDA_TRACE, else NULL */
   uint8_t *const *regs; /* device array [EP_MAX_MEM_REGS][R]: registration `slot` of rank r, as
                            mapped here, at [slot * R + r] (NULL: none) */
 } epk_buf_t;
