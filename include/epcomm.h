@@ -5,6 +5,7 @@
  *
  *     ep_group_t  (the ranks of one job, bootstrap)
  *       └─ ep_buffer_t  (registered communication memory of this rank, mapped by peers)
+ *            ├─ ep_mem_t        (caller memory registered with the buffer: ep_register_memory)
  *            ├─ ep_handle_t     (layout of one normal dispatch: combine, cached dispatch)
  *            └─ ep_ll_handle_t  (one low-latency result slot: its view, its combine)
  *
@@ -138,6 +139,7 @@ EP_API const char *ep_last_error(void);
 typedef struct ep_group_s *ep_group_t;
 typedef struct ep_buffer_s *ep_buffer_t;
 typedef struct ep_handle_s *ep_handle_t;
+typedef struct ep_mem_s *ep_mem_t;
 
 typedef enum {
   EP_DTYPE_BF16 = 1,     /* 2 bytes */
@@ -297,13 +299,15 @@ EP_API int ep_backend_available(ep_backend_t backend);
 
 /* What a buffer can do, and how long the memory it hands out stays valid. */
 typedef enum {
-  EP_CAP_DISPATCH_VIEWS = 1u << 0, /* ep_dispatch with EP_OUTPUT_VIEWS */
-  EP_CAP_LOW_LATENCY = 1u << 1,    /* ep_ll_* (and the buffer was created with ll sizes) */
-  EP_CAP_DEVICE_MEMORY = 1u << 2,  /* tensors are device pointers, calls are ordered on `stream` */
-  EP_CAP_GRAPH_CAPTURE = 1u << 3,  /* calls that never wait on the host can be captured in a
-                                      CUDA graph (worst-case and cached dispatch, combine, every
-                                      low-latency call) */
-  EP_CAP_COMBINE_BUFFER = 1u << 4, /* ep_get_combine_buffer: a combine input inside the buffer */
+  EP_CAP_DISPATCH_VIEWS = 1u << 0,  /* ep_dispatch with EP_OUTPUT_VIEWS */
+  EP_CAP_LOW_LATENCY = 1u << 1,     /* ep_ll_* (and the buffer was created with ll sizes) */
+  EP_CAP_DEVICE_MEMORY = 1u << 2,   /* tensors are device pointers, calls are ordered on `stream` */
+  EP_CAP_GRAPH_CAPTURE = 1u << 3,   /* calls that never wait on the host can be captured in a
+                                       CUDA graph (worst-case and cached dispatch, combine, every
+                                       low-latency call) */
+  EP_CAP_COMBINE_BUFFER = 1u << 4,  /* ep_get_combine_buffer: a combine input inside the buffer */
+  EP_CAP_REGISTER_MEMORY = 1u << 5, /* ep_register_memory makes caller memory readable by the
+                                       peers in place (every backend accepts the call) */
 } ep_cap_t;
 
 typedef enum {
@@ -490,6 +494,50 @@ EP_API ep_status_t ep_combine(ep_buffer_t buf, const ep_combine_args_t *args);
  * area is R x num_channels x queue_bytes); EP_ERR_UNSUPPORTED on other backends (the CPU backend
  * reads any x where it is). */
 EP_API ep_status_t ep_get_combine_buffer(ep_buffer_t buf, ep_handle_t handle, void **x);
+
+/* ---------------------------------------------------------------- registered memory
+ * Caller memory that the peers may read where it lies (NCCL's ncclCommRegister). A combine whose
+ * x lies entirely inside a range this rank registered with the buffer is read by the peers in
+ * place (CUDA: the speed of x = a dispatch view, with no staging pass), whatever tensor it is:
+ * register the experts' output tensor once and combine from it call after call. Results are
+ * the same bits with or without a registration: only where the rows are read changes.
+ *
+ * Collective: every rank of the buffer's group registers (and deregisters) in the same order,
+ * each its own range (sizes may differ). A rank whose call is rejected (bad arguments) still
+ * takes part, so the peers fail with EP_ERR_PEER_INVALID; ranks in different calls (one
+ * registers while another deregisters, or they deregister different registrations) fail with
+ * EP_ERR_MISMATCH. A registration lives until ep_deregister_memory or the buffer's destroy
+ * (which undoes every registration left, silently; the handle is then EP_ERR_DESTROYED). The
+ * memory must stay allocated while registered; writing it between calls is the caller's
+ * business (it is read by the combines that name it). At most 64 registrations per buffer.
+ *
+ * CUDA backend (EP_CAP_REGISTER_MEMORY): ptr is device memory of the buffer's device from
+ * cudaMalloc (a PyTorch tensor from its caching allocator is such memory). The allocation that
+ * holds it is exported with CUDA IPC and mapped by every peer (an allocation registered twice
+ * is mapped once). Memory CUDA IPC cannot export (cudaMallocAsync pools, the virtual memory
+ * API: PyTorch's expandable segments, managed or host memory) is EP_ERR_UNSUPPORTED on every
+ * rank: combine from such memory keeps working through the staging path.
+ * CPU backend: the call records the range and changes nothing else (the CPU backend already
+ * reads any x where it is). */
+
+/* Collective. Registers [ptr, ptr + bytes) of this rank and sets *mem. Errors: EP_ERR_NULL_ARG
+ * (mem, ptr), EP_ERR_OUT_OF_RANGE (bytes 0, a range that wraps around, or one that runs past the
+ * end of its CUDA allocation), EP_ERR_TOO_LARGE (64 registrations alive), EP_ERR_INVALID_ARG
+ * (CUDA: not device memory of the buffer's device), EP_ERR_UNSUPPORTED (CUDA: memory that CUDA
+ * IPC cannot export, named), EP_ERR_PEER_INVALID (a peer rejected or failed its part),
+ * EP_ERR_MISMATCH (a peer is in another call), EP_ERR_CUDA (a peer's memory cannot be mapped),
+ * EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED (rank named), EP_ERR_BUSY (a call on the buffer in
+ * flight). Nothing is registered on any rank unless every rank succeeds. */
+EP_API ep_status_t ep_register_memory(ep_buffer_t buf, void *ptr, size_t bytes, ep_mem_t *mem);
+
+/* Collective, bounded by the deadline: waits for this rank's work on the buffer (CUDA: the
+ * combines that read the range), unmaps the peers' ranges, then a barrier, so that no rank
+ * frees its memory while a peer may still read it. Errors: EP_ERR_NULL_ARG (mem),
+ * EP_ERR_DESTROYED (deregistered already, or its buffer destroyed), EP_ERR_INVALID_ARG (mem of
+ * another buffer, or not a registration), EP_ERR_MISMATCH (the ranks deregister different
+ * registrations: both named), EP_ERR_TIMEOUT / EP_ERR_PEER_FAILED. A failure after the exchange
+ * still undoes this rank's part. */
+EP_API ep_status_t ep_deregister_memory(ep_buffer_t buf, ep_mem_t mem);
 
 /* Handle queries and destroy (local, thread safe). */
 EP_API ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens);

@@ -325,7 +325,8 @@ EP_NORMAL = {
              "dispatch_cached_caller": "dispatch_bf16_cached_copy", "combine_view": "combine_view",
              "combine": "combine_tensor", "combine_cbuf": "combine_cbuf",
              "write_combine_cbuf": "write_combine_cbuf",
-             "write_combine_tensor": "write_combine_tensor"},
+             "write_combine_tensor": "write_combine_tensor", "combine_reg": "combine_reg",
+             "write_combine_reg": "write_combine_reg"},
     "fp8": {"dispatch": "dispatch_fp8_full", "dispatch_cached": "dispatch_fp8_cached"},
 }
 # epcomm op -> the DeepEP op it is compared with
@@ -340,6 +341,8 @@ VS_NORMAL = [
     ("combine_cbuf", "combine", "combine, x = ep_get_combine_buffer"),
     ("write_combine_cbuf", "write_combine", "experts' write + combine (buffer)"),
     ("write_combine_tensor", "write_combine", "experts' write + combine (tensor)"),
+    ("combine_reg", "combine", "combine, x = registered tensor"),
+    ("write_combine_reg", "write_combine", "experts' write + combine (registered tensor)"),
 ]
 EP_LL = {
     "bf16": {"dispatch": "dispatch_bf16", "combine": "combine_caller",

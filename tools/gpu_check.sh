@@ -56,7 +56,7 @@ for s in $steps; do
         2>&1 | tee "$out/quick.log" | tail -8 || ok=0
       [ $ok = 1 ] || break ;;
     suite)
-      timeout 300 "$mps" tests/run.sh --filter '^cuda\.(normal|graph|timeout|cycles|overflow|cbuf)' $b 2>&1 |
+      timeout 300 "$mps" tests/run.sh --filter '^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg)' $b 2>&1 |
         tee "$out/suite.log" |
         grep -v '^PASS' || true ;;
     sanitize)

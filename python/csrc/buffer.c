@@ -78,6 +78,30 @@ static PyObject *buffer_last_error(PyObject *self, PyObject *args) {
   return PyUnicode_FromString(ep_buffer_last_error(epb_ptr(b)));
 }
 
+/* (buffer, address, bytes) -> registration id. Collective: waits for the peers without the GIL. */
+static PyObject *register_memory(PyObject *self, PyObject *args) {
+  unsigned long long b, ptr;
+  Py_ssize_t bytes;
+  if (!PyArg_ParseTuple(args, "KKn", &b, &ptr, &bytes)) return NULL;
+  if (bytes < 0) {
+    PyErr_SetString(PyExc_ValueError, "bytes must be >= 0");
+    return NULL;
+  }
+  ep_mem_t mem = NULL;
+  ep_status_t st;
+  Py_BEGIN_ALLOW_THREADS st = ep_register_memory(epb_ptr(b), epb_ptr(ptr), (size_t)bytes, &mem);
+  Py_END_ALLOW_THREADS return st ? epb_raise(st) : epb_from_ptr(mem);
+}
+
+static PyObject *deregister_memory(PyObject *self, PyObject *args) {
+  unsigned long long b, mem;
+  if (!PyArg_ParseTuple(args, "KK", &b, &mem)) return NULL;
+  ep_status_t st;
+  Py_BEGIN_ALLOW_THREADS st = ep_deregister_memory(epb_ptr(b), epb_ptr(mem));
+  Py_END_ALLOW_THREADS if (st) return epb_raise(st);
+  Py_RETURN_NONE;
+}
+
 PyMethodDef epb_buffer_methods[] = {
     {"buffer_create", buffer_create, METH_VARARGS,
      "buffer_create(group, backend, queue_bytes, num_channels, ll_max_tokens, ll_hidden, "
@@ -88,5 +112,9 @@ PyMethodDef epb_buffer_methods[] = {
     {"buffer_release", buffer_release, METH_VARARGS, "local: frees without talking to peers"},
     {"buffer_query", buffer_query, METH_VARARGS, "what the buffer is (a tuple, see buffer.c)"},
     {"buffer_last_error", buffer_last_error, METH_VARARGS, "last error recorded on the buffer"},
+    {"register_memory", register_memory, METH_VARARGS,
+     "register_memory(buffer, address, bytes) -> registration id (collective)"},
+    {"deregister_memory", deregister_memory, METH_VARARGS,
+     "deregister_memory(buffer, registration) (collective)"},
     {NULL, NULL, 0, NULL},
 };

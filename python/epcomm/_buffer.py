@@ -22,6 +22,7 @@ from ._events import CpuLaunch, CudaLaunch, EventHandle, EventOverlap
 from ._group import Group
 from ._handles import DispatchHandle, Info, Ref
 from ._ll import LowLatency
+from ._registration import register as _register
 from ._tensors import need_rows, need_shape, need_tensor, ptr
 
 _BF16, _FP8, _F32, _I32, _I64 = (torch.bfloat16, torch.float8_e4m3fn, torch.float32, torch.int32,
@@ -112,6 +113,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                  device=None, queue_bytes=0, num_channels=0, timeout_s=0.0, ll_max_tokens=0,
                  ll_hidden=0, ll_num_experts=0, ll_max_topk=0):
         self._normal = self._llbuf = self._group = None
+        self._registrations = {}  # registration id -> Registration (Buffer.register)
         if enable_shrink:
             raise UnsupportedError("Buffer: enable_shrink=True (masking failed ranks) is not "
                                    "supported by epcomm: a rank that dies makes its peers' calls "
@@ -459,6 +461,22 @@ class Buffer(LowLatency, _lifecycle.Scoped):
             raise
         return out, out_w, launch.finish((x, topk_weights, bias0, bias1, out, out_w))
 
+    # ---------------------------------------------------------------- registered memory
+    def register(self, tensor):
+        """Registers ``tensor`` (contiguous, on the buffer's device) with the normal-mode buffer
+        and returns an epcomm Registration (``.deregister()``, or use it in a ``with`` block).
+        A combine whose ``x`` lies inside a registered tensor is read by the peers where it is
+        (CUDA: no staging pass); results are the same bits. Collective: every rank registers
+        its own tensor, in the same order (docs/PYTHON.md). Memory CUDA IPC cannot export
+        (PyTorch's expandable segments, cudaMallocAsync pools) raises UnsupportedError on every
+        rank: combine from it still works, through the staging path."""
+        return _register(self, self._buf("Buffer.register"), tensor)
+
+    def _forget_registrations(self):
+        regs, self._registrations = self._registrations, {}
+        for r in regs.values():
+            r._forget()
+
     def _biases(self, op, bias, info):
         if bias is None:
             return None, None
@@ -478,6 +496,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         if self._group is None:
             return
         _lifecycle.untrack(self)
+        self._forget_registrations()  # they go with the buffer
         first = None
         for name in ("_llbuf", "_normal"):
             bid = getattr(self, name)
@@ -505,6 +524,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         return self._group is not None
 
     def _release_quietly(self):
+        if getattr(self, "_registrations", None):
+            self._forget_registrations()
         for name in ("_llbuf", "_normal"):
             bid = getattr(self, name, None)
             setattr(self, name, None)

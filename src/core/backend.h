@@ -138,6 +138,7 @@ void ep_log_at(int level, int rank, const char *phase, const char *fmt, ...)
 #define EP_MAX_TOPK 128
 #define EP_MAX_LOCAL_EXPERTS 4096
 #define EP_MAX_SCALES 4096
+#define EP_MAX_MEM_REGS 64 /* registrations of caller memory alive on one buffer */
 
 static inline size_t ep_dtype_size(ep_dtype_t t) {
   return t == EP_DTYPE_BF16 ? 2 : 1;
@@ -250,6 +251,15 @@ struct ep_backend_ops {
   /* This rank rejected its arguments for the next normal-mode collective call: tell the peers so
    * that their matching call fails at once (EP_ERR_PEER_INVALID) instead of timing out. */
   void (*reject)(void *state);
+  /* Registered caller memory (ep_register_memory); both optional: NULL means a registration
+   * only records the range. Collective, inside the group's call, after every rank agreed on
+   * `slot` (the same on every rank, < EP_MAX_MEM_REGS): make [ptr, ptr + bytes) of this rank
+   * readable by the peers; fail alike on every rank (agree through ep_ctx_allgather), leaving
+   * nothing behind. The backend's destroy undoes the registrations still alive. */
+  ep_status_t (*mem_register)(void *state, int slot, void *ptr, size_t bytes);
+  /* Collective: undo `slot` (wait for this rank's work that may read it first, bounded); always
+   * frees this rank's part. */
+  ep_status_t (*mem_deregister)(void *state, int slot);
   /* Low-latency mode (NULL when the backend has none). */
   ep_status_t (*ll_dispatch)(void *state, const ep_ll_dispatch_args_t *a, ep_handle_info_t *out);
   ep_status_t (*ll_recv)(void *state, ep_handle_info_t *h);

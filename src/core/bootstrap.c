@@ -43,8 +43,16 @@ static _Thread_local int failed_peer = -1;
 
 const char *ep_boot_op_name(int op) {
   static const char *const names[EP_OP_COUNT] = {
-      "no call",          "ep_group_create",  "ep_group_barrier", "ep_group_allgather",
-      "ep_group_destroy", "ep_buffer_create", "ep_buffer_destroy"};
+      [EP_OP_NONE] = "no call",
+      [EP_OP_GROUP_CREATE] = "ep_group_create",
+      [EP_OP_GROUP_BARRIER] = "ep_group_barrier",
+      [EP_OP_GROUP_ALLGATHER] = "ep_group_allgather",
+      [EP_OP_GROUP_DESTROY] = "ep_group_destroy",
+      [EP_OP_BUFFER_CREATE] = "ep_buffer_create",
+      [EP_OP_BUFFER_DESTROY] = "ep_buffer_destroy",
+      [EP_OP_MEM_REGISTER] = "ep_register_memory",
+      [EP_OP_MEM_DEREGISTER] = "ep_deregister_memory",
+  };
   return op >= 0 && op < EP_OP_COUNT ? names[op] : "an unknown call";
 }
 

@@ -35,6 +35,8 @@ enum ep_boot_op {
   EP_OP_GROUP_DESTROY,
   EP_OP_BUFFER_CREATE,
   EP_OP_BUFFER_DESTROY,
+  EP_OP_MEM_REGISTER,
+  EP_OP_MEM_DEREGISTER,
   EP_OP_COUNT
 };
 const char *ep_boot_op_name(int op); /* "ep_group_barrier" */

@@ -26,12 +26,13 @@ bool ep_ctx_peer_lost(const ep_ctx_t *ctx) {
 }
 
 /* Bootstrap exchanges of a buffer: part of its group's current collective call (buffer create or
- * destroy, buffer_life.c), which holds the group's channel; a failure breaks the group too. */
+ * destroy, buffer_life.c; memory (de)registration, memreg.c), which holds the group's channel; a
+ * failure breaks the group too. */
 static ep_status_t boot_locked(ep_ctx_t *ctx, int kind, const void *send, void *recv, size_t bytes,
                                int fd, int *fds) {
   ep_group *g = ctx->buf->group;
   if (!ep_group_in_call(g))
-    return ep_err(EP_ERR_INTERNAL, "bootstrap exchange outside a buffer create or destroy");
+    return ep_err(EP_ERR_INTERNAL, "bootstrap exchange outside a collective call of the buffer");
   return ep_group_xchg(g, kind, send, recv, bytes, fd, fds, EP_OK, ctx->buf->timeout_s);
 }
 

@@ -21,6 +21,7 @@ struct ep_buffer_s {
   size_t bytes; /* the backend's size hint for this buffer */
   struct ep_ctx ctx;
   ep_errbox_t err;
+  ep_id_t mems[EP_MAX_MEM_REGS]; /* registrations by slot (memreg.c); 0: free */
 };
 typedef struct ep_buffer_s ep_buffer;
 
@@ -50,6 +51,8 @@ ep_status_t ep_ll_check_config(const ep_buffer_config_t *c, int nranks);
 const struct ep_backend_ops *ep_backend_find(ep_backend_t id);
 /* Collective: every rank's config must be the same. */
 ep_status_t ep_buffer_agree_config(ep_buffer *b);
+/* Buffer teardown: the registrations' ids go (the backend undoes its part in its destroy). */
+void ep_mem_drop_all(ep_buffer *b);
 /* Resolve a handle of this buffer. */
 ep_status_t ep_handle_get(ep_buffer *b, const void *h, const char *op, const char *arg,
                           enum ep_handle_kind kind, ep_handle **out);

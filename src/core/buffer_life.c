@@ -95,6 +95,7 @@ static ep_status_t buffer_teardown(ep_buffer_t buffer, bool collective, const ch
   bool quiesce = collective && !b->broken;
   ep_log_at(EP_LOG_INFO, g->rank, "teardown", "buffer %#" PRIx64 ": %s%s", b->id, op,
             collective && !quiesce ? " (broken: local release only)" : "");
+  ep_mem_drop_all(b);
   st = b->ops->destroy(b->state, quiesce);
   if (collective) ep_group_call_end(g);
   if (st) ep_err_prefix(op);

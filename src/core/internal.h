@@ -47,7 +47,13 @@ void ep_env_check_unknown(void); /* warn once about unknown EP_* (typos) */
 
 /* ---- object registry (registry.c): opaque ids with generations, so that a stale or doubled
  * handle is detected instead of dereferenced. */
-enum ep_obj_kind { EP_OBJ_GROUP = 1, EP_OBJ_BUFFER = 2, EP_OBJ_HANDLE = 3, EP_OBJ_LL_HANDLE = 4 };
+enum ep_obj_kind {
+  EP_OBJ_GROUP = 1,
+  EP_OBJ_BUFFER = 2,
+  EP_OBJ_HANDLE = 3,
+  EP_OBJ_LL_HANDLE = 4,
+  EP_OBJ_MEM = 5 /* a registration of caller memory (memreg.c) */
+};
 typedef uint64_t ep_id_t;
 ep_status_t ep_reg_add(enum ep_obj_kind kind, void *obj, int rank, ep_id_t *id);
 /* Look up and pin (in-flight count + 1). EP_ERR_DESTROYED / EP_ERR_INVALID_ARG / EP_ERR_BUSY

@@ -68,6 +68,7 @@ static const char *kind_name(int kind) {
   return kind == EP_OBJ_GROUP    ? "group"
          : kind == EP_OBJ_BUFFER ? "buffer"
          : kind == EP_OBJ_HANDLE ? "handle"
+         : kind == EP_OBJ_MEM    ? "memory registration"
                                  : "low-latency handle";
 }
 
@@ -116,7 +117,7 @@ static ep_status_t slot_find(ep_id_t id, enum ep_obj_kind kind, slot_t **out) {
   int idkind = (int)(id >> KIND_SHIFT);
   if (id == 0) return ep_err(EP_ERR_NULL_ARG, "%s is NULL", kind_name(kind));
   if (idx == 0 || idx > (uint64_t)reg.used || gen == 0 || idkind < EP_OBJ_GROUP ||
-      idkind > EP_OBJ_LL_HANDLE)
+      idkind > EP_OBJ_MEM)
     return ep_err(EP_ERR_INVALID_ARG, "%s: not an epcomm %s", kind_name(kind), kind_name(kind));
   slot_t *s = &reg.slots[idx - 1];
   if (idkind != (int)kind)
@@ -223,7 +224,7 @@ __attribute__((destructor)) static void ep_reg_report_at_exit(void) {
       live++; /* kept reachable all the same: a leak checker must not blame the child */
       continue;
     }
-    if (s->kind == EP_OBJ_HANDLE || s->kind == EP_OBJ_LL_HANDLE) live++;
+    if (s->kind == EP_OBJ_HANDLE || s->kind == EP_OBJ_LL_HANDLE || s->kind == EP_OBJ_MEM) live++;
     if (s->kind != EP_OBJ_GROUP && s->kind != EP_OBJ_BUFFER) continue;
     unsigned long long id =
         ((uint64_t)s->kind << KIND_SHIFT) | ((s->gen & GEN_MASK) << SLOT_BITS) | (uint64_t)(i + 1);

@@ -8,7 +8,10 @@
  *   - a page-locked host block mapped into the device (error word, counts for the host, abort);
  *   - an arena from which handles take their device memory (plans), so that a dispatch never
  *     calls cudaMalloc and stays capturable in a CUDA graph;
- *   - a side stream (for reject) and an event that orders calls made on different streams.
+ *   - a side stream (for reject) and an event that orders calls made on different streams;
+ *   - registrations of caller memory (cuda_reg.c): the peers' allocations mapped through CUDA IPC
+ *     (each opened once, shared by the registrations inside it) and a device table of every
+ *     rank's registered ranges as mapped here.
  * Destroy quiesces (own work, then a barrier), closes every mapping, then frees in reverse.
  */
 #ifndef EP_CUDA_H
@@ -22,6 +25,8 @@
 #include "cuda/kernels/ep_kernels.h"
 
 typedef struct cuda_arena cuda_arena_t;
+typedef struct cuda_reg cuda_reg_t; /* one registration (cuda_reg.c) */
+typedef struct cuda_map cuda_map_t; /* one peer allocation opened for registrations */
 
 typedef struct {
   ep_ctx_t *ctx;
@@ -45,6 +50,11 @@ typedef struct {
   int fit_blocks;         /* this rank's share of its GPU's SMs (SMs / ranks on the GPU) */
   uint64_t off_ll;        /* its region in the pool */
   epk_trace_t *trace_mem; /* EP_CUDA_TRACE: device sums of the normal-mode phases, else NULL */
+  cudaIpcMemHandle_t *pool_handles; /* [R] every rank's pool as exported */
+  cuda_reg_t *regs;                 /* [EP_MAX_MEM_REGS] registrations of caller memory */
+  cuda_map_t *maps;                 /* peers' allocations opened for them */
+  int nmaps, capmaps;
+  uint8_t **reg_table; /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */
@@ -93,6 +103,15 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op);
 bool cuda_quiesce(cuda_state_t *s, double seconds);
 void cuda_reject(void *state);
 int cuda_set_device(int dev, int *prev);
+
+/* ---- cuda_reg.c: registrations of caller memory (ep_register_memory) */
+ep_status_t cuda_mem_register(void *state, int slot, void *ptr, size_t bytes);
+ep_status_t cuda_mem_deregister(void *state, int slot);
+/* Buffer teardown: closes every mapping of the registrations left, in reverse order, silently. */
+void cuda_reg_teardown(cuda_state_t *s);
+/* The registration of this rank that holds [p, p + bytes): its slot (*off: the byte offset of p
+ * in it), or -1. */
+int cuda_reg_find(const cuda_state_t *s, const void *p, uint64_t bytes, int64_t *off);
 
 /* ---- operations */
 ep_status_t cuda_layout(void *state, const ep_layout_args_t *a);

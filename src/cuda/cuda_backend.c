@@ -15,7 +15,8 @@ static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, siz
   *bytes = cuda_pool_layout(nranks, cfg->num_channels, cfg->queue_bytes,
                             cuda_ll_region_bytes(cfg, nranks, &ll), &off_ll, &kb) +
            ((size_t)(arena_mb > 1 ? arena_mb : 1) << 20) + 4096 + 16ull * (size_t)nranks +
-           4ull * EP_MAX_LOCAL_EXPERTS * (size_t)nranks + cuda_ll_private_bytes(cfg, nranks);
+           8ull * EP_MAX_MEM_REGS * (size_t)nranks + 4ull * EP_MAX_LOCAL_EXPERTS * (size_t)nranks +
+           cuda_ll_private_bytes(cfg, nranks);
   return EP_OK;
 }
 
@@ -128,8 +129,8 @@ static ep_status_t cuda_available(void) {
 static const struct ep_backend_ops cuda_ops = {
     .name = "cuda",
     .id = EP_BACKEND_CUDA,
-    .caps =
-        EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE | EP_CAP_COMBINE_BUFFER,
+    .caps = EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE |
+            EP_CAP_COMBINE_BUFFER | EP_CAP_REGISTER_MEMORY,
     .dispatch_view_lifetime = EP_LIFETIME_NEXT_DISPATCH,
     .ll_view_lifetime = EP_LIFETIME_HANDLE,
     .available = cuda_available,
@@ -141,6 +142,8 @@ static const struct ep_backend_ops cuda_ops = {
     .combine = cuda_combine,
     .combine_buffer = cuda_combine_buffer,
     .reject = cuda_reject,
+    .mem_register = cuda_mem_register,
+    .mem_deregister = cuda_mem_deregister,
     .ll_dispatch = cuda_ll_dispatch,
     .ll_recv = cuda_ll_recv,
     .ll_combine = cuda_ll_combine,

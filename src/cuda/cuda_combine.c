@@ -1,7 +1,8 @@
 /* Normal-mode combine on the GPU (SEMANTICS.md §4): a hello kernel (checks, rounds), then the
  * combine kernel; both on the caller's stream, no host synchronisation. When x lies in this rank's
- * receive area (for instance the bf16 dispatch view, overwritten in place by the expert),
- * peers read it where it is; otherwise the kernel stages it in the combine area first. */
+ * receive area (for instance the bf16 dispatch view, overwritten in place by the expert), is the
+ * combine buffer, or lies in memory this rank registered (ep_register_memory), peers read it
+ * where it is; otherwise the kernel stages it in the combine area first. */
 #include <stdint.h>
 #include <string.h>
 
@@ -88,7 +89,8 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
   }
   const uint64_t row = (uint64_t)h->hidden * 2;
   const bool in_c = a->x == s->pool + s->kb.off_area_c;
-  const int64_t xoff = in_c ? (int64_t)s->kb.off_area_c : direct_offset(s, a->x, h->recv_rows, row);
+  int64_t xoff = in_c ? (int64_t)s->kb.off_area_c : direct_offset(s, a->x, h->recv_rows, row);
+  const int x_reg = xoff >= 0 ? -1 : cuda_reg_find(s, a->x, (uint64_t)h->recv_rows * row, &xoff);
   const int wgap256 = in_c ? (int)(c_rows_bytes(h) / 256) : 0;
   epk_notify_t n;
   memset(&n, 0, sizeof n);
@@ -105,10 +107,24 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
   n.plan = p->plan;
   n.xrow = row;
   n.wrow = has_w ? (uint64_t)h->topk * 4 : 0;
-  epk_combine_t k = {
-      h->num_tokens, h->hidden,           h->topk, has_w,           xoff >= 0,  wgap256,
-      xoff,          h->recv_rows,        a->x,    a->topk_weights, a->bias[0], a->bias[1],
-      a->out,        a->out_topk_weights, p->plan, p->src,          p->src_cap};
+  epk_combine_t k = {.num_tokens = h->num_tokens,
+                     .hidden = h->hidden,
+                     .topk = h->topk,
+                     .has_w = has_w,
+                     .direct = xoff >= 0,
+                     .wgap256 = wgap256,
+                     .x_off = xoff,
+                     .x_rows = h->recv_rows,
+                     .x = a->x,
+                     .w = a->topk_weights,
+                     .bias0 = a->bias[0],
+                     .bias1 = a->bias[1],
+                     .out = a->out,
+                     .out_w = a->out_topk_weights,
+                     .plan = p->plan,
+                     .hsrc = p->src,
+                     .hsrc_cap = p->src_cap,
+                     .x_reg = x_reg};
   rc = cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
   if (!rc) rc = cuda_check(s, epk_launch_combine(&s->kb, &k, st), OP, "launch");
   cuda_leave(s, st, true);

@@ -22,7 +22,7 @@ size_t cuda_pool_layout(int R, int C, size_t queue_bytes, uint64_t ll_bytes, uin
     off = *flags[i] + epk_al(4 * r, 128);
   }
   kb->off_ctab = epk_al(off, 128);
-  off = kb->off_ctab + 16 * r;
+  off = kb->off_ctab + 32 * r;
   kb->area_bytes = epk_al(r * (uint64_t)C * queue_bytes, 4096);
   kb->off_area_d = epk_al(off, 4096);
   kb->off_area_c = kb->off_area_d + kb->area_bytes;
@@ -97,6 +97,7 @@ static void block_table(const peer_info_t *all, int R, int32_t *blocks) {
 }
 
 static ep_status_t open_peers(cuda_state_t *s, const peer_info_t *all) {
+  for (int r = 0; r < s->nranks; r++) s->pool_handles[r] = all[r].handle;
   for (int r = 0; r < s->nranks; r++) {
     if (r == s->rank) {
       s->peer_ptrs[r] = s->pool;
@@ -114,11 +115,13 @@ static ep_status_t open_peers(cuda_state_t *s, const peer_info_t *all) {
   return EP_OK;
 }
 
-/* Private device memory: control words, peer table, block table, expert scratch. */
+/* Private device memory: control words, peer table, block table, registration table, expert
+ * scratch. */
 static ep_status_t private_setup(cuda_state_t *s, const int32_t *blocks) {
   int R = s->nranks;
   size_t o_peers = epk_al(sizeof(epk_priv_t), 256), o_blocks = o_peers + epk_al(8ull * R, 256);
-  size_t o_ecount = o_blocks + epk_al(4ull * R, 256);
+  size_t o_regs = o_blocks + epk_al(4ull * R, 256);
+  size_t o_ecount = o_regs + epk_al(8ull * EP_MAX_MEM_REGS * R, 256);
   size_t bytes = o_ecount + 4ull * EP_MAX_LOCAL_EXPERTS * R;
   ep_status_t st = cuda_check(s, cudaMalloc(&s->priv_mem, bytes), OP, "private memory");
   if (st) return st;
@@ -132,6 +135,8 @@ static ep_status_t private_setup(cuda_state_t *s, const int32_t *blocks) {
   s->kb.priv = (epk_priv_t *)m;
   s->kb.peers = (uint8_t *const *)(m + o_peers);
   s->kb.peer_blocks = (const int32_t *)(m + o_blocks);
+  s->reg_table = (uint8_t **)(m + o_regs);
+  s->kb.regs = s->reg_table;
   s->kb.ecount = (int32_t *)(m + o_ecount);
   s->kb.blocks = blocks[s->rank];
   return EP_OK;
@@ -200,7 +205,8 @@ static ep_status_t exchange(cuda_state_t *s, const ep_buffer_config_t *cfg) {
 ep_status_t cuda_mem_setup(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   s->peer_ptrs = calloc((size_t)s->nranks, sizeof *s->peer_ptrs);
   s->opened = calloc((size_t)s->nranks, sizeof *s->opened);
-  if (!s->peer_ptrs || !s->opened)
+  s->pool_handles = calloc((size_t)s->nranks, sizeof *s->pool_handles);
+  if (!s->peer_ptrs || !s->opened || !s->pool_handles)
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "init", "out of memory");
   s->kb.rank = s->rank;
   s->kb.nranks = s->nranks;
@@ -212,6 +218,7 @@ ep_status_t cuda_mem_setup(cuda_state_t *s, const ep_buffer_config_t *cfg) {
 void cuda_mem_teardown(cuda_state_t *s, bool collective) {
   if (s->device >= 0) cudaSetDevice(s->device);
   cuda_ll_destroy(s);
+  cuda_reg_teardown(s);
   for (int r = 0; s->opened && r < s->nranks; r++)
     if (s->opened[r]) cudaIpcCloseMemHandle(s->peer_ptrs[r]);
   if (collective) ep_ctx_barrier(s->ctx);
@@ -223,4 +230,5 @@ void cuda_mem_teardown(cuda_state_t *s, bool collective) {
   if (s->pool) cudaFree(s->pool);
   free(s->peer_ptrs);
   free(s->opened);
+  free(s->pool_handles);
 }

@@ -189,3 +189,42 @@ def cached_other_format(ctx, seed, sizes, H, E, topk):
         _check_recv(ck, recv, True, want[me], "fp8 along a bf16 handle")
     ref.free_dispatch(st)
     ck.done()
+
+
+def registered_combine(ctx, seed, sizes, H, E, topk):
+    """Buffer.register: a combine whose x is a slice of a registered tensor gives the same bits
+    as the reference; the registration as a context manager, its end, and its going with the
+    buffer."""
+    R, me, dev = ctx.nranks, ctx.rank, ctx.device
+    xs, _, idxs, ws, _ = _world(R, seed, sizes, H, E, topk, False)
+    want, st = ref.dispatch(xs, idxs, ws, E, 1, None)
+    ck = Check(me, f"registered_combine(R={R})")
+    buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
+    reg2 = None
+    try:
+        idx = idxs[me].to(dev)
+        tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
+        _, _, r_w, _, handle, _ = buf.dispatch(xs[me].to(dev), num_tokens_per_rank=tpr,
+                                               is_token_in_rank=itr, num_tokens_per_expert=tpe,
+                                               topk_idx=idx, topk_weights=ws[me].to(dev))
+        nrs = [w_["nr"] for w_ in want]
+        ys, b0, _ = _combine_inputs(seed, R, nrs, H, 1, sizes)
+        out_want, outw_want = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want],
+                                          b0, None)
+        big = torch.zeros((sum(sizes) + 8, H), dtype=BF16, device=dev)
+        x = big[8:8 + nrs[me]]
+        with buf.register(big) as reg:
+            ck.true(reg.active, "a registration is active")
+            x.copy_(ys[me].to(dev))
+            out, out_w, _ = buf.combine(x, handle, topk_weights=r_w, bias=b0[me].to(dev))
+            ck.bits(out, out_want[me], "combined_x from a registered tensor")
+            ck.bits(out_w, outw_want[me], "combined_topk_weights from a registered tensor")
+        ck.true(not reg.active, "the registration ended with its block")
+        out, _, _ = buf.combine(x, handle, topk_weights=r_w, bias=b0[me].to(dev))
+        ck.bits(out, out_want[me], "combined_x after the deregistration (staging path)")
+        reg2 = buf.register(big)
+    finally:
+        buf.destroy()
+    ck.true(reg2 is not None and not reg2.active, "a registration goes with its buffer")
+    ref.free_dispatch(st)
+    ck.done()

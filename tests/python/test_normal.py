@@ -63,3 +63,9 @@ def test_odd_sizes(worlds, device, R):
 def test_cached_dispatch_in_another_format(worlds, device, R):
     worlds.get(R, device).run("scen_normal.cached_other_format", seed=9, sizes=sizes(R, 20),
                               H=H, E=E, topk=TOPK)
+
+
+@pytest.mark.parametrize("R", RANKS)
+def test_registered_combine(worlds, device, R):
+    worlds.get(R, device).run("scen_normal.registered_combine", seed=10, sizes=sizes(R), H=H, E=E,
+                              topk=TOPK)

@@ -2,8 +2,10 @@
  * times) with the main output mode and into caller tensors; a combine whose input is the bf16
  * dispatch view the experts wrote into (backends with views); a combine whose input is
  * ep_get_combine_buffer's memory, alone and with the experts' write, beside the same write into
- * a separate tensor (backends with a combine buffer). Each is its own loop; its last outputs must
- * be identical to the main rows' checked ones (digests). */
+ * a separate tensor (backends with a combine buffer); a combine whose input is a separate tensor
+ * registered with the buffer (ep_register_memory), alone and with the experts' write (backends
+ * that read registered memory in place). Each is its own loop; its last outputs must be
+ * identical to the main rows' checked ones (digests). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -125,6 +127,38 @@ static int combine_buffer(normal_t *u, ep_output_mode_t mode) {
   return rc;
 }
 
+/* A separate tensor, registered with the buffer: the peers read it in place. The combine alone
+ * (the rows written once), then the experts' write + combine. A registration the backend
+ * refuses (alike on every rank) skips the rows with a note. */
+static int combine_registered(normal_t *u, ep_output_mode_t mode) {
+  bench_ctx_t *c = u->c;
+  size_t bytes = (size_t)(u->nr ? u->nr : 1) * u->H * 2;
+  var_t v = {u, NULL, mode, NULL, NULL, NULL, ""};
+  void *tensor = bench_alloc(c, bytes);
+  ep_mem_t mem = NULL;
+  if (!tensor) return 1;
+  ep_status_t st = ep_register_memory(c->buf, tensor, bytes, &mem);
+  if (st) {
+    fprintf(stderr, "epcomm bench: no registered-tensor rows: %s\n", ep_last_error());
+    bench_free(c, tensor);
+    return st == EP_ERR_UNSUPPORTED ? 0 : 1;
+  }
+  int rc = bench_normal_dispatch(u, NULL, mode, NULL, NULL);
+  if (!rc) v.h = u->h, u->h = NULL;
+  if (!rc && (rc = bench_copy(c, tensor, u->y, (size_t)u->nr * u->H * 2)))
+    fprintf(stderr, "epcomm bench: %s\n", bench_dev_error());
+  v.x = tensor;
+  if (!rc)
+    rc = write_combine(u, &v, "combine_reg", "epcomm combine, x = reg. tensor", call_combine);
+  if (!rc)
+    rc = write_combine(u, &v, "write_combine_reg", "epcomm write + combine, reg. tensor",
+                       call_write_combine);
+  ep_handle_destroy(v.h);
+  if (bench_said(ep_deregister_memory(c->buf, mem), "ep_deregister_memory")) rc = 1;
+  bench_free(c, tensor);
+  return rc;
+}
+
 int bench_normal_variants(normal_t *u) {
   bench_ctx_t *c = u->c;
   ep_output_mode_t main_mode = u->views ? EP_OUTPUT_VIEWS : EP_OUTPUT_ALLOC;
@@ -139,6 +173,7 @@ int bench_normal_variants(normal_t *u) {
   bench_free(c, v.rx), bench_free(c, v.rs);
   if (!rc && u->views && c->o->dtype == BENCH_BF16) rc = combine_view(u);
   if (!rc && (c->caps & EP_CAP_COMBINE_BUFFER)) rc = combine_buffer(u, main_mode);
+  if (!rc && (c->caps & EP_CAP_REGISTER_MEMORY)) rc = combine_registered(u, main_mode);
   ep_handle_destroy(v.h);
   return rc;
 }

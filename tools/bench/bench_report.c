@@ -113,6 +113,9 @@ static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, s
               {"write_combine_cbuf",
                " write + combine: the experts' write (a device copy of their rows) "
                "and the combine, timed together."},
+              {"combine_reg",
+               " reg. tensor: a separate tensor registered with the buffer "
+               "(ep_register_memory), read in place by the peers."},
               {"combine_zero_copy",
                " zero copy: the experts' outputs written into "
                "ep_ll_get_combine_buffer's area."},

@@ -1,8 +1,10 @@
 /* Combine: every source pulls the rows of its tokens from the ranks that hold them and reduces
  * them in registers (bias0 + bias1, then each rank's row in ascending rank order, in fp32; one
  * RNE rounding to bf16). A rank's rows are read where they are when its input x lies in its
- * area D (for instance the bf16 dispatch view, overwritten by the expert); otherwise the rank
- * first stages them in its area C. When staging cannot hold all rows at once, the call runs in
+ * area D (for instance the bf16 dispatch view, overwritten by the expert), at the start of its
+ * area C (ep_get_combine_buffer) or in memory it registered (ep_register_memory: its ctab entry
+ * names the registration, which every peer has mapped); otherwise the rank first stages them in
+ * its area C. When staging cannot hold all rows at once, the call runs in
  * rounds over chunks of source tokens; each round: stage -> "staged" -> pull -> "done". */
 #include "cuda/kernels/common.cuh"
 
@@ -22,7 +24,8 @@
 namespace {
 
 struct cstate {
-  long long *xo, *wo; /* [R] per holder r: byte offset in r's pool of our row 0 (x, weights) */
+  long long *xo, *wo; /* [R] per holder r: our row 0 of x (its address here) and of the weights
+                         (byte offset in r's pool) */
   int *pre, *cme;     /* [R] per source s: first row of s's rows here, and how many */
   int *lo, *hi, *so;  /* [R] rows of s in this round, and where they are staged */
 };
@@ -116,11 +119,12 @@ __device__ void stage(const epk_buf_t &b, const epk_combine_t &a, const cstate &
     for (int j = lane; a.has_w && j < a.topk; j += 32) wd[j] = a.w[row * a.topk + j];
   }
   for (int s = threadIdx.x; blockIdx.x == 0 && s < R; s += CT) {
-    long long *ct = reinterpret_cast<long long *>(pool + b.off_ctab) + 2 * s;
+    long long *ct = reinterpret_cast<long long *>(pool + b.off_ctab) + 4 * s;
     const long long shift = (long long)c.so[s] - c.lo[s];
     ct[0] = a.direct ? a.x_off + (long long)c.pre[s] * (long long)xrow
                      : (long long)sx + shift * (long long)xrow;
     ct[1] = (long long)sw + shift * (long long)wrow;
+    ct[2] = a.direct ? a.x_reg : -1; /* ct[0] is relative to: the pool, or that registration */
   }
 }
 
@@ -132,9 +136,8 @@ __device__ unsigned load_group(const epk_buf_t &b, const epk_combine_t &a, const
   __syncwarp();
   int p = r < R ? pos[(int64_t)t * R + r] : -1;
   if (p >= 0) {
-    const uint8_t *base = b.peers[r];
-    sx[lane] = base + c.xo[r] + (int64_t)p * a.hidden * 2;
-    sw[lane] = reinterpret_cast<const float *>(base + c.wo[r]) + (int64_t)p * a.topk;
+    sx[lane] = reinterpret_cast<const uint8_t *>(c.xo[r]) + (int64_t)p * a.hidden * 2;
+    sw[lane] = reinterpret_cast<const float *>(b.peers[r] + c.wo[r]) + (int64_t)p * a.topk;
   }
   unsigned m = __ballot_sync(EPK_FULL, p >= 0);
   __syncwarp();
@@ -250,8 +253,10 @@ __device__ void reduce(const epk_buf_t &b, const epk_combine_t &a, const cstate 
   __shared__ const float *s_w[CWARPS][32];
   const int warp = threadIdx.x >> 5;
   for (int r = threadIdx.x; r < b.nranks; r += CT) {
-    const long long *ct = reinterpret_cast<const long long *>(b.peers[r] + b.off_ctab) + 2 * b.rank;
-    c.xo[r] = __ldcg(ct);
+    const long long *ct = reinterpret_cast<const long long *>(b.peers[r] + b.off_ctab) + 4 * b.rank;
+    const long long reg = __ldcg(ct + 2);
+    const uint8_t *xb = reg < 0 ? b.peers[r] : b.regs[reg * b.nranks + r];
+    c.xo[r] = reinterpret_cast<long long>(xb + __ldcg(ct));
     c.wo[r] = __ldcg(ct + 1);
   }
   __syncthreads();

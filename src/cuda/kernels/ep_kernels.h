@@ -11,7 +11,10 @@
  *   and what the call is). A rank can be at most one call ahead of another, so two slots do.
  * - arrive[s]: blocks of source s that finished writing a dispatch window into area D.
  * - consumed[d]: dispatch windows receiver d has copied out (written by d into the sender's pool).
- * - staged[r], cdone[s], ctab[s]: combine rounds (rows ready on r / source s done reading).
+ * - staged[r], cdone[s], ctab[s]: combine rounds (rows ready on r / source s done reading);
+ *   ctab[s] is 4 int64: where source s finds its x rows (byte offset), its weights (byte offset
+ *   in the pool), and what the x offset is relative to (-1: the pool, else the slot of one of
+ *   the holder's registrations of caller memory).
  * - area D: dispatch receive area; senders write every row at its final row index (views).
  * - area C: combine staging, used when a rank's combine input is not already in area D.
  * All counters go back to zero at the end of each call, by their owner, once every peer has
@@ -168,7 +171,9 @@ typedef struct {
   uint64_t timeout_ns;
   uint64_t slot_bytes, off_hello, off_arrive, off_consumed, off_staged, off_cdone, off_ctab;
   uint64_t off_area_d, off_area_c, area_bytes, pool_bytes;
-  epk_trace_t *trace; /* EP_CUDA_TRACE, else NULL */
+  epk_trace_t *trace;   /* EP_CUDA_TRACE, else NULL */
+  uint8_t *const *regs; /* device array [EP_MAX_MEM_REGS][R]: registration `slot` of rank r, as
+                           mapped here, at [slot * R + r] (NULL: none) */
 } epk_buf_t;
 
 EPK_HD uint64_t epk_al(uint64_t x, uint64_t a) {
@@ -279,6 +284,9 @@ typedef struct {
   const int32_t *plan;
   const int32_t *hsrc;
   int64_t hsrc_cap;
+  int x_reg; /* direct: -1, x_off is in the pool; else x_off is in this rank's registration
+                x_reg of caller memory */
+  int pad;
 } epk_combine_t;
 
 cudaError_t epk_launch_layout(const epk_buf_t *b, const epk_layout_t *a, cudaStream_t s);

@@ -1,0 +1,308 @@
+/* Registered caller memory (ep_register_memory, docs/SEMANTICS.md §4.7) on the backend EP_BACKEND
+ * names: cpu (the range is recorded; combine reads any x where it is, as always) or cuda (the
+ * peers read an x inside a registration in place; skipped with a reason without a GPU).
+ *   test_memreg combine N  N rounds of random routing: dispatch, then a combine whose x lies in a
+ *                          registered tensor (two registrations in one allocation, x at an
+ *                          interior offset of the second), with and without weights and a bias;
+ *                          then x in a separate unregistered tensor, and x in the range after its
+ *                          deregistration (the staging path): every output checked against the
+ *                          reference, bit for bit
+ *   test_memreg misuse     NULL and size-0 arguments, a rank rejecting alone, too many
+ *                          registrations, stale and foreign handles, ranks deregistering in
+ *                          different orders (EP_ERR_MISMATCH on every rank, buffer usable after);
+ *                          cuda: host memory, a range past its allocation, cudaMallocAsync memory
+ *   test_memreg cycles N   N x (register, combine, deregister); cuda: device memory flat */
+#include "common.h"
+#include "ref.h"
+
+enum { H = 256, TOPK = 4, NMAX = 40, PAD = 24 /* rows before x in the registered tensor */ };
+
+typedef struct {
+  int R, me, E;
+  ep_group_t g;
+  ep_buffer_t b;
+} ctx_t;
+
+typedef struct {
+  int n[64];
+  uint16_t *x[64], *y[64], *bias[64];
+  int64_t *idx[64];
+  float *w[64];
+} data_t;
+
+static void make_data(const ctx_t *c, int round, data_t *d) {
+  for (int s = 0; s < c->R; s++) {
+    t_rng r = t_seed(0x3e6 + (uint64_t)round, (uint64_t)s);
+    int n = d->n[s] = t_below(&r, NMAX + 1);
+    d->x[s] = t_xmalloc((size_t)NMAX * H * 2);
+    d->y[s] = t_xmalloc((size_t)c->R * NMAX * H * 2);
+    d->bias[s] = t_xmalloc((size_t)NMAX * H * 2);
+    d->idx[s] = t_xmalloc((size_t)NMAX * TOPK * 8);
+    d->w[s] = t_xmalloc((size_t)NMAX * TOPK * 4);
+    for (int i = 0; i < n * H; i++) d->x[s][i] = t_rand_bf16(&r), d->bias[s][i] = t_rand_bf16(&r);
+    for (int i = 0; i < c->R * NMAX * H; i++) d->y[s][i] = t_rand_bf16(&r);
+    for (int t = 0; t < n; t++)
+      for (int k = 0; k < TOPK; k++) { /* distinct experts per token, some slots unused */
+        int64_t e = t_below(&r, 10) < 2 ? -1 : t_below(&r, c->E);
+        for (int j = 0; j < k && e >= 0; j++)
+          if (d->idx[s][t * TOPK + j] == e) e = -1;
+        d->idx[s][t * TOPK + k] = e;
+        d->w[s][t * TOPK + k] = t_unit(&r);
+      }
+  }
+}
+
+static void free_data(const ctx_t *c, data_t *d) {
+  for (int s = 0; s < c->R; s++)
+    free(d->x[s]), free(d->y[s]), free(d->bias[s]), free(d->idx[s]), free(d->w[s]);
+}
+
+/* One dispatch of round `round`'s data, then a combine whose x is `x_at` (this rank's expert
+ * outputs written there first), checked against the reference. */
+static void round_at(const ctx_t *c, int round, void *x_at, const char *what) {
+  const int R = c->R, me = c->me, with_w = round & 1, with_bias = (round >> 1) & 1;
+  data_t d;
+  make_data(c, round, &d);
+  void *x = t_to_dev(d.x[me], (size_t)NMAX * H * 2), *idx = t_to_dev(d.idx[me], NMAX * TOPK * 8);
+  void *w = t_to_dev(d.w[me], NMAX * TOPK * 4), *b0 = t_to_dev(d.bias[me], NMAX * H * 2);
+  void *rx = t_dalloc((size_t)R * NMAX * H * 2), *rw = t_dalloc((size_t)R * NMAX * TOPK * 4);
+  void *out = t_dalloc(NMAX * H * 2), *outw = t_dalloc(NMAX * TOPK * 4);
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = d.n[me],
+                          .hidden = H,
+                          .topk_idx = idx,
+                          .topk_weights = w,
+                          .topk = TOPK,
+                          .num_experts = c->E};
+  ep_dispatch_out_t o = {.size = sizeof o,
+                         .mode = EP_OUTPUT_CALLER,
+                         .capacity = R * NMAX,
+                         .recv_x = rx,
+                         .recv_topk_weights = rw};
+  T_OK(ep_dispatch(c->b, &a, &o));
+  const int nr = o.num_recv_tokens;
+  if (nr) t_copy_to_dev(x_at, d.y[me], (size_t)nr * H * 2);
+  ep_combine_args_t cb = {.size = sizeof cb,
+                          .handle = o.handle,
+                          .x = x_at,
+                          .topk_weights = with_w ? rw : NULL,
+                          .bias = {with_bias ? b0 : NULL, NULL},
+                          .out = out,
+                          .out_topk_weights = with_w ? outw : NULL};
+  T_OK(ep_combine(c->b, &cb));
+  ref_rank_input_t ri[64];
+  for (int s = 0; s < R; s++) ri[s] = (ref_rank_input_t){d.n[s], d.x[s], NULL, d.idx[s], d.w[s]};
+  ref_recv_t rr[64];
+  memset(rr, 0, sizeof rr);
+  T_CHECK(ref_dispatch(R, c->E, TOPK, H * 2, 0, 1, ri, rr) == 0, "reference dispatch");
+  T_CHECK(rr[me].nr == nr, "%s, round %d: %d rows, the reference has %d", what, round, nr,
+          rr[me].nr);
+  uint16_t *ro[64];
+  float *row[64];
+  const float *wv[64];
+  const uint16_t *bv[64];
+  for (int s = 0; s < R; s++) {
+    ro[s] = t_xmalloc((size_t)NMAX * H * 2), row[s] = t_xmalloc(NMAX * TOPK * 4);
+    wv[s] = rr[s].topk_weights, bv[s] = d.bias[s];
+  }
+  T_CHECK(ref_combine(R, H, TOPK, ri, rr, (const uint16_t *const *)d.y, with_w ? wv : NULL,
+                      with_bias ? bv : NULL, NULL, ro, with_w ? row : NULL) == 0,
+          "reference combine");
+  uint16_t *got = t_to_host(out, (size_t)NMAX * H * 2);
+  T_CHECK(!memcmp(got, ro[me], (size_t)d.n[me] * H * 2),
+          "%s, round %d%s%s: combine out differs from the reference", what, round,
+          with_w ? ", weights" : "", with_bias ? ", bias" : "");
+  if (with_w) {
+    float *gw = t_to_host(outw, (size_t)NMAX * TOPK * 4);
+    T_CHECK(!memcmp(gw, row[me], (size_t)d.n[me] * TOPK * 4), "%s, round %d: out weights", what,
+            round);
+    free(gw);
+  }
+  for (int s = 0; s < R; s++) free(ro[s]), free(row[s]), ref_free_recv(&rr[s]);
+  free(got);
+  T_OK(ep_handle_destroy(o.handle));
+  void *all[] = {x, idx, w, b0, rx, rw, out, outw};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) t_dfree(all[i]);
+  free_data(c, &d);
+}
+
+static void ctx_init(ctx_t *c) {
+  t_init(&c->g, &c->me, &c->R);
+  c->E = 2 * c->R;
+  ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
+  T_OK(ep_buffer_create(c->g, &cfg, &c->b));
+}
+
+static void ctx_fini(ctx_t *c) {
+  T_OK(ep_buffer_destroy(c->b));
+  t_fini(c->g);
+}
+
+static size_t tensor_bytes(const ctx_t *c) {
+  return (size_t)(PAD + c->R * NMAX) * H * 2;
+}
+
+static int combine(int rounds) {
+  ctx_t c;
+  ctx_init(&c);
+  /* One allocation, two registrations: [0, half) and [PAD / 2 rows, end); x at PAD rows lies
+   * only in the second (on cuda the peers map the allocation once, for both). */
+  const size_t bytes = tensor_bytes(&c), rowb = (size_t)H * 2;
+  uint8_t *y = t_dalloc(bytes);
+  void *sep = t_dalloc((size_t)c.R * NMAX * rowb);
+  ep_mem_t first, second;
+  T_OK(ep_register_memory(c.b, y, bytes / 2, &first));
+  T_OK(ep_register_memory(c.b, y + PAD / 2 * rowb, bytes - PAD / 2 * rowb, &second));
+  for (int round = 0; round < rounds; round++) {
+    round_at(&c, round, y + PAD * rowb, "x registered");
+    round_at(&c, 1000 + round, sep, "x separate");
+  }
+  T_OK(ep_deregister_memory(c.b, second));
+  round_at(&c, 2000, y + PAD * rowb, "x in a deregistered range");
+  round_at(&c, 2001, y, "x at the start of the first registration");
+  T_OK(ep_deregister_memory(c.b, first));
+  /* Registrations left at destroy go with the buffer; their handles are then stale. */
+  T_OK(ep_register_memory(c.b, y, bytes, &first));
+  round_at(&c, 2002, y + PAD * rowb, "x registered again");
+  ctx_fini(&c);
+  T_STATUS(EP_ERR_DESTROYED, ep_deregister_memory(c.b, first));
+  t_dfree(y), t_dfree(sep);
+  if (c.me == 0) printf("test_memreg combine: R=%d, %d rounds checked\n", c.R, rounds);
+  return T_PASS;
+}
+
+/* ------------------------------------------------------------------ misuse */
+
+static void expect(ep_status_t got, ep_status_t want, const char *needle, const char *what) {
+  T_CHECK(got == want && (!needle || strstr(ep_last_error(), needle)),
+          "%s: %s (%s), expected %s naming \"%s\"", what, ep_status_name(got), ep_last_error(),
+          ep_status_name(want), needle ? needle : "");
+}
+
+#ifdef EP_HAVE_CUDA
+/* Memory the CUDA backend refuses, alike on every rank. */
+static void cuda_misuse(ctx_t *c, uint8_t *y, size_t bytes) {
+  ep_mem_t m = NULL;
+  char host[4096];
+  expect(ep_register_memory(c->b, host, sizeof host, &m), EP_ERR_INVALID_ARG, "host memory",
+         "host memory");
+  uint8_t *big = NULL; /* 4 MiB: whatever granularity the driver rounds sizes to */
+  T_CUDA(cudaMalloc((void **)&big, 4 << 20));
+  expect(ep_register_memory(c->b, big + (2 << 20), 4 << 20, &m), EP_ERR_OUT_OF_RANGE,
+         "past the end", "a range past its allocation");
+  T_CUDA(cudaFree(big));
+  (void)y, (void)bytes;
+  void *pool = NULL;
+  T_CUDA(cudaMallocAsync(&pool, 1 << 20, 0));
+  T_CUDA(cudaStreamSynchronize(0));
+  expect(ep_register_memory(c->b, pool, 1 << 20, &m), EP_ERR_UNSUPPORTED, "CUDA IPC",
+         "cudaMallocAsync memory");
+  T_CUDA(cudaFreeAsync(pool, 0));
+  T_CUDA(cudaStreamSynchronize(0));
+  T_CHECK(m == NULL, "a refused registration set *mem");
+}
+#endif
+
+static int misuse(void) {
+  ctx_t c;
+  ctx_init(&c);
+  const size_t bytes = tensor_bytes(&c), rowb = (size_t)H * 2;
+  uint8_t *y = t_dalloc(bytes);
+  ep_mem_t m = NULL, a, b;
+  expect(ep_register_memory(c.b, y, bytes, NULL), EP_ERR_NULL_ARG, "mem", "mem NULL");
+  expect(ep_register_memory(c.b, NULL, bytes, &m), EP_ERR_NULL_ARG, "ptr", "ptr NULL");
+  expect(ep_register_memory(c.b, y, 0, &m), EP_ERR_OUT_OF_RANGE, "bytes is 0", "bytes 0");
+  expect(ep_register_memory(c.b, (void *)~(uintptr_t)0xfff, 1 << 20, &m), EP_ERR_OUT_OF_RANGE,
+         "wraps", "a range that wraps");
+  expect(ep_deregister_memory(c.b, NULL), EP_ERR_NULL_ARG, "mem", "deregister NULL");
+  T_CHECK(m == NULL, "a refused registration set *mem");
+  if (c.R > 1) { /* one rank alone rejects: the others learn it at once */
+    ep_status_t st = ep_register_memory(c.b, c.me == 0 ? NULL : y, bytes, &m);
+    expect(st, c.me == 0 ? EP_ERR_NULL_ARG : EP_ERR_PEER_INVALID, NULL, "rank 0 alone rejects");
+  }
+#ifdef EP_HAVE_CUDA
+  if (t_cuda()) cuda_misuse(&c, y, bytes);
+#endif
+  /* Ranks that deregister in different orders: every rank fails, nothing changes. */
+  T_OK(ep_register_memory(c.b, y, bytes / 2, &a));
+  T_OK(ep_register_memory(c.b, y + bytes / 2, bytes / 2, &b));
+  if (c.R > 1) {
+    ep_status_t st = ep_deregister_memory(c.b, c.me == 0 ? a : b);
+    expect(st, EP_ERR_MISMATCH, "same order", "deregistrations in different orders");
+    round_at(&c, 7, y + PAD * rowb, "after a mismatch");
+  }
+  T_OK(ep_deregister_memory(c.b, a));
+  expect(ep_deregister_memory(c.b, a), EP_ERR_DESTROYED, "mem", "deregistered twice");
+  /* A handle of another buffer. */
+  ep_buffer_t other;
+  ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
+  T_OK(ep_buffer_create(c.g, &cfg, &other));
+  expect(ep_deregister_memory(other, b), EP_ERR_INVALID_ARG, "another buffer", "foreign handle");
+  T_OK(ep_buffer_destroy(other));
+  T_OK(ep_deregister_memory(c.b, b));
+  /* At most EP's limit alive at once; the next is refused, and the buffer still works. */
+  ep_mem_t many[65];
+  int n = 0;
+  for (; n < 65; n++) {
+    ep_status_t st = ep_register_memory(c.b, y + (size_t)n * 16, 16, &many[n]);
+    if (st) {
+      expect(st, EP_ERR_TOO_LARGE, "64 registrations", "the 65th registration");
+      break;
+    }
+  }
+  T_CHECK(n == 64, "%d registrations accepted, expected 64", n);
+  for (int i = n - 1; i >= 0; i--) T_OK(ep_deregister_memory(c.b, many[i]));
+  round_at(&c, 8, y + PAD * rowb, "after the misuse");
+  ctx_fini(&c);
+  t_dfree(y);
+  if (c.me == 0) printf("test_memreg misuse: R=%d\n", c.R);
+  return T_PASS;
+}
+
+/* ------------------------------------------------------------------ cycles */
+
+static size_t free_mem(void) {
+  size_t f = 0;
+#ifdef EP_HAVE_CUDA
+  size_t t = 0;
+  if (t_cuda()) T_CUDA(cudaMemGetInfo(&f, &t));
+#endif
+  return f;
+}
+
+static int cycles(int n) {
+  ctx_t c;
+  ctx_init(&c);
+  const size_t bytes = tensor_bytes(&c), rowb = (size_t)H * 2;
+  uint8_t *y = t_dalloc(bytes);
+  size_t f0 = 0;
+  for (int i = 0; i <= n; i++) {
+    ep_mem_t m;
+    T_OK(ep_register_memory(c.b, y, bytes, &m));
+    if (i % 10 == 0) round_at(&c, 3000 + i, y + PAD * rowb, "cycles");
+    T_OK(ep_deregister_memory(c.b, m));
+    if (i == 0) f0 = free_mem(); /* after the first: module load, context, first mappings */
+  }
+  T_OK(ep_group_barrier(c.g));
+  size_t f1 = free_mem();
+  printf("rank %d: %d cycles: device free memory %.1f -> %.1f MiB\n", c.me, n, f0 / 1048576.0,
+         f1 / 1048576.0);
+  /* Other ranks may be at another point of their last cycle: allow a little. */
+  T_CHECK(f1 + (16u << 20) >= f0, "device memory fell by %.1f MiB over %d cycles",
+          (f0 - f1) / 1048576.0, n);
+  ctx_fini(&c);
+  t_dfree(y);
+  return T_PASS;
+}
+
+int main(int argc, char **argv) {
+  const char *mode = argc > 1 ? argv[1] : "combine";
+  t_require_backend();
+  if (!strcmp(mode, "combine")) return combine(argc > 2 ? atoi(argv[2]) : 6);
+  if (!strcmp(mode, "misuse")) return misuse();
+  if (!strcmp(mode, "cycles")) return cycles(argc > 2 ? atoi(argv[2]) : 50);
+  fprintf(stderr, "unknown mode %s\n", mode);
+  return T_FAIL;
+}
