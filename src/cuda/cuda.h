@@ -55,6 +55,7 @@ typedef struct {
   cuda_map_t *maps;                 /* peers' allocations opened for them */
   int nmaps, capmaps;
   uint8_t **reg_table; /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
+  uint64_t *reg_bytes; /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */

@@ -121,7 +121,7 @@ static ep_status_t private_setup(cuda_state_t *s, const int32_t *blocks) {
   int R = s->nranks;
   size_t o_peers = epk_al(sizeof(epk_priv_t), 256), o_blocks = o_peers + epk_al(8ull * R, 256);
   size_t o_regs = o_blocks + epk_al(4ull * R, 256);
-  size_t o_ecount = o_regs + epk_al(8ull * EP_MAX_MEM_REGS * R, 256);
+  size_t o_ecount = o_regs + epk_al(16ull * EP_MAX_MEM_REGS * R, 256); /* pointers, sizes */
   size_t bytes = o_ecount + 4ull * EP_MAX_LOCAL_EXPERTS * R;
   ep_status_t st = cuda_check(s, cudaMalloc(&s->priv_mem, bytes), OP, "private memory");
   if (st) return st;
@@ -137,6 +137,8 @@ static ep_status_t private_setup(cuda_state_t *s, const int32_t *blocks) {
   s->kb.peer_blocks = (const int32_t *)(m + o_blocks);
   s->reg_table = (uint8_t **)(m + o_regs);
   s->kb.regs = s->reg_table;
+  s->reg_bytes = (uint64_t *)(m + o_regs + 8ull * EP_MAX_MEM_REGS * R);
+  s->kb.reg_bytes = s->reg_bytes;
   s->kb.ecount = (int32_t *)(m + o_ecount);
   s->kb.blocks = blocks[s->rank];
   return EP_OK;

@@ -14,6 +14,8 @@
 
 static const char OP_REG[] = "ep_register_memory", OP_DEREG[] = "ep_deregister_memory";
 
+_Static_assert(EPK_MAX_REGS == EP_MAX_MEM_REGS, "the kernels' table has a row per registration");
+
 struct cuda_map {
   cudaIpcMemHandle_t handle;
   int rank, refs; /* refs 0: closed, free for reuse */
@@ -31,6 +33,7 @@ struct cuda_reg {
 typedef struct {
   cudaIpcMemHandle_t handle; /* of the allocation that holds the range */
   uint64_t offset;           /* of the range in the allocation */
+  uint64_t bytes;            /* of the range */
   int32_t ok, pad;
 } reg_info_t;
 
@@ -100,6 +103,7 @@ static ep_status_t export_range(cuda_state_t *s, void *ptr, size_t bytes, reg_in
                        ptr, cudaGetErrorName(e));
   }
   me->offset = off;
+  me->bytes = bytes;
   return EP_OK;
 }
 
@@ -151,19 +155,65 @@ static ep_status_t map_peer(cuda_state_t *s, int r, const cudaIpcMemHandle_t *h,
   return *out = m, EP_OK;
 }
 
-/* Every peer's range as mapped here, into row[R]; reg->map records what to close. */
-static ep_status_t map_all(cuda_state_t *s, cuda_reg_t *reg, const reg_info_t *all, uint8_t **row) {
+/* Bytes mapped here from `base` on (the allocation that holds it), or 0. */
+static uint64_t mapped_bytes(const uint8_t *base) {
+  range_fn_t range = range_fn();
+  CUdeviceptr lo = 0;
+  size_t size = 0;
+  if (!range || range(&lo, &size, (CUdeviceptr)(uintptr_t)base) != CUDA_SUCCESS) return 0;
+  const uintptr_t b = (uintptr_t)base, l = (uintptr_t)lo;
+  return b >= l && b - l <= size ? (uint64_t)(size - (b - l)) : 0;
+}
+
+/* Every peer's range as mapped here, into row[R] (sizes[R]); reg->map records what to close.
+ * A peer's offset and size are checked against what is mapped here, whatever the peer says. */
+static ep_status_t map_all(cuda_state_t *s, cuda_reg_t *reg, const reg_info_t *all, uint8_t **row,
+                           uint64_t *sizes) {
   ep_status_t st = EP_OK;
   for (int r = 0; r < s->nranks && !st; r++) {
+    uint8_t *base;
+    uint64_t have;
     if (r == s->rank) {
-      row[r] = reg->ptr;
+      row[r] = reg->ptr, sizes[r] = reg->bytes;
+      continue;
     } else if (!memcmp(&all[r].handle, &s->pool_handles[r], sizeof all[r].handle)) {
-      row[r] = s->peer_ptrs[r] + all[r].offset; /* inside the peer's pool: mapped already */
+      base = s->peer_ptrs[r], have = s->kb.pool_bytes; /* inside the peer's pool: mapped already */
     } else if (!(st = map_peer(s, r, &all[r].handle, &reg->map[r]))) {
-      row[r] = s->maps[reg->map[r]].base + all[r].offset;
+      base = s->maps[reg->map[r]].base, have = mapped_bytes(base);
+    } else {
+      break;
     }
+    if (all[r].bytes == 0 || all[r].offset > have || all[r].bytes > have - all[r].offset)
+      st = ep_ctx_fail(s->ctx, EP_ERR_CUDA, r, OP_REG, "map",
+                       "rank %d's range (%llu bytes at offset %llu) does not lie in its "
+                       "allocation as mapped here (%llu bytes)",
+                       r, (unsigned long long)all[r].bytes, (unsigned long long)all[r].offset,
+                       (unsigned long long)have);
+    else
+      row[r] = base + all[r].offset, sizes[r] = all[r].bytes;
   }
   return st;
+}
+
+/* Row `slot` of the kernels' tables (NULL: cleared), complete on the device when this returns:
+ * the next combine on any stream may read it. */
+static ep_status_t table_write(cuda_state_t *s, int slot, uint8_t *const *row,
+                               const uint64_t *sizes, const char *op) {
+  const size_t n = (size_t)s->nranks, at = (size_t)slot * n;
+  void *zero = NULL;
+  if (!row && !(zero = calloc(n, sizeof(uint64_t)))) return EP_OK; /* clearing: best effort */
+  cudaError_t e = cudaMemcpyAsync(s->reg_bytes + at, row ? (const void *)sizes : zero,
+                                  n * sizeof(uint64_t), cudaMemcpyHostToDevice, s->side);
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(s->reg_table + at, row ? (const void *)row : zero, n * sizeof(void *),
+                        cudaMemcpyHostToDevice, s->side);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s->side);
+  free(zero);
+  if (!row) { /* clearing: silent, the call's own status stands */
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return EP_OK;
+  }
+  return cuda_check(s, e, op, "map");
 }
 
 static void reg_undo(cuda_state_t *s, cuda_reg_t *reg) {
@@ -188,14 +238,13 @@ static ep_status_t reg_alloc(cuda_state_t *s, int slot, cuda_reg_t **out) {
 /* Maps and publishes: this rank's part of a registration whose handles every rank has. */
 static ep_status_t reg_install(cuda_state_t *s, int slot, cuda_reg_t *reg, const reg_info_t *all) {
   uint8_t **row = calloc((size_t)s->nranks, sizeof *row);
-  if (!row) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP_REG, "map", "out of memory");
-  ep_status_t st = map_all(s, reg, all, row);
-  if (!st)
-    st = cuda_check(s,
-                    cudaMemcpy(s->reg_table + (size_t)slot * s->nranks, row,
-                               (size_t)s->nranks * sizeof *row, cudaMemcpyHostToDevice),
-                    OP_REG, "map");
-  free(row);
+  uint64_t *sizes = calloc((size_t)s->nranks, sizeof *sizes);
+  ep_status_t st = row && sizes
+                       ? EP_OK
+                       : ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP_REG, "map", "out of memory");
+  if (!st) st = map_all(s, reg, all, row, sizes);
+  if (!st) st = table_write(s, slot, row, sizes, OP_REG);
+  free(row), free(sizes);
   return st;
 }
 
@@ -222,6 +271,7 @@ ep_status_t cuda_mem_register(void *state, int slot, void *ptr, size_t bytes) {
   if (!mine && !st) {
     reg->live = true;
   } else if (reg) {
+    if (reg->ptr) (void)table_write(s, slot, NULL, NULL, OP_REG); /* a peer failed after ours */
     reg_undo(s, reg);
   }
   free(all);
@@ -241,11 +291,7 @@ ep_status_t cuda_mem_deregister(void *state, int slot) {
                      "kernels of this buffer did not finish; they were told to stop (the "
                      "mappings stay until the buffer's destroy)");
   if (!st && reg && reg->live) {
-    void *zero = calloc((size_t)s->nranks, sizeof(void *)); /* the table forgets the ranges */
-    if (zero && cudaMemcpy(s->reg_table + (size_t)slot * s->nranks, zero,
-                           (size_t)s->nranks * sizeof(void *), cudaMemcpyHostToDevice))
-      (void)cudaGetLastError();
-    free(zero);
+    (void)table_write(s, slot, NULL, NULL, OP_DEREG); /* the table forgets the ranges */
     reg_undo(s, reg);
   }
   /* Nobody returns (and frees its memory) while a peer may still have it mapped. */

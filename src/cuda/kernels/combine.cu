@@ -251,15 +251,28 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
 __device__ void reduce(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int k, int tc) {
   __shared__ const uint8_t *s_x[CWARPS][32];
   __shared__ const float *s_w[CWARPS][32];
-  const int warp = threadIdx.x >> 5;
-  for (int r = threadIdx.x; r < b.nranks; r += CT) {
+  const int warp = threadIdx.x >> 5, R = b.nranks;
+  const int32_t *cnt = epk_plan_cnt(const_cast<int32_t *>(a.plan));
+  bool bad = false;
+  for (int r = threadIdx.x; r < R; r += CT) {
     const long long *ct = reinterpret_cast<const long long *>(b.peers[r] + b.off_ctab) + 4 * b.rank;
-    const long long reg = __ldcg(ct + 2);
-    const uint8_t *xb = reg < 0 ? b.peers[r] : b.regs[reg * b.nranks + r];
-    c.xo[r] = reinterpret_cast<long long>(xb + __ldcg(ct));
+    const long long reg = __ldcg(ct + 2), off = __ldcg(ct);
+    const uint8_t *xb = b.peers[r];
+    if (reg != -1) { /* rank r's registration: it must be one mapped here, holding our rows */
+      const int64_t i = reg * R + r;
+      const uint64_t size = reg >= 0 && reg < EPK_MAX_REGS ? b.reg_bytes[i] : 0;
+      const uint64_t need = (uint64_t)max(cnt[b.rank * R + r], 0) * 2ull * (uint64_t)a.hidden;
+      xb = size ? b.regs[i] : nullptr;
+      if (!xb || off < 0 || (uint64_t)off > size || need > size - (uint64_t)off) {
+        epk_fail(b, EP_ERR_INTERNAL, EPK_PH_CHECK, r, (uint32_t)reg, true);
+        bad = true, xb = b.peers[r];
+      }
+    }
+    c.xo[r] = reinterpret_cast<long long>(xb + off);
     c.wo[r] = __ldcg(ct + 1);
   }
-  __syncthreads();
+  /* A bad entry stops this rank's call: nothing is read, the flags still go up for the peers. */
+  if (__syncthreads_or(bad)) return;
   const int64_t t0 = (int64_t)k * tc, t1 = min((int64_t)a.num_tokens, t0 + tc), n = t1 - t0;
   if (n <= 0) return;
   const int64_t lo = t0 + n * blockIdx.x / gridDim.x, hi = t0 + n * (blockIdx.x + 1) / gridDim.x;

@@ -160,6 +160,8 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
   t->kind = -1;
 }
 
+#define EPK_MAX_REGS 64 /* = EP_MAX_MEM_REGS (backend.h), checked in cuda_reg.c */
+
 /* What every kernel knows about its buffer; constant from create to destroy. */
 typedef struct {
   int rank, nranks, blocks, pad0;
@@ -171,9 +173,11 @@ typedef struct {
   uint64_t timeout_ns;
   uint64_t slot_bytes, off_hello, off_arrive, off_consumed, off_staged, off_cdone, off_ctab;
   uint64_t off_area_d, off_area_c, area_bytes, pool_bytes;
-  epk_trace_t *trace;   /* EP_CUDA_TRACE, else NULL */
-  uint8_t *const *regs; /* device array [EP_MAX_MEM_REGS][R]: registration `slot` of rank r, as
-                           mapped here, at [slot * R + r] (NULL: none) */
+  epk_trace_t *trace;        /* EP_CUDA_TRACE, else NULL */
+  uint8_t *const *regs;      /* device array [EPK_MAX_REGS][R]: registration `slot` of rank r, as
+                                mapped here, at [slot * R + r] (NULL: none) */
+  const uint64_t *reg_bytes; /* [EPK_MAX_REGS][R]: its size in bytes (0: none), for the bounds
+                                check of the offsets peers publish in ctab */
 } epk_buf_t;
 
 EPK_HD uint64_t epk_al(uint64_t x, uint64_t a) {
