@@ -496,7 +496,6 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         if self._group is None:
             return
         _lifecycle.untrack(self)
-        self._forget_registrations()  # they go with the buffer
         first = None
         for name in ("_llbuf", "_normal"):
             bid = getattr(self, name)
@@ -506,6 +505,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                     _C.buffer_destroy(bid)
                 except Exception as e:  # it is freed anyway; go on, report the first failure
                     first = first or e
+        self._forget_registrations()  # they went with the buffer: the tensors may go now
         group, self._group = self._group, None
         if self._owns_group:
             try:
@@ -524,8 +524,6 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         return self._group is not None
 
     def _release_quietly(self):
-        if getattr(self, "_registrations", None):
-            self._forget_registrations()
         for name in ("_llbuf", "_normal"):
             bid = getattr(self, name, None)
             setattr(self, name, None)
@@ -534,6 +532,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                     _C.buffer_release(bid)
                 except Exception:
                     pass
+        if getattr(self, "_registrations", None):
+            self._forget_registrations()  # after the release: the tensors may go now
         group, self._group = getattr(self, "_group", None), None
         if group is not None and self._owns_group:
             group._release_quietly()

@@ -39,10 +39,18 @@ class Registration:
         if self._id is None:
             raise DestroyedError("Registration.deregister: the tensor is not registered any more "
                                  "(deregistered, or its Buffer was destroyed)")
-        rid, self._id = self._id, None
-        self._buffer._registrations.pop(rid, None)
-        self.tensor = None
-        _C.deregister_memory(self._bid, rid)
+        # The tensor stays referenced until the call returns (peers may read it until then); a
+        # call that fails before the exchange (ranks in different calls) leaves it registered.
+        try:
+            _C.deregister_memory(self._bid, self._id)
+        except DestroyedError:
+            self._drop()
+            raise
+        self._drop()
+
+    def _drop(self):
+        self._buffer._registrations.pop(self._id, None)
+        self._id, self.tensor = None, None
 
     def _forget(self):
         """The buffer went: so did the registration (the C library dropped it)."""
