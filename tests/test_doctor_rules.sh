@@ -204,5 +204,37 @@ out=$("$bin" doctor env --config-bytes 1.5G 2>&1); rc=$?
 [ "$rc" = 2 ] && printf '%s' "$out" | grep -q "config-bytes '1.5G'" || why="$why; --config-bytes 1.5G: $rc"
 result "env: EP_* from the library's registry" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
 
+# Jobs across hosts (issue 14 item 5): NCCL and Open MPI variables that name interfaces which do
+# not exist here, lists Open MPI refuses, a split of ranks that cannot work.
+t0=$(date +%s%N)
+why=""
+net_env() { env -u NCCL_SOCKET_IFNAME -u NCCL_HOSTID -u OMPI_MCA_btl -u OMPI_MCA_btl_tcp_if_include \
+  -u OMPI_MCA_btl_tcp_if_exclude -u OMPI_MCA_oob_tcp_if_include -u OMPI_MCA_oob_tcp_if_exclude \
+  "$@" "$bin" doctor env 2>&1; }
+out=$(net_env NCCL_SOCKET_IFNAME=nosuch0 OMPI_MCA_btl_tcp_if_include=nosuch1 \
+      OMPI_MCA_oob_tcp_if_include=lo,nosuch2 OMPI_MCA_btl=tcp,vader); rc=$?
+[ "$rc" = 1 ] || why="status $rc, want 1"
+for want in '^NCCL_SOCKET_IFNAME +FAIL +=nosuch0' 'fix: it matches no interface that is up here' \
+            '^OMPI_MCA_btl_tcp_if_include +FAIL +=nosuch1: nosuch1 not here \(interfaces: .*lo' \
+            '^OMPI_MCA_oob_tcp_if_include +WARN +=lo,nosuch2: nosuch2 not here' \
+            '^OMPI_MCA_btl +FAIL .*without "self"'; do
+  printf '%s\n' "$out" | grep -qE "$want" || why="$why; no line /$want/"
+done
+out=$(net_env NCCL_SOCKET_IFNAME=lo OMPI_MCA_btl_tcp_if_include=127.0.0.0/8 OMPI_MCA_oob_tcp_if_include=lo)
+for want in '^NCCL_SOCKET_IFNAME +INFO' '^OMPI_MCA_btl_tcp_if_include +OK' '^OMPI_MCA_oob_tcp_if_include +OK'; do
+  printf '%s\n' "$out" | grep -qE "$want" || why="$why; no line /$want/ (valid values)"
+done
+out=$(net_env OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_btl_tcp_if_exclude=lo)
+printf '%s\n' "$out" | grep -qE '^OMPI_MCA_btl_tcp_if_include +FAIL .*both set' || why="$why; include and exclude"
+out=$(net_env NCCL_HOSTID=a NCCL_IB_DISABLE=1)
+n_ib=$(ls /sys/class/infiniband 2>/dev/null | wc -l)
+want_ib=$([ "$n_ib" -gt 0 ] && echo WARN || echo INFO)
+for want in '^NCCL_SOCKET_IFNAME +WARN +unset with NCCL_HOSTID' "^NCCL_IB_DISABLE +$want_ib "; do
+  printf '%s\n' "$out" | grep -qE "$want" || why="$why; no line /$want/"
+done
+out=$(net_env EP_HOSTS=3 OMPI_COMM_WORLD_SIZE=4)
+printf '%s\n' "$out" | grep -qE '^hosts +FAIL +EP_HOSTS=3 does not divide the 4 ranks' || why="$why; bad split"
+result "env: NCCL and MPI variables across hosts" "$t0" "$([ -z "$why" ] && echo 0 || echo 1)" "$why"
+
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

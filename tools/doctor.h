@@ -131,5 +131,7 @@ const char *dr_status_name(int status);
 void dr_net_run(dr_checks_t *out);
 /* NCCL_SOCKET_IFNAME must leave an interface that is up: DR_INFO, or DR_FAIL with *fix. */
 int dr_judge_socket_ifname(const char *v, const char **fix);
+/* NCCL_IB_DISABLE=1 on a host with InfiniBand/RoCE devices: DR_WARN with *fix; else DR_INFO. */
+int dr_judge_ib_disable(const char *v, const char **fix);
 
 #endif

@@ -2,9 +2,12 @@
  * network engine it needs be loaded, and do the NCCL/MPI variables name what exists here
  * (interfaces, a split of ranks that works). Library loads go through dlopen, as the library's
  * own engines do; nothing here starts MPI or NCCL. */
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +82,122 @@ int dr_judge_socket_ifname(const char *v, const char **fix) {
            excluded ? "excludes every" : "matches", names);
   *fix = msg;
   return DR_FAIL;
+}
+
+/* InfiniBand/RoCE devices of this host (/sys/class/infiniband), 0 when none or unknown. */
+static int ib_devices(void) {
+  DIR *d = opendir("/sys/class/infiniband");
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+  if (d) closedir(d);
+  return n;
+}
+
+/* NCCL_IB_DISABLE=1 where this host has InfiniBand/RoCE devices: NCCL crosses hosts over TCP
+ * sockets, a fraction of the NICs' bandwidth (right only for pretend hosts on one machine). */
+int dr_judge_ib_disable(const char *v, const char **fix) {
+  static char msg[256];
+  int n = ib_devices();
+  bool off = !strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes");
+  if (!off || n == 0) {
+    *fix = "";
+    return DR_INFO;
+  }
+  snprintf(msg, sizeof msg,
+           "this host has %d InfiniBand/RoCE device(s) (/sys/class/infiniband): unset it, or NCCL "
+           "crosses hosts over TCP sockets (keep it only for pretend hosts on one machine)",
+           n);
+  *fix = msg;
+  return DR_WARN;
+}
+
+/* Does an entry of Open MPI's interface lists (a name, or an IPv4 subnet a.b.c.d/n) name
+ * something here? Names: exact, any state (Open MPI skips interfaces that are down itself). */
+static bool ompi_iface_exists(const struct ifaddrs *all, const char *e) {
+  const char *slash = strchr(e, '/');
+  if (!slash) {
+    for (const struct ifaddrs *i = all; i; i = i->ifa_next)
+      if (i->ifa_name && !strcmp(i->ifa_name, e)) return true;
+    return false;
+  }
+  char net[64];
+  snprintf(net, sizeof net, "%.*s", (int)(slash - e), e);
+  struct in_addr a;
+  int bits = atoi(slash + 1);
+  if (inet_pton(AF_INET, net, &a) != 1 || bits < 0 || bits > 32) return false;
+  uint32_t mask = bits ? htonl(~0u << (32 - bits)) : 0;
+  for (const struct ifaddrs *i = all; i; i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+        (((const struct sockaddr_in *)(const void *)i->ifa_addr)->sin_addr.s_addr & mask) ==
+            (a.s_addr & mask))
+      return true;
+  return false;
+}
+
+/* Entries of `list` that name nothing here, comma-separated into `missing`; how many of all. */
+static int ompi_missing(const char *list, char *missing, size_t n, int *total) {
+  struct ifaddrs *all = NULL;
+  missing[0] = '\0';
+  *total = 0;
+  if (getifaddrs(&all) != 0) return 0;
+  char tmp[512], *save = NULL;
+  snprintf(tmp, sizeof tmp, "%s", list);
+  int count = 0;
+  size_t used = 0;
+  for (char *e = strtok_r(tmp, ",", &save); e; e = strtok_r(NULL, ",", &save)) {
+    while (*e == ' ') e++;
+    if (!*e) continue;
+    ++*total;
+    if (ompi_iface_exists(all, e)) continue;
+    used += (size_t)snprintf(missing + used, used < n ? n - used : 0, "%s%s", count ? ", " : "", e);
+    count++;
+  }
+  freeifaddrs(all);
+  return count;
+}
+
+/* Open MPI's own variables that break a job across hosts before epcomm runs: interface lists
+ * naming what does not exist here (its TCP transport, or mpirun's out-of-band channel, then has
+ * nothing to connect over: MPI_Init fails or hangs), both an include and an exclude list (Open
+ * MPI refuses that), a BTL list without "self". */
+static void check_ompi(dr_checks_t *c) {
+  static const char *const lists[][2] = {
+      {"OMPI_MCA_btl_tcp_if_include", "OMPI_MCA_btl_tcp_if_exclude"},
+      {"OMPI_MCA_oob_tcp_if_include", "OMPI_MCA_oob_tcp_if_exclude"},
+  };
+  char names[200], missing[256];
+  interfaces(names, sizeof names);
+  for (size_t k = 0; k < sizeof lists / sizeof lists[0]; k++) {
+    const char *inc = env(lists[k][0]), *exc = env(lists[k][1]);
+    if (inc && exc)
+      dr_check_add(c, lists[k][0], DR_FAIL, "set only one of the two",
+                   "and %s are both set: Open MPI refuses to start (include and exclude lists)",
+                   lists[k][1]);
+    if (!inc) continue;
+    int total, n = ompi_missing(inc, missing, sizeof missing, &total);
+    bool btl = k == 0;
+    if (n == 0)
+      dr_check_add(c, lists[k][0], DR_OK, "", "=%s: every entry names an interface here", inc);
+    else
+      dr_check_add(c, lists[k][0], n == total ? DR_FAIL : DR_WARN,
+                   "name interfaces (or a.b.c.d/n subnets) that exist on every host; here: see "
+                   "`ip addr` (the same names on every host, or use a subnet)",
+                   "=%s: %s not here (interfaces: %s): %s", inc, missing, names,
+                   n < total ? "those entries are ignored"
+                   : btl     ? "the MPI engine's TCP transport has no interface: ranks on "
+                               "other hosts cannot be reached"
+                         : "mpirun cannot reach its daemons: the job fails or hangs at startup");
+  }
+  const char *btl = env("OMPI_MCA_btl");
+  if (btl && btl[0] != '^' && !strstr(btl, "self"))
+    dr_check_add(c, "OMPI_MCA_btl", DR_FAIL, "add self: OMPI_MCA_btl=self,vader,tcp",
+                 "=%s: without \"self\" a rank cannot send to itself; MPI_Init fails", btl);
+  else if (btl && btl[0] != '^' && !strstr(btl, "tcp") && !strstr(btl, "openib") &&
+           !strstr(btl, "ofi") && env("OMPI_COMM_WORLD_LOCAL_SIZE") &&
+           env("OMPI_COMM_WORLD_SIZE") &&
+           strcmp(env("OMPI_COMM_WORLD_LOCAL_SIZE"), env("OMPI_COMM_WORLD_SIZE")))
+    dr_check_add(c, "OMPI_MCA_btl", DR_WARN, "add tcp (or your network's BTL): self,vader,tcp",
+                 "=%s: this job spans machines but no BTL here crosses them", btl);
 }
 
 /* What this job's environment says about hosts. */
@@ -160,5 +279,6 @@ static void check_nccl_engine(dr_checks_t *c) {
 void dr_net_run(dr_checks_t *c) {
   check_split(c);
   check_mpi_engine(c);
+  check_ompi(c);
   check_nccl_engine(c);
 }

@@ -55,7 +55,7 @@ void cpu_net_destroy(cpu_state_t *s, bool clean) {
   cpu_net_ll_destroy(s, clean);
   if (n->ll) n->e->close(n->ll, clean);
   if (n->normal) n->e->close(n->normal, clean);
-  free(n->send.p), free(n->recv.p), free(n->part.p), free(n->counts);
+  free(n->send.p), free(n->recv.p), free(n->counts);
   free(n);
   s->net = NULL;
 }

@@ -22,8 +22,10 @@
  * Combine reverses it: every rank sends each row back to the forwarder that brought it (shared
  * memory); the forwarder adds, per token of its column, the rows of its host in rank order into
  * one fp32 partial (a single row travels as itself: exact); partials go back to their source
- * over the network, one per (token, host); the source adds biases, then the partials by host
- * ascending, and rounds once.
+ * over the network, one per (token, host), in chunks as they complete; the source adds biases,
+ * then the partials by host ascending, and rounds once. A forwarder takes its own tokens last and
+ * never stores their partial: it reduces each such token at once from the other hosts' partials
+ * and its host's rows, which it adds in place of the partial (the same bits).
  *
  * Low-latency mode sends every row straight to its expert's rank: shared memory on the host, a
  * message per (source, destination) pair through the engine between hosts (cpu_net_ll.c).
@@ -45,13 +47,13 @@ typedef struct {
 
 typedef struct cpu_net {
   const struct ep_net_engine *e;
-  ep_net_t *normal;             /* normal mode (its own communicator: calls of the two modes are
-                                   independent sequences) */
-  ep_net_t *ll;                 /* low-latency mode */
-  size_t chunk;                 /* EP_NET_CHUNK */
-  cpu_stage_t send, recv, part; /* staging: blocks to send, blocks received, own partials */
-  int32_t *counts;              /* [R][cw] gathered count words of the current call */
-  int cw;                       /* int32 words of one rank's counts: key, to_rank[R], to_host[H] */
+  ep_net_t *normal;       /* normal mode (its own communicator: calls of the two modes are
+                             independent sequences) */
+  ep_net_t *ll;           /* low-latency mode */
+  size_t chunk;           /* EP_NET_CHUNK */
+  cpu_stage_t send, recv; /* staging: blocks (partials) to send, blocks (partials) received */
+  int32_t *counts;        /* [R][cw] gathered count words of the current call */
+  int cw;                 /* int32 words of one rank's counts: key, to_rank[R], to_host[H] */
   _Atomic uint64_t net_bytes, local_bytes; /* sent so far (ep_buffer_query) */
   struct cpu_net_ll *llnet;                /* low-latency state across hosts (cpu_net_ll.c) */
 } cpu_net_t;

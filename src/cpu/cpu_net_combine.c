@@ -1,14 +1,23 @@
 /* Normal-mode combine across hosts (cpu_net.h; SEMANTICS.md §4.6). Every rank plays three
  * roles at once, each channel over its share:
- *   - receiver: sends each row of x back to the forwarder that brought it (shared memory);
- *   - forwarder: per entry of its column's blocks, adds the rows of its host in rank order into
- *     one partial (fp32; a single row stays the bf16 row it is: exact) and sends each remote
- *     block's partials back to their source in chunks;
+ *   - receiver: sends each row of x back to the forwarder that brought it (shared memory), in
+ *     the order that forwarder takes them: the rows of its remote blocks first, its own last;
+ *   - forwarder: per entry of a remote block, adds the rows of its host in rank order into one
+ *     partial (fp32; a single row stays the bf16 row it is: exact) and sends the block's
+ *     partials back to their source in chunks, each as soon as it is complete;
  *   - source: per token, bias0 + bias1, then the partials of the hosts it went to, ascending,
- *     one rounding to bf16.
+ *     one rounding to bf16. The partial of its own host is never stored: the forwarder takes
+ *     its own block last, when the other hosts' partials of a token are here, and reduces the
+ *     token at once, adding its host's rows (from the queues and x) lane by lane where the
+ *     stored partial would have been read (cpu_reduce_final: the same fp32 sums, the same
+ *     bits). A token that went to no rank of this host is reduced from the partials alone.
  * A partial entry: the row (bf16 when one rank of the host holds the token, else fp32), then,
  * with weights, topk floats (16-byte aligned). Forwarder and source size entries alike from the
- * number of ranks of the host the token went to. */
+ * number of ranks of the host the token went to.
+ *
+ * No cycle of waits: a remote block's partials need only rows, which receivers send back
+ * independently of every forwarder's progress (one cursor per forwarder); the own block waits
+ * for the remote partials and holds back only rows queued after every remote block's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,15 +35,15 @@ typedef struct {
   bool has_w;
   size_t row, rec, wb; /* bf16 row; send-back record (row + weights); partial weights */
   int32_t ce;          /* partial entries per network chunk */
-  /* forwarder: partials of block b, entry e at pbase[b] + poff[blk_base[b] + b + e] */
-  unsigned char **pbase;     /* [Hn]: own block: the part staging; others: the send staging */
-  size_t *poff;              /* [entries + Hn] */
-  _Atomic int32_t *cleft;    /* [send chunks] entries not yet reduced */
-  int *cx;                   /* [Hn + 1] block b's send chunks: sx[cx[b] .. cx[b+1]] */
-  _Atomic uint8_t *own_done; /* [own entries] partial of own entry e written */
+  /* forwarder: partials of remote block b, entry e at pbase[b] + poff[blk_base[b] + b + e] */
+  unsigned char **pbase;  /* [Hn]: in the send staging (own block: none) */
+  size_t *poff;           /* [entries + Hn] */
+  _Atomic int32_t *cleft; /* [send chunks] entries not yet reduced */
+  int *cx;                /* [Hn + 1] block b's send chunks: sx[cx[b] .. cx[b+1]] */
   int own;
+  int *bord; /* [Hn] the order the forwarder takes its blocks: remote ones ascending, own last */
   /* source: partials from host g for entry e at sbase[g] + soff[hsend_off[g] + g + e] */
-  unsigned char **sbase;  /* [Hn] */
+  unsigned char **sbase;  /* [Hn] (own host: none) */
   size_t *soff;           /* [my entries + Hn] */
   int *rx;                /* [Hn + 1] receive chunks from host g: x[rx[g] .. rx[g+1]] */
   _Atomic int32_t *ready; /* [Hn] entries from host g received (channel 0) */
@@ -79,8 +88,7 @@ static ep_status_t plan_partials(cpu_state_t *s, job_t *j) {
   }
   j->sbase = j->pbase + Hn;
   for (int32_t i = 0; i < entries; i++) nf[i] = p->fan_off[i + 1] - p->fan_off[i];
-  size_t own_bytes = 0, send_bytes = 0, recv_bytes = 0,
-         *pb = malloc(sizeof(size_t) * 2 * (size_t)Hn);
+  size_t send_bytes = 0, recv_bytes = 0, *pb = malloc(sizeof(size_t) * 2 * (size_t)Hn);
   if (!pb) {
     free(nf);
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "network", "out of memory");
@@ -88,10 +96,8 @@ static ep_status_t plan_partials(cpu_state_t *s, job_t *j) {
   for (int b = 0; b < Hn; b++) {
     int32_t n = p->blk_base[b + 1] - p->blk_base[b];
     size_t bytes = offsets(j, j->poff + p->blk_base[b] + b, n, nf + p->blk_base[b], 1);
-    if (b == j->own)
-      pb[b] = own_bytes, own_bytes += bytes;
-    else
-      pb[b] = send_bytes, send_bytes += bytes;
+    pb[b] = send_bytes;
+    if (b != j->own) send_bytes += bytes;
   }
   for (int g = 0; g < Hn; g++) {
     int32_t n = p->hsend_off[g + 1] - p->hsend_off[g];
@@ -102,12 +108,11 @@ static ep_status_t plan_partials(cpu_state_t *s, job_t *j) {
     if (g != j->me) recv_bytes += bytes;
   }
   free(nf);
-  unsigned char *own = cpu_stage(s, &s->net->part, own_bytes + 1);
   unsigned char *snd = cpu_stage(s, &s->net->send, send_bytes + 1);
   unsigned char *rcv = cpu_stage(s, &s->net->recv, recv_bytes + 1);
-  if (!own || !snd || !rcv) return free(pb), EP_ERR_NO_MEMORY;
-  for (int b = 0; b < Hn; b++) j->pbase[b] = (b == j->own ? own : snd) + pb[b];
-  for (int g = 0; g < Hn; g++) j->sbase[g] = g == j->me ? own : rcv + pb[Hn + g];
+  if (!snd || !rcv) return free(pb), EP_ERR_NO_MEMORY;
+  for (int b = 0; b < Hn; b++) j->pbase[b] = b == j->own ? NULL : snd + pb[b];
+  for (int g = 0; g < Hn; g++) j->sbase[g] = g == j->me ? NULL : rcv + pb[Hn + g];
   free(pb);
   return EP_OK;
 }
@@ -125,8 +130,7 @@ static ep_status_t plan_network(cpu_state_t *s, job_t *j) {
   j->x = calloc((size_t)n + sends + 1, sizeof *j->x);
   j->cleft = calloc((size_t)sends + 1, sizeof *j->cleft);
   j->cposted = calloc((size_t)sends + 1, sizeof *j->cposted);
-  j->own_done = calloc((size_t)(p->blk_base[j->own + 1] - p->blk_base[j->own]) + 1, 1);
-  if (!j->x || !j->cleft || !j->cposted || !j->own_done)
+  if (!j->x || !j->cleft || !j->cposted)
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "network", "out of memory");
   for (int g = 0; g < Hn; g++) {
     j->rx[g] = j->nx;
@@ -222,11 +226,13 @@ static bool net_busy(cpu_state_t *s, job_t *j, ep_status_t *st) {
 typedef struct {
   cpu_q_t *out, *in; /* [L] send-back queues to the forwarders; from the receivers */
   int32_t *next;     /* [L] receiver: next row of x to consider for forwarder l */
+  bool *own_phase;   /* [L] receiver: the rows of forwarder l's remote blocks are all sent */
   bool *touched;     /* [L] forwarder: queues consumed from since their last release */
-  int b, e, e_end;   /* forwarder: next entry (block, entry), end of this channel's range */
+  int bi, e, e_end;  /* forwarder: next entry (block bord[bi], entry), end of this channel's */
   int t, t_end;      /* source: next token to reduce */
   const unsigned char **rows; /* [L] forwarder: row of each receiver for the current entry */
-  float *acc;                 /* [H] */
+  const void **parts;         /* [Hn + L] source: inputs of cpu_reduce_final */
+  int *nrows;                 /* [Hn] */
   uint64_t bytes;
 } chan_t;
 
@@ -237,23 +243,27 @@ static int chan_of(int32_t e, int32_t n, int C) {
   return chunk ? (int)(e / chunk) : 0;
 }
 
-/* Is row r sent back by channel c to forwarder l (not this rank: it reads x itself)? */
-static bool back_to(const cpu_state_t *s, const job_t *j, int32_t r, int l, int c) {
+/* Is row r sent back by channel c to forwarder l (not this rank: it reads x itself), in the
+ * phase of its rows from remote sources (own == false) or from l itself? */
+static bool back_to(const cpu_state_t *s, const job_t *j, int32_t r, int l, int c, bool own) {
   const cpu_nplan_t *p = j->p;
   int src = p->row_src[r];
-  return s->topo->local_of[src] == l &&
+  return s->topo->local_of[src] == l && (s->topo->host_of[src] == j->me) == own &&
          chan_of(p->row_j[r], p->hcnt[(size_t)src * j->Hn + j->me], s->channels) == c;
 }
 
 /* Receiver: rows back to their forwarders, one cursor per forwarder, so that a full queue to
- * one never holds back the others (each forwarder reduces its own column's tokens). */
+ * one never holds back the others (each forwarder reduces its own column's tokens); to each,
+ * the rows of its remote blocks first, then those of its own block (the order it takes them). */
 static int send_back(cpu_state_t *s, const job_t *j, chan_t *ch, int c) {
   int moved = 0, Nr = j->p->flat->Nr;
   for (int l = 0; l < s->nranks; l++) {
     if (l == s->rank) continue;
     int n = 0;
-    for (int32_t *r = &ch->next[l]; *r < Nr; ++*r) {
-      if (!back_to(s, j, *r, l, c)) continue;
+    for (int32_t *r = &ch->next[l];; ++*r) {
+      if (*r >= Nr && ch->own_phase[l]) break;
+      if (*r >= Nr) ch->own_phase[l] = true, *r = -1; /* then row 0 */
+      if (*r < 0 || !back_to(s, j, *r, l, c, ch->own_phase[l])) continue;
       unsigned char *rec = cpu_q_reserve(&ch->out[l], j->rec);
       if (!rec) break;
       memcpy(rec, (const unsigned char *)j->a->x + (size_t)*r * j->row, j->row);
@@ -271,7 +281,7 @@ static int send_back(cpu_state_t *s, const job_t *j, chan_t *ch, int c) {
 
 static bool sent_back(const cpu_state_t *s, const job_t *j, const chan_t *ch) {
   for (int l = 0; l < s->nranks; l++)
-    if (l != s->rank && ch->next[l] < j->p->flat->Nr) return false;
+    if (l != s->rank && (!ch->own_phase[l] || ch->next[l] < j->p->flat->Nr)) return false;
   return true;
 }
 
@@ -291,21 +301,69 @@ static void make_partial(const job_t *j, chan_t *ch, int nrows, const float *con
   }
 }
 
-/* Forwarder: entries of this channel, block after block (the receivers' queues hold their rows
- * in that order). */
+/* Weights of token t: the hosts' partial weights in host order, each added to 0.0f as a stored
+ * partial would be; part `mine` is this host's n rows (weights w, added in rank order). */
+static void out_weights(const job_t *j, const chan_t *ch, int np, int mine, int n,
+                        const float *const *w, int t) {
+  for (int k = 0; k < j->topk; k++) {
+    float acc = 0.0f;
+    for (int i = 0, q = 0; i < np; i++) {
+      if (i == mine) {
+        float pw = w[0][k];
+        for (int f = 1; f < n; f++) pw += w[f][k];
+        acc += pw, q += n;
+      } else {
+        const unsigned char *part = ch->parts[q++];
+        acc += ((const float *)(part + (ch->nrows[i] ? 1 : 2) * j->row))[k];
+      }
+    }
+    j->a->out_topk_weights[(size_t)t * j->topk + k] = acc;
+  }
+}
+
+/* Source and forwarder at once: the token of own entry e, whose n rows of this host are in
+ * ch->rows, reduced if the other hosts' partials of it are here (false: not yet). */
+static bool finish_token(const job_t *j, chan_t *ch, int32_t e, int n, const float *const *w) {
+  const cpu_nplan_t *p = j->p;
+  const ep_combine_args_t *a = j->a;
+  int Hn = j->Hn, np = 0, q = 0, mine = 0;
+  int t = p->hsend_idx[p->hsend_off[j->me] + e];
+  for (int g = 0; g < Hn; g++) {
+    if (g == j->me) {
+      for (int f = 0; f < n; f++) ch->parts[q++] = ch->rows[f];
+      mine = np;
+      ch->nrows[np++] = n;
+      continue;
+    }
+    int32_t nf = p->tok_nfan[(size_t)t * Hn + g], eg = p->tok_j[(size_t)t * Hn + g];
+    if (!nf) continue;
+    if (eg >= atomic_load_explicit(&j->ready[g], memory_order_acquire)) return false;
+    ch->parts[q++] = j->sbase[g] + j->soff[p->hsend_off[g] + g + eg];
+    ch->nrows[np++] = nf > 1 ? 0 : 1;
+  }
+  const uint16_t *b0 = a->bias[0] ? (const uint16_t *)a->bias[0] + (size_t)t * j->H : NULL;
+  const uint16_t *b1 = a->bias[1] ? (const uint16_t *)a->bias[1] + (size_t)t * j->H : NULL;
+  cpu_reduce_final((uint16_t *)a->out + (size_t)t * j->H, ch->parts, ch->nrows, np, b0, b1, j->H);
+  if (j->has_w) out_weights(j, ch, np, mine, n, w, t);
+  return true;
+}
+
+/* Forwarder: entries of this channel, block after block in the order bord (the receivers'
+ * queues hold their rows in that order). */
 static int forward(cpu_state_t *s, job_t *j, chan_t *ch, int c) {
   const cpu_nplan_t *p = j->p;
   int moved = 0, L = s->nranks;
   bool *touched = ch->touched;
   for (int l = 0; l < L; l++) touched[l] = false;
-  while (ch->b < j->Hn) {
+  while (ch->bi < j->Hn) {
+    int b = j->bord[ch->bi];
     if (ch->e >= ch->e_end) {
-      if (++ch->b < j->Hn)
-        cpu_chan_range(p->blk_base[ch->b + 1] - p->blk_base[ch->b], s->channels, c, &ch->e,
-                       &ch->e_end);
+      if (++ch->bi < j->Hn)
+        cpu_chan_range(p->blk_base[j->bord[ch->bi] + 1] - p->blk_base[j->bord[ch->bi]], s->channels,
+                       c, &ch->e, &ch->e_end);
       continue;
     }
-    int32_t i = p->blk_base[ch->b] + ch->e, n = p->fan_off[i + 1] - p->fan_off[i];
+    int32_t i = p->blk_base[b] + ch->e, n = p->fan_off[i + 1] - p->fan_off[i];
     const float *w[n > 0 ? n : 1];
     bool ready = true;
     for (int32_t f = 0; f < n && ready; f++) {
@@ -320,15 +378,16 @@ static int forward(cpu_state_t *s, job_t *j, chan_t *ch, int c) {
       }
     }
     if (!ready) break;
-    make_partial(j, ch, n, w, j->pbase[ch->b] + j->poff[i + ch->b]);
+    if (b == j->own) {
+      if (!finish_token(j, ch, ch->e, n, w)) break;
+    } else {
+      make_partial(j, ch, n, w, j->pbase[b] + j->poff[i + b]);
+    }
     for (int32_t f = 0; f < n; f++) {
       int l = p->fan_l[p->fan_off[i] + f];
       if (l != s->rank) cpu_q_consume(&ch->in[l], j->rec), touched[l] = true;
     }
-    if (ch->b == j->own)
-      atomic_store_explicit(&j->own_done[ch->e], 1, memory_order_release);
-    else
-      atomic_fetch_sub(&j->cleft[j->cx[ch->b] + ch->e / j->ce], 1);
+    if (b != j->own) atomic_fetch_sub(&j->cleft[j->cx[b] + ch->e / j->ce], 1);
     ch->e++, moved++;
     if (moved % BATCH == 0)
       for (int l = 0; l < L; l++)
@@ -342,32 +401,32 @@ static int forward(cpu_state_t *s, job_t *j, chan_t *ch, int c) {
   return moved;
 }
 
-/* Source: tokens whose partials are all here, reduced in host order. */
+/* Source: the tokens that went to no rank of this host (the others: finish_token), once their
+ * partials are all here, reduced in host order. */
 static int reduce_tokens(const job_t *j, chan_t *ch) {
   const cpu_nplan_t *p = j->p;
   const ep_combine_args_t *a = j->a;
   int moved = 0, Hn = j->Hn;
-  const void *parts[Hn];
-  uint8_t f32[Hn];
   for (; ch->t < ch->t_end; ch->t++) {
     int t = ch->t, n = 0;
+    if (p->tok_nfan[(size_t)t * Hn + j->me]) continue;
     bool ready = true;
     for (int g = 0; g < Hn && ready; g++) {
       int32_t nf = p->tok_nfan[(size_t)t * Hn + g], e = p->tok_j[(size_t)t * Hn + g];
       if (!nf) continue;
-      ready = g == j->me ? atomic_load_explicit(&j->own_done[e], memory_order_acquire)
-                         : e < atomic_load_explicit(&j->ready[g], memory_order_acquire);
-      parts[n] = j->sbase[g] + j->soff[p->hsend_off[g] + g + e];
-      f32[n++] = nf > 1;
+      ready = e < atomic_load_explicit(&j->ready[g], memory_order_acquire);
+      ch->parts[n] = j->sbase[g] + j->soff[p->hsend_off[g] + g + e];
+      ch->nrows[n++] = nf > 1 ? 0 : 1;
     }
     if (!ready) break;
     const uint16_t *b0 = a->bias[0] ? (const uint16_t *)a->bias[0] + (size_t)t * j->H : NULL;
     const uint16_t *b1 = a->bias[1] ? (const uint16_t *)a->bias[1] + (size_t)t * j->H : NULL;
-    cpu_reduce_final((uint16_t *)a->out + (size_t)t * j->H, parts, f32, n, b0, b1, j->H, ch->acc);
+    cpu_reduce_final((uint16_t *)a->out + (size_t)t * j->H, ch->parts, ch->nrows, n, b0, b1, j->H);
     for (int k = 0; j->has_w && k < j->topk; k++) {
       float acc = 0.0f;
       for (int i = 0; i < n; i++)
-        acc += ((const float *)((const unsigned char *)parts[i] + (f32[i] ? 2 : 1) * j->row))[k];
+        acc += ((const float *)((const unsigned char *)ch->parts[i] +
+                                (ch->nrows[i] ? 1 : 2) * j->row))[k];
       a->out_topk_weights[(size_t)t * j->topk + k] = acc;
     }
     moved++;
@@ -397,7 +456,7 @@ static ep_status_t loop(cpu_state_t *s, job_t *j, chan_t *ch, int c) {
     }
     if (st) return ep_ctx_fail(s->ctx, st, -1, OP, "network", "%s", ep_last_error());
     moved += send_back(s, j, ch, c) + forward(s, j, ch, c) + reduce_tokens(j, ch);
-    bool local_done = sent_back(s, j, ch) && ch->b >= j->Hn && ch->t >= ch->t_end;
+    bool local_done = sent_back(s, j, ch) && ch->bi >= j->Hn && ch->t >= ch->t_end;
     if (local_done && !net) return EP_OK;
     if (moved) continue;
     w.sleep_cap = net ? NET_SLEEP_S : 0.010;
@@ -411,25 +470,28 @@ static ep_status_t channel(cpu_state_t *s, void *arg, int c) {
   chan_t ch = {0};
   ch.out = calloc((size_t)L * 2, sizeof *ch.out);
   ch.rows = calloc((size_t)L + 1, sizeof *ch.rows);
+  ch.parts = calloc((size_t)(j->Hn + L), sizeof *ch.parts);
+  ch.nrows = calloc((size_t)j->Hn, sizeof *ch.nrows);
   ch.next = calloc((size_t)L, sizeof *ch.next);
-  ch.touched = calloc((size_t)L, sizeof *ch.touched);
-  ch.acc = malloc((size_t)j->H * sizeof *ch.acc);
-  if (!ch.out || !ch.rows || !ch.acc || !ch.next || !ch.touched) {
-    free(ch.out), free(ch.rows), free(ch.acc), free(ch.next), free(ch.touched);
+  ch.touched = calloc((size_t)L * 2, sizeof *ch.touched);
+  if (!ch.out || !ch.rows || !ch.parts || !ch.nrows || !ch.next || !ch.touched) {
+    free(ch.out), free(ch.rows), free(ch.parts), free(ch.nrows), free(ch.next), free(ch.touched);
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "data", "out of memory");
   }
   ch.in = ch.out + L;
+  ch.own_phase = ch.touched + L;
   for (int l = 0; l < L; l++) {
     if (l == s->rank) continue;
     cpu_q_open_send(&ch.out[l], cpu_ring(s, l, s->rank, c), s->queue_bytes);
     cpu_q_open_recv(&ch.in[l], cpu_ring(s, s->rank, l, c), s->queue_bytes);
   }
-  cpu_chan_range(j->p->blk_base[1] - j->p->blk_base[0], s->channels, c, &ch.e, &ch.e_end);
+  int b0 = j->bord[0];
+  cpu_chan_range(j->p->blk_base[b0 + 1] - j->p->blk_base[b0], s->channels, c, &ch.e, &ch.e_end);
   cpu_chan_range(j->N, s->channels, c, &ch.t, &ch.t_end);
   ep_status_t st = loop(s, j, &ch, c);
   if (st && st != EP_ERR_INTERNAL) cpu_abort_peers(s, st);
   atomic_fetch_add(&s->net->local_bytes, ch.bytes);
-  free(ch.out), free(ch.rows), free(ch.acc), free(ch.next), free(ch.touched);
+  free(ch.out), free(ch.rows), free(ch.parts), free(ch.nrows), free(ch.next), free(ch.touched);
   return st;
 }
 
@@ -437,13 +499,18 @@ static ep_status_t channel(cpu_state_t *s, void *arg, int c) {
 
 static void job_free(job_t *j) {
   free(j->pbase), free(j->poff), free(j->soff), free(j->cx), free(j->rx), free((void *)j->ready);
-  free(j->x), free((void *)j->cleft), free((void *)j->cposted), free((void *)j->own_done);
+  free(j->x), free((void *)j->cleft), free((void *)j->cposted), free(j->bord);
 }
 
 static ep_status_t run(cpu_state_t *s, job_t *j) {
   const cpu_nplan_t *p = j->p;
   for (int b = 0; b < j->Hn; b++)
     if (p->col[b] == s->grank) j->own = b;
+  j->bord = malloc(sizeof(int) * (size_t)j->Hn);
+  if (!j->bord) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "network", "out of memory");
+  for (int b = 0, k = 0; b < j->Hn; b++)
+    if (b != j->own) j->bord[k++] = b;
+  j->bord[j->Hn - 1] = j->own;
   size_t full = 2 * j->row + j->wb;
   j->ce = (int32_t)(s->net->chunk / full > 0 ? s->net->chunk / full : 1);
   ep_status_t st = plan_partials(s, j);

@@ -261,22 +261,38 @@ EP_INLINE void partial_body(float *out, const uint16_t *const *rows, int n, int 
   }
 }
 
-/* The source's reduction: ((bias0 + bias1) + p[0]) + p[1] ..., one rounding; one pass, eight
- * channels at a time, every part read once. */
-EP_INLINE void final_body(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
+/* The source's reduction: ((bias0 + bias1) + P[0]) + P[1] ..., one rounding; one pass, eight
+ * channels at a time, every input read once. Part i is one fp32 row (nrows[i] == 0) or the
+ * nrows[i] bf16 rows of a host, added in fp32 in order first: exactly the partial partial_body
+ * would have written, never stored. */
+EP_INLINE void final_body(uint16_t *out, const void *const *p, const int *nrows, int n,
                           const uint16_t *b0, const uint16_t *b1, int H) {
   const f32x8 zero = {0};
   int h = 0;
   for (; h + 8 <= H; h += 8) {
     f32x8 a = (b0 ? load8(b0 + h) : zero) + (b1 ? load8(b1 + h) : zero);
-    for (int i = 0; i < n; i++)
-      a += f32[i] ? loadf8((const float *)p[i] + h) : load8((const uint16_t *)p[i] + h);
+    for (int i = 0, k = 0; i < n; i++) {
+      if (!nrows[i]) {
+        a += loadf8((const float *)p[k++] + h);
+        continue;
+      }
+      f32x8 part = load8((const uint16_t *)p[k++] + h);
+      for (int m = 1; m < nrows[i]; m++) part += load8((const uint16_t *)p[k++] + h);
+      a += part;
+    }
     store8(out + h, a);
   }
   for (; h < H; h++) {
     float a = (b0 ? widen(b0[h]) : 0.0f) + (b1 ? widen(b1[h]) : 0.0f);
-    for (int i = 0; i < n; i++)
-      a += f32[i] ? ((const float *)p[i])[h] : widen(((const uint16_t *)p[i])[h]);
+    for (int i = 0, k = 0; i < n; i++) {
+      if (!nrows[i]) {
+        a += ((const float *)p[k++])[h];
+        continue;
+      }
+      float part = widen(((const uint16_t *)p[k++])[h]);
+      for (int m = 1; m < nrows[i]; m++) part += widen(((const uint16_t *)p[k++])[h]);
+      a += part;
+    }
     uint32_t u;
     memcpy(&u, &a, sizeof u);
     out[h] = round_bf16(u);
@@ -284,23 +300,23 @@ EP_INLINE void final_body(uint16_t *out, const void *const *p, const uint8_t *f3
 }
 
 typedef void (*partial_fn)(float *, const uint16_t *const *, int, int);
-typedef void (*final_fn)(uint16_t *, const void *const *, const uint8_t *, int, const uint16_t *,
+typedef void (*final_fn)(uint16_t *, const void *const *, const int *, int, const uint16_t *,
                          const uint16_t *, int);
 
 static void partial_base(float *out, const uint16_t *const *rows, int n, int H) {
   partial_body(out, rows, n, H);
 }
-static void final_base(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
+static void final_base(uint16_t *out, const void *const *p, const int *nrows, int n,
                        const uint16_t *b0, const uint16_t *b1, int H) {
-  final_body(out, p, f32, n, b0, b1, H);
+  final_body(out, p, nrows, n, b0, b1, H);
 }
 #ifdef EP_X86
 AVX2 static void partial_avx2(float *out, const uint16_t *const *rows, int n, int H) {
   partial_body(out, rows, n, H);
 }
-AVX2 static void final_avx2(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
+AVX2 static void final_avx2(uint16_t *out, const void *const *p, const int *nrows, int n,
                             const uint16_t *b0, const uint16_t *b1, int H) {
-  final_body(out, p, f32, n, b0, b1, H);
+  final_body(out, p, nrows, n, b0, b1, H);
 }
 #endif
 
@@ -326,10 +342,9 @@ void cpu_reduce_partial(float *out, const uint16_t *const *rows, int n, int H) {
   f(out, rows, n, H);
 }
 
-void cpu_reduce_final(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
-                      const uint16_t *b0, const uint16_t *b1, int H, float *scratch) {
+void cpu_reduce_final(uint16_t *out, const void *const *p, const int *nrows, int n,
+                      const uint16_t *b0, const uint16_t *b1, int H) {
   static _Atomic(final_fn) chosen;
-  (void)scratch;
   final_fn f = atomic_load_explicit(&chosen, memory_order_relaxed);
   if (!f) {
     f = final_base;
@@ -338,5 +353,5 @@ void cpu_reduce_final(uint16_t *out, const void *const *p, const uint8_t *f32, i
 #endif
     atomic_store_explicit(&chosen, f, memory_order_relaxed);
   }
-  f(out, p, f32, n, b0, b1, H);
+  f(out, p, nrows, n, b0, b1, H);
 }

@@ -28,9 +28,11 @@ int cpu_reduce_rows_with(cpu_reduce_kind_t kind, uint16_t *out, const uint16_t *
 /* Across hosts (SEMANTICS.md §4.6). A host's partial: out[h] = float(rows[0][h]) +
  * float(rows[1][h]) + ..., fp32 in order, n >= 1. */
 void cpu_reduce_partial(float *out, const uint16_t *const *rows, int n, int H);
-/* The source's reduction: out[h] = bf16(((bias0 + bias1) + p[0][h]) + p[1][h] ...), where p[i]
- * is a bf16 row (f32[i] == 0) or an fp32 row; `scratch` holds H floats. */
-void cpu_reduce_final(uint16_t *out, const void *const *p, const uint8_t *f32, int n,
-                      const uint16_t *bias0, const uint16_t *bias1, int H, float *scratch);
+/* The source's reduction: out[h] = bf16(((bias0 + bias1) + P[0][h]) + P[1][h] ...). Part i is
+ * one fp32 row (nrows[i] == 0) or nrows[i] >= 1 bf16 rows of one host, summed in fp32 in order
+ * first (the host's partial, computed in place: the same bits as cpu_reduce_partial's, a single
+ * row as itself). p: the parts' pointers one after another. */
+void cpu_reduce_final(uint16_t *out, const void *const *p, const int *nrows, int n,
+                      const uint16_t *bias0, const uint16_t *bias1, int H);
 
 #endif
