@@ -501,6 +501,9 @@ EP_API ep_status_t ep_get_combine_buffer(ep_buffer_t buf, ep_handle_t handle, vo
  * place (CUDA: the speed of x = a dispatch view, with no staging pass), whatever tensor it is:
  * register the experts' output tensor once and combine from it call after call. Results are
  * the same bits with or without a registration: only where the rows are read changes.
+ * Likewise a normal-mode dispatch into caller arrays (EP_OUTPUT_CALLER) whose recv_x lies, for
+ * all `capacity` rows, inside a registration of the receiving rank has its rows written there by
+ * the senders (CUDA: no copy-out pass for x; the other arrays are copied as before).
  *
  * Collective: every rank of the buffer's group registers (and deregisters) in the same order,
  * each its own range (sizes may differ). A rank whose call is rejected (bad arguments) still

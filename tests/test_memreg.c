@@ -7,6 +7,15 @@
  *                          then x in a separate unregistered tensor, and x in the range after its
  *                          deregistration (the staging path): every output checked against the
  *                          reference, bit for bit
+ *   test_memreg dispatch N N rounds of random routing (bf16 and fp8, with and without weights,
+ *                          ranks without tokens, ranks nobody sends to, no tokens anywhere):
+ *                          an EP_OUTPUT_CALLER dispatch whose recv_x is, on some ranks, inside a
+ *                          registration (cuda: the senders write x rows there) and on the others
+ *                          a plain tensor, then a cached dispatch with new rows and the choices
+ *                          swapped; every output against the reference, bit for bit. Then rank 0
+ *                          with too small a capacity (EP_ERR_TOO_LARGE, its registered recv_x
+ *                          untouched) and a round after it; then all again with a receive area
+ *                          small enough that dispatches go in windows
  *   test_memreg misuse     NULL and size-0 arguments, a rank rejecting alone, too many
  *                          registrations, stale and foreign handles, ranks deregistering in
  *                          different orders (EP_ERR_MISMATCH on every rank, buffer usable after);
@@ -128,11 +137,17 @@ static void round_at(const ctx_t *c, int round, void *x_at, const char *what) {
   free_data(c, &d);
 }
 
-static void ctx_init(ctx_t *c) {
+static void ctx_init_q(ctx_t *c, size_t queue_bytes, int channels) {
   t_init(&c->g, &c->me, &c->R);
   c->E = 2 * c->R;
   ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
+  cfg.queue_bytes = queue_bytes;
+  cfg.num_channels = channels;
   T_OK(ep_buffer_create(c->g, &cfg, &c->b));
+}
+
+static void ctx_init(ctx_t *c) {
+  ctx_init_q(c, 0, 0);
 }
 
 static void ctx_fini(ctx_t *c) {
@@ -170,6 +185,238 @@ static int combine(int rounds) {
   T_STATUS(EP_ERR_DESTROYED, ep_deregister_memory(c.b, first));
   t_dfree(y), t_dfree(sep);
   if (c.me == 0) printf("test_memreg combine: R=%d, %d rounds checked\n", c.R, rounds);
+  return T_PASS;
+}
+
+/* ------------------------------------------------------------------ dispatch */
+
+enum { NS = H / 128 /* fp8 scales per row */ };
+
+/* What one rank's dispatch writes, on the host. */
+typedef struct {
+  uint8_t *x;
+  float *s, *w;
+  int64_t *idx;
+  int32_t *src;
+} got_t;
+
+/* Where one rank's outputs go: recv_x in the registered tensor or in a plain one; the other
+ * arrays always plain. Every array is poisoned before each call. */
+typedef struct {
+  uint8_t *reg_x, *plain_x;
+  float *s, *w;
+  int64_t *idx;
+  int32_t *src;
+} outs_t;
+
+static void poison(void *dev, size_t n) {
+  void *h = t_xmalloc(n);
+  t_copy_to_dev(dev, h, n);
+  free(h);
+}
+
+static void poison_outs(const ctx_t *c, const outs_t *o) {
+  const size_t rows = (size_t)c->R * NMAX;
+  poison(o->reg_x, rows * H * 2), poison(o->plain_x, rows * H * 2);
+  poison(o->s, rows * NS * 4), poison(o->w, rows * TOPK * 4);
+  poison(o->idx, rows * TOPK * 8), poison(o->src, rows * 4);
+}
+
+static void get(void *dst, const void *dev, size_t n) {
+  void *h = t_to_host(dev, n);
+  memcpy(dst, h, n);
+  free(h);
+}
+
+/* This rank's received rows against the reference's (x, scales; ids and weights unless cached;
+ * source indices). */
+static void check_recv(const ctx_t *c, const ref_recv_t *rr, const void *recv_x, const outs_t *o,
+                       int row, int fp8, int cached, int with_w, const char *what, int round) {
+  const int nr = rr->nr;
+  got_t g = {t_xmalloc((size_t)nr * row + 1), t_xmalloc((size_t)nr * NS * 4 + 4),
+             t_xmalloc((size_t)nr * TOPK * 4 + 4), t_xmalloc((size_t)nr * TOPK * 8 + 8),
+             t_xmalloc((size_t)nr * 4 + 4)};
+  get(g.x, recv_x, (size_t)nr * row), get(g.src, o->src, (size_t)nr * 4);
+  T_CHECK(!memcmp(g.x, rr->x, (size_t)nr * row), "%s, round %d: recv_x differs (%d rows)", what,
+          round, nr);
+  T_CHECK(!memcmp(g.src, rr->src_idx, (size_t)nr * 4), "%s, round %d: recv_src_idx differs", what,
+          round);
+  if (fp8) {
+    get(g.s, o->s, (size_t)nr * NS * 4);
+    T_CHECK(!memcmp(g.s, rr->scales, (size_t)nr * NS * 4), "%s, round %d: scales differ", what,
+            round);
+  }
+  if (!cached) {
+    get(g.idx, o->idx, (size_t)nr * TOPK * 8);
+    T_CHECK(!memcmp(g.idx, rr->topk_idx, (size_t)nr * TOPK * 8), "%s, round %d: topk ids differ",
+            what, round);
+  }
+  if (!cached && with_w) {
+    get(g.w, o->w, (size_t)nr * TOPK * 4);
+    T_CHECK(!memcmp(g.w, rr->topk_weights, (size_t)nr * TOPK * 4),
+            "%s, round %d: topk weights differ", what, round);
+  }
+  free(g.x), free(g.s), free(g.w), free(g.idx), free(g.src);
+}
+
+/* Round `round`: the shape of the routing, the format and who has recv_x registered follow from
+ * it. */
+static void dispatch_round(const ctx_t *c, int round, const outs_t *o) {
+  const int R = c->R, me = c->me, fp8 = round & 1, with_w = (round >> 1) & 1;
+  const int row = fp8 ? H : H * 2, shape = round % 5;
+  data_t d;
+  make_data(c, 5000 + round, &d);
+  float *sc[64];
+  for (int s = 0; s < R; s++) { /* scales; the ranks without tokens, or without receivers */
+    t_rng r = t_seed(0x5ca1 + (uint64_t)round, (uint64_t)s);
+    sc[s] = t_xmalloc((size_t)NMAX * NS * 4);
+    for (int i = 0; i < NMAX * NS; i++) sc[s][i] = t_unit(&r);
+    if ((shape == 1 && s == round % R) || shape == 3) d.n[s] = 0;
+    for (int i = 0; shape == 2 && i < NMAX * TOPK; i++) /* nobody sends to rank round % R */
+      if (d.idx[s][i] / 2 == round % R) d.idx[s][i] = -1;
+  }
+  const int mine = (round + me) % 3 != 0; /* registered here; R > 1: some peers differ */
+  void *x = t_to_dev(d.x[me], (size_t)NMAX * H * 2), *x2 = t_to_dev(d.bias[me], NMAX * H * 2);
+  void *idx = t_to_dev(d.idx[me], NMAX * TOPK * 8), *w = t_to_dev(d.w[me], NMAX * TOPK * 4);
+  void *s = t_to_dev(sc[me], NMAX * NS * 4);
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = x,
+                          .dtype = fp8 ? EP_DTYPE_FP8_E4M3 : EP_DTYPE_BF16,
+                          .num_tokens = d.n[me],
+                          .hidden = H,
+                          .x_scales = fp8 ? s : NULL,
+                          .num_scales = fp8 ? NS : 0,
+                          .topk_idx = idx,
+                          .topk_weights = with_w ? w : NULL,
+                          .topk = TOPK,
+                          .num_experts = c->E};
+  poison_outs(c, o);
+  void *rx = mine ? o->reg_x : o->plain_x;
+  ep_dispatch_out_t out = {.size = sizeof out,
+                           .mode = EP_OUTPUT_CALLER,
+                           .capacity = R * NMAX,
+                           .recv_x = rx,
+                           .recv_x_scales = fp8 ? o->s : NULL,
+                           .recv_topk_idx = o->idx,
+                           .recv_topk_weights = with_w ? o->w : NULL,
+                           .recv_src_idx = o->src};
+  T_OK(ep_dispatch(c->b, &a, &out));
+  ref_rank_input_t ri[64];
+  ref_recv_t rr[64];
+  for (int q = 0; q < R; q++)
+    ri[q] =
+        (ref_rank_input_t){d.n[q], d.x[q], fp8 ? sc[q] : NULL, d.idx[q], with_w ? d.w[q] : NULL};
+  memset(rr, 0, sizeof rr);
+  T_CHECK(ref_dispatch(R, c->E, TOPK, (size_t)row, fp8 ? NS : 0, 1, ri, rr) == 0,
+          "reference dispatch");
+  T_CHECK(out.num_recv_tokens == rr[me].nr, "round %d: %d rows, the reference has %d", round,
+          out.num_recv_tokens, rr[me].nr);
+  check_recv(c, &rr[me], rx, o, row, fp8, 0, with_w, mine ? "registered" : "plain", round);
+  /* Cached: new rows, the choices swapped. */
+  poison_outs(c, o);
+  rx = mine ? o->plain_x : o->reg_x;
+  a.x = x2, a.cached = out.handle, a.topk_idx = NULL, a.topk_weights = NULL;
+  ep_dispatch_out_t oc = {.size = sizeof oc,
+                          .mode = EP_OUTPUT_CALLER,
+                          .capacity = R * NMAX,
+                          .recv_x = rx,
+                          .recv_x_scales = fp8 ? o->s : NULL,
+                          .recv_src_idx = o->src};
+  T_OK(ep_dispatch(c->b, &a, &oc));
+  for (int q = 0; q < R; q++) ref_free_recv(&rr[q]), ri[q].x = d.bias[q];
+  T_CHECK(ref_dispatch(R, c->E, TOPK, (size_t)row, fp8 ? NS : 0, 1, ri, rr) == 0,
+          "reference dispatch");
+  T_CHECK(oc.num_recv_tokens == rr[me].nr, "cached, round %d: %d rows, the reference has %d", round,
+          oc.num_recv_tokens, rr[me].nr);
+  check_recv(c, &rr[me], rx, o, row, fp8, 1, 0, mine ? "cached, plain" : "cached, registered",
+             round);
+  T_OK(ep_handle_destroy(out.handle));
+  for (int q = 0; q < R; q++) ref_free_recv(&rr[q]), free(sc[q]);
+  void *all[] = {x, x2, idx, w, s};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) t_dfree(all[i]);
+  free_data(c, &d);
+}
+
+/* Rank 0's registered recv_x holds one row fewer than arrive: EP_ERR_TOO_LARGE there, its
+ * tensor untouched (the senders drained its rows instead of writing them in place); the others
+ * complete. */
+static void dispatch_overflow(const ctx_t *c, const outs_t *o) {
+  const int R = c->R, me = c->me;
+  data_t d;
+  make_data(c, 6000, &d);
+  for (int s = 0; s < R; s++) { /* every rank sends rank 0 (expert 0) at least one row */
+    if (!d.n[s])
+      for (int k = 0; k < TOPK; k++) d.idx[s][k] = -1;
+    d.n[s] = d.n[s] ? d.n[s] : 1;
+    d.idx[s][0] = 0;
+  }
+  ref_rank_input_t ri[64];
+  ref_recv_t rr[64];
+  for (int q = 0; q < R; q++) ri[q] = (ref_rank_input_t){d.n[q], d.x[q], NULL, d.idx[q], NULL};
+  memset(rr, 0, sizeof rr);
+  T_CHECK(ref_dispatch(R, c->E, TOPK, H * 2, 0, 1, ri, rr) == 0, "reference dispatch");
+  const int nr0 = rr[0].nr;
+  void *x = t_to_dev(d.x[me], (size_t)NMAX * H * 2), *idx = t_to_dev(d.idx[me], NMAX * TOPK * 8);
+  poison_outs(c, o);
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = d.n[me],
+                          .hidden = H,
+                          .topk_idx = idx,
+                          .topk = TOPK,
+                          .num_experts = c->E};
+  ep_dispatch_out_t out = {.size = sizeof out,
+                           .mode = EP_OUTPUT_CALLER,
+                           .capacity = me == 0 ? nr0 - 1 : R * NMAX,
+                           .recv_x = o->reg_x,
+                           .recv_src_idx = o->src};
+  ep_status_t st = ep_dispatch(c->b, &a, &out);
+  if (me == 0) {
+    T_CHECK(st == EP_ERR_TOO_LARGE, "rank 0: %s (%s), expected EP_ERR_TOO_LARGE",
+            ep_status_name(st), ep_last_error());
+    const size_t n = (size_t)R * NMAX * H * 2;
+    uint8_t *got = t_to_host(o->reg_x, n), *want = t_xmalloc(n);
+    T_CHECK(!memcmp(got, want, n), "rank 0: a dispatch over capacity wrote its recv_x");
+    free(got), free(want);
+  } else {
+    T_OK(st);
+    check_recv(c, &rr[me], o->reg_x, o, H * 2, 0, 1, 0, "overflow on rank 0", 6000);
+    T_OK(ep_handle_destroy(out.handle));
+  }
+  for (int q = 0; q < R; q++) ref_free_recv(&rr[q]);
+  t_dfree(x), t_dfree(idx);
+  free_data(c, &d);
+}
+
+static void dispatch_rounds(size_t queue_bytes, int rounds, const char *what) {
+  ctx_t c;
+  ctx_init_q(&c, queue_bytes, queue_bytes ? 1 : 0);
+  const size_t rows = (size_t)c.R * NMAX, rowb = (size_t)H * 2, bytes = tensor_bytes(&c);
+  uint8_t *y = t_dalloc(bytes);
+  outs_t o = {y + PAD * rowb,
+              t_dalloc(rows * rowb),
+              t_dalloc(rows * NS * 4),
+              t_dalloc(rows * TOPK * 4),
+              t_dalloc(rows * TOPK * 8),
+              t_dalloc(rows * 4)};
+  ep_mem_t m;
+  T_OK(ep_register_memory(c.b, y, bytes, &m));
+  for (int round = 0; round < rounds; round++) dispatch_round(&c, round, &o);
+  dispatch_overflow(&c, &o);
+  dispatch_round(&c, rounds, &o);
+  T_OK(ep_deregister_memory(c.b, m));
+  dispatch_round(&c, rounds + 1, &o); /* registered nowhere now */
+  ctx_fini(&c);
+  void *all[] = {y, o.plain_x, o.s, o.w, o.idx, o.src};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) t_dfree(all[i]);
+  if (c.me == 0)
+    printf("test_memreg dispatch (%s): R=%d, %d rounds checked\n", what, c.R, rounds + 2);
+}
+
+static int dispatch(int rounds) {
+  dispatch_rounds(0, rounds, "default receive area");
+  dispatch_rounds(4096, rounds, "receive area of R x 4096 bytes: windows");
   return T_PASS;
 }
 
@@ -301,6 +548,7 @@ int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "combine";
   t_require_backend();
   if (!strcmp(mode, "combine")) return combine(argc > 2 ? atoi(argv[2]) : 6);
+  if (!strcmp(mode, "dispatch")) return dispatch(argc > 2 ? atoi(argv[2]) : 10);
   if (!strcmp(mode, "misuse")) return misuse();
   if (!strcmp(mode, "cycles")) return cycles(argc > 2 ? atoi(argv[2]) : 50);
   fprintf(stderr, "unknown mode %s\n", mode);

@@ -322,7 +322,8 @@ def spawn(worker, args):
 # epcomm bench's rows (JSON phase keys) of a bf16 / fp8 run -> the op names of the table
 EP_NORMAL = {
     "bf16": {"dispatch": "dispatch_bf16_full", "dispatch_cached": "dispatch_bf16_cached",
-             "dispatch_cached_caller": "dispatch_bf16_cached_copy", "combine_view": "combine_view",
+             "dispatch_cached_caller": "dispatch_bf16_cached_copy",
+             "dispatch_cached_reg": "dispatch_bf16_cached_reg", "combine_view": "combine_view",
              "combine": "combine_tensor", "combine_cbuf": "combine_cbuf",
              "write_combine_cbuf": "write_combine_cbuf",
              "write_combine_tensor": "write_combine_tensor", "combine_reg": "combine_reg",
@@ -336,6 +337,8 @@ VS_NORMAL = [
     ("dispatch_bf16_full", "dispatch_bf16_full", "bf16 dispatch, full (views)"),
     ("dispatch_bf16_cached", "dispatch_bf16_cached", "bf16 dispatch, cached (views)"),
     ("dispatch_bf16_cached_copy", "dispatch_bf16_cached", "bf16 dispatch, cached, caller tensors"),
+    ("dispatch_bf16_cached_reg", "dispatch_bf16_cached",
+     "bf16 dispatch, cached, registered caller tensors"),
     ("combine_view", "combine", "combine, x = dispatch view"),
     ("combine_tensor", "combine", "combine, x = separate tensor"),
     ("combine_cbuf", "combine", "combine, x = ep_get_combine_buffer"),
@@ -430,7 +433,7 @@ def report(d):
             notes.append(f"{os.path.basename(p)}: no DeepEP figures ({' | '.join(tail)[:300]})")
     print("\nside by side, same GPU, same run (x = DeepEP time / epcomm time: > 1 means epcomm is "
           "faster); us")
-    fmt = "{:<6} {:>3} {:>4} {:>6}  {:<40} {:>9} {:>9} {:>7}"
+    fmt = "{:<6} {:>3} {:>4} {:>6}  {:<48} {:>9} {:>9} {:>7}"
     print(fmt.format("mode", "R", "SMs", "tokens", "operation", "epcomm", "DeepEP", "x"))
     for key in sorted(ep, key=lambda k: (k[0], k[1], -k[3])):
         mode, R, sms, N = key

@@ -6,7 +6,10 @@
  *   - worst case (out->worst_case): no host wait, fixed-size outputs; capturable;
  *   - cached: the handle's plan, no count exchange (no host wait when the count is known).
  * Outputs: EP_OUTPUT_VIEWS hands out the receive area itself, valid until the next dispatch on
- * this buffer; otherwise a receiver-side copy fills the caller's (or allocator's) arrays. */
+ * this buffer; otherwise a receiver-side copy fills the caller's (or allocator's) arrays. When
+ * the caller's recv_x (EP_OUTPUT_CALLER) lies in one of this rank's registrations of caller
+ * memory (ep_register_memory), the hello says where, and the senders write x rows straight
+ * there through their mapping of it; only the other arrays are copied out. */
 #include <stdint.h>
 #include <string.h>
 
@@ -21,6 +24,7 @@ typedef struct {
   cuda_plan_t *plan;
   int mode;
   epk_recv_layout_t lay;
+  bool reg_ok; /* outputs are the caller's, copied out: recv_x may be written in place */
 } call_t;
 
 static bool aligned16(const void *p) {
@@ -51,7 +55,20 @@ static ep_status_t check(cuda_state_t *s, const call_t *c, cudaStream_t st) {
   return EP_OK;
 }
 
-static void fill_notify(const call_t *c, epk_notify_t *n) {
+/* recv_x inside one of this rank's registrations for all the rows the outputs hold: its slot + 1,
+ * byte offset and rows go into the hello (senders write x rows there), else slot + 1 = 0. */
+static void fill_reg(const cuda_state_t *s, const call_t *c, epk_notify_t *n) {
+  const int64_t cap = c->o->capacity;
+  int64_t off = 0;
+  if (!c->reg_ok || cap < 0 || cap > INT32_MAX) return;
+  const int slot = cuda_reg_find(s, c->o->recv_x, (uint64_t)cap * c->c->row_bytes, &off);
+  if (slot < 0) return;
+  n->xreg1 = slot + 1;
+  n->xcap = (int32_t)cap;
+  n->xoff = off;
+}
+
+static void fill_notify(const cuda_state_t *s, const call_t *c, epk_notify_t *n) {
   const ep_dispatch_args_t *a = c->a;
   const ep_dispatch_call_t *d = c->c;
   memset(n, 0, sizeof *n);
@@ -69,6 +86,7 @@ static void fill_notify(const call_t *c, epk_notify_t *n) {
   n->rank_prefix = c->o->rank_prefix;
   n->recv_per_expert = d->cached ? NULL : c->o->recv_tokens_per_expert;
   n->align = a->expert_alignment;
+  fill_reg(s, c, n);
 }
 
 static void fill_data(cuda_state_t *s, const call_t *c, int64_t cap, epk_dispatch_t *k) {
@@ -124,7 +142,7 @@ static void publish_views(const epk_dispatch_t *k, ep_dispatch_out_t *o) {
 static ep_status_t launch_notify(cuda_state_t *s, const call_t *c, cudaStream_t st, bool ticket,
                                  uint32_t *t) {
   epk_notify_t n;
-  fill_notify(c, &n);
+  fill_notify(s, c, &n);
   if (ticket) n.ticket = *t = ++s->ticket ? s->ticket : ++s->ticket;
   s->err_key = c->c->key;
   return cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
@@ -138,11 +156,14 @@ static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, int *
   return rc;
 }
 
+/* The handle's source index for `cap` rows; when the arena cannot hold it the call drains (peers
+ * still get our part of the exchange) and launch_data reports it. */
+static void alloc_src(call_t *c, int64_t cap) {
+  if (!c->plan->src && !cuda_plan_src(c->plan, cap)) c->mode = EPK_MODE_DRAIN;
+}
+
 static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int64_t cap) {
-  if (!c->plan->src && !cuda_plan_src(c->plan, cap)) {
-    c->mode = EPK_MODE_DRAIN; /* peers still get our part of the exchange */
-    cap = 0;
-  }
+  if (!c->plan->src) cap = 0;
   epk_dispatch_t k;
   fill_data(s, c, cap, &k);
   ep_status_t rc = cuda_check(s, epk_launch_dispatch(&s->kb, &k, st), OP, "launch");
@@ -166,6 +187,7 @@ static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *n
     out_rc = ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, OP, "outputs",
                          "the alloc callback gave a recv_x that is not 16-byte aligned");
   c->mode = out_rc ? EPK_MODE_DRAIN : EPK_MODE_COPY;
+  alloc_src(c, *nr);
   rc = launch_data(s, c, st, *nr);
   return rc ? rc : out_rc;
 }
@@ -180,6 +202,8 @@ static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   bool wait = c->c->sync && c->plan->nr < 0;
   c->mode = c->c->views ? EPK_MODE_VIEW : EPK_MODE_COPY;
   if (c->c->sync && c->plan->nr > cap) c->mode = EPK_MODE_DRAIN; /* cached, count known */
+  alloc_src(c, cap); /* before the hello: a rank that drains must not have x written in place */
+  c->reg_ok = c->mode == EPK_MODE_COPY && c->o->mode == EP_OUTPUT_CALLER;
   ep_status_t rc = launch_notify(s, c, st, wait, &t);
   if (!rc) rc = launch_data(s, c, st, cap);
   *nr = c->c->sync ? c->plan->nr : -1;
@@ -191,7 +215,7 @@ static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
 ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *d, ep_handle_info_t *out) {
   cuda_state_t *s = state;
   const ep_dispatch_args_t *a = &d->in;
-  call_t c = {d, a, &d->out, d->cached ? d->cached->priv : NULL, 0, {0}};
+  call_t c = {d, a, &d->out, d->cached ? d->cached->priv : NULL, 0, {0}, false};
   c.lay = epk_recv_layout(s->kb.area_bytes, d->row_bytes,
                           a->dtype == EP_DTYPE_FP8_E4M3 ? a->num_scales : 0,
                           d->cached ? 0 : d->topk, d->has_w);

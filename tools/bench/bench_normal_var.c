@@ -1,5 +1,7 @@
 /* Normal-mode variants, after the main rows: a cached dispatch (what DeepEP's tuning loop
- * times) with the main output mode and into caller tensors; a combine whose input is the bf16
+ * times) with the main output mode, into caller tensors, and into caller tensors registered with
+ * the buffer (backends that write registered memory in place: recv_x written by the senders, no
+ * copy-out pass); a combine whose input is the bf16
  * dispatch view the experts wrote into (backends with views); a combine whose input is
  * ep_get_combine_buffer's memory, alone and with the experts' write, beside the same write into
  * a separate tensor (backends with a combine buffer); a combine whose input is a separate tensor
@@ -159,6 +161,29 @@ static int combine_registered(normal_t *u, ep_output_mode_t mode) {
   return rc;
 }
 
+/* The cached dispatch into a caller recv_x registered with the buffer (ep_register_memory): the
+ * senders write its rows in place. A registration the backend refuses skips the row with a note. */
+static int cached_registered(normal_t *u, var_t *v) {
+  bench_ctx_t *c = u->c;
+  const size_t bytes = (size_t)(u->nr ? u->nr : 1) * u->row;
+  ep_mem_t mem = NULL;
+  v->mode = EP_OUTPUT_CALLER, v->label = "epcomm dispatch, cached, reg. caller";
+  v->rx = bench_alloc(c, bytes);
+  v->rs = !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);
+  int rc = !v->rx || (u->ns && !v->rs);
+  ep_status_t st = rc ? EP_OK : ep_register_memory(c->buf, v->rx, bytes, &mem);
+  if (st) {
+    fprintf(stderr, "epcomm bench: no registered caller-tensor row: %s\n", ep_last_error());
+    rc = st != EP_ERR_UNSUPPORTED;
+  } else if (!rc) {
+    rc = cached(u, v, "dispatch_cached_reg");
+    if (bench_said(ep_deregister_memory(c->buf, mem), "ep_deregister_memory")) rc = 1;
+  }
+  bench_free(c, v->rx), bench_free(c, v->rs);
+  v->rx = NULL, v->rs = NULL;
+  return rc;
+}
+
 int bench_normal_variants(normal_t *u) {
   bench_ctx_t *c = u->c;
   ep_output_mode_t main_mode = u->views ? EP_OUTPUT_VIEWS : EP_OUTPUT_ALLOC;
@@ -171,6 +196,7 @@ int bench_normal_variants(normal_t *u) {
   v.rs = rc || !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);
   if (!rc) rc = !v.rx || (u->ns && !v.rs) || cached(u, &v, "dispatch_cached_caller");
   bench_free(c, v.rx), bench_free(c, v.rs);
+  if (!rc && (c->caps & EP_CAP_REGISTER_MEMORY)) rc = cached_registered(u, &v);
   if (!rc && u->views && c->o->dtype == BENCH_BF16) rc = combine_view(u);
   if (!rc && (c->caps & EP_CAP_COMBINE_BUFFER)) rc = combine_buffer(u, main_mode);
   if (!rc && (c->caps & EP_CAP_REGISTER_MEMORY)) rc = combine_registered(u, main_mode);

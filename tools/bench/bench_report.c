@@ -104,6 +104,9 @@ static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, s
                " cached: a dispatch along an earlier one's handle (what DeepEP's tuning "
                "loop times)."},
               {"dispatch_cached_caller", " caller: the rows copied into the caller's tensors."},
+              {"dispatch_cached_reg",
+               " reg. caller: caller tensors registered with the buffer (ep_register_memory), "
+               "recv_x written in place by the senders."},
               {"combine_view",
                " view: the experts' outputs written into the bf16 dispatch view, which "
                "combine reads in place."},

@@ -38,6 +38,14 @@ static __device__ __forceinline__ uint32_t *epk_u32(uint8_t *base, uint64_t off,
   return reinterpret_cast<uint32_t *>(base + off) + i;
 }
 
+/* hello[parity][writer] in the pool of `owner` (ep_kernels.h). */
+static __device__ __forceinline__ epk_hello_t *epk_hello(const epk_buf_t &b, int owner, int parity,
+                                                         int writer) {
+  uint8_t *base = b.peers[owner] + b.off_hello;
+  return reinterpret_cast<epk_hello_t *>(
+      base + ((uint64_t)parity * (uint64_t)b.nranks + (uint64_t)writer) * b.slot_bytes);
+}
+
 static __device__ __forceinline__ bool epk_stopped(const epk_buf_t &b) {
   return *reinterpret_cast<volatile uint32_t *>(&b.priv->call_status) != 0;
 }

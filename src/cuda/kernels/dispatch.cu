@@ -22,10 +22,12 @@
 namespace {
 
 struct dstate {
-  int64_t *base; /* [R] first row of this rank's rows in destination d */
-  int *rounds;   /* [R] windows of destination d */
-  int *wcur;     /* [R] window of d being sent */
-  int *open;     /* [R] is wcur[d] free to write now */
+  int64_t *base;  /* [R] first row of this rank's rows in destination d */
+  int *rounds;    /* [R] windows of destination d */
+  int *wcur;      /* [R] window of d being sent */
+  int *open;      /* [R] is wcur[d] free to write now */
+  uint8_t **xdst; /* [R] d's recv_x as mapped here when d's x rows go straight there (its hello
+                     names a registration holding it, and its rows fit), else NULL */
 };
 
 __device__ __forceinline__ int4 ld_nc_v4(const int4 *p) {
@@ -33,9 +35,9 @@ __device__ __forceinline__ int4 ld_nc_v4(const int4 *p) {
 }
 
 /* Row and metadata of token t to every destination in `mask` (lane l: destination g + l, whose
- * area D is dst[l] and whose window-local row is jw[l]). */
+ * area D is dst[l], whose window-local row is jw[l] and whose x row goes to dx[l]). */
 __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask, uint8_t **dst,
-                           int64_t *jw) {
+                           int64_t *jw, uint8_t **dx) {
   const int lane = threadIdx.x & 31;
   const uint8_t *src = static_cast<const uint8_t *>(a.x) + (uint64_t)t * a.row;
   const int nv = (int)(a.row / 16);
@@ -48,7 +50,7 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
     }
     for (unsigned m = mask; m; m &= m - 1) {
       int l = __ffs(m) - 1;
-      int4 *out = reinterpret_cast<int4 *>(dst[l] + a.lay.off_x + (uint64_t)jw[l] * a.row);
+      int4 *out = reinterpret_cast<int4 *>(dx[l]);
 #pragma unroll
       for (int u = 0; u < UNR; u++) {
         int i = i0 + 32 * u + lane;
@@ -83,6 +85,7 @@ __device__ void send_pass(const epk_buf_t &b, const epk_dispatch_t &a, const dst
                           int t1) {
   __shared__ uint8_t *s_dst[DWARPS][32];
   __shared__ int64_t s_jw[DWARPS][32];
+  __shared__ uint8_t *s_dx[DWARPS][32];
   const int R = b.nranks, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int32_t *pos = epk_plan_pos(const_cast<int32_t *>(a.plan), R);
   const int64_t W = a.lay.rows;
@@ -95,22 +98,26 @@ __device__ void send_pass(const epk_buf_t &b, const epk_dispatch_t &a, const dst
         int64_t j = st.base[d] + p, w = st.rounds[d] == 1 ? 0 : j / W; /* no division if one */
         if (p >= 0 && w == st.wcur[d]) {
           ok = true;
+          uint8_t *ad = b.peers[d] + b.off_area_d, *xd = st.xdst[d];
           s_jw[warp][lane] = j - w * W;
-          s_dst[warp][lane] = b.peers[d] + b.off_area_d;
+          s_dst[warp][lane] = ad;
+          s_dx[warp][lane] = xd ? xd + (uint64_t)j * a.row : ad + a.lay.off_x + (j - w * W) * a.row;
         }
       }
       unsigned mask = __ballot_sync(EPK_FULL, ok);
       __syncwarp();
-      if (mask) send_token(a, t, g, mask, s_dst[warp], s_jw[warp]);
+      if (mask) send_token(a, t, g, mask, s_dst[warp], s_jw[warp], s_dx[warp]);
       __syncwarp();
     }
 }
 
 /* Receiver: this block's share of window rw, from area D to the caller's outputs (COPY), and
  * the source index of every row into the handle (combine rounds search it). With views only the
- * latter, one row per thread (a row per warp left this a chain of dependent loads). */
-__device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mode, int rw,
-                            int64_t nr) {
+ * latter, one row per thread (a row per warp left this a chain of dependent loads). xdirect: the
+ * x rows are in recv_x already (registered output), only the rest is copied; when that is just
+ * source indices, one row per thread too. */
+__device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mode, bool xdirect,
+                            int rw, int64_t nr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t W = a.lay.rows, first = (int64_t)rw * W, n = min(W, nr - first);
   if (n <= 0 || mode == EPK_MODE_DRAIN) return;
@@ -123,11 +130,23 @@ __device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mod
       a.hsrc[first + r] = __ldcg(rsrc + r);
     return;
   }
+  const bool meta =
+      (a.recv_scales && a.num_scales > 0) || (!a.cached && (a.recv_idx || (a.recv_w && a.has_w)));
+  if (xdirect && !meta) { /* only source indices: a row per thread */
+    for (int64_t r = lo + threadIdx.x; r < hi; r += DT) {
+      const int64_t gi = first + r;
+      const int32_t v = __ldcg(rsrc + r);
+      if (a.recv_src) a.recv_src[gi] = v;
+      if (a.hsrc && gi < a.hsrc_cap) a.hsrc[gi] = v;
+    }
+    return;
+  }
   for (int64_t r = lo + warp; r < hi; r += DWARPS) {
     const int64_t gi = first + r;
     const int4 *src = reinterpret_cast<const int4 *>(ad + a.lay.off_x + (uint64_t)r * a.row);
-    epk_warp_copy<true>(reinterpret_cast<int4 *>(static_cast<uint8_t *>(a.recv_x) + gi * a.row),
-                        src, nv);
+    if (!xdirect)
+      epk_warp_copy<true>(reinterpret_cast<int4 *>(static_cast<uint8_t *>(a.recv_x) + gi * a.row),
+                          src, nv);
     const float *sc = reinterpret_cast<const float *>(ad + a.lay.off_s) + r * a.num_scales;
     for (int i = lane; a.recv_scales && i < a.num_scales; i += 32)
       a.recv_scales[gi * a.num_scales + i] = __ldcg(sc + i);
@@ -187,12 +206,23 @@ __device__ void finish(const epk_buf_t &b) {
 __device__ void setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int64_t *nr) {
   const int R = b.nranks;
   const int32_t *cnt = epk_plan_cnt(const_cast<int32_t *>(a.plan));
+  const int par = (int)(b.priv->seq & 1); /* this call's hellos (notify has gathered them) */
   for (int d = threadIdx.x; d < R; d += DT) {
     int64_t n = 0, base = 0;
     for (int s = 0; s < R; s++) {
       n += cnt[s * R + d];
       if (s < b.rank) base += cnt[s * R + d];
     }
+    /* d's registered recv_x: every rank decides alike from d's hello and the counts (rows
+     * beyond its capacity: d drains, so they go to area D as without a registration). */
+    const epk_hello_t *h = epk_hello(b, b.rank, par, d);
+    const int reg1 = __ldcg(&h->xreg1);
+    uint8_t *xd = nullptr;
+    if (reg1 > 0 && n <= (int64_t)__ldcg(&h->xcap)) {
+      uint8_t *rb = b.regs[(int64_t)(reg1 - 1) * R + d];
+      if (rb) xd = rb + __ldcg(reinterpret_cast<const long long *>(&h->xoff));
+    }
+    st.xdst[d] = xd;
     st.base[d] = base;
     st.rounds[d] = (int)max((int64_t)1, (n + a.lay.rows - 1) / a.lay.rows);
     st.wcur[d] = 0;
@@ -227,8 +257,8 @@ __device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
 }
 
 /* Copies out window *rw once every source's blocks have delivered it; true if it did. */
-__device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode, int *s_rw,
-                          int my_rounds, int64_t nr) {
+__device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode, bool xdirect,
+                          int *s_rw, int my_rounds, int64_t nr) {
   const int rw = *s_rw;
   if (rw >= my_rounds) return false;
   int ok = 1;
@@ -236,7 +266,7 @@ __device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
     ok &= epk_ld_acq(epk_u32(b.peers[b.rank], b.off_arrive, s)) >=
           (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s];
   if (!__syncthreads_and(ok)) return false;
-  copy_window(b, a, mode, rw, nr);
+  copy_window(b, a, mode, xdirect, rw, nr);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -258,12 +288,13 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   const int R = b.nranks;
   if (epk_stopped(b)) return; /* the count exchange failed: nothing moves */
   epk_tr_min(b, EPK_TR_D_START);
-  dstate st = {dsm, reinterpret_cast<int *>(dsm + R), reinterpret_cast<int *>(dsm + R) + R,
-               reinterpret_cast<int *>(dsm + R) + 2 * R};
+  int *ints = reinterpret_cast<int *>(dsm + 2 * R);
+  dstate st = {dsm, ints, ints + R, ints + 2 * R, reinterpret_cast<uint8_t **>(dsm + R)};
   if (threadIdx.x == 0) s_rw = 0;
   setup(b, a, st, &s_nr);
   const int64_t nr = s_nr;
   const int my_rounds = st.rounds[b.rank];
+  const bool xdirect = st.xdst[b.rank] != nullptr;
   int mode = a.mode;
   if (nr > a.cap || (mode == EPK_MODE_VIEW && nr > a.lay.rows)) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && !a.quiet)
@@ -276,7 +307,7 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   w.reset();
   for (;;) {
     bool moved = send_step(b, a, st, t0, t1);
-    moved |= recv_step(b, a, mode, &s_rw, my_rounds, nr);
+    moved |= recv_step(b, a, mode, xdirect, &s_rw, my_rounds, nr);
     __syncthreads();
     if (threadIdx.x == 0) {
       bool done = s_rw == my_rounds;
@@ -302,7 +333,7 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
 
 extern "C" cudaError_t epk_launch_dispatch(const epk_buf_t *b, const epk_dispatch_t *a,
                                            cudaStream_t s) {
-  size_t smem = (size_t)b->nranks * (sizeof(int64_t) + 3 * sizeof(int));
+  size_t smem = (size_t)b->nranks * (2 * sizeof(int64_t) + 3 * sizeof(int));
   epk_dispatch_kernel<<<b->blocks, DT, smem, s>>>(*b, *a);
   return cudaGetLastError();
 }

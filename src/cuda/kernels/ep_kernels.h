@@ -16,6 +16,8 @@
  *   in the pool), and what the x offset is relative to (-1: the pool, else the slot of one of
  *   the holder's registrations of caller memory).
  * - area D: dispatch receive area; senders write every row at its final row index (views).
+ *   A receiver whose recv_x (EP_OUTPUT_CALLER) lies in one of its registrations says so in its
+ *   hello (slot, offset, rows); senders then write x rows straight there, the rest still here.
  * - area C: combine staging, used when a rank's combine input is not already in area D.
  * All counters go back to zero at the end of each call, by their owner, once every peer has
  * finished writing them for that call.
@@ -76,8 +78,11 @@ typedef struct {
   uint32_t seq;      /* the call's sequence number; stored last, with release semantics */
   ep_call_key_t key; /* what the call is; compared field by field (detail of a mismatch) */
   int32_t num_tokens, direct, recv_rows;
-  int32_t wgap256; /* combine: bytes of area C before its staged weights / 256 (x in area C) */
-  int32_t pad[2];
+  int32_t wgap256;   /* combine: bytes of area C before its staged weights / 256 (x in area C) */
+  int32_t xreg1;     /* dispatch: 1 + the slot of the writer's registration of caller memory that
+                        holds its recv_x for xcap rows (senders write x rows there); 0: none */
+  int32_t xcap, pad; /* dispatch: rows of that recv_x (more arriving: drained, not written) */
+  int64_t xoff;      /* dispatch: byte offset of recv_x in that registration */
   /* then int32 to_rank[R] (tokens this source sends to each rank) and
    *      int32 experts[E/R] (its selections of the slot owner's local experts) */
 } epk_hello_t;
@@ -250,6 +255,8 @@ typedef struct {
   uint32_t ticket;                        /* != 0: publish the receive count to the host */
   uint32_t pad2;
   uint64_t xrow, wrow; /* COMBINE: staging bytes per row of this call */
+  int64_t xoff;        /* DISPATCH, CACHED: recv_x in a registration (epk_hello_t.xreg1) */
+  int32_t xreg1, xcap;
 } epk_notify_t;
 
 typedef struct {

@@ -8,14 +8,13 @@
 #define NT 1024
 #define NW (NT / 32)
 static_assert(NW <= 32, "one warp scans the per-warp counts");
+static_assert(sizeof(epk_hello_t) % 8 == 0, "the counts after a hello stay aligned");
 
 namespace {
 
 __device__ __forceinline__ epk_hello_t *hello_slot(const epk_buf_t &b, int owner, int parity,
                                                    int writer) {
-  uint8_t *base = b.peers[owner] + b.off_hello;
-  return reinterpret_cast<epk_hello_t *>(
-      base + ((uint64_t)parity * (uint64_t)b.nranks + (uint64_t)writer) * b.slot_bytes);
+  return epk_hello(b, owner, parity, writer);
 }
 __device__ __forceinline__ int32_t *hello_to_rank(epk_hello_t *h) {
   return reinterpret_cast<int32_t *>(h + 1);
@@ -141,6 +140,10 @@ __device__ void fill_header(epk_hello_t *h, const epk_notify_t &a, int status) {
   h->direct = a.direct;
   h->recv_rows = a.recv_rows;
   h->wgap256 = a.wgap256;
+  h->xreg1 = a.xreg1;
+  h->xcap = a.xcap;
+  h->pad = 0;
+  h->xoff = a.xoff;
 }
 
 /* Writes this rank's hello into every peer's slot, then publishes all of them. */
