@@ -135,7 +135,9 @@ stage_low_latency() {
   return "$st"
 }
 
-note "deepep_compat: DeepEP $(git -C "$deepep" rev-parse --short HEAD 2>/dev/null || echo '(not a git checkout)'), \
+dsha='(not a git checkout)' # a tree without .git would report the enclosing repository's commit
+[ -e "$deepep/.git" ] && dsha=$(git -C "$deepep" rev-parse --short HEAD 2>/dev/null)
+note "deepep_compat: DeepEP $dsha, \
 epcomm $(git -C "$repo" rev-parse --short HEAD 2>/dev/null), ranks: $NPROCS, MPS: ${WITH_MPS:-none}"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$summary" 2>&1
 status=0

@@ -26,11 +26,12 @@ static const ep_env_row_t cuda_rows[] = {
                    "1 parallel gate numbering, 2 fp8 cast once per token during the gate, 4 "
                    "combine metadata precomputed, 8 flags raised in parallel, 16 one kernel for "
                    "a one-phase combine"),
-    EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_HOOK_STREAM", "1", "0", "2",
+    EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_HOOK_STREAM", "0", "0", "2",
                    "1: the send part of a two-phase low-latency call runs on the buffer's own "
                    "stream at the highest priority, beside the kernels the caller queues before "
                    "ep_ll_recv (its inputs must stay unchanged until then); 2: the same at the "
-                   "default priority; 0: on the caller's stream, before them"),
+                   "default priority; 0 (default; measured faster on one GPU): on the caller's "
+                   "stream, before them"),
     EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_TRACE", "0", "0", "1",
                    "1: time the phases of the low-latency kernels on the GPU (%globaltimer) "
                    "and print their means on stderr when the buffer is destroyed"),

@@ -51,7 +51,7 @@ static ep_status_t shared_memory(cuda_state_t *s, cuda_ll_t *ll) {
  * send's blocks are placed first as SMs free up; non-blocking, so that it never waits for the
  * legacy default stream. */
 static ep_status_t hook_stream(cuda_state_t *s, cuda_ll_t *ll) {
-  const long how = ep_env_long("EP_CUDA_LL_HOOK_STREAM", 1);
+  const long how = ep_env_long("EP_CUDA_LL_HOOK_STREAM", 0);
   if (!how) return EP_OK;
   int least = 0, greatest = 0;
   ep_status_t st =
