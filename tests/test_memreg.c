@@ -228,6 +228,11 @@ static void get(void *dst, const void *dev, size_t n) {
   free(h);
 }
 
+/* memcmp that accepts empty ranges (a rank may receive nothing: its arrays are then NULL). */
+static int same(const void *a, const void *b, size_t n) {
+  return n == 0 || !memcmp(a, b, n);
+}
+
 /* This rank's received rows against the reference's (x, scales; ids and weights unless cached;
  * source indices). */
 static void check_recv(const ctx_t *c, const ref_recv_t *rr, const void *recv_x, const outs_t *o,
@@ -237,24 +242,23 @@ static void check_recv(const ctx_t *c, const ref_recv_t *rr, const void *recv_x,
              t_xmalloc((size_t)nr * TOPK * 4 + 4), t_xmalloc((size_t)nr * TOPK * 8 + 8),
              t_xmalloc((size_t)nr * 4 + 4)};
   get(g.x, recv_x, (size_t)nr * row), get(g.src, o->src, (size_t)nr * 4);
-  T_CHECK(!memcmp(g.x, rr->x, (size_t)nr * row), "%s, round %d: recv_x differs (%d rows)", what,
-          round, nr);
-  T_CHECK(!memcmp(g.src, rr->src_idx, (size_t)nr * 4), "%s, round %d: recv_src_idx differs", what,
+  T_CHECK(same(g.x, rr->x, (size_t)nr * row), "%s, round %d: recv_x differs (%d rows)", what, round,
+          nr);
+  T_CHECK(same(g.src, rr->src_idx, (size_t)nr * 4), "%s, round %d: recv_src_idx differs", what,
           round);
   if (fp8) {
     get(g.s, o->s, (size_t)nr * NS * 4);
-    T_CHECK(!memcmp(g.s, rr->scales, (size_t)nr * NS * 4), "%s, round %d: scales differ", what,
-            round);
+    T_CHECK(same(g.s, rr->scales, (size_t)nr * NS * 4), "%s, round %d: scales differ", what, round);
   }
   if (!cached) {
     get(g.idx, o->idx, (size_t)nr * TOPK * 8);
-    T_CHECK(!memcmp(g.idx, rr->topk_idx, (size_t)nr * TOPK * 8), "%s, round %d: topk ids differ",
-            what, round);
+    T_CHECK(same(g.idx, rr->topk_idx, (size_t)nr * TOPK * 8), "%s, round %d: topk ids differ", what,
+            round);
   }
   if (!cached && with_w) {
     get(g.w, o->w, (size_t)nr * TOPK * 4);
-    T_CHECK(!memcmp(g.w, rr->topk_weights, (size_t)nr * TOPK * 4),
-            "%s, round %d: topk weights differ", what, round);
+    T_CHECK(same(g.w, rr->topk_weights, (size_t)nr * TOPK * 4), "%s, round %d: topk weights differ",
+            what, round);
   }
   free(g.x), free(g.s), free(g.w), free(g.idx), free(g.src);
 }
