@@ -5,30 +5,17 @@
  * cores), --bind-to none (ranks float, as under `epcomm launch`), the shared-memory transport,
  * and EP_HOSTS=H in the ranks' environment. The library reads EP_HOSTS; nothing else differs. */
 #include <errno.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "launch.h"
-
-/* An executable `name` on PATH, into out. */
-static int on_path(const char *name, char *out, size_t n) {
-  const char *path = getenv("PATH");
-  while (path && *path) {
-    const char *end = strchr(path, ':');
-    size_t len = end ? (size_t)(end - path) : strlen(path);
-    snprintf(out, n, "%.*s/%s", (int)len, path, name);
-    if (len && access(out, X_OK) == 0) return 1;
-    path = end ? end + 1 : NULL;
-  }
-  return 0;
-}
+#include "tk_spawn.h"
 
 int launch_exec_mpirun(const struct launch *l) {
   char mpirun[4096], nr[16], hosts[16], tmo[32];
-  if (!on_path("mpirun", mpirun, sizeof mpirun)) {
+  if (!tk_find_exe("mpirun", 0, mpirun, sizeof mpirun)) {
     fprintf(stderr,
             "epcomm launch: --hosts needs mpirun on PATH (the hosts talk through MPI; "
             "install Open MPI: openmpi-bin)\n");
@@ -48,11 +35,7 @@ int launch_exec_mpirun(const struct launch *l) {
   argv[n++] = mpirun, argv[n++] = "-n", argv[n++] = nr;
   argv[n++] = "--oversubscribe", argv[n++] = "--bind-to", argv[n++] = "none";
   if (!getenv("OMPI_MCA_btl")) argv[n++] = "--mca", argv[n++] = "btl", argv[n++] = "self,vader";
-  /* Pretend hosts are all this one: mpirun starts no remote daemon, but Open MPI still refuses
-   * to start when its remote agent (ssh or rsh) is missing, as in many containers. */
-  char agent[PATH_MAX];
-  if (!getenv("OMPI_MCA_plm_rsh_agent") && !on_path("ssh", agent, sizeof agent) &&
-      !on_path("rsh", agent, sizeof agent))
+  if (tk_mpirun_needs_agent()) /* pretend hosts are all this one */
     argv[n++] = "--mca", argv[n++] = "plm_rsh_agent", argv[n++] = "false";
   if (l->tag) argv[n++] = "--tag-output";
   if (l->timeout > 0) {

@@ -56,11 +56,7 @@ static void command(const bench_opts_t *o, int R, const char *mpirun, const char
   /* Ranks float like epcomm's (never pinned two to one core); shared memory between them. */
   argv[n++] = "--oversubscribe", argv[n++] = "--bind-to", argv[n++] = "none";
   if (!getenv("OMPI_MCA_btl")) argv[n++] = "--mca", argv[n++] = "btl", argv[n++] = "self,vader";
-  /* Every rank of the baseline is local, so mpirun starts no remote daemon; but Open MPI still
-   * refuses to start when its remote agent (ssh or rsh) is missing, as in many containers. */
-  char agent[PATH_MAX];
-  if (!getenv("OMPI_MCA_plm_rsh_agent") && !tk_find_exe("ssh", 0, agent, sizeof agent) &&
-      !tk_find_exe("rsh", 0, agent, sizeof agent))
+  if (tk_mpirun_needs_agent()) /* every rank of the baseline is local */
     argv[n++] = "--mca", argv[n++] = "plm_rsh_agent", argv[n++] = "false";
   argv[n++] = (char *)prog;
   const struct {

@@ -122,6 +122,12 @@ int tk_self_dir(char *out, size_t n) {
   return snprintf(out, n, "%s", self) < (int)n;
 }
 
+int tk_mpirun_needs_agent(void) {
+  char agent[PATH_MAX];
+  return !getenv("OMPI_MCA_plm_rsh_agent") && !tk_find_exe("ssh", 0, agent, sizeof agent) &&
+         !tk_find_exe("rsh", 0, agent, sizeof agent);
+}
+
 int tk_find_exe(const char *name, int beside, char *out, size_t n) {
   char dir[PATH_MAX];
   if (beside && tk_self_dir(dir, sizeof dir)) {

@@ -49,4 +49,9 @@ int tk_self_dir(char *out, size_t n);
  * Returns 1 with the path in out[n], else 0. */
 int tk_find_exe(const char *name, int beside_self, char *out, size_t n);
 
+/* Whether an mpirun whose ranks are all on this host must be given `--mca plm_rsh_agent false`:
+ * it starts no remote daemon, yet Open MPI refuses to start when its remote agent (ssh or rsh)
+ * is missing, as in many containers. 0 when the user set OMPI_MCA_plm_rsh_agent. */
+int tk_mpirun_needs_agent(void);
+
 #endif
