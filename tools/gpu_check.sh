@@ -4,6 +4,7 @@
 #   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
 #   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode: per-kernel time, DRAM bytes,
 #   occupancy, then the SpeedOfLight/Occupancy/WarpStateStats sections)
+#   cudanet (the cuda.net.* tests: the CUDA data path across pretend hosts through NCCL)
 #   net (across pretend hosts, issue 14: the NCCL engine on one GPU with a NCCL_HOSTID per rank,
 #   then the cpu path's net.* tests through MPI; NCCL's library and header are looked for in the
 #   PyTorch wheel when the toolkit has none: set EP_NCCL_LIB / NCCL_HOME to choose)
@@ -98,6 +99,14 @@ for s in $steps; do
         echo "NCCL engine, R=$1 on $2 pretend hosts, one GPU: exit $? ($(tail -n 1 "$out/net-nccl-r$1-h$2.log"))"
       done
       timeout 180 "$mps" tests/run.sh --filter '^(net|cuda\.net)' $b 2>&1 | tee "$out/net-cpu.log" | tail -4 || true ;;
+    cudanet)
+      # The CUDA data path across pretend hosts on this GPU (issue 14): NCCL between hosts (each
+      # rank its own NCCL host over loopback), CUDA IPC inside one; tests matching $CNF.
+      lib=${EP_NCCL_LIB:-$(find /opt /usr -name 'libnccl.so.2' 2>/dev/null | head -1)}
+      export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 EP_NCCL_LIB=$lib
+      EP_TIMEOUT_S=60 timeout 500 "$mps" tests/run.sh --filter "${CNF:-^cuda\.net}" $b 2>&1 |
+        tee "$out/cudanet.log" | tail -12 || true
+      cp $b/test-logs/cuda.net.* "$out/" 2>/dev/null || true ;;
     ll)
       timeout 560 "$mps" tests/run.sh --filter '^cuda\.(ll|bench)' $b 2>&1 | tee "$out/ll.log" |
         grep -v '^PASS' || true ;;

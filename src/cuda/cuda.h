@@ -54,8 +54,9 @@ typedef struct {
   cuda_reg_t *regs;                 /* [EP_MAX_MEM_REGS] registrations of caller memory */
   cuda_map_t *maps;                 /* peers' allocations opened for them */
   int nmaps, capmaps;
-  uint8_t **reg_table; /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
-  uint64_t *reg_bytes; /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
+  uint8_t **reg_table;  /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
+  uint64_t *reg_bytes;  /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
+  struct cuda_net *net; /* across hosts (cuda_net.h), NULL on one host */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */

@@ -5,6 +5,7 @@
 
 #include "cuda/cuda.h"
 #include "cuda/cuda_ll.h"
+#include "cuda/cuda_net.h"
 
 static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, size_t *bytes) {
   epk_buf_t kb;
@@ -61,13 +62,14 @@ static void trace_print(cuda_state_t *s) {
 static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {
   cuda_state_t *s = calloc(1, sizeof *s);
   if (!s) return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
-  if (ep_ctx_topo(ctx)->nhosts > 1) {
+  int hosts = ep_ctx_topo(ctx)->nhosts;
+  if (hosts > 1 && cfg->ll_max_tokens > 0) {
     free(s);
     return ep_ctx_fail(ctx, EP_ERR_UNSUPPORTED, -1, "ep_buffer_create", "init",
-                       "the cuda backend "
-                       "does not span hosts yet (the group has %d hosts): its NCCL path is not "
-                       "written; use the cpu backend, or one host",
-                       ep_ctx_topo(ctx)->nhosts);
+                       "low-latency mode across hosts is not built on the cuda backend yet (the "
+                       "group has %d hosts): create the buffer with ll_max_tokens = 0, or use "
+                       "the cpu backend",
+                       hosts);
   }
   s->ctx = ctx;
   s->rank = ep_ctx_rank(ctx);
@@ -79,7 +81,9 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
   ep_status_t st = cuda_mem_setup(s, cfg);
   if (!st) st = trace_setup(s);
+  if (!st && hosts > 1) st = cuda_net_create(s, cfg);
   if (st) {
+    cuda_net_destroy(s, false);
     if (s->trace_mem) cudaFree(s->trace_mem);
     cuda_mem_teardown(s, false);
     free(s);
@@ -109,6 +113,7 @@ static ep_status_t cuda_destroy(void *state, bool collective) {
     if (!st) trace_print(s);
     cudaFree(s->trace_mem);
   }
+  cuda_net_destroy(s, collective && !st);
   cuda_mem_teardown(s, collective && !st);
   if (prev >= 0 && prev != s->device) cudaSetDevice(prev);
   free(s);
@@ -151,6 +156,7 @@ static const struct ep_backend_ops cuda_ops = {
     .ll_combine_buffer = cuda_ll_combine_buffer,
     .ll_release = cuda_ll_release,
     .ll_reject = cuda_ll_reject,
+    .traffic = cuda_net_traffic,
 };
 
 const struct ep_backend_ops *ep_backend_cuda(void) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cuda/cuda.h"
+#include "cuda/cuda_net.h"
 
 static const char OP[] = "ep_combine";
 
@@ -36,6 +37,7 @@ static bool fits_area_c(const cuda_state_t *s, const ep_handle_info_t *h, uint64
 
 ep_status_t cuda_combine_buffer(void *state, const ep_handle_info_t *h, void **x) {
   cuda_state_t *s = state;
+  if (s->net) return cuda_net_combine_buffer(s, h, x);
   const uint64_t wrow = 4 * (uint64_t)(h->topk > 0 ? h->topk : 0);
   if (!fits_area_c(s, h, wrow))
     return ep_err(EP_ERR_TOO_LARGE,
@@ -77,6 +79,7 @@ static ep_status_t check(cuda_state_t *s, const ep_combine_args_t *a, const ep_h
 
 ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handle_info_t *h) {
   cuda_state_t *s = state;
+  if (s->net) return cuda_net_combine(s, a, h);
   const cuda_plan_t *p = h->priv;
   const bool has_w = a->topk_weights != NULL;
   cudaStream_t st;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cuda/cuda.h"
+#include "cuda/cuda_net.h"
 
 static const char OP[] = "ep_dispatch";
 
@@ -214,6 +215,7 @@ static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
 
 ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *d, ep_handle_info_t *out) {
   cuda_state_t *s = state;
+  if (s->net) return cuda_net_dispatch(s, d, out);
   const ep_dispatch_args_t *a = &d->in;
   call_t c = {d, a, &d->out, d->cached ? d->cached->priv : NULL, 0, {0}, false};
   c.lay = epk_recv_layout(s->kb.area_bytes, d->row_bytes,

@@ -2,6 +2,7 @@
  * anything is written; outside a graph capture the call waits for the kernel so that it can
  * return EP_ERR_OUT_OF_RANGE naming the slot (during a capture, outputs are left untouched). */
 #include "cuda/cuda.h"
+#include "cuda/cuda_net.h"
 
 static const char OP[] = "ep_get_dispatch_layout";
 
@@ -10,18 +11,12 @@ ep_status_t cuda_layout(void *state, const ep_layout_args_t *a) {
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, a->stream, OP, &st);
   if (rc) return rc;
-  /* One host: the CUDA backend does not span hosts yet (cuda_create refuses). */
-  epk_layout_t k = {a->topk_idx,
-                    a->num_tokens,
-                    a->topk,
-                    a->num_experts,
-                    1,
-                    a->tokens_per_rank,
-                    a->tokens_per_expert,
-                    a->is_token_in_rank,
-                    NULL,
-                    a->tokens_per_host,
-                    a->is_token_in_host};
+  /* Across hosts the kernel reads every rank's host from the network state's table. */
+  epk_layout_t k = {
+      a->topk_idx,          a->num_tokens,          a->topk,
+      a->num_experts,       s->net ? s->net->H : 1, a->tokens_per_rank,
+      a->tokens_per_expert, a->is_token_in_rank,    s->net ? s->net->host_of_dev : NULL,
+      a->tokens_per_host,   a->is_token_in_host};
   __atomic_store_n(&s->host->layout_bad, 0, __ATOMIC_RELEASE);
   rc = cuda_check(s, epk_launch_layout(&s->kb, &k, st), OP, "launch");
   if (!rc && !cuda_capturing(st)) rc = cuda_check(s, cudaStreamSynchronize(st), OP, "layout");

@@ -98,11 +98,15 @@ static void block_table(const peer_info_t *all, int R, int32_t *blocks) {
 
 static ep_status_t open_peers(cuda_state_t *s, const peer_info_t *all) {
   for (int r = 0; r < s->nranks; r++) s->pool_handles[r] = all[r].handle;
+  const ep_topo_t *t = ep_ctx_topo(s->ctx);
   for (int r = 0; r < s->nranks; r++) {
     if (r == s->rank) {
       s->peer_ptrs[r] = s->pool;
       continue;
     }
+    /* Across hosts only the ranks of this host are mapped; the others are reached through the
+     * network engine (cuda_net.c). */
+    if (t->host_of[r] != t->host) continue;
     void *p = NULL;
     cudaError_t e = cudaIpcOpenMemHandle(&p, all[r].handle, cudaIpcMemLazyEnablePeerAccess);
     if (e != cudaSuccess)

@@ -250,6 +250,10 @@ static ep_status_t reg_install(cuda_state_t *s, int slot, cuda_reg_t *reg, const
 
 ep_status_t cuda_mem_register(void *state, int slot, void *ptr, size_t bytes) {
   cuda_state_t *s = state;
+  if (s->net) /* every rank of the group alike: it spans hosts */
+    return ep_ctx_fail(s->ctx, EP_ERR_UNSUPPORTED, -1, OP_REG, "arguments",
+                       "registered memory is not used across hosts on the cuda backend yet (the "
+                       "rows cross the network through NCCL's own buffers)");
   int prev;
   if (cuda_set_device(s->device, &prev)) (void)cudaGetLastError();
   reg_info_t me, *all = calloc((size_t)s->nranks, sizeof *all);

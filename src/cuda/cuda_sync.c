@@ -11,6 +11,7 @@
 
 #include "cuda/cuda.h"
 #include "cuda/cuda_ll.h"
+#include "cuda/cuda_net.h"
 
 int cuda_set_device(int dev, int *prev) {
   *prev = -1;
@@ -219,6 +220,11 @@ void cuda_reject(void *state) {
   cuda_state_t *s = state;
   int prev;
   if (cuda_set_device(s->device, &prev)) return;
+  if (s->net) {
+    cuda_net_reject(s, "rejected call");
+    if (prev >= 0 && prev != s->device) cudaSetDevice(prev);
+    return;
+  }
   if (s->last_valid) cudaStreamWaitEvent(s->side, s->last, 0);
   epk_notify_t k;
   memset(&k, 0, sizeof k);

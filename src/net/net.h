@@ -67,8 +67,9 @@ struct ep_net_engine {
    * finalized when epcomm initialized it and this was its last endpoint). !clean: after a
    * failure: abandon what is in flight, never wait for a peer. Always frees. */
   void (*close)(ep_net_t *n, bool clean);
-  /* Starts the transfers; `stream`: device engines enqueue them on it (cudaStream_t). On error
-   * nothing of the batch is in flight. */
+  /* Starts the transfers; `stream`: device engines enqueue them on it (cudaStream_t), and return
+   * only once they are on it, so that later work on the stream follows them. On error nothing
+   * of the batch is in flight. */
   ep_status_t (*post)(ep_net_t *n, ep_net_xfer_t *x, int count, void *stream);
   /* Never blocks: sets x[i].done (and .got) for the transfers that completed, *ndone to how
    * many of the `count` are done. An engine may complete a batch only as a whole. A failed

@@ -85,6 +85,7 @@ static ep_status_t load(void) {
 struct ep_net {
   ncclComm_t comm;
   int rank, nranks, device;
+  double timeout_s; /* the group's, from open: bounds the wait for a batch to be enqueued */
 };
 
 /* What a posted batch keeps, in x[0].req. */
@@ -147,12 +148,28 @@ static ep_status_t exchange_id(const ep_net_open_t *how, ncclUniqueId *id) {
   return st;
 }
 
+/* Pretend hosts on one machine (EP_HOSTS, `epcomm launch --hosts`): NCCL would see a single host
+ * and refuse two ranks on one GPU, so each rank claims a NCCL host of its own and NCCL talks
+ * over loopback sockets, as it would over a cluster's network. Values the user set win; real
+ * hosts (EP_HOST_ID or the hostname) are left alone. Before NCCL reads its environment. */
+static void pretend_hosts(int rank) {
+  if (ep_env_long("EP_HOSTS", 1) <= 1) return;
+  char id[48];
+  snprintf(id, sizeof id, "epcomm-pretend-rank-%d", rank);
+  setenv("NCCL_HOSTID", id, 0);
+  setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  setenv("NCCL_IB_DISABLE", "1", 0); /* loopback: no adapter between pretend hosts */
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+}
+
 static ep_status_t nccl_open(const ep_net_open_t *how, ep_net_t **out) {
+  pretend_hosts(how->rank);
   ep_status_t st = load();
   if (st) return st;
   ep_net_t *n = calloc(1, sizeof *n);
   if (!n) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
   n->rank = how->rank, n->nranks = how->nranks, n->device = how->device;
+  n->timeout_s = how->deadline - ep_now() > 1.0 ? how->deadline - ep_now() : 1.0;
   ncclUniqueId id;
   if (how->device >= 0 && cudaSetDevice(how->device) != cudaSuccess)
     st = ep_err(EP_ERR_CUDA, "NCCL: cudaSetDevice(%d) failed", how->device);
@@ -212,8 +229,19 @@ static ep_status_t nccl_post(ep_net_t *n, ep_net_xfer_t *x, int count, void *str
     x[0].req = NULL;
     return nccl_fail(EP_ERR_SYSTEM, "grouped send/receive", r, n);
   }
-  b->enqueued = r == ncclSuccess;
-  if (b->enqueued) cudaEventRecord(b->ev, b->stream);
+  /* A non-blocking communicator may return before the batch is on the stream (its first
+   * transfer to a peer connects first): wait, so that work the caller puts on the stream after
+   * this call runs after the transfers. */
+  ep_status_t w = EP_OK;
+  if (r == ncclInProgress &&
+      (w = wait_ready(n, ep_now() + n->timeout_s, "grouped send/receive (enqueue)")) != EP_OK) {
+    cudaEventDestroy(b->ev);
+    free(b);
+    x[0].req = NULL;
+    return w;
+  }
+  b->enqueued = 1;
+  cudaEventRecord(b->ev, b->stream);
   return EP_OK;
 }
 

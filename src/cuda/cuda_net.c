@@ -1,0 +1,267 @@
+/* The CUDA backend across hosts: state, staging, the count exchange, waits (cuda_net.h). */
+#include "cuda/cuda_net.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char OP[] = "ep_buffer_create";
+
+const char *cuda_net_who(const cuda_state_t *s, int rank, char *buf, size_t n) {
+  if (rank < 0 || rank >= s->nranks)
+    snprintf(buf, n, "no rank");
+  else
+    snprintf(buf, n, "rank %d (host %d)", rank, s->net->host_of[rank]);
+  return buf;
+}
+
+/* Local ranks' areas D and C as mapped here, in a device table indexed by local index. */
+static ep_status_t area_tables(cuda_state_t *s) {
+  cuda_net_t *n = s->net;
+  size_t L = (size_t)n->L, R = (size_t)s->nranks;
+  uint8_t *tab[2 * L];
+  for (size_t l = 0; l < L; l++) {
+    uint8_t *pool = s->peer_ptrs[n->rank_at[(size_t)n->host * L + l]];
+    tab[l] = pool + s->kb.off_area_d;
+    tab[L + l] = pool + s->kb.off_area_c;
+  }
+  int32_t hof[R];
+  for (size_t r = 0; r < R; r++) hof[r] = n->host_of[r];
+  void *m = NULL;
+  size_t bytes = epk_al(2 * L * sizeof(void *), 256) + 4 * R;
+  ep_status_t st = cuda_check(s, cudaMalloc(&m, bytes), OP, "network tables");
+  if (st) return st;
+  n->area_d = m;
+  n->area_c = (uint8_t **)m + L;
+  n->host_of_dev = (int32_t *)((uint8_t *)m + epk_al(2 * L * sizeof(void *), 256));
+  if ((st = cuda_check(s, cudaMemcpy(m, tab, sizeof tab, cudaMemcpyHostToDevice), OP,
+                       "network tables")))
+    return st;
+  return cuda_check(s, cudaMemcpy(n->host_of_dev, hof, 4 * R, cudaMemcpyHostToDevice), OP,
+                    "network tables");
+}
+
+ep_status_t cuda_net_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
+  const ep_topo_t *t = ep_ctx_topo(s->ctx);
+  (void)cfg; /* low-latency sizes were refused by cuda_create */
+  cuda_net_t *n = calloc(1, sizeof *n);
+  if (!n) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "init", "out of memory");
+  s->net = n;
+  n->H = t->nhosts, n->L = t->local_size, n->host = t->host, n->lrank = t->local_rank;
+  n->rank_at = t->rank_at, n->host_of = t->host_of, n->local_of = t->local_of;
+  n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->nranks + n->H;
+  n->counts = calloc((size_t)s->nranks * (size_t)n->cw, sizeof *n->counts);
+  if (!n->counts) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "init", "out of memory");
+  /* Collective on every rank alike, after the pools are mapped (cuda_mem_setup agreed). */
+  ep_status_t st = ep_ctx_net_open(s->ctx, "mpi", -1, &n->me, &n->ctl);
+  if (st) return ep_ctx_fail(s->ctx, st, -1, OP, "network", "%s", ep_ctx_last_error());
+  if ((st = cuda_net_agree(s, area_tables(s), OP, "init"))) return st;
+  st = ep_ctx_net_open(s->ctx, "nccl", s->device, &n->e, &n->ep);
+  if (st) return ep_ctx_fail(s->ctx, st, -1, OP, "network", "%s", ep_ctx_last_error());
+  return EP_OK;
+}
+
+static void dfree(cuda_dstage_t *d) {
+  if (d->p) cudaFree(d->p);
+  d->p = NULL, d->cap = 0;
+}
+
+void cuda_net_destroy(cuda_state_t *s, bool clean) {
+  cuda_net_t *n = s->net;
+  if (!n) return;
+  bool calm = clean && !ep_ctx_peer_lost(s->ctx);
+  if (n->ep) n->e->close(n->ep, calm);
+  if (n->ctl) n->me->close(n->ctl, calm);
+  dfree(&n->send), dfree(&n->recv), dfree(&n->part), dfree(&n->pin), dfree(&n->desc);
+  if (n->area_d) cudaFree(n->area_d);
+  if (n->ids_host) cudaFreeHost(n->ids_host);
+  free(n->counts);
+  free(n);
+  s->net = NULL;
+}
+
+void cuda_net_traffic(void *state, uint64_t *net, uint64_t *local) {
+  cuda_state_t *s = state;
+  *net = s->net ? __atomic_load_n(&s->net->net_bytes, __ATOMIC_RELAXED) : 0;
+  *local = s->net ? __atomic_load_n(&s->net->local_bytes, __ATOMIC_RELAXED) : 0;
+}
+
+/* Growth frees the old memory: every call waits for its stream before it plans (fence), so
+ * nothing of an earlier call still uses it. */
+void *cuda_dstage(cuda_state_t *s, cuda_dstage_t *d, size_t bytes, const char *op) {
+  if (bytes <= d->cap && d->p) return d->p;
+  size_t cap = bytes + bytes / 4 + 4096;
+  dfree(d);
+  if (cudaMalloc((void **)&d->p, cap) != cudaSuccess) {
+    cudaGetLastError();
+    d->p = NULL;
+    ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, "network",
+                "out of device memory for %zu bytes of network staging", bytes);
+    return NULL;
+  }
+  d->cap = cap;
+  return d->p;
+}
+
+/* Waits for the stream's work with the buffer's deadline (an event, polled). */
+ep_status_t cuda_net_sync(cuda_state_t *s, cudaStream_t st, const char *op, const char *phase) {
+  cudaEvent_t ev;
+  ep_status_t rc = cuda_check(s, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), op, phase);
+  if (rc) return rc;
+  rc = cuda_check(s, cudaEventRecord(ev, st), op, phase);
+  double t = ep_ctx_timeout(s->ctx), deadline = ep_now() + t;
+  long nap = 0;
+  while (!rc) {
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) break;
+    if (e != cudaErrorNotReady) {
+      rc = cuda_check(s, e, op, phase);
+      break;
+    }
+    if (ep_now() > deadline) {
+      rc = ep_ctx_fail(s->ctx, EP_ERR_TIMEOUT, -1, op, phase,
+                       "deadline of %.1f s passed waiting for this rank's stream", t);
+      break;
+    }
+    if (nap < 200) {
+      nap += 5;
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 50000};
+      nanosleep(&ts, NULL);
+    }
+  }
+  cudaEventDestroy(ev);
+  return rc;
+}
+
+/* Every rank's `bytes` into all[r * bytes] (own included), point to point over the MPI
+ * endpoint, with the deadline and the liveness checks; a failure breaks the buffer. */
+static ep_status_t ctl_allgather(cuda_state_t *s, const void *mine, void *all, size_t bytes,
+                                 const char *op, const char *phase) {
+  cuda_net_t *n = s->net;
+  int R = s->nranks, k = 0;
+  ep_net_xfer_t *x = calloc(2 * (size_t)R, sizeof *x);
+  if (!x) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, phase, "out of memory");
+  for (int r = 0; r < R; r++) {
+    if (r == s->rank) continue;
+    x[k++] = (ep_net_xfer_t){r, 1, 1, (void *)mine, bytes, 0, 0, 0};
+    x[k++] = (ep_net_xfer_t){r, 0, 1, (char *)all + bytes * (size_t)r, bytes, 0, 0, 0};
+  }
+  memcpy((char *)all + bytes * (size_t)s->rank, mine, bytes);
+  ep_status_t st = k ? n->me->post(n->ctl, x, k, NULL) : EP_OK;
+  double t = ep_ctx_timeout(s->ctx);
+  if (st)
+    st = ep_ctx_fail(s->ctx, st, -1, op, phase, "%s", ep_ctx_last_error());
+  else if (k)
+    st = ep_net_wait(n->me, n->ctl, x, k, ep_now() + t, t, ep_ctx_liveness, s->ctx, phase);
+  if (st) {
+    int peer = -1, dead;
+    const char *how;
+    char who[48], msg[512];
+    for (int i = 0; i < k && peer < 0; i++)
+      if (!x[i].done) peer = x[i].peer;
+    snprintf(msg, sizeof msg, "%s", ep_ctx_last_error());
+    n->me->cancel(n->ctl, x, k);
+    ep_ctx_mark_broken(s->ctx);
+    if (st == EP_ERR_PEER_FAILED && ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK)
+      st = ep_ctx_fail(s->ctx, st, dead, op, phase, "%s", msg);
+    else
+      st = ep_ctx_fail(s->ctx, st, peer, op, phase, "%s (%s)", msg,
+                       cuda_net_who(s, peer, who, sizeof who));
+  }
+  free(x);
+  return st;
+}
+
+ep_status_t cuda_net_fence(cuda_state_t *s, cudaStream_t st, const char *op, const char *phase) {
+  ep_status_t rc = cuda_net_sync(s, st, op, phase);
+  if (rc) return rc;
+  int32_t one = 1, *all = calloc((size_t)s->nranks, sizeof *all);
+  rc = all ? ctl_allgather(s, &one, all, sizeof one, op, phase)
+           : ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, phase, "out of memory");
+  free(all);
+  return rc;
+}
+
+ep_status_t cuda_net_post(cuda_state_t *s, ep_net_xfer_t *x, int count, cudaStream_t st,
+                          const char *op, const char *phase) {
+  cuda_net_t *n = s->net;
+  if (!count) return EP_OK;
+  ep_status_t rc = n->e->post(n->ep, x, count, st);
+  if (rc) { /* the communicator may hold half a batch: only destroy remains */
+    ep_ctx_mark_broken(s->ctx);
+    return ep_ctx_fail(s->ctx, rc, -1, op, phase, "%s", ep_ctx_last_error());
+  }
+  for (int i = 0; i < count; i++)
+    if (x[i].send) __atomic_fetch_add(&n->net_bytes, x[i].bytes, __ATOMIC_RELAXED);
+  return EP_OK;
+}
+
+ep_status_t cuda_net_complete(cuda_state_t *s, ep_net_xfer_t *x, int count, const char *op,
+                              const char *phase) {
+  cuda_net_t *n = s->net;
+  if (!count) return EP_OK;
+  double t = ep_ctx_timeout(s->ctx);
+  ep_status_t rc =
+      ep_net_wait(n->e, n->ep, x, count, ep_now() + t, t, ep_ctx_liveness, s->ctx, "network");
+  if (!rc) return EP_OK;
+  int peer = -1, dead;
+  for (int i = 0; i < count && peer < 0; i++)
+    if (!x[i].done) peer = x[i].peer;
+  char who[48], msg[512];
+  const char *how;
+  snprintf(msg, sizeof msg, "%s", ep_ctx_last_error());
+  n->e->cancel(n->ep, x, count);
+  ep_ctx_mark_broken(s->ctx);
+  if (rc == EP_ERR_PEER_FAILED && ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK)
+    return ep_ctx_fail(s->ctx, rc, dead, op, phase, "%s", msg);
+  return ep_ctx_fail(s->ctx, rc, peer, op, phase, "%s (%s)", msg,
+                     cuda_net_who(s, peer, who, sizeof who));
+}
+
+ep_status_t cuda_net_agree(cuda_state_t *s, ep_status_t mine, const char *op, const char *phase) {
+  int32_t ok = mine == EP_OK, *all = calloc((size_t)s->nranks, sizeof *all);
+  char saved[512];
+  snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
+  ep_status_t st = all ? ctl_allgather(s, &ok, all, sizeof ok, op, phase)
+                       : ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, phase, "out of memory");
+  for (int r = 0; r < s->nranks && !st && !mine; r++)
+    if (!all[r])
+      st = ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, r, op, phase,
+                       "rank %d could not plan the call (see its error)", r);
+  free(all);
+  if (mine) ep_ctx_restore_error(saved);
+  return mine ? mine : st;
+}
+
+ep_status_t cuda_net_counts(cuda_state_t *s, const int32_t *mine, const char *op) {
+  cuda_net_t *n = s->net;
+  ep_status_t st = ctl_allgather(s, mine, n->counts, (size_t)n->cw * sizeof *mine, op, "counts");
+  if (st) return st;
+  /* Compared once all have arrived, so that every rank fails the call the same way. */
+  const ep_call_key_t *me = (const ep_call_key_t *)mine;
+  for (int r = 0; r < s->nranks; r++) {
+    const ep_call_key_t *theirs = (const ep_call_key_t *)(n->counts + (size_t)r * n->cw);
+    int f = r == s->rank ? -1 : ep_call_key_diff(me, theirs);
+    if (f >= 0) return ep_call_key_fail(s->ctx, op, "counts", f, me, theirs, r);
+  }
+  return EP_OK;
+}
+
+void cuda_net_reject(cuda_state_t *s, const char *op) {
+  int32_t *mine = calloc((size_t)s->net->cw, sizeof *mine);
+  char saved[512];
+  snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
+  if (mine) {
+    ((ep_call_key_t *)mine)->rejected = 1;
+    ep_status_t st = cuda_net_counts(s, mine, op);
+    if (st && st != EP_ERR_PEER_INVALID && st != EP_ERR_MISMATCH) ep_ctx_mark_broken(s->ctx);
+  } else {
+    ep_ctx_mark_broken(s->ctx);
+  }
+  free(mine);
+  ep_ctx_restore_error(saved);
+}

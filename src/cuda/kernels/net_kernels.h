@@ -1,0 +1,158 @@
+/*
+ * Kernels of the CUDA backend across hosts (src/cuda/cuda_net*.c; SEMANTICS.md §3.9, §4.6).
+ * Plain C, included by the host side and by net.cu.
+ *
+ * The host plans every call (it knows every rank's counts after the count exchange), so these
+ * kernels only move and add rows:
+ *   pack     this rank's tokens into records, one block per destination host, host order;
+ *   fanout   the records of the column's blocks (NCCL brought the remote ones) into area D of
+ *            every rank of this host that a token goes to, at its final row (CUDA IPC);
+ *   finish   area D into the caller's outputs (or in place, for views);
+ *   stage    combine input into the own area C (unless it is already there);
+ *   partial  per entry of the column's blocks: the rows of this host, read from the peers'
+ *            area C, added in rank order into one fp32 partial (and weights);
+ *   reduce   per token: biases, then the partials of the hosts ascending, rounded once.
+ *
+ * A record of a network block: int32 header [token, entry, fan row of local index 0..L-1
+ * (-1: not there)], padded to 16 bytes, then the payload row, fp8 scales, global expert ids,
+ * weights, each 16-byte aligned (a cached dispatch carries no ids and no weights).
+ */
+#ifndef EP_CUDA_NET_KERNELS_H
+#define EP_CUDA_NET_KERNELS_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "cuda/kernels/ep_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where a record keeps what (bytes), the same on every rank for one call. */
+typedef struct {
+  int L, topk, ns, ids, w; /* ids, w: carried */
+  uint64_t row, hdr, off_s, off_i, off_w, rec;
+} epk_net_rec_t;
+
+EPK_HD epk_net_rec_t epk_net_rec(int L, uint64_t row, int ns, int topk, int ids, int w) {
+  epk_net_rec_t r;
+  r.L = L, r.topk = topk, r.ns = ns, r.ids = ids, r.w = ids && w;
+  r.row = row;
+  r.hdr = epk_al(4ull * (2ull + (uint64_t)L), 16);
+  r.off_s = r.hdr + row;
+  r.off_i = r.off_s + epk_al(4ull * (uint64_t)ns, 16);
+  r.off_w = r.off_i + (ids ? epk_al(8ull * (uint64_t)topk, 16) : 0);
+  r.rec = r.off_w + (r.w ? epk_al(4ull * (uint64_t)topk, 16) : 0);
+  return r;
+}
+
+/* Area D of a receiver across hosts: the one-host arrays (views see the same shapes) plus, per
+ * row, the source rank and the row's entry in that source's block to this host (for combine). */
+typedef struct {
+  epk_recv_layout_t a;
+  uint64_t off_meta;
+} epk_net_area_t;
+
+EPK_HD epk_net_area_t epk_net_area(uint64_t area, uint64_t row, int ns, int topk, int w) {
+  epk_net_area_t n;
+  uint64_t wk = (uint64_t)(w ? topk : 0), nsu = (uint64_t)ns, tk = (uint64_t)topk;
+  uint64_t per = row + 4 * nsu + 8 * tk + 4 * wk + 4 + 8;
+  uint64_t W = area > 6 * 256 ? (area - 6 * 256) / per : 0;
+  n.a.rows = (int64_t)W;
+  n.a.off_x = 0;
+  n.a.off_s = epk_al(W * row, 256);
+  n.a.off_i = n.a.off_s + epk_al(W * 4 * nsu, 256);
+  n.a.off_w = n.a.off_i + epk_al(W * 8 * tk, 256);
+  n.a.off_src = n.a.off_w + epk_al(W * 4 * wk, 256);
+  n.off_meta = n.a.off_src + epk_al(W * 4, 256);
+  return n;
+}
+
+typedef struct {
+  epk_net_rec_t r;
+  int n;               /* records */
+  const int32_t *hdr;  /* [n][2 + L] */
+  const uint8_t *x;    /* [N][row] */
+  const float *scales; /* fp8 */
+  int64_t s_tok, s_hid;
+  const int64_t *ids;
+  const float *w;
+  uint8_t *out; /* [n][rec] */
+} epk_net_pack_t;
+
+/* One block of records to fan out: where, how many, its source rank, its first entry. */
+typedef struct {
+  const uint8_t *rec;
+  int32_t n, src, entry0, pad;
+} epk_net_blk_t;
+
+typedef struct {
+  epk_net_rec_t r;
+  int nblk;
+  const epk_net_blk_t *blk; /* device [nblk] */
+  uint8_t *const *area;     /* device [L]: area D of local index l, as mapped here */
+  epk_net_area_t lay;
+  int32_t *fan; /* [entries][L]: fan rows kept for combine, or NULL (cached) */
+} epk_net_fanout_t;
+
+typedef struct {
+  const uint8_t *area; /* own area D */
+  epk_net_area_t lay;
+  int nr, topk, ns, cached, has_w, first_expert, num_local;
+  uint64_t row;
+  uint8_t *recv_x;
+  float *recv_scales, *recv_w;
+  int64_t *recv_idx;
+  int32_t *recv_src;
+  int32_t *meta;   /* [nr][2] source rank, entry (NULL: cached) */
+  int32_t *ecount; /* [num_local] selections per local expert, zeroed (NULL: not wanted) */
+} epk_net_finish_t;
+
+typedef struct {
+  const uint8_t *x; /* [nr][hidden] bf16 */
+  const float *w;   /* [nr][topk] or NULL */
+  uint8_t *area;    /* own area C: x rows, then weight rows at off_w */
+  uint64_t off_w, row;
+  int nr, topk;
+} epk_net_stage_t;
+
+typedef struct {
+  int entries, L, hidden, topk, has_w;
+  const int32_t *fan;   /* [entries][L] */
+  uint8_t *const *area; /* device [L]: area C of local index l, as mapped here */
+  uint64_t off_w;       /* weights in area C */
+  float *out;           /* [entries][prec / 4]: fp32 row, then topk weights */
+  uint64_t prec;        /* bytes of one partial */
+} epk_net_partial_t;
+
+typedef struct {
+  int n, H, hidden, topk, has_w;
+  const int32_t *tok_j;    /* [n][H]: entry of token t in its block to host g, -1 */
+  const float *const *blk; /* device [H]: the partials of host g for this rank's tokens */
+  uint64_t prec;
+  const void *bias0, *bias1;
+  void *out;
+  float *out_w;
+} epk_net_reduce_t;
+
+EPK_HD uint64_t epk_net_prec(int hidden, int topk, int has_w) {
+  return 4ull * (uint64_t)hidden + (has_w ? epk_al(4ull * (uint64_t)topk, 16) : 0);
+}
+
+cudaError_t epk_net_launch_pack(const epk_net_pack_t *a, int blocks, cudaStream_t s);
+cudaError_t epk_net_launch_fanout(const epk_net_fanout_t *a, int entries, int blocks,
+                                  cudaStream_t s);
+cudaError_t epk_net_launch_finish(const epk_net_finish_t *a, int blocks, cudaStream_t s);
+/* out[l] = ecount[l] rounded up to a multiple of align (> 1). */
+cudaError_t epk_net_launch_experts(const int32_t *ecount, int32_t *out, int n, int align,
+                                   cudaStream_t s);
+cudaError_t epk_net_launch_stage(const epk_net_stage_t *a, int blocks, cudaStream_t s);
+cudaError_t epk_net_launch_partial(const epk_net_partial_t *a, int blocks, cudaStream_t s);
+cudaError_t epk_net_launch_reduce(const epk_net_reduce_t *a, int blocks, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
