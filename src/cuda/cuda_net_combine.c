@@ -109,6 +109,12 @@ static ep_status_t reduce(cuda_state_t *s, job_t *j, cudaStream_t st) {
                          j->blk, j->prec, a->bias[0],   a->bias[1], a->out,   a->out_topk_weights};
   if (!rc) rc = cuda_check(s, epk_net_launch_reduce(&rk, blocks, st), OP, "launch");
   if (!rc) rc = cuda_net_complete(s, x, nx, OP, "network");
+  /* what this rank read from the other ranks of its host */
+  for (int b = 0; !rc && b < H; b++)
+    for (int l = 0; l < L; l++)
+      if (l != n->lrank)
+        n->local_bytes += (uint64_t)p->cnt[(size_t)p->col[b] * p->R + n->rank_at[me * L + l]] *
+                          j->ca.xrow;
   return rc;
 }
 

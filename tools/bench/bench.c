@@ -38,8 +38,10 @@ static bench_rank_t **gather(ep_group_t g, int R, const bench_rank_t *mine) {
 }
 
 /* The GPU's baseline ran inside every rank: its outcome from their results. */
-static void cubase_outcome(int R, bench_rank_t *const *rk, bench_base_t *b) {
-  snprintf(b->name, sizeof b->name, "cudaMemcpy baseline");
+static void cubase_outcome(const bench_opts_t *o, int R, bench_rank_t *const *rk, bench_base_t *b) {
+  snprintf(
+      b->name, sizeof b->name, "%s",
+      o->nhosts > 1 ? "NCCL baseline (flat grouped ncclSend/ncclRecv)" : "cudaMemcpy baseline");
   b->ran = b->ok = b->agree = 1;
   for (int r = 0; r < R; r++) {
     b->ran &= rk[r]->base_ran;
@@ -62,14 +64,14 @@ static int conclude(const bench_opts_t *o, ep_group_t g, int R, bench_rank_t **r
   else if (o->baseline == BENCH_BASELINE_OFF)
     snprintf(b.why, sizeof b.why, "--baseline off");
   else if (cuda)
-    cubase_outcome(R, rk, &b);
+    cubase_outcome(o, R, rk, &b);
   else {
     bench_progress_stage(o->progress, "the MPI baseline (mpirun, same options)", 0);
     bench_mpi_run(o, R, rk, &b);
   }
   if (o->baseline == BENCH_BASELINE_ON && !b.ran) {
     fprintf(stderr, "epcomm bench: the %s did not run: %s\n",
-            cuda ? "cudaMemcpy baseline" : "MPI baseline", b.why);
+            cuda ? (b.name[0] ? b.name : "GPU baseline") : "MPI baseline", b.why);
     rc = 1;
   }
   bench_who_t who = {"epcomm bench", ep_version_string(), cuda ? "cuda backend" : "cpu backend",

@@ -1,15 +1,18 @@
-/* The cudaMemcpy baseline of the GPU (`--baseline`, normal mode): what a CUDA user would write
- * without epcomm. Count exchange through the host (a count kernel, the counts to the host, an
- * allgather), a pack kernel (rows grouped by destination, in token order), one cudaMemcpyAsync
- * per peer into its receive buffer mapped by CUDA IPC, then a barrier: the rows land grouped by
- * source in token order, epcomm's layout. Rows only (no scales or metadata). Timed by the host
- * clock (the call waits for its copies and the barrier); its received rows are checked against
- * the generator and against epcomm's. */
+/* The flat baseline of the GPU (`--baseline`, normal mode): what a CUDA user would write without
+ * epcomm. Count exchange through the host (a count kernel, the counts to the host, an
+ * allgather), a pack kernel (rows grouped by destination, in token order), then the rows to each
+ * peer: on one host one cudaMemcpyAsync per peer into its receive buffer mapped by CUDA IPC and a
+ * barrier; across hosts (--hosts) one grouped ncclSend/ncclRecv over every rank, as a cluster
+ * user writes it (bench_nccl.c). The rows land grouped by source in token order, epcomm's
+ * layout. Rows only (no scales or metadata). Timed by the host clock (the call waits for its
+ * copies); its received rows are checked against the generator and against epcomm's. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench_gpu.h"
+#include "bench_nccl.h"
 #include "bench_normal.h"
 
 typedef struct {
@@ -18,7 +21,32 @@ typedef struct {
   char *send, *recv;       /* device: [N x R rows] each */
   char **peer;             /* [R] the peers' recv, mapped */
   int *counts, *all, *off; /* host: [R] this rank's counts, [R][R] everyone's, [R] offsets */
+  bnccl_t *nccl;           /* across hosts: the rows go through NCCL, not IPC */
+  const char **sp;         /* NCCL: [R] send pointers, [R] receive pointers, their bytes */
+  char **rp;
+  size_t *sb, *rb;
 } base_t;
+
+/* Across hosts: this rank's rows to every rank in one grouped send/receive. */
+static int nccl_rows(bench_ctx_t *c, base_t *b) {
+  normal_t *u = b->u;
+  int R = u->R;
+  size_t at = 0;
+  for (int q = 0; q < R; q++) {
+    b->sp[q] = b->send + (size_t)b->off[q] * u->row;
+    b->sb[q] = (size_t)b->counts[q] * u->row;
+    b->rp[q] = b->recv + at * u->row;
+    b->rb[q] = (size_t)b->all[q * R + u->me] * u->row;
+    at += (size_t)b->all[q * R + u->me];
+  }
+  char why[256];
+  bnccl_xfer_t x = {b->sp, b->rp, b->sb, b->rb};
+  if (bnccl_exchange(b->nccl, &x, R, c->stream, why, sizeof why)) {
+    fprintf(stderr, "epcomm bench: the NCCL baseline: %s\n", why);
+    return 1;
+  }
+  return 0;
+}
 
 static int call_base(bench_ctx_t *c, void *state, int it) {
   base_t *b = state;
@@ -31,6 +59,11 @@ static int call_base(bench_ctx_t *c, void *state, int it) {
   for (int d = 0, run = 0; d < R; d++) b->off[d] = run, run += b->counts[d];
   if (bgpu_base_pack(u->x, N, R, u->row, b->pos, b->scratch, b->off, b->send, c->stream))
     goto gpu_fail;
+  if (b->nccl) {
+    if (nccl_rows(c, b)) return 1;
+    if (bench_sync(c)) goto dev_fail;
+    return 0;
+  }
   for (int d = 0; d < R; d++) {
     size_t at = 0;
     for (int q = 0; q < u->me; q++) at += (size_t)b->all[q * R + d];
@@ -94,6 +127,19 @@ static void unmap(base_t *b) {
     fprintf(stderr, "epcomm bench: ep_group_barrier: %s\n", ep_last_error());
 }
 
+/* Across hosts: a communicator over every rank, and room for one call's pointers. */
+static int open_nccl(base_t *b) {
+  bench_ctx_t *c = b->u->c;
+  char why[256];
+  size_t R = (size_t)c->R;
+  b->sp = calloc(R, sizeof *b->sp), b->rp = calloc(R, sizeof *b->rp);
+  b->sb = calloc(R, sizeof *b->sb), b->rb = calloc(R, sizeof *b->rb);
+  if (!b->sp || !b->rp || !b->sb || !b->rb) return 1;
+  if ((b->nccl = bnccl_open(c->g, c->R, c->me, why, sizeof why))) return 0;
+  fprintf(stderr, "epcomm bench: the NCCL baseline: %s\n", why);
+  return 1;
+}
+
 int bench_cubase(normal_t *u) {
   bench_ctx_t *c = u->c;
   int R = u->R;
@@ -106,14 +152,25 @@ int bench_cubase(normal_t *u) {
               calloc((size_t)R, sizeof(char *)),
               calloc((size_t)R, sizeof(int)),
               calloc((size_t)R * R, sizeof(int)),
-              calloc((size_t)R, sizeof(int))};
+              calloc((size_t)R, sizeof(int)),
+              NULL,
+              NULL,
+              NULL,
+              NULL,
+              NULL};
   int rc = !b.pos || !b.scratch || !b.send || !b.recv || !b.peer || !b.counts || !b.all || !b.off;
-  if (!rc) rc = map_peers(&b);
-  bench_step_t s[] = {
-      {call_base,
-       bench_row(c, "baseline_dispatch", "cudaMemcpy baseline dispatch", BENCH_K_DISPATCH), 1}};
-  if (!rc) rc = bench_run(c, &b, s, 1, "the cudaMemcpy baseline") || check(&b);
-  if (b.peer) unmap(&b);
+  bool net = c->o->nhosts > 1;
+  if (!rc && net)
+    rc = open_nccl(&b);
+  else if (!rc)
+    rc = map_peers(&b);
+  const char *name = net ? "NCCL baseline dispatch" : "cudaMemcpy baseline dispatch";
+  bench_step_t s[] = {{call_base, bench_row(c, "baseline_dispatch", name, BENCH_K_DISPATCH), 1}};
+  if (!rc)
+    rc = bench_run(c, &b, s, 1, net ? "the NCCL baseline" : "the cudaMemcpy baseline") || check(&b);
+  if (b.peer && !net) unmap(&b);
+  bnccl_close(b.nccl);
+  free(b.sp), free(b.rp), free(b.sb), free(b.rb);
   bench_free(c, b.pos), bench_free(c, b.scratch), bench_free(c, b.send), bench_free(c, b.recv);
   free(b.peer), free(b.counts), free(b.all), free(b.off);
   return rc;
