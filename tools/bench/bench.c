@@ -39,9 +39,7 @@ static bench_rank_t **gather(ep_group_t g, int R, const bench_rank_t *mine) {
 
 /* The GPU's baseline ran inside every rank: its outcome from their results. */
 static void cubase_outcome(const bench_opts_t *o, int R, bench_rank_t *const *rk, bench_base_t *b) {
-  snprintf(
-      b->name, sizeof b->name, "%s",
-      o->nhosts > 1 ? "NCCL baseline (flat grouped ncclSend/ncclRecv)" : "cudaMemcpy baseline");
+  snprintf(b->name, sizeof b->name, "%s", o->nhosts > 1 ? "NCCL baseline" : "cudaMemcpy baseline");
   b->ran = b->ok = b->agree = 1;
   for (int r = 0; r < R; r++) {
     b->ran &= rk[r]->base_ran;
