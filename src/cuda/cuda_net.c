@@ -51,7 +51,7 @@ ep_status_t cuda_net_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   s->net = n;
   n->H = t->nhosts, n->L = t->local_size, n->host = t->host, n->lrank = t->local_rank;
   n->rank_at = t->rank_at, n->host_of = t->host_of, n->local_of = t->local_of;
-  n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->nranks + n->H;
+  n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->nranks + 2 * n->H;
   n->counts = calloc((size_t)s->nranks * (size_t)n->cw, sizeof *n->counts);
   if (!n->counts) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "init", "out of memory");
   /* Collective on every rank alike, after the pools are mapped (cuda_mem_setup agreed). */

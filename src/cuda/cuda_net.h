@@ -49,22 +49,25 @@ typedef struct cuda_net {
   int64_t *ids_host;                   /* page-locked: the ids of a dispatch */
   size_t ids_cap;
   int32_t *counts; /* [R][cw] gathered count words of the current call */
-  int cw;          /* key, to_rank[R], to_host[H] */
+  int cw;          /* key, to_rank[R], to_host[H], one_host[H] (tokens meeting one rank there) */
   uint64_t net_bytes, local_bytes;
 } cuda_net_t;
 
 /* The layout of one dispatch across hosts (the handle's priv). */
 typedef struct {
   cuda_arena_t *arena;
-  int N, R, H, L, nr, entries, own;          /* own: this rank's block in its column */
-  int32_t *cnt;                              /* host [R][R] */
-  int32_t *hcnt;                             /* host [R][H] */
-  int32_t *hsend_off;                        /* host [H + 1]: this rank's records per host */
-  int *col;                                  /* host [H]: its column's sources, ascending */
-  int32_t *blk_base;                         /* host [H + 1]: entries of block b */
-  int32_t *hdr;                              /* host [sent][2 + L]: this rank's record headers */
-  int32_t *d_hdr, *d_tok_j, *d_fan, *d_meta; /* arena: headers, [N][H], [entries][L], [nr][2] */
-  size_t b_hdr, b_tok_j, b_fan, b_meta;
+  int N, R, H, L, nr, entries, own; /* own: this rank's block in its column */
+  int hidden, topk;                 /* of the dispatch: the sizes of the partials */
+  int32_t *cnt;                     /* host [R][R] */
+  int32_t *hcnt;                    /* host [R][H] */
+  int32_t *ocnt;                    /* host [R][H]: of those, tokens meeting one rank there */
+  int32_t *hsend_off;               /* host [H + 1]: this rank's records per host */
+  int *col;                         /* host [H]: its column's sources, ascending */
+  int32_t *blk_base;                /* host [H + 1]: entries of block b */
+  int32_t *hdr;                     /* host [sent][EPK_NET_HDR + L]: this rank's headers */
+  int32_t *d_hdr, *d_fan, *d_meta;  /* arena: headers, [entries][L], [nr][2] */
+  int64_t *d_tok, *d_poff;          /* arena: [N][H] (epk_net_reduce_t.tok), [entries] */
+  size_t b_hdr, b_tok, b_fan, b_meta, b_poff;
 } cuda_nplan_t;
 
 void cuda_nplan_free(void *plan);

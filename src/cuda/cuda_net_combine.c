@@ -40,9 +40,8 @@ typedef struct {
   cuda_nplan_t *p;
   carea_t ca;
   bool has_w;
-  uint64_t prec;
   uint8_t *part, *pin;
-  const float **blk; /* device [H] */
+  const uint8_t **blk; /* device [H] */
 } job_t;
 
 static ep_status_t check_rows(cuda_state_t *s, const job_t *j) {
@@ -60,10 +59,11 @@ static ep_status_t check_rows(cuda_state_t *s, const job_t *j) {
 static ep_status_t stage(cuda_state_t *s, job_t *j) {
   cuda_nplan_t *p = j->p;
   int H = p->H, me = s->net->host;
-  size_t in = 0;
+  size_t in = 0, out = 0;
   for (int g = 0; g < H; g++)
-    if (g != me) in += (size_t)p->hcnt[(size_t)s->rank * H + g] * j->prec;
-  j->part = cuda_dstage(s, &s->net->part, (size_t)p->entries * j->prec + 16, OP);
+    if (g != me) in += (size_t)cuda_nplan_pbytes(p, s->rank, g);
+  for (int b = 0; b < H; b++) out += (size_t)cuda_nplan_pbytes(p, p->col[b], me);
+  j->part = cuda_dstage(s, &s->net->part, out + 16, OP);
   j->pin = cuda_dstage(s, &s->net->pin, in + 16, OP);
   j->blk = cuda_dstage(s, &s->net->desc, (size_t)H * sizeof(void *), OP);
   return j->part && j->pin && j->blk ? EP_OK : EP_ERR_NO_MEMORY;
@@ -75,46 +75,46 @@ static ep_status_t reduce(cuda_state_t *s, job_t *j, cudaStream_t st) {
   cuda_nplan_t *p = j->p;
   const ep_combine_args_t *a = j->a;
   int H = p->H, L = p->L, me = n->host, blocks = s->kb.blocks > 0 ? s->kb.blocks : 1;
-  epk_net_partial_t pk = {p->entries, L,         j->h->hidden, j->h->topk,       j->has_w,
-                          p->d_fan,   n->area_c, j->ca.off_w,  (float *)j->part, j->prec};
+  epk_net_partial_t pk = {p->entries, L,         j->h->hidden, j->h->topk,  j->has_w,
+                          p->d_fan,   p->d_poff, n->area_c,    j->ca.off_w, j->part};
   ep_status_t rc = cuda_check(s, epk_net_launch_partial(&pk, blocks, st), OP, "launch");
   ep_net_xfer_t x[2 * H];
-  const float *blk[H];
+  const uint8_t *blk[H];
   int nx = 0;
+  size_t base = 0, own = 0;
   for (int b = 0; b < H; b++) {
-    int32_t m = p->blk_base[b + 1] - p->blk_base[b];
-    if (b != p->own && m > 0)
-      x[nx++] =
-          (ep_net_xfer_t){p->col[b],           1, 0, j->part + (size_t)p->blk_base[b] * j->prec,
-                          (size_t)m * j->prec, 0, 0, 0};
+    size_t bytes = (size_t)cuda_nplan_pbytes(p, p->col[b], me);
+    if (b == p->own) own = base;
+    if (b != p->own && bytes > 0)
+      x[nx++] = (ep_net_xfer_t){p->col[b], 1, 0, j->part + base, bytes, 0, 0, 0};
+    base += bytes;
   }
   size_t off = 0;
   for (int g = 0; g < H; g++) {
-    int32_t m = p->hcnt[(size_t)s->rank * H + g];
+    size_t bytes = (size_t)cuda_nplan_pbytes(p, s->rank, g);
     if (g == me) {
-      blk[g] = (const float *)(j->part + (size_t)p->blk_base[p->own] * j->prec);
+      blk[g] = j->part + own;
       continue;
     }
-    blk[g] = (const float *)(j->pin + off);
-    if (m > 0)
-      x[nx++] = (ep_net_xfer_t){n->rank_at[g * L + n->lrank], 0, 0, j->pin + off,
-                                (size_t)m * j->prec,          0, 0, 0};
-    off += (size_t)m * j->prec;
+    blk[g] = j->pin + off;
+    if (bytes > 0)
+      x[nx++] = (ep_net_xfer_t){n->rank_at[g * L + n->lrank], 0, 0, j->pin + off, bytes, 0, 0, 0};
+    off += bytes;
   }
   if (!rc)
     rc = cuda_check(s, cudaMemcpyAsync(j->blk, blk, sizeof blk, cudaMemcpyHostToDevice, st), OP,
                     "network");
   if (!rc) rc = cuda_net_post(s, x, nx, st, OP, "network");
-  epk_net_reduce_t rk = {p->N,   H,       j->h->hidden, j->h->topk, j->has_w, p->d_tok_j,
-                         j->blk, j->prec, a->bias[0],   a->bias[1], a->out,   a->out_topk_weights};
+  epk_net_reduce_t rk = {p->N,   H,          j->h->hidden, j->h->topk, j->has_w,           p->d_tok,
+                         j->blk, a->bias[0], a->bias[1],   a->out,     a->out_topk_weights};
   if (!rc) rc = cuda_check(s, epk_net_launch_reduce(&rk, blocks, st), OP, "launch");
   if (!rc) rc = cuda_net_complete(s, x, nx, OP, "network");
   /* what this rank read from the other ranks of its host */
   for (int b = 0; !rc && b < H; b++)
     for (int l = 0; l < L; l++)
       if (l != n->lrank)
-        n->local_bytes += (uint64_t)p->cnt[(size_t)p->col[b] * p->R + n->rank_at[me * L + l]] *
-                          j->ca.xrow;
+        n->local_bytes +=
+            (uint64_t)p->cnt[(size_t)p->col[b] * p->R + n->rank_at[me * L + l]] * j->ca.xrow;
   return rc;
 }
 
@@ -138,8 +138,7 @@ static ep_status_t run(cuda_state_t *s, job_t *j, cudaStream_t st, const int32_t
 
 ep_status_t cuda_net_combine(cuda_state_t *s, const ep_combine_args_t *a,
                              const ep_handle_info_t *h) {
-  job_t j = {a, h, h->priv, carea(s, h), a->topk_weights != NULL, 0, NULL, NULL, NULL};
-  j.prec = epk_net_prec(h->hidden, h->topk, j.has_w);
+  job_t j = {a, h, h->priv, carea(s, h), a->topk_weights != NULL, NULL, NULL, NULL};
   int32_t *words = calloc((size_t)s->net->cw, sizeof *words);
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, a->stream, OP, &st);

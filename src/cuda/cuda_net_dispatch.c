@@ -14,7 +14,7 @@ typedef struct {
   epk_net_rec_t r;
   epk_net_area_t lay;
   uint8_t *in_rank; /* host [N][R] (non-cached) */
-  int32_t *tok_j;   /* host [N][H] (non-cached) */
+  int64_t *tok;     /* host [N][H] (non-cached; epk_net_reduce_t.tok) */
   uint8_t *sbuf, *rbuf;
   epk_net_blk_t *blk; /* device [H] */
 } job_t;
@@ -72,6 +72,7 @@ static ep_status_t prepare(cuda_state_t *s, job_t *j, cudaStream_t st, int32_t *
   if (j->cached) {
     memcpy(words + key, j->p->cnt + (size_t)s->rank * R, (size_t)R * 4);
     memcpy(words + key + R, j->p->hcnt + (size_t)s->rank * H, (size_t)H * 4);
+    memcpy(words + key + R + H, j->p->ocnt + (size_t)s->rank * H, (size_t)H * 4);
     return EP_OK;
   }
   const int64_t *ids;
@@ -79,12 +80,13 @@ static ep_status_t prepare(cuda_state_t *s, job_t *j, cudaStream_t st, int32_t *
   int N = c->in.num_tokens;
   j->p = cuda_nplan_new(s, N);
   j->in_rank = malloc((size_t)N * (size_t)R + 1);
-  j->tok_j = malloc(((size_t)N * (size_t)H + 1) * 4);
-  if (!j->p || !j->in_rank || !j->tok_j)
+  j->tok = malloc(((size_t)N * (size_t)H + 1) * 8);
+  if (!j->p || !j->in_rank || !j->tok)
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout",
                        "out of memory for the layout of num_tokens %d x %d ranks", N, R);
+  j->p->hidden = c->in.hidden, j->p->topk = c->topk;
   cuda_nplan_send_side(s, j->p, ids, c->topk, c->num_local, j->in_rank, words + key,
-                       words + key + R);
+                       words + key + R, words + key + R + H);
   return EP_OK;
 }
 
@@ -107,7 +109,7 @@ static ep_status_t plan(cuda_state_t *s, job_t *j, cudaStream_t st) {
   cuda_nplan_t *p = j->p;
   int H = p->H, own = p->own;
   if (!j->cached) {
-    if (!cuda_nplan_headers(s, p, j->in_rank, j->tok_j))
+    if (!cuda_nplan_headers(s, p, j->in_rank, j->tok))
       return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout", "out of memory");
     if (!cuda_nplan_device(p, true))
       return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout",
@@ -116,9 +118,9 @@ static ep_status_t plan(cuda_state_t *s, job_t *j, cudaStream_t st) {
         cuda_check(s, cudaMemcpyAsync(p->d_hdr, p->hdr, p->b_hdr - 4, cudaMemcpyHostToDevice, st),
                    OP, "layout");
     if (!rc)
-      rc = cuda_check(
-          s, cudaMemcpyAsync(p->d_tok_j, j->tok_j, p->b_tok_j - 4, cudaMemcpyHostToDevice, st), OP,
-          "layout");
+      rc =
+          cuda_check(s, cudaMemcpyAsync(p->d_tok, j->tok, p->b_tok - 8, cudaMemcpyHostToDevice, st),
+                     OP, "layout");
     if (rc) return rc;
   }
   size_t rbytes = 0;
@@ -158,10 +160,12 @@ static ep_status_t forward(cuda_state_t *s, job_t *j, cudaStream_t st) {
           n->rank_at[g * L + n->lrank], 1, 0, j->sbuf + (size_t)p->hsend_off[g] * j->r.rec,
           (size_t)m * j->r.rec,         0, 0, 0};
   }
+  int64_t pbase = 0; /* where each block's partials will start in this forwarder's buffer */
   for (int b = 0; b < H; b++) {
     int32_t m = p->blk_base[b + 1] - p->blk_base[b];
     uint8_t *at = b == p->own ? j->sbuf + (size_t)p->hsend_off[me] * j->r.rec : j->rbuf + roff;
-    blk[b] = (epk_net_blk_t){at, m, p->col[b], p->blk_base[b], 0};
+    blk[b] = (epk_net_blk_t){at, pbase, m, p->col[b], p->blk_base[b], 0};
+    pbase += cuda_nplan_pbytes(p, p->col[b], me);
     if (b == p->own || !m) continue;
     x[nx++] = (ep_net_xfer_t){p->col[b], 0, 0, at, (size_t)m * j->r.rec, 0, 0, 0};
     roff += (size_t)m * j->r.rec;
@@ -170,7 +174,13 @@ static ep_status_t forward(cuda_state_t *s, job_t *j, cudaStream_t st) {
     rc = cuda_check(s, cudaMemcpyAsync(j->blk, blk, sizeof blk, cudaMemcpyHostToDevice, st), OP,
                     "network");
   if (!rc) rc = cuda_net_post(s, x, nx, st, OP, "network");
-  epk_net_fanout_t f = {j->r, H, j->blk, n->area_d, j->lay, j->cached ? NULL : p->d_fan};
+  epk_net_fanout_t f = {j->r,
+                        H,
+                        j->blk,
+                        n->area_d,
+                        j->lay,
+                        j->cached ? NULL : p->d_fan,
+                        j->cached ? NULL : p->d_poff};
   if (!rc) rc = cuda_check(s, epk_net_launch_fanout(&f, p->entries, blocks, st), OP, "launch");
   if (!rc) rc = cuda_net_complete(s, x, nx, OP, "network");
   /* what this rank wrote into the other ranks of its host */
@@ -297,7 +307,7 @@ ep_status_t cuda_net_dispatch(cuda_state_t *s, ep_dispatch_call_t *c, ep_handle_
     rc = run(s, &j, st, words);
     cuda_leave(s, st, true);
   }
-  free(words), free(j.in_rank), free(j.tok_j);
+  free(words), free(j.in_rank), free(j.tok);
   if (j.cached) return rc;
   if (rc) {
     cuda_nplan_free(j.p);

@@ -13,12 +13,14 @@ void cuda_nplan_free(void *plan) {
   if (!p) return;
   if (p->arena) {
     if (p->d_hdr) cuda_arena_free(p->arena, p->d_hdr, p->b_hdr);
-    if (p->d_tok_j) cuda_arena_free(p->arena, p->d_tok_j, p->b_tok_j);
+    if (p->d_tok) cuda_arena_free(p->arena, p->d_tok, p->b_tok);
+    if (p->d_poff) cuda_arena_free(p->arena, p->d_poff, p->b_poff);
     if (p->d_fan) cuda_arena_free(p->arena, p->d_fan, p->b_fan);
     if (p->d_meta) cuda_arena_free(p->arena, p->d_meta, p->b_meta);
     cuda_arena_unref(p->arena);
   }
-  free(p->cnt), free(p->hcnt), free(p->hsend_off), free(p->col), free(p->blk_base), free(p->hdr);
+  free(p->cnt), free(p->hcnt), free(p->ocnt), free(p->hsend_off), free(p->col), free(p->blk_base),
+      free(p->hdr);
   free(p);
 }
 
@@ -31,10 +33,11 @@ cuda_nplan_t *cuda_nplan_new(cuda_state_t *s, int N) {
   cuda_arena_ref(s->arena);
   p->cnt = calloc((size_t)R * R, sizeof *p->cnt);
   p->hcnt = calloc((size_t)R * H, sizeof *p->hcnt);
+  p->ocnt = calloc((size_t)R * H, sizeof *p->ocnt);
   p->hsend_off = calloc((size_t)H + 1, sizeof *p->hsend_off);
   p->col = calloc((size_t)H, sizeof *p->col);
   p->blk_base = calloc((size_t)H + 1, sizeof *p->blk_base);
-  if (!p->cnt || !p->hcnt || !p->hsend_off || !p->col || !p->blk_base) {
+  if (!p->cnt || !p->hcnt || !p->ocnt || !p->hsend_off || !p->col || !p->blk_base) {
     cuda_nplan_free(p);
     return NULL;
   }
@@ -54,18 +57,20 @@ static void route(const cuda_state_t *s, const int64_t *ids, int N, int topk, in
 }
 
 void cuda_nplan_send_side(const cuda_state_t *s, cuda_nplan_t *p, const int64_t *ids, int topk,
-                          int per, uint8_t *in_rank, int32_t *to_rank, int32_t *to_host) {
+                          int per, uint8_t *in_rank, int32_t *to_rank, int32_t *to_host,
+                          int32_t *one_host) {
   const cuda_net_t *n = s->net;
   int N = p->N, R = p->R, H = p->H;
   route(s, ids, N, topk, per, in_rank);
   memset(to_rank, 0, (size_t)R * sizeof *to_rank);
   memset(to_host, 0, (size_t)H * sizeof *to_host);
+  memset(one_host, 0, (size_t)H * sizeof *one_host);
   for (int t = 0; t < N; t++) {
-    uint8_t hs[H];
+    int32_t hs[H];
     memset(hs, 0, sizeof hs);
     for (int r = 0; r < R; r++)
-      if (in_rank[(size_t)t * R + r]) to_rank[r]++, hs[n->host_of[r]] = 1;
-    for (int g = 0; g < H; g++) to_host[g] += hs[g];
+      if (in_rank[(size_t)t * R + r]) to_rank[r]++, hs[n->host_of[r]]++;
+    for (int g = 0; g < H; g++) to_host[g] += hs[g] > 0, one_host[g] += hs[g] == 1;
   }
   for (int g = 0; g < H; g++) p->hsend_off[g + 1] = p->hsend_off[g] + to_host[g];
 }
@@ -80,6 +85,7 @@ void cuda_nplan_counts(const cuda_state_t *s, cuda_nplan_t *p, const int32_t *co
   for (int src = 0; src < R; src++) {
     memcpy(p->cnt + (size_t)src * R, counts + (size_t)src * cw + key, (size_t)R * 4);
     memcpy(p->hcnt + (size_t)src * H, counts + (size_t)src * cw + key + R, (size_t)H * 4);
+    memcpy(p->ocnt + (size_t)src * H, counts + (size_t)src * cw + key + R + H, (size_t)H * 4);
   }
   p->nr = 0;
   for (int i = 0; i < R; i++) p->nr += p->cnt[(size_t)i * R + s->rank];
@@ -98,10 +104,16 @@ int32_t cuda_nplan_rows_of(const cuda_nplan_t *p, int d) {
   return nr;
 }
 
+int64_t cuda_nplan_pbytes(const cuda_nplan_t *p, int src, int g) {
+  int64_t n = p->hcnt[(size_t)src * p->H + g], one = p->ocnt[(size_t)src * p->H + g];
+  return one * (int64_t)epk_net_psize(p->hidden, p->topk, 1) +
+         (n - one) * (int64_t)epk_net_psize(p->hidden, p->topk, 0);
+}
+
 bool cuda_nplan_headers(const cuda_state_t *s, cuda_nplan_t *p, const uint8_t *in_rank,
-                        int32_t *tok_j) {
+                        int64_t *tok) {
   const cuda_net_t *n = s->net;
-  int N = p->N, R = p->R, H = p->H, L = p->L, w = 2 + L;
+  int N = p->N, R = p->R, H = p->H, L = p->L, w = EPK_NET_HDR + L;
   int32_t sent = p->hsend_off[H];
   p->hdr = malloc(((size_t)sent + 1) * (size_t)w * sizeof *p->hdr);
   int32_t *row = calloc((size_t)R, sizeof *row); /* next row of this rank's tokens on rank d */
@@ -112,19 +124,23 @@ bool cuda_nplan_headers(const cuda_state_t *s, cuda_nplan_t *p, const uint8_t *i
   for (int d = 0; d < R; d++)
     for (int i = 0; i < s->rank; i++) row[d] += p->cnt[(size_t)i * R + d];
   int32_t next[H];
-  for (int g = 0; g < H; g++) next[g] = 0;
+  int64_t poff[H]; /* where the next partial of each host's block starts */
+  for (int g = 0; g < H; g++) next[g] = 0, poff[g] = 0;
   for (int t = 0; t < N; t++)
     for (int g = 0; g < H; g++) {
       const uint8_t *m = in_rank + (size_t)t * R;
-      bool go = false;
-      for (int l = 0; l < L && !go; l++) go = m[n->rank_at[g * L + l]];
-      tok_j[(size_t)t * H + g] = go ? next[g] : -1;
-      if (!go) continue;
+      int nf = 0;
+      for (int l = 0; l < L; l++) nf += m[n->rank_at[g * L + l]];
+      tok[(size_t)t * H + g] = nf ? 2 * poff[g] + (nf == 1) : -1;
+      if (!nf) continue;
       int32_t *h = p->hdr + (size_t)(p->hsend_off[g] + next[g]) * (size_t)w;
       h[0] = t, h[1] = next[g]++;
+      h[2] = (int32_t)(uint32_t)((uint64_t)poff[g] & 0xffffffffu);
+      h[3] = (int32_t)(uint32_t)((uint64_t)poff[g] >> 32);
+      poff[g] += (int64_t)epk_net_psize(p->hidden, p->topk, nf == 1);
       for (int l = 0; l < L; l++) {
         int d = n->rank_at[g * L + l];
-        h[2 + l] = m[d] ? row[d]++ : -1;
+        h[EPK_NET_HDR + l] = m[d] ? row[d]++ : -1;
       }
     }
   free(row);
@@ -132,13 +148,15 @@ bool cuda_nplan_headers(const cuda_state_t *s, cuda_nplan_t *p, const uint8_t *i
 }
 
 bool cuda_nplan_device(cuda_nplan_t *p, bool with_hdr) {
-  int w = 2 + p->L;
+  int w = EPK_NET_HDR + p->L;
   p->b_hdr = with_hdr ? ((size_t)p->hsend_off[p->H] * (size_t)w + 1) * 4 : 0;
-  p->b_tok_j = ((size_t)p->N * (size_t)p->H + 1) * 4;
+  p->b_tok = ((size_t)p->N * (size_t)p->H + 1) * 8;
   p->b_fan = ((size_t)p->entries * (size_t)p->L + 1) * 4;
   p->b_meta = ((size_t)p->nr * 2 + 1) * 4;
+  p->b_poff = ((size_t)p->entries + 1) * 8;
   if (with_hdr && !(p->d_hdr = cuda_arena_alloc(p->arena, p->b_hdr))) return false;
-  return (p->d_tok_j = cuda_arena_alloc(p->arena, p->b_tok_j)) &&
+  return (p->d_tok = cuda_arena_alloc(p->arena, p->b_tok)) &&
          (p->d_fan = cuda_arena_alloc(p->arena, p->b_fan)) &&
-         (p->d_meta = cuda_arena_alloc(p->arena, p->b_meta));
+         (p->d_meta = cuda_arena_alloc(p->arena, p->b_meta)) &&
+         (p->d_poff = cuda_arena_alloc(p->arena, p->b_poff));
 }

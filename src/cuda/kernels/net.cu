@@ -33,10 +33,10 @@ __device__ __forceinline__ void copy_row(uint8_t *dst, const uint8_t *src, uint6
 __global__ void __launch_bounds__(NT) pack_kernel(epk_net_pack_t a) {
   const int lane = threadIdx.x & 31, L = a.r.L, topk = a.r.topk;
   for (int i = warp_id(); i < a.n; i += warps()) {
-    const int32_t *h = a.hdr + (size_t)i * (size_t)(2 + L);
+    const int32_t *h = a.hdr + (size_t)i * (size_t)(EPK_NET_HDR + L);
     uint8_t *rec = a.out + (size_t)i * a.r.rec;
     const int64_t t = h[0];
-    for (int q = lane; q < 2 + L; q += 32) ((int32_t *)rec)[q] = h[q];
+    for (int q = lane; q < EPK_NET_HDR + L; q += 32) ((int32_t *)rec)[q] = h[q];
     copy_row(rec + a.r.hdr, a.x + (size_t)t * a.r.row, a.r.row);
     for (int q = lane; q < a.r.ns; q += 32)
       ((float *)(rec + a.r.off_s))[q] = a.scales[t * a.s_tok + q * a.s_hid];
@@ -56,9 +56,12 @@ __global__ void __launch_bounds__(NT) fanout_kernel(epk_net_fanout_t a, int entr
     const int e = i - a.blk[b].entry0;
     const uint8_t *rec = a.blk[b].rec + (size_t)e * a.r.rec;
     const int32_t *h = (const int32_t *)rec;
-    for (int l = lane; a.fan && l < L; l += 32) a.fan[(size_t)i * L + l] = h[2 + l];
+    const int32_t *fan = h + EPK_NET_HDR;
+    for (int l = lane; a.fan && l < L; l += 32) a.fan[(size_t)i * L + l] = fan[l];
+    if (lane == 0 && a.poff)
+      a.poff[i] = a.blk[b].poff0 + (int64_t)(((uint64_t)(uint32_t)h[3] << 32) | (uint32_t)h[2]);
     for (int l = 0; l < L; l++) {
-      const int64_t row = h[2 + l];
+      const int64_t row = fan[l];
       if (row < 0) continue;
       uint8_t *d = a.area[l];
       copy_row(d + y.off_x + (uint64_t)row * a.r.row, rec + a.r.hdr, a.r.row);
@@ -123,26 +126,35 @@ __device__ __forceinline__ void cvt8(float *x, int4 v) {
   }
 }
 
+/* Entry i's partial: the rows of this host's ranks (ascending) added in fp32, the first taken as
+ * itself; a single row is stored as it is (bf16), which is the same value. */
 __global__ void __launch_bounds__(NT) partial_kernel(epk_net_partial_t a) {
   const int lane = threadIdx.x & 31, L = a.L, nv = a.hidden / 8;
   const uint64_t xrow = 2ull * (uint64_t)a.hidden;
   for (int i = warp_id(); i < a.entries; i += warps()) {
     const int32_t *fan = a.fan + (size_t)i * L;
-    float *out = (float *)((uint8_t *)a.out + (size_t)i * a.prec);
-    for (int v = lane; v < nv; v += 32) {
-      float p[8], y[8];
-      bool first = true;
-      for (int l = 0; l < L; l++) {
-        if (fan[l] < 0) continue;
-        cvt8(y, ((const int4 *)(a.area[l] + (uint64_t)fan[l] * xrow))[v]);
+    uint8_t *out = a.out + a.poff[i];
+    int nf = 0, only = 0;
+    for (int l = 0; l < L; l++)
+      if (fan[l] >= 0) nf++, only = l;
+    float *ow = (float *)(out + (nf == 1 ? 2 : 4) * (uint64_t)a.hidden);
+    if (nf == 1) {
+      copy_row(out, a.area[only] + (uint64_t)fan[only] * xrow, xrow);
+    } else {
+      for (int v = lane; v < nv; v += 32) {
+        float p[8], y[8];
+        bool first = true;
+        for (int l = 0; l < L; l++) {
+          if (fan[l] < 0) continue;
+          cvt8(y, ((const int4 *)(a.area[l] + (uint64_t)fan[l] * xrow))[v]);
 #pragma unroll
-        for (int e = 0; e < 8; e++) p[e] = first ? y[e] : p[e] + y[e];
-        first = false;
+          for (int e = 0; e < 8; e++) p[e] = first ? y[e] : p[e] + y[e];
+          first = false;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) ((float *)out)[8 * v + e] = first ? 0.0f : p[e];
       }
-#pragma unroll
-      for (int e = 0; e < 8; e++) out[8 * v + e] = first ? 0.0f : p[e];
     }
-    float *ow = out + a.hidden;
     for (int k = lane; a.has_w && k < a.topk; k += 32) {
       float p = 0.0f;
       bool first = true;
@@ -172,7 +184,7 @@ __global__ void __launch_bounds__(NT) reduce_kernel(epk_net_reduce_t a) {
   const int lane = threadIdx.x & 31, H = a.H, nv = a.hidden / 8;
   const int4 *b0 = (const int4 *)a.bias0, *b1 = (const int4 *)a.bias1;
   for (int t = warp_id(); t < a.n; t += warps()) {
-    const int32_t *tj = a.tok_j + (size_t)t * H;
+    const int64_t *tj = a.tok + (size_t)t * H;
     for (int v = lane; v < nv; v += 32) {
       float acc[8], x[8], y[8];
       const size_t bi = (size_t)t * nv + v;
@@ -182,9 +194,15 @@ __global__ void __launch_bounds__(NT) reduce_kernel(epk_net_reduce_t a) {
       for (int e = 0; e < 8; e++) acc[e] = (b0 ? x[e] : 0.0f) + (b1 ? y[e] : 0.0f);
       for (int g = 0; g < H; g++) {
         if (tj[g] < 0) continue;
-        const float *p = (const float *)((const uint8_t *)a.blk[g] + (size_t)tj[g] * a.prec);
+        const uint8_t *p = a.blk[g] + (tj[g] >> 1);
+        if (tj[g] & 1) {
+          cvt8(y, ((const int4 *)p)[v]); /* one row: float(bf16), the partial's value */
 #pragma unroll
-        for (int e = 0; e < 8; e++) acc[e] = acc[e] + p[8 * v + e];
+          for (int e = 0; e < 8; e++) acc[e] = acc[e] + y[e];
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; e++) acc[e] = acc[e] + ((const float *)p)[8 * v + e];
+        }
       }
       ((int4 *)a.out)[bi] = pack8(acc);
     }
@@ -192,8 +210,9 @@ __global__ void __launch_bounds__(NT) reduce_kernel(epk_net_reduce_t a) {
       float acc = 0.0f;
       for (int g = 0; a.has_w && g < H; g++) {
         if (tj[g] < 0) continue;
-        const float *p = (const float *)((const uint8_t *)a.blk[g] + (size_t)tj[g] * a.prec);
-        acc = acc + p[a.hidden + k];
+        const float *p =
+            (const float *)(a.blk[g] + (tj[g] >> 1) + ((tj[g] & 1) ? 2 : 4) * (size_t)a.hidden);
+        acc = acc + p[k];
       }
       a.out_w[(size_t)t * a.topk + k] = acc;
     }

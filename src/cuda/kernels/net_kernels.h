@@ -13,9 +13,12 @@
  *            area C, added in rank order into one fp32 partial (and weights);
  *   reduce   per token: biases, then the partials of the hosts ascending, rounded once.
  *
- * A record of a network block: int32 header [token, entry, fan row of local index 0..L-1
- * (-1: not there)], padded to 16 bytes, then the payload row, fp8 scales, global expert ids,
- * weights, each 16-byte aligned (a cached dispatch carries no ids and no weights).
+ * A record of a network block: int32 header [token, entry, partial offset (2 words: low, high),
+ * fan row of local index 0..L-1 (-1: not there)], padded to 16 bytes, then the payload row, fp8
+ * scales, global expert ids, weights, each 16-byte aligned (a cached dispatch carries no ids and
+ * no weights). The partial offset is where the token's combine partial for this host lies in its
+ * block of partials: a partial of one row is that bf16 row (exact), of more an fp32 row, then the
+ * combined weights (fp32, room for them always), so partials differ in size (epk_net_psize).
  */
 #ifndef EP_CUDA_NET_KERNELS_H
 #define EP_CUDA_NET_KERNELS_H
@@ -29,6 +32,14 @@
 extern "C" {
 #endif
 
+enum { EPK_NET_HDR = 4 }; /* header words before the fan rows */
+
+/* Bytes of one partial: its row (bf16 when the host holds one row of the token, else fp32),
+ * then topk fp32 weights (16-byte aligned). */
+EPK_HD uint64_t epk_net_psize(int hidden, int topk, int one) {
+  return (one ? 2ull : 4ull) * (uint64_t)hidden + epk_al(4ull * (uint64_t)topk, 16);
+}
+
 /* Where a record keeps what (bytes), the same on every rank for one call. */
 typedef struct {
   int L, topk, ns, ids, w; /* ids, w: carried */
@@ -39,7 +50,7 @@ EPK_HD epk_net_rec_t epk_net_rec(int L, uint64_t row, int ns, int topk, int ids,
   epk_net_rec_t r;
   r.L = L, r.topk = topk, r.ns = ns, r.ids = ids, r.w = ids && w;
   r.row = row;
-  r.hdr = epk_al(4ull * (2ull + (uint64_t)L), 16);
+  r.hdr = epk_al(4ull * (EPK_NET_HDR + (uint64_t)L), 16);
   r.off_s = r.hdr + row;
   r.off_i = r.off_s + epk_al(4ull * (uint64_t)ns, 16);
   r.off_w = r.off_i + (ids ? epk_al(8ull * (uint64_t)topk, 16) : 0);
@@ -72,7 +83,7 @@ EPK_HD epk_net_area_t epk_net_area(uint64_t area, uint64_t row, int ns, int topk
 typedef struct {
   epk_net_rec_t r;
   int n;               /* records */
-  const int32_t *hdr;  /* [n][2 + L] */
+  const int32_t *hdr;  /* [n][EPK_NET_HDR + L] */
   const uint8_t *x;    /* [N][row] */
   const float *scales; /* fp8 */
   int64_t s_tok, s_hid;
@@ -81,9 +92,11 @@ typedef struct {
   uint8_t *out; /* [n][rec] */
 } epk_net_pack_t;
 
-/* One block of records to fan out: where, how many, its source rank, its first entry. */
+/* One block of records to fan out: where, how many, its source rank, its first entry, where its
+ * partials start in the forwarder's buffer of partials. */
 typedef struct {
   const uint8_t *rec;
+  int64_t poff0;
   int32_t n, src, entry0, pad;
 } epk_net_blk_t;
 
@@ -93,7 +106,8 @@ typedef struct {
   const epk_net_blk_t *blk; /* device [nblk] */
   uint8_t *const *area;     /* device [L]: area D of local index l, as mapped here */
   epk_net_area_t lay;
-  int32_t *fan; /* [entries][L]: fan rows kept for combine, or NULL (cached) */
+  int32_t *fan;  /* [entries][L]: fan rows kept for combine, or NULL (cached) */
+  int64_t *poff; /* [entries]: where each entry's partial goes, or NULL (cached) */
 } epk_net_fanout_t;
 
 typedef struct {
@@ -120,25 +134,21 @@ typedef struct {
 typedef struct {
   int entries, L, hidden, topk, has_w;
   const int32_t *fan;   /* [entries][L] */
+  const int64_t *poff;  /* [entries]: byte offset of each partial in out */
   uint8_t *const *area; /* device [L]: area C of local index l, as mapped here */
   uint64_t off_w;       /* weights in area C */
-  float *out;           /* [entries][prec / 4]: fp32 row, then topk weights */
-  uint64_t prec;        /* bytes of one partial */
+  uint8_t *out;         /* the partials (epk_net_psize each) */
 } epk_net_partial_t;
 
 typedef struct {
   int n, H, hidden, topk, has_w;
-  const int32_t *tok_j;    /* [n][H]: entry of token t in its block to host g, -1 */
-  const float *const *blk; /* device [H]: the partials of host g for this rank's tokens */
-  uint64_t prec;
+  const int64_t *tok;        /* [n][H]: 2 x offset of token t's partial in host g's block, + 1
+                                when it is one bf16 row; -1: the token did not go to host g */
+  const uint8_t *const *blk; /* device [H]: the partials of host g for this rank's tokens */
   const void *bias0, *bias1;
   void *out;
   float *out_w;
 } epk_net_reduce_t;
-
-EPK_HD uint64_t epk_net_prec(int hidden, int topk, int has_w) {
-  return 4ull * (uint64_t)hidden + (has_w ? epk_al(4ull * (uint64_t)topk, 16) : 0);
-}
 
 cudaError_t epk_net_launch_pack(const epk_net_pack_t *a, int blocks, cudaStream_t s);
 cudaError_t epk_net_launch_fanout(const epk_net_fanout_t *a, int entries, int blocks,
