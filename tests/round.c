@@ -49,25 +49,34 @@ ep_status_t t_round(ep_buffer_t buf, int R, int me, uint64_t seed, long *wrong) 
       "reference combine");
   int cap = 0, nr = -1;
   for (int s = 0; s < R; s++) cap += in[s].n; /* every token could come here */
-  uint16_t *rx = t_xmalloc((size_t)cap * H * 2), *got = t_xmalloc((size_t)in[me].n * H * 2 + 2);
+  /* Tensors where the buffer's backend wants them (device memory on cuda: t_dalloc). */
+  size_t xb = (size_t)in[me].n * H * 2, ib = (size_t)in[me].n * K * 8;
+  void *dx = t_to_dev(in[me].x, xb + 2), *didx = t_to_dev(in[me].idx, ib + 8);
+  void *drx = t_dalloc((size_t)cap * H * 2 + 2), *dgot = t_dalloc(xb + 2);
   ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
-  a.x = in[me].x, a.dtype = EP_DTYPE_BF16, a.num_tokens = in[me].n, a.hidden = H;
-  a.topk_idx = in[me].idx, a.topk = K, a.num_experts = E;
+  a.x = dx, a.dtype = EP_DTYPE_BF16, a.num_tokens = in[me].n, a.hidden = H;
+  a.topk_idx = didx, a.topk = K, a.num_experts = E;
   ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
-  o.mode = EP_OUTPUT_CALLER, o.recv_x = rx, o.capacity = cap;
+  o.mode = EP_OUTPUT_CALLER, o.recv_x = drx, o.capacity = cap;
   ep_status_t st = ep_dispatch(buf, &a, &o);
   *wrong = 0;
   if (!st) {
     nr = o.num_recv_tokens;
     *wrong += nr != want[me].nr ? labs((long)nr - want[me].nr) + 1 : 0;
+    uint16_t *rx = t_to_host(drx, (size_t)cap * H * 2 + 2);
     if (nr == want[me].nr) *wrong += diff16(rx, y[me], (size_t)nr * H);
+    free(rx);
     ep_combine_args_t c = EP_COMBINE_ARGS_INIT;
-    c.handle = o.handle, c.x = rx, c.out = got;
+    c.handle = o.handle, c.x = drx, c.out = dgot;
     st = ep_combine(buf, &c);
+    t_dsync();
+    uint16_t *got = t_to_host(dgot, xb + 2);
     if (!st) *wrong += diff16(got, out[me], (size_t)in[me].n * H);
+    free(got);
     T_OK(ep_handle_destroy(o.handle));
   }
+  t_dfree(dx), t_dfree(didx), t_dfree(drx), t_dfree(dgot);
   for (int s = 0; s < R; s++) free(in[s].x), free(in[s].idx), free(out[s]), ref_free_recv(&want[s]);
-  free(in), free(ri), free(want), free(y), free(out), free(rx), free(got);
+  free(in), free(ri), free(want), free(y), free(out);
   return st;
 }

@@ -161,8 +161,13 @@ int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "";
   if (!strcmp(what, "maps")) return maps();
   if (!strcmp(what, "hostid")) return hostid(argc, argv);
+  if (!strcmp(what, "gpu")) { /* EP_BACKEND=cuda without a GPU: exits 77 ("skipped: no GPU") */
+    t_require_backend();
+    return T_PASS;
+  }
   if (!strcmp(what, "kill") && argc > 3)
     return kill_some(argv[2], argv[3], argc > 4 && !strcmp(argv[4], "host"));
-  fprintf(stderr, "usage: test_net maps | hostid W0 W1 ... | kill VICTIM[,VICTIM...] DIR [host]\n");
+  fprintf(stderr,
+          "usage: test_net maps | hostid W0 W1 ... | kill VICTIM[,VICTIM...] DIR [host] | gpu\n");
   return T_FAIL;
 }

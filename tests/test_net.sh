@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Groups across (pretend) hosts, beyond the data matrices (tests/TESTS net.* lines): which
 # libraries a job maps, bad splits into hosts, and a rank killed mid-run (tests/test_net.c).
-# Usage: tests/test_net.sh BUILD_DIR      (exit 0 pass, 1 fail, 77 skip; silent when passing)
+# Usage: tests/test_net.sh BUILD_DIR [cuda]  (exit 0 pass, 1 fail, 77 skip; silent when passing)
+# cuda: the parts that concern a backend's buffers (deaths, silent teardown, the bench) on the
+# CUDA backend, NCCL between the pretend hosts on one GPU; skipped without a GPU.
 set -u
-b=${1:?usage: test_net.sh BUILD_DIR}
+b=${1:?usage: test_net.sh BUILD_DIR [cuda]}
+mode=${2:-cpu}
 epcomm=$b/bin/epcomm prog=$b/tests/test_net
 command -v mpirun >/dev/null || { echo "skipped: no mpirun (Open MPI) for the MPI engine"; exit 77; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -14,7 +17,12 @@ trap 'rm -rf "$tmp"' EXIT
 fail=0
 say() { echo "test_net.sh: $*" >&2; fail=1; }
 mpi() { timeout 60 mpirun -n "$1" --oversubscribe --bind-to none --mca btl self,vader "${@:2}"; }
+if [ "$mode" = cuda ]; then
+  export EP_BACKEND=cuda
+  out=$("$prog" gpu 2>&1) || { echo "$out"; exit 77; }
+fi
 
+if [ "$mode" = cpu ]; then
 # A job on one host never maps libmpi nor libnccl (under epcomm launch or mpirun alike); a job
 # across hosts maps libmpi (the engine), still never libnccl.
 "$epcomm" launch -n 3 "$prog" maps >"$tmp/o" 2>&1 || say "maps, one host: $(cat "$tmp/o")"
@@ -50,6 +58,8 @@ for m in reject-create barrier-destroy barrier-gdestroy allgather-size bad-buffe
     say "pairing $m across hosts: $(head -c 800 "$tmp/o")"
 done
 
+fi
+
 # Ranks killed before a round: every survivor, on its host and on the others, fails promptly
 # naming a victim and its host. --enable-recovery: mpirun leaves the survivors running when a
 # rank dies (by default it ends the job at once, and a survivor killed before it wrote its
@@ -58,17 +68,20 @@ done
 # (3 s), naming a victim and its host.
 kill_case() { # ranks hosts victims(comma-separated) [host]
   rm -rf "$tmp/k" && mkdir "$tmp/k"
-  mpi "$1" --enable-recovery -x EP_HOSTS="$2" "$prog" kill "$3" "$tmp/k" ${4:-} >"$tmp/o" 2>&1
+  mpi "$1" --enable-recovery -x EP_HOSTS="$2" ${EP_BACKEND:+-x EP_BACKEND} "$prog" kill "$3" "$tmp/k" \
+    ${4:-} >"$tmp/o" 2>&1
   local nv; nv=$(echo "$3" | tr ',' '\n' | wc -l)
   local got; got=$(cat "$tmp/k"/rank.* 2>/dev/null | grep -cE "detected death of rank (${3//,/|}) \(host")
   [ "$got" = $(($1 - nv)) ] ||
     say "kill $3 of $1 on $2 hosts: $got of $(($1 - nv)) survivors: $(cat "$tmp/k"/rank.* 2>/dev/null | head -c 600) $(grep -v 'PMIX ERROR' "$tmp/o" | head -c 800)"
 }
 kill_case 4 2 3
-kill_case 4 2 0
 kill_case 6 3 4
 kill_case 4 2 2,3 host # host 1 dies
-kill_case 6 3 0,1 host # host 0 dies
+if [ "$mode" = cpu ]; then
+  kill_case 4 2 0
+  kill_case 6 3 0,1 host # host 0 dies
+fi
 
 # Teardown is silent: a job across hosts that ends well prints nothing on stderr (no warning of
 # Open MPI's at finalize, nor of the engines'), under epcomm launch and under mpirun alike, for
@@ -78,15 +91,21 @@ quiet() { # what command...
   "$@" >"$tmp/o" 2>"$tmp/e" || say "$what: $(head -c 600 "$tmp/o") $(head -c 600 "$tmp/e")"
   [ ! -s "$tmp/e" ] || say "$what: stderr is not empty: $(head -c 800 "$tmp/e")"
 }
-quiet "silent teardown, normal mode, launch" "$epcomm" launch -n 4 --hosts 2 "$prog" maps
-quiet "silent teardown, normal mode, mpirun" mpi 4 -x EP_HOSTS=2 "$prog" maps
-quiet "silent teardown, low-latency mode" "$epcomm" launch -n 4 --hosts 2 --timeout 60 \
-  "$b/tests/test_ll" all 4
+if [ "$mode" = cpu ]; then
+  quiet "silent teardown, normal mode, launch" "$epcomm" launch -n 4 --hosts 2 "$prog" maps
+  quiet "silent teardown, normal mode, mpirun" mpi 4 -x EP_HOSTS=2 "$prog" maps
+  quiet "silent teardown, low-latency mode" "$epcomm" launch -n 4 --hosts 2 --timeout 60 \
+    "$b/tests/test_ll" all 4
+else # NCCL's and MPI's endpoints closed in order, nothing of theirs on stderr
+  quiet "silent teardown, cuda normal mode, launch" "$epcomm" launch -n 4 --hosts 2 --timeout 100 \
+    "$b/tests/test_normal"
+  quiet "silent teardown, cuda normal mode, mpirun" mpi 4 -x EP_HOSTS=2 -x EP_BACKEND "$b/tests/test_normal"
+fi
 
 # epcomm bench --hosts: checked outputs (the combine in its hierarchical order, the MPI baseline's
 # in its flat one), the bytes through the network and inside hosts next to the flat baseline's.
 "$epcomm" launch -n 4 --hosts 2 --timeout 100 "$epcomm" bench --hosts 2 --tokens 64 --hidden 256 \
-  --topk 4 --experts 16 --warmup 1 --iters 2 --variants main >"$tmp/o" 2>&1 ||
+  --topk 4 --experts 16 --warmup 1 --iters 2 --variants main --backend "$mode" >"$tmp/o" 2>&1 ||
   say "bench --hosts 2: $(tail -c 800 "$tmp/o")"
 for want in "4 ranks on 2 hosts" "epcomm dispatch (measured)" \
   "flat all-to-all combine (routing)" "bytes per (token, other host) pair" \
