@@ -51,7 +51,8 @@ ep_status_t t_round(ep_buffer_t buf, int R, int me, uint64_t seed, long *wrong) 
   for (int s = 0; s < R; s++) cap += in[s].n; /* every token could come here */
   /* Tensors where the buffer's backend wants them (device memory on cuda: t_dalloc). */
   size_t xb = (size_t)in[me].n * H * 2, ib = (size_t)in[me].n * K * 8;
-  void *dx = t_to_dev(in[me].x, xb + 2), *didx = t_to_dev(in[me].idx, ib + 8);
+  void *dx = t_dalloc(xb + 2), *didx = t_dalloc(ib + 8);
+  t_copy_to_dev(dx, in[me].x, xb), t_copy_to_dev(didx, in[me].idx, ib);
   void *drx = t_dalloc((size_t)cap * H * 2 + 2), *dgot = t_dalloc(xb + 2);
   ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
   a.x = dx, a.dtype = EP_DTYPE_BF16, a.num_tokens = in[me].n, a.hidden = H;

@@ -33,16 +33,14 @@ static int load(bnccl_t *b, char *why, size_t n) {
     snprintf(why, n, "no NCCL library (%s): set EP_NCCL_LIB", dlerror());
     return -1;
   }
-#define SYM(f)                                              \
-  if (!(*(void **)&b->f = dlsym(b->dl, "nccl" #f))) {       \
-    snprintf(why, n, "the NCCL library has no nccl%s", #f); \
-    return -1;                                              \
+#define SYM(f) (*(void **)&b->f = dlsym(b->dl, "nccl" #f)) != NULL
+  if (!(SYM(GetUniqueId) && SYM(CommInitRank) && SYM(CommDestroy) && SYM(Send) && SYM(Recv) &&
+        SYM(GroupStart) && SYM(GroupEnd) && SYM(GetErrorString))) {
+    snprintf(why, n, "the NCCL library lacks a function of the baseline (NCCL 2.19 or later)");
+    return -1;
   }
-  SYM(GetUniqueId)
-  SYM(CommInitRank) SYM(CommDestroy) SYM(Send) SYM(Recv) SYM(GroupStart) SYM(GroupEnd)
-      SYM(GetErrorString)
 #undef SYM
-          return 0;
+  return 0;
 }
 
 bnccl_t *bnccl_open(ep_group_t g, int R, int me, char *why, size_t n) {
