@@ -331,6 +331,13 @@ typedef struct {
   int nhosts, host, local_rank, local_size;
   uint64_t net_bytes_sent;
   uint64_t local_bytes_sent;
+  /* Normal-mode calls since the buffer was created that moved rows without a staging pass on a
+   * backend that otherwise stages (CUDA): combines whose x the peers read where it lies (a view,
+   * ep_get_combine_buffer's memory, registered memory), dispatches whose caller recv_x the
+   * senders wrote straight into (registered memory). 0 on backends that always work in place
+   * (CPU). So a program, or a test, can tell the fast path from a silent fallback. */
+  uint64_t combines_in_place;
+  uint64_t dispatches_in_place;
 } ep_buffer_info_t;
 #define EP_BUFFER_INFO_INIT EP_ARGS_INIT_(ep_buffer_info_t)
 

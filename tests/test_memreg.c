@@ -66,9 +66,18 @@ static void free_data(const ctx_t *c, data_t *d) {
     free(d->x[s]), free(d->y[s]), free(d->bias[s]), free(d->idx[s]), free(d->w[s]);
 }
 
+/* The buffer's counts of normal-mode calls that skipped the staging pass (ep_buffer_info_t). */
+static void in_place(const ctx_t *c, uint64_t *combines, uint64_t *dispatches) {
+  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
+  T_OK(ep_buffer_query(c->b, &i));
+  *combines = i.combines_in_place, *dispatches = i.dispatches_in_place;
+}
+
 /* One dispatch of round `round`'s data, then a combine whose x is `x_at` (this rank's expert
- * outputs written there first), checked against the reference. */
-static void round_at(const ctx_t *c, int round, void *x_at, const char *what) {
+ * outputs written there first), checked against the reference. want_direct: whether the CUDA
+ * backend must read x where it lies (1), stage it (0), or either (-1); the results are the same
+ * bits either way, so only the buffer's count can tell a silent fallback. */
+static void round_at(const ctx_t *c, int round, void *x_at, int want_direct, const char *what) {
   const int R = c->R, me = c->me, with_w = round & 1, with_bias = (round >> 1) & 1;
   data_t d;
   make_data(c, round, &d);
@@ -100,7 +109,16 @@ static void round_at(const ctx_t *c, int round, void *x_at, const char *what) {
                           .bias = {with_bias ? b0 : NULL, NULL},
                           .out = out,
                           .out_topk_weights = with_w ? outw : NULL};
+  uint64_t c0, c1, dd;
+  in_place(c, &c0, &dd);
   T_OK(ep_combine(c->b, &cb));
+  in_place(c, &c1, &dd);
+  T_CHECK(t_cuda() ? want_direct < 0 || c1 - c0 == (uint64_t)want_direct : c1 == c0,
+          "%s, round %d: combines read in place went from %llu to %llu (want %s)", what, round,
+          (unsigned long long)c0, (unsigned long long)c1,
+          !t_cuda()     ? "no change on this backend"
+          : want_direct ? "one more"
+                        : "no change");
   ref_rank_input_t ri[64];
   for (int s = 0; s < R; s++) ri[s] = (ref_rank_input_t){d.n[s], d.x[s], NULL, d.idx[s], d.w[s]};
   ref_recv_t rr[64];
@@ -171,16 +189,16 @@ static int combine(int rounds) {
   T_OK(ep_register_memory(c.b, y, bytes / 2, &first));
   T_OK(ep_register_memory(c.b, y + PAD / 2 * rowb, bytes - PAD / 2 * rowb, &second));
   for (int round = 0; round < rounds; round++) {
-    round_at(&c, round, y + PAD * rowb, "x registered");
-    round_at(&c, 1000 + round, sep, "x separate");
+    round_at(&c, round, y + PAD * rowb, 1, "x registered");
+    round_at(&c, 1000 + round, sep, 0, "x separate");
   }
   T_OK(ep_deregister_memory(c.b, second));
-  round_at(&c, 2000, y + PAD * rowb, "x in a deregistered range");
-  round_at(&c, 2001, y, "x at the start of the first registration");
+  round_at(&c, 2000, y + PAD * rowb, 0, "x in a deregistered range");
+  round_at(&c, 2001, y, -1, "x at the start of the first registration");
   T_OK(ep_deregister_memory(c.b, first));
   /* Registrations left at destroy go with the buffer; their handles are then stale. */
   T_OK(ep_register_memory(c.b, y, bytes, &first));
-  round_at(&c, 2002, y + PAD * rowb, "x registered again");
+  round_at(&c, 2002, y + PAD * rowb, 1, "x registered again");
   ctx_fini(&c);
   T_STATUS(EP_ERR_DESTROYED, ep_deregister_memory(c.b, first));
   t_dfree(y), t_dfree(sep);
@@ -405,12 +423,22 @@ static void dispatch_rounds(size_t queue_bytes, int rounds, const char *what) {
               t_dalloc(rows * TOPK * 8),
               t_dalloc(rows * 4)};
   ep_mem_t m;
+  uint64_t cc, d0, d1, d2;
   T_OK(ep_register_memory(c.b, y, bytes, &m));
+  in_place(&c, &cc, &d0);
   for (int round = 0; round < rounds; round++) dispatch_round(&c, round, &o);
+  in_place(&c, &cc, &d1);
+  /* The registered recv_x was written by the senders (a fallback would give the same bits). */
+  T_CHECK(t_cuda() ? rounds < 1 || d1 > d0 : d1 == d0,
+          "%s: dispatches written in place went from %llu to %llu over %d rounds", what,
+          (unsigned long long)d0, (unsigned long long)d1, rounds);
   dispatch_overflow(&c, &o);
   dispatch_round(&c, rounds, &o);
   T_OK(ep_deregister_memory(c.b, m));
+  in_place(&c, &cc, &d1);
   dispatch_round(&c, rounds + 1, &o); /* registered nowhere now */
+  in_place(&c, &cc, &d2);
+  T_CHECK(d2 == d1, "%s: a dispatch into deregistered memory counts as written in place", what);
   ctx_fini(&c);
   void *all[] = {y, o.plain_x, o.s, o.w, o.idx, o.src};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) t_dfree(all[i]);
@@ -482,7 +510,7 @@ static int misuse(void) {
   if (c.R > 1) {
     ep_status_t st = ep_deregister_memory(c.b, c.me == 0 ? a : b);
     expect(st, EP_ERR_MISMATCH, "same order", "deregistrations in different orders");
-    round_at(&c, 7, y + PAD * rowb, "after a mismatch");
+    round_at(&c, 7, y + PAD * rowb, -1, "after a mismatch");
   }
   T_OK(ep_deregister_memory(c.b, a));
   expect(ep_deregister_memory(c.b, a), EP_ERR_DESTROYED, "mem", "deregistered twice");
@@ -505,7 +533,7 @@ static int misuse(void) {
   }
   T_CHECK(n == 64, "%d registrations accepted, expected 64", n);
   for (int i = n - 1; i >= 0; i--) T_OK(ep_deregister_memory(c.b, many[i]));
-  round_at(&c, 8, y + PAD * rowb, "after the misuse");
+  round_at(&c, 8, y + PAD * rowb, 0, "after the misuse");
   ctx_fini(&c);
   t_dfree(y);
   if (c.me == 0) printf("test_memreg misuse: R=%d\n", c.R);
@@ -532,7 +560,7 @@ static int cycles(int n) {
   for (int i = 0; i <= n; i++) {
     ep_mem_t m;
     T_OK(ep_register_memory(c.b, y, bytes, &m));
-    if (i % 10 == 0) round_at(&c, 3000 + i, y + PAD * rowb, "cycles");
+    if (i % 10 == 0) round_at(&c, 3000 + i, y + PAD * rowb, 1, "cycles");
     T_OK(ep_deregister_memory(c.b, m));
     if (i == 0) f0 = free_mem(); /* after the first: module load, context, first mappings */
   }

@@ -57,6 +57,7 @@ typedef struct {
   uint8_t **reg_table;  /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
   uint64_t *reg_bytes;  /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
   struct cuda_net *net; /* across hosts (cuda_net.h), NULL on one host */
+  uint64_t in_place[2]; /* combines read in place, dispatches written in place (one host) */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */

@@ -59,6 +59,12 @@ static void trace_print(cuda_state_t *s) {
   }
 }
 
+static void cuda_in_place(void *state, uint64_t *combines, uint64_t *dispatches) {
+  cuda_state_t *s = state;
+  *combines = __atomic_load_n(&s->in_place[0], __ATOMIC_RELAXED);
+  *dispatches = __atomic_load_n(&s->in_place[1], __ATOMIC_RELAXED);
+}
+
 static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {
   cuda_state_t *s = calloc(1, sizeof *s);
   if (!s) return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
@@ -157,6 +163,7 @@ static const struct ep_backend_ops cuda_ops = {
     .ll_release = cuda_ll_release,
     .ll_reject = cuda_ll_reject,
     .traffic = cuda_net_traffic,
+    .in_place = cuda_in_place,
 };
 
 const struct ep_backend_ops *ep_backend_cuda(void) {

@@ -25,7 +25,8 @@ typedef struct {
   cuda_plan_t *plan;
   int mode;
   epk_recv_layout_t lay;
-  bool reg_ok; /* outputs are the caller's, copied out: recv_x may be written in place */
+  bool reg_ok;   /* outputs are the caller's, copied out: recv_x may be written in place */
+  bool in_place; /* the hello asked the senders to write recv_x there */
 } call_t;
 
 static bool aligned16(const void *p) {
@@ -140,12 +141,13 @@ static void publish_views(const epk_dispatch_t *k, ep_dispatch_out_t *o) {
   o->recv_src_idx = k->recv_src;
 }
 
-static ep_status_t launch_notify(cuda_state_t *s, const call_t *c, cudaStream_t st, bool ticket,
+static ep_status_t launch_notify(cuda_state_t *s, call_t *c, cudaStream_t st, bool ticket,
                                  uint32_t *t) {
   epk_notify_t n;
   fill_notify(s, c, &n);
   if (ticket) n.ticket = *t = ++s->ticket ? s->ticket : ++s->ticket;
   s->err_key = c->c->key;
+  c->in_place = n.xreg1 != 0;
   return cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
 }
 
@@ -217,7 +219,7 @@ ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *d, ep_handle_info_t *
   cuda_state_t *s = state;
   if (s->net) return cuda_net_dispatch(s, d, out);
   const ep_dispatch_args_t *a = &d->in;
-  call_t c = {d, a, &d->out, d->cached ? d->cached->priv : NULL, 0, {0}, false};
+  call_t c = {d, a, &d->out, d->cached ? d->cached->priv : NULL, 0, {0}, false, false};
   c.lay = epk_recv_layout(s->kb.area_bytes, d->row_bytes,
                           a->dtype == EP_DTYPE_FP8_E4M3 ? a->num_scales : 0,
                           d->cached ? 0 : d->topk, d->has_w);
@@ -235,6 +237,7 @@ ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *d, ep_handle_info_t *
   int nr = -1;
   rc = run(s, &c, st, &nr);
   cuda_leave(s, st, true);
+  if (!rc && c.in_place) __atomic_fetch_add(&s->in_place[1], 1, __ATOMIC_RELAXED);
   if (rc || d->cached) {
     if (!d->cached) cuda_plan_free(c.plan);
     if (!rc) d->out.num_recv_tokens = nr >= 0 ? nr : c.plan->nr;
