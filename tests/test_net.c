@@ -6,7 +6,7 @@
  *   test_net hostid W0 W1 .. rank r sets EP_HOST_ID=Wr ("-": unset) and creates a group; every
  *                            rank must fail with the same status (printed as "status NAME: msg")
  *                            when the split is bad, or succeed ("hosts N")
- *   test_net kill V[,V..] DIR [host]
+ *   test_net kill V[,V..] DIR [host|beat]
  *                            ranks dispatch and combine in rounds; the victims SIGKILL
  *                            themselves before round 2. Every survivor must fail promptly with
  *                            EP_ERR_PEER_FAILED naming a victim and its host; it writes
@@ -16,6 +16,8 @@
  *                            there to see them die: the survivors fail at the group's deadline
  *                            (3 s here) with EP_ERR_TIMEOUT naming a victim and its host (or
  *                            EP_ERR_PEER_FAILED, a notice of the deaths having come first).
+ *                            "beat": the same with heartbeats (EP_HEARTBEAT_S) and a deadline
+ *                            of 60 s: EP_ERR_PEER_FAILED within 3 x EP_HEARTBEAT_S, by them.
  * Run under `epcomm launch -n R [--hosts H]` or mpirun (tests/test_net.sh). */
 #include <signal.h>
 #include <time.h>
@@ -97,11 +99,35 @@ static bool in_list(const char *list, int r) {
   return false;
 }
 
-static int kill_some(const char *victims, const char *dir, bool host) {
+/* host: a whole host dies with the heartbeats off, the survivors fail at the deadline (3 s).
+ * beat: a whole host stops (SIGSTOP: its processes live on, so no rank of it can die visibly or
+ * tell anyone, as when a host hangs or is cut off), the heartbeats on (EP_HEARTBEAT_S, set by the
+ * caller) and a deadline of 60 s, which the survivors must beat: the ranks watching that host
+ * find it silent and tell the rest. Then the first survivor kills the stopped ranks. */
+static void stop_self(const char *dir, int me) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/pid.%d", dir, me);
+  FILE *f = fopen(path, "we");
+  if (f) fprintf(f, "%d\n", (int)getpid()), fclose(f);
+  raise(SIGSTOP);
+}
+
+static void kill_stopped(const char *victims, const char *dir, int R) {
+  for (int r = 0; r < R; r++) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/pid.%d", dir, r);
+    FILE *f = in_list(victims, r) ? fopen(path, "re") : NULL;
+    int pid = 0;
+    if (f && fscanf(f, "%d", &pid) == 1 && pid > 0) kill(pid, SIGKILL);
+    if (f) fclose(f);
+  }
+}
+
+static int kill_some(const char *victims, const char *dir, bool host, bool beat) {
   const int rounds = 5;
   ep_group_t g;
   ep_group_config_t gc = EP_GROUP_CONFIG_INIT;
-  gc.timeout_s = host ? 3 : 30;
+  gc.timeout_s = beat ? 60 : host ? 3 : 30;
   T_OK(ep_group_create_from_env(&gc, &g));
   int me, R, H, *host_of;
   T_OK(ep_group_rank(g, &me));
@@ -114,6 +140,7 @@ static int kill_some(const char *victims, const char *dir, bool host) {
   ep_status_t st = EP_OK;
   double t0 = 0;
   for (int i = 0; i < rounds && !st; i++) {
+    if (i == 2 && in_list(victims, me) && beat) stop_self(dir, me);
     if (i == 2 && in_list(victims, me)) kill(getpid(), SIGKILL);
     t0 = now_s();
     st = t_round(b, R, me, (uint64_t)i, &wrong);
@@ -122,7 +149,7 @@ static int kill_some(const char *victims, const char *dir, bool host) {
    * (a host going down takes all of its ranks). */
   if (in_list(victims, me)) kill(getpid(), SIGKILL);
   double ms = (now_s() - t0) * 1e3;
-  T_CHECK(st == EP_ERR_PEER_FAILED || (host && st == EP_ERR_TIMEOUT),
+  T_CHECK(st == EP_ERR_PEER_FAILED || (host && !beat && st == EP_ERR_TIMEOUT),
           "round ended with %s (%s), expected EP_ERR_PEER_FAILED%s", ep_status_name(st),
           ep_last_error(), host ? " or EP_ERR_TIMEOUT" : "");
   int victim = -1;
@@ -133,8 +160,16 @@ static int kill_some(const char *victims, const char *dir, bool host) {
   }
   T_CHECK(victim >= 0, "the message names no victim (%s) with its host: %s", victims,
           ep_last_error());
-  T_CHECK(ms < KILL_PROMPT_MS + (host ? 1e3 * gc.timeout_s : 0), "detected after %.0f ms: %s", ms,
-          ep_last_error());
+  if (beat) {
+    const char *hb = getenv("EP_HEARTBEAT_S");
+    double limit = hb ? atof(hb) : 5.0;
+    T_CHECK(strstr(ep_last_error(), "heartbeat"), "not found by the heartbeats: %s",
+            ep_last_error());
+    T_CHECK(ms < KILL_PROMPT_MS + 3e3 * limit, "detected after %.0f ms (EP_HEARTBEAT_S=%g): %s", ms,
+            limit, ep_last_error());
+  }
+  T_CHECK(ms < KILL_PROMPT_MS + (host ? 1e3 * gc.timeout_s : 0) + (beat ? 3e3 * 60 : 0),
+          "detected after %.0f ms: %s", ms, ep_last_error());
   char path[4200];
   snprintf(path, sizeof path, "%s/rank.%d", dir, me);
   FILE *f = fopen(path, "we");
@@ -151,6 +186,9 @@ static int kill_some(const char *victims, const char *dir, bool host) {
          !in_list(victims, r) && access(path, F_OK) != 0 && now_s() < end;)
       usleep(10000);
   }
+  int first = 0;
+  while (in_list(victims, first)) first++;
+  if (beat && me == first) kill_stopped(victims, dir, R);
   T_OK(ep_buffer_destroy(b)); /* broken: local, at once */
   T_OK(ep_group_destroy(g));
   free(host_of);
@@ -166,7 +204,8 @@ int main(int argc, char **argv) {
     return T_PASS;
   }
   if (!strcmp(what, "kill") && argc > 3)
-    return kill_some(argv[2], argv[3], argc > 4 && !strcmp(argv[4], "host"));
+    return kill_some(argv[2], argv[3], argc > 4 && strcmp(argv[4], "host") == 0,
+                     argc > 4 && strcmp(argv[4], "beat") == 0);
   fprintf(stderr,
           "usage: test_net maps | hostid W0 W1 ... | kill VICTIM[,VICTIM...] DIR [host] | gpu\n");
   return T_FAIL;

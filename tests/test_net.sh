@@ -64,12 +64,15 @@ fi
 # naming a victim and its host. --enable-recovery: mpirun leaves the survivors running when a
 # rank dies (by default it ends the job at once, and a survivor killed before it wrote its
 # verdict read as a failure: a race). A whole host killed ("host"): nobody is left there to see
-# the deaths, and the engine (MPI) reports none: the survivors fail at the group's deadline
-# (3 s), naming a victim and its host.
-kill_case() { # ranks hosts victims(comma-separated) [host]
+# the deaths, and the engine (MPI) reports none: with the heartbeats off the survivors fail at
+# the group's deadline (3 s), naming a victim and its host; with them on ("beat", 1 s) the ranks
+# watching that host find it silent and tell the others, long before a 60 s deadline.
+kill_case() { # ranks hosts victims(comma-separated) [host|beat]
   rm -rf "$tmp/k" && mkdir "$tmp/k"
-  mpi "$1" --enable-recovery -x EP_HOSTS="$2" ${EP_BACKEND:+-x EP_BACKEND} "$prog" kill "$3" "$tmp/k" \
-    ${4:-} >"$tmp/o" 2>&1
+  local hb=5 # the default; "host": off (found at the deadline), "beat": 1 s (found by them)
+  case ${4:-} in host) hb=0 ;; beat) hb=1 ;; esac
+  EP_HEARTBEAT_S=$hb mpi "$1" --enable-recovery -x EP_HOSTS="$2" -x EP_HEARTBEAT_S \
+    ${EP_BACKEND:+-x EP_BACKEND} "$prog" kill "$3" "$tmp/k" ${4:-} >"$tmp/o" 2>&1
   local nv; nv=$(echo "$3" | tr ',' '\n' | wc -l)
   local got; got=$(cat "$tmp/k"/rank.* 2>/dev/null | grep -cE "detected death of rank (${3//,/|}) \(host")
   [ "$got" = $(($1 - nv)) ] ||
@@ -78,9 +81,11 @@ kill_case() { # ranks hosts victims(comma-separated) [host]
 kill_case 4 2 3
 kill_case 6 3 4
 kill_case 4 2 2,3 host # host 1 dies
+kill_case 4 2 2,3 beat # the same, found by the heartbeats
 if [ "$mode" = cpu ]; then
   kill_case 4 2 0
   kill_case 6 3 0,1 host # host 0 dies
+  kill_case 6 3 0,1 beat
 fi
 
 # Teardown is silent: a job across hosts that ends well prints nothing on stderr (no warning of

@@ -11,6 +11,10 @@ static const ep_env_row_t core_rows[] = {
     EP_ENV_ROW_FLOAT("core", "EP_TIMEOUT_S", "100", "0", "1e9",
                      "deadline in seconds of every wait inside a call (a config's timeout_s "
                      "overrides)"),
+    EP_ENV_ROW_FLOAT("core", "EP_HEARTBEAT_S", "5", "-1", "1e9",
+                     "across hosts: a rank of the next host silent this long is reported dead "
+                     "(its host is down); each rank sends beats 8 times as often from a thread "
+                     "of the group (MPI_THREAD_MULTIPLE only); 0 or less: off"),
     EP_ENV_ROW_ENUM("core", "EP_BACKEND", "cpu", "cpu|cuda",
                     "backend of buffers whose config says EP_BACKEND_AUTO"),
     EP_ENV_ROW_SIZE("core", "EP_QUEUE_BYTES", "1M", "4K", "16G",

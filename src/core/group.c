@@ -125,6 +125,13 @@ static ep_status_t group_init_net(ep_group *g, const char *name, const uint8_t *
     st = ep_world_allgather(g->world, EP_OP_GROUP_CREATE, g->boot.seq, mine, all, sizeof *mine,
                             EP_OK, deadline, g->timeout_s, NULL, NULL, &peer);
   if (!st) st = ep_topo_build(all, g->nranks, g->rank, &g->topo);
+  if (!st && g->topo.nhosts > 1) { /* ring of hosts: watch the next, be watched by the previous */
+    const ep_topo_t *t = &g->topo;
+    int H = t->nhosts, L = t->local_size;
+    st = ep_heartbeat_start(g->world, t->rank_at[((t->host + 1) % H) * L + t->local_rank],
+                            t->rank_at[((t->host + H - 1) % H) * L + t->local_rank],
+                            ep_env_double("EP_HEARTBEAT_S", 5.0), &g->world->hb);
+  }
   if (!st && ep_live_init(&g->live, g->topo.local_rank, g->topo.local_size, notify_fd) != 0)
     st = ep_err(EP_ERR_NO_MEMORY, "out of memory");
   if (!st) st = keep_identities(g, all);

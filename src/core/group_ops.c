@@ -29,12 +29,30 @@ static ep_status_t local_death(ep_group *g, int l, int *dead, const char **how) 
 
 /* A notice from another host first: it reports the first death, where a rank of this host may
  * just have exited after hearing the same notice. */
+/* A rank of another host that sent no heartbeat for too long: its host is down or cut off (a
+ * whole host that dies has nobody left to say so). Told to every rank, like a death seen here. */
+static ep_status_t silent_host(ep_group *g, int r, double quiet, int *dead, const char **how) {
+  if (dead) *dead = r;
+  g->broken = true;
+  g->peer_lost = true;
+  snprintf(g->local_how, sizeof g->local_how,
+           "(host %d) sent no heartbeat for %.1f s: its host is down or cut off (EP_HEARTBEAT_S)",
+           g->topo.host_of[r], quiet);
+  if (how) *how = g->local_how;
+  ep_world_notify(g->world, r, g->local_how);
+  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, g->local_how);
+}
+
 ep_status_t ep_group_check(ep_group *g, int *dead, const char **how) {
   int r, reporter;
   char said[96];
   if (!g->world || !ep_world_heard(g->world, &r, &reporter, said, sizeof said)) {
     int l = ep_live_check(&g->live);
-    return l >= 0 ? local_death(g, l, dead, how) : EP_OK;
+    if (l >= 0) return local_death(g, l, dead, how);
+    double quiet;
+    if (g->world && ep_heartbeat_silent(g->world->hb, &r, &quiet))
+      return silent_host(g, r, quiet, dead, how);
+    return EP_OK;
   }
   snprintf(g->remote_how, sizeof g->remote_how, "%s (reported by rank %d)", said, reporter);
   if (dead) *dead = r;

@@ -50,6 +50,7 @@ ep_status_t ep_world_open(ep_world_t **out, int rank, int nranks, double deadlin
 
 void ep_world_close(ep_world_t *w, bool clean) {
   if (!w) return;
+  ep_heartbeat_stop(w->hb); /* before the endpoint goes */
   if (w->n) {
     if (w->rx) w->e->cancel(w->n, w->rx, w->nranks - 1);
     if (w->told) w->e->cancel(w->n, w->tx, w->nranks - 1);

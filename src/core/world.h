@@ -14,6 +14,8 @@ typedef struct {
   char how[88];
 } ep_notice_t;
 
+typedef struct ep_heartbeat ep_heartbeat_t;
+
 typedef struct {
   const struct ep_net_engine *e;
   ep_net_t *n;
@@ -24,6 +26,7 @@ typedef struct {
   ep_notice_t *rx_buf, tx_buf;
   bool told; /* this rank sent its notice */
   int heard; /* first notice received (index into rx), -1: none */
+  ep_heartbeat_t *hb; /* heartbeats to and from the neighbouring hosts (heartbeat.c), or NULL */
 } ep_world_t;
 
 /* Collective over every rank of the job: opens the world engine (MPI: initialized when nobody
@@ -45,5 +48,16 @@ ep_status_t ep_world_allgather(ep_world_t *w, int op, uint32_t seq, const void *
 void ep_world_notify(ep_world_t *w, int dead, const char *how);
 /* Non-blocking: a notice from another rank (*dead, *reporter, how), or false. */
 bool ep_world_heard(ep_world_t *w, int *dead, int *reporter, char *how, size_t n);
+
+/* heartbeat.c: this rank watches rank `watch` (another host) and is watched by `watcher`: a
+ * thread sends `watcher` a beat every limit_s / 8 (at least 50 ms). Nothing (EP_OK, *out NULL)
+ * when limit_s <= 0 or the engine does not allow a thread of ours (MPI below THREAD_MULTIPLE). */
+ep_status_t ep_heartbeat_start(ep_world_t *w, int watch, int watcher, double limit_s,
+                               ep_heartbeat_t **out);
+/* Non-blocking (any thread): true when the watched rank has sent nothing for longer than the
+ * limit: *dead = it, *silent_s = for how long. */
+bool ep_heartbeat_silent(ep_heartbeat_t *h, int *dead, double *silent_s);
+/* Stops and joins the thread, lets go of the transfers; NULL-safe. */
+void ep_heartbeat_stop(ep_heartbeat_t *h);
 
 #endif

@@ -78,6 +78,9 @@ struct ep_net_engine {
   /* After a failure or a deadline: let go of the posted transfers that are not done (receives
    * are cancelled, sends abandoned); their buffers may be freed afterwards. */
   void (*cancel)(ep_net_t *n, ep_net_xfer_t *x, int count);
+  /* Optional: may a thread of epcomm's own post and test while the program's threads use the
+   * engine too (MPI: only at MPI_THREAD_MULTIPLE)? NULL: no. */
+  bool (*own_threads_ok)(void);
 };
 
 /* The engine of that name (NULL: not built into this library; ep_last_error says so). */

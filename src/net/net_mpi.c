@@ -345,6 +345,15 @@ static void mpi_cancel(ep_net_t *n, ep_net_xfer_t *x, int count) {
   call_end();
 }
 
+/* At SERIALIZED the program may rely on one MPI call at a time among its threads, which a thread
+ * of ours would break; at MULTIPLE anything goes. */
+static bool mpi_own_threads_ok(void) {
+  pthread_mutex_lock(&rt.lock);
+  bool ok = rt.users > 0 && !rt.serialize;
+  pthread_mutex_unlock(&rt.lock);
+  return ok;
+}
+
 static const struct ep_net_engine mpi_engine = {
     .name = "mpi",
     .device_memory = false,
@@ -354,6 +363,7 @@ static const struct ep_net_engine mpi_engine = {
     .post = mpi_post,
     .test = mpi_test,
     .cancel = mpi_cancel,
+    .own_threads_ok = mpi_own_threads_ok,
 };
 
 const struct ep_net_engine *ep_net_mpi(void) {
