@@ -24,8 +24,8 @@ typedef struct {
   pthread_mutex_t lock;   /* notices are looked at from every thread that waits */
   ep_net_xfer_t *rx, *tx; /* [R] standing receives of notices; sends of ours */
   ep_notice_t *rx_buf, tx_buf;
-  bool told; /* this rank sent its notice */
-  int heard; /* first notice received (index into rx), -1: none */
+  bool told;          /* this rank sent its notice */
+  int heard;          /* first notice received (index into rx), -1: none */
   ep_heartbeat_t *hb; /* heartbeats to and from the neighbouring hosts (heartbeat.c), or NULL */
 } ep_world_t;
 
