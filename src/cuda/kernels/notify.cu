@@ -69,7 +69,13 @@ __device__ void plan_rows(const epk_buf_t &b, const epk_notify_t &a, int32_t *cn
  * >= E), or INT64_MAX; when there is one the plan is not used (the call is rejected). */
 __shared__ int32_t s_wcnt[32][33]; /* [warp][d]: rows of the warp's tokens to d, then its first */
 __shared__ int32_t s_base[32];     /* [d]: rows to d of the passes before */
+__shared__ int32_t s_pbase[32];    /* [d]: s_base at the start of the current pass */
 __shared__ unsigned long long s_bad;
+/* R <= STAGE_R: a pass's positions gathered here (relative to s_pbase, -1: not sent) and written
+ * out in token-major order by consecutive threads, instead of each thread writing its token's R
+ * words R x 4 bytes apart from its neighbour's (one partial sector per word). */
+#define STAGE_R 8
+__shared__ int16_t s_stage[NT * STAGE_R];
 
 __device__ long long plan_fast(const epk_buf_t &b, const epk_notify_t &a, int32_t *cnt_me) {
   const int R = b.nranks, n = a.num_tokens, topk = a.topk, E = a.num_experts, L = E / R;
@@ -116,16 +122,29 @@ __device__ long long plan_fast(const epk_buf_t &b, const epk_notify_t &a, int32_
       const int base = s_base[d];
       __syncwarp();
       if (lane < NW) s_wcnt[lane][d] = base + x - v;
-      if (lane == 31) s_base[d] = base + x;
+      if (lane == 31) s_base[d] = base + x, s_pbase[d] = base;
     }
     __syncthreads();
+    const bool stage = R <= STAGE_R;
     for (int d = 0; d < R; d++) {
       const bool in = (mask >> d) & 1u;
       unsigned m = __ballot_sync(EPK_FULL, in);
-      if (t < n)
-        pos[(int64_t)t * R + d] = in ? s_wcnt[warp][d] + __popc(m & ((1u << lane) - 1u)) : -1;
+      const int p = in ? s_wcnt[warp][d] + __popc(m & ((1u << lane) - 1u)) : -1;
+      if (stage)
+        s_stage[threadIdx.x * R + d] = (int16_t)(in ? p - s_pbase[d] : -1);
+      else if (t < n)
+        pos[(int64_t)t * R + d] = p;
     }
-    __syncthreads(); /* s_wcnt is rewritten by the next pass */
+    if (stage) {
+      __syncthreads();
+      const int words = min(NT, n - t0) * R;
+      int32_t *out = pos + (int64_t)t0 * R;
+      for (int i = threadIdx.x; i < words; i += NT) {
+        const int v = s_stage[i];
+        out[i] = v < 0 ? -1 : s_pbase[i % R] + v;
+      }
+    }
+    __syncthreads(); /* s_wcnt, s_stage and s_pbase are rewritten by the next pass */
   }
   if (threadIdx.x < R) cnt_me[threadIdx.x] = s_base[threadIdx.x];
   const unsigned long long bad = s_bad;
