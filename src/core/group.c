@@ -120,17 +120,21 @@ static ep_status_t group_init_net(ep_group *g, const char *name, const uint8_t *
   if (!all) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
   ep_boot_begin(&g->boot, EP_OP_GROUP_CREATE);
   int peer;
+  ep_ident_t me = *mine;
   ep_status_t st = ep_world_open(&g->world, g->rank, g->nranks, deadline);
+  if (!st) me.beat_ms = ep_heartbeat_wanted_ms(g->world);
   if (!st)
-    st = ep_world_allgather(g->world, EP_OP_GROUP_CREATE, g->boot.seq, mine, all, sizeof *mine,
-                            EP_OK, deadline, g->timeout_s, NULL, NULL, &peer);
+    st = ep_world_allgather(g->world, EP_OP_GROUP_CREATE, g->boot.seq, &me, all, sizeof me, EP_OK,
+                            deadline, g->timeout_s, NULL, NULL, &peer);
   if (!st) st = ep_topo_build(all, g->nranks, g->rank, &g->topo);
   if (!st && g->topo.nhosts > 1) { /* ring of hosts: watch the next, be watched by the previous */
     const ep_topo_t *t = &g->topo;
-    int H = t->nhosts, L = t->local_size;
+    int H = t->nhosts, L = t->local_size, ms = all[0].beat_ms;
+    for (int r = 1; r < g->nranks; r++) /* the same on every rank: off if any rank is off */
+      ms = all[r].beat_ms <= 0 || ms <= 0 ? 0 : all[r].beat_ms > ms ? all[r].beat_ms : ms;
     st = ep_heartbeat_start(g->world, t->rank_at[((t->host + 1) % H) * L + t->local_rank],
-                            t->rank_at[((t->host + H - 1) % H) * L + t->local_rank],
-                            ep_env_double("EP_HEARTBEAT_S", 5.0), &g->world->hb);
+                            t->rank_at[((t->host + H - 1) % H) * L + t->local_rank], ms / 1e3,
+                            &g->world->hb);
   }
   if (!st && ep_live_init(&g->live, g->topo.local_rank, g->topo.local_size, notify_fd) != 0)
     st = ep_err(EP_ERR_NO_MEMORY, "out of memory");

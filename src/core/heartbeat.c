@@ -38,17 +38,19 @@ struct ep_heartbeat {
 static void *beat(void *arg) {
   ep_heartbeat_t *h = arg;
   pthread_mutex_lock(&h->lock);
-  while (!h->stop) {
+  while (!h->stop && h->w->e->own_threads_ok()) { /* (MPI finalized by the program: stop) */
     int done = 1;
-    /* A send still in flight (a watcher that does not progress MPI) is not posted again. */
-    if (h->sent && h->w->e->test(h->w->n, &h->tx, 1, &done) != EP_OK) done = 0;
+    /* A send still in flight (a watcher that does not progress MPI) is not posted again; one
+     * that failed is let go and a new one posted. */
+    if (h->sent && h->w->e->test(h->w->n, &h->tx, 1, &done) != EP_OK)
+      h->w->e->cancel(h->w->n, &h->tx, 1), done = 1;
     if (done) {
       h->tx_buf = ++h->sent;
       h->tx = (ep_net_xfer_t){h->watcher, 1, TAG_BEAT, &h->tx_buf, sizeof h->tx_buf, 0, 0, 0};
       if (h->w->e->post(h->w->n, &h->tx, 1, NULL) != EP_OK) h->sent = 0;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    struct timespec ts; /* the condition variable waits on the monotonic clock */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     long ns = ts.tv_nsec + (long)(h->period * 1e9);
     ts.tv_sec += ns / 1000000000L, ts.tv_nsec = ns % 1000000000L;
     while (!h->stop && pthread_cond_timedwait(&h->wake, &h->lock, &ts) != ETIMEDOUT) {
@@ -63,18 +65,27 @@ static ep_status_t post_rx(ep_heartbeat_t *h) {
   return h->w->e->post(h->w->n, &h->rx, 1, NULL);
 }
 
+int32_t ep_heartbeat_wanted_ms(const ep_world_t *w) {
+  double s = ep_env_double("EP_HEARTBEAT_S", 5.0);
+  if (s <= 0 || !w->e->own_threads_ok || !w->e->own_threads_ok()) return 0;
+  return s * 1e3 > 1e9 ? 1000000000 : s * 1e3 < 1 ? 1 : (int32_t)(s * 1e3);
+}
+
 ep_status_t ep_heartbeat_start(ep_world_t *w, int watch, int watcher, double limit_s,
                                ep_heartbeat_t **out) {
   *out = NULL;
-  if (limit_s <= 0 || watch == w->rank || !w->e->own_threads_ok || !w->e->own_threads_ok())
-    return EP_OK;
+  if (limit_s <= 0 || watch == w->rank) return EP_OK; /* every rank agreed (group.c) */
   ep_heartbeat_t *h = calloc(1, sizeof *h);
   if (!h) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
   h->w = w, h->watch = watch, h->watcher = watcher, h->limit = limit_s;
   h->period = limit_s / 8 < 0.05 ? 0.05 : limit_s / 8;
   h->last = ep_now();
   pthread_mutex_init(&h->lock, NULL);
-  pthread_cond_init(&h->wake, NULL);
+  pthread_condattr_t ca; /* a step of the wall clock must not stop the beats */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&h->wake, &ca);
+  pthread_condattr_destroy(&ca);
   ep_status_t st = post_rx(h);
   if (!st && pthread_create(&h->thread, NULL, beat, h) != 0)
     st = ep_err(EP_ERR_SYSTEM, "cannot start the heartbeat thread");

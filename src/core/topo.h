@@ -7,9 +7,10 @@
 /* What a rank says about where it runs, gathered from every rank at group creation. */
 typedef struct {
   int32_t pid;
-  int32_t hosts;  /* EP_HOSTS (1 when unset) */
-  int32_t has_id; /* EP_HOST_ID is set */
-  int32_t pad;
+  int32_t hosts;    /* EP_HOSTS (1 when unset) */
+  int32_t has_id;   /* EP_HOST_ID is set */
+  int32_t beat_ms;  /* across hosts: this rank's heartbeat limit (EP_HEARTBEAT_S), 0: it cannot or
+                       will not beat; the group takes the largest, or none if any rank has 0 */
   char hostkey[96]; /* the machine: hostname/boot id */
   char host_id[64]; /* EP_HOST_ID */
 } ep_ident_t;

@@ -49,9 +49,12 @@ void ep_world_notify(ep_world_t *w, int dead, const char *how);
 /* Non-blocking: a notice from another rank (*dead, *reporter, how), or false. */
 bool ep_world_heard(ep_world_t *w, int *dead, int *reporter, char *how, size_t n);
 
-/* heartbeat.c: this rank watches rank `watch` (another host) and is watched by `watcher`: a
- * thread sends `watcher` a beat every limit_s / 8 (at least 50 ms). Nothing (EP_OK, *out NULL)
- * when limit_s <= 0 or the engine does not allow a thread of ours (MPI below THREAD_MULTIPLE). */
+/* heartbeat.c: the limit this rank wants (EP_HEARTBEAT_S, ms), 0 when it is off or the engine
+ * does not allow a thread of ours (MPI below THREAD_MULTIPLE). The group agrees on one limit
+ * (0 if any rank has 0, else the largest), then each rank watches rank `watch` (another host)
+ * and is watched by `watcher`: a thread sends `watcher` a beat every limit_s / 8 (at least
+ * 50 ms). Nothing (EP_OK, *out NULL) when limit_s <= 0. */
+int32_t ep_heartbeat_wanted_ms(const ep_world_t *w);
 ep_status_t ep_heartbeat_start(ep_world_t *w, int watch, int watcher, double limit_s,
                                ep_heartbeat_t **out);
 /* Non-blocking (any thread): true when the watched rank has sent nothing for longer than the

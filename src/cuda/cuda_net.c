@@ -30,12 +30,13 @@ static ep_status_t area_tables(cuda_state_t *s) {
   int32_t hof[R];
   for (size_t r = 0; r < R; r++) hof[r] = n->host_of[r];
   void *m = NULL;
-  size_t bytes = epk_al(2 * L * sizeof(void *), 256) + 4 * R;
+  size_t bytes = epk_al(2 * L * sizeof(void *), 256) + epk_al(4 * R, 256) + 16;
   ep_status_t st = cuda_check(s, cudaMalloc(&m, bytes), OP, "network tables");
   if (st) return st;
   n->area_d = m;
   n->area_c = (uint8_t **)m + L;
   n->host_of_dev = (int32_t *)((uint8_t *)m + epk_al(2 * L * sizeof(void *), 256));
+  n->bad = (int32_t *)((uint8_t *)n->host_of_dev + epk_al(4 * R, 256));
   if ((st = cuda_check(s, cudaMemcpy(m, tab, sizeof tab, cudaMemcpyHostToDevice), OP,
                        "network tables")))
     return st;
@@ -51,7 +52,7 @@ ep_status_t cuda_net_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   s->net = n;
   n->H = t->nhosts, n->L = t->local_size, n->host = t->host, n->lrank = t->local_rank;
   n->rank_at = t->rank_at, n->host_of = t->host_of, n->local_of = t->local_of;
-  n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->nranks + 2 * n->H;
+  n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->nranks + 2 * n->H + 1;
   n->counts = calloc((size_t)s->nranks * (size_t)n->cw, sizeof *n->counts);
   if (!n->counts) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "init", "out of memory");
   /* Collective on every rank alike, after the pools are mapped (cuda_mem_setup agreed). */
@@ -157,6 +158,10 @@ static ep_status_t ctl_allgather(cuda_state_t *s, const void *mine, void *all, s
     st = ep_ctx_fail(s->ctx, st, -1, op, phase, "%s", ep_ctx_last_error());
   else if (k)
     st = ep_net_wait(n->me, n->ctl, x, k, ep_now() + t, t, ep_ctx_liveness, s->ctx, phase);
+  for (int i = 0; !st && i < k; i++) /* a message of another exchange: the ranks are out of step */
+    if (!x[i].send && x[i].got != bytes)
+      st = ep_err(EP_ERR_MISMATCH, "%zu bytes from rank %d where %zu were expected", x[i].got,
+                  x[i].peer, bytes);
   if (st) {
     int peer = -1, dead;
     const char *how;
@@ -176,14 +181,12 @@ static ep_status_t ctl_allgather(cuda_state_t *s, const void *mine, void *all, s
   return st;
 }
 
-ep_status_t cuda_net_fence(cuda_state_t *s, cudaStream_t st, const char *op, const char *phase) {
-  ep_status_t rc = cuda_net_sync(s, st, op, phase);
-  if (rc) return rc;
-  int32_t one = 1, *all = calloc((size_t)s->nranks, sizeof *all);
-  rc = all ? ctl_allgather(s, &one, all, sizeof one, op, phase)
-           : ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, phase, "out of memory");
-  free(all);
-  return rc;
+ep_status_t cuda_net_fence(cuda_state_t *s, cudaStream_t st, ep_status_t mine, const char *op,
+                           const char *phase) {
+  /* A timeout or a lost peer already broke the buffer: no second wait for the same peer. */
+  if (mine == EP_ERR_TIMEOUT || mine == EP_ERR_PEER_FAILED) return mine;
+  if (!mine) mine = cuda_net_sync(s, st, op, phase);
+  return cuda_net_agree(s, mine, op, phase);
 }
 
 ep_status_t cuda_net_post(cuda_state_t *s, ep_net_xfer_t *x, int count, cudaStream_t st,
@@ -198,6 +201,11 @@ ep_status_t cuda_net_post(cuda_state_t *s, ep_net_xfer_t *x, int count, cudaStre
   for (int i = 0; i < count; i++)
     if (x[i].send) __atomic_fetch_add(&n->net_bytes, x[i].bytes, __ATOMIC_RELAXED);
   return EP_OK;
+}
+
+void cuda_net_abandon(cuda_state_t *s, ep_net_xfer_t *x, int count) {
+  if (count) s->net->e->cancel(s->net->ep, x, count);
+  ep_ctx_mark_broken(s->ctx); /* NCCL cannot take them back: only destroy (abort) remains */
 }
 
 ep_status_t cuda_net_complete(cuda_state_t *s, ep_net_xfer_t *x, int count, const char *op,
@@ -248,6 +256,14 @@ ep_status_t cuda_net_counts(cuda_state_t *s, const int32_t *mine, const char *op
     int f = r == s->rank ? -1 : ep_call_key_diff(me, theirs);
     if (f >= 0) return ep_call_key_fail(s->ctx, op, "counts", f, me, theirs, r);
   }
+  /* Handles of different dispatches would move blocks of different sizes: refused alike. */
+  const int32_t seq = mine[n->cw - 1];
+  for (int r = 0; r < s->nranks; r++)
+    if (n->counts[(size_t)r * n->cw + n->cw - 1] != seq)
+      return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r, op, "counts",
+                         "rank %d's call follows the layout of dispatch #%d, this rank's #%d: "
+                         "every rank must pass the handle of the same dispatch",
+                         r, n->counts[(size_t)r * n->cw + n->cw - 1], seq);
   return EP_OK;
 }
 

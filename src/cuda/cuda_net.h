@@ -46,10 +46,13 @@ typedef struct cuda_net {
   cuda_dstage_t desc;                  /* block descriptors and pointer tables of a call */
   uint8_t **area_d, **area_c;          /* device [L]: local ranks' areas as mapped here */
   int32_t *host_of_dev;                /* device [R]: for the layout kernel */
+  int32_t *bad;                        /* device: a source whose records the fan-out dropped */
   int64_t *ids_host;                   /* page-locked: the ids of a dispatch */
   size_t ids_cap;
   int32_t *counts; /* [R][cw] gathered count words of the current call */
-  int cw;          /* key, to_rank[R], to_host[H], one_host[H] (tokens meeting one rank there) */
+  int cw;          /* key, to_rank[R], to_host[H], one_host[H] (tokens meeting one rank there),
+                      then the number of the dispatch whose layout the call follows */
+  int32_t dseq;    /* non-cached dispatches begun (the same on every rank) */
   uint64_t net_bytes, local_bytes;
 } cuda_net_t;
 
@@ -57,6 +60,8 @@ typedef struct cuda_net {
 typedef struct {
   cuda_arena_t *arena;
   int N, R, H, L, nr, entries, own; /* own: this rank's block in its column */
+  int32_t seq;                      /* the dispatch's number (cuda_net_t.dseq): every rank's
+                                       combine or cached dispatch must follow the same one */
   int hidden, topk;                 /* of the dispatch: the sizes of the partials */
   int32_t *cnt;                     /* host [R][R] */
   int32_t *hcnt;                    /* host [R][H] */
@@ -92,8 +97,12 @@ ep_status_t cuda_net_post(cuda_state_t *s, ep_net_xfer_t *x, int count, cudaStre
                           const char *op, const char *phase);
 ep_status_t cuda_net_complete(cuda_state_t *s, ep_net_xfer_t *x, int count, const char *op,
                               const char *phase);
-/* Waits for this rank's stream, then for every rank of the group (phases touching a peer). */
-ep_status_t cuda_net_fence(cuda_state_t *s, cudaStream_t st, const char *op, const char *phase);
+/* A failure after cuda_net_post: the posted transfers are let go and the buffer is broken. */
+void cuda_net_abandon(cuda_state_t *s, ep_net_xfer_t *x, int count);
+/* Waits for this rank's stream, then for every rank of the group (phases touching a peer); a
+ * local failure (`mine`) still takes part, so that every rank fails the call alike. */
+ep_status_t cuda_net_fence(cuda_state_t *s, cudaStream_t st, ep_status_t mine, const char *op,
+                           const char *phase);
 /* "rank 3 (host 1)" */
 const char *cuda_net_who(const cuda_state_t *s, int rank, char *buf, size_t n);
 

@@ -104,17 +104,22 @@ static ep_status_t reduce(cuda_state_t *s, job_t *j, cudaStream_t st) {
   if (!rc)
     rc = cuda_check(s, cudaMemcpyAsync(j->blk, blk, sizeof blk, cudaMemcpyHostToDevice, st), OP,
                     "network");
-  if (!rc) rc = cuda_net_post(s, x, nx, st, OP, "network");
+  ep_status_t posted = rc ? EP_ERR_INTERNAL : (rc = cuda_net_post(s, x, nx, st, OP, "network"));
   epk_net_reduce_t rk = {p->N,   H,          j->h->hidden, j->h->topk, j->has_w,           p->d_tok,
                          j->blk, a->bias[0], a->bias[1],   a->out,     a->out_topk_weights};
   if (!rc) rc = cuda_check(s, epk_net_launch_reduce(&rk, blocks, st), OP, "launch");
-  if (!rc) rc = cuda_net_complete(s, x, nx, OP, "network");
+  if (!rc)
+    rc = cuda_net_complete(s, x, nx, OP, "network");
+  else if (!posted)
+    cuda_net_abandon(s, x, nx); /* the transfers are in flight: let them go */
   /* what this rank read from the other ranks of its host */
   for (int b = 0; !rc && b < H; b++)
     for (int l = 0; l < L; l++)
       if (l != n->lrank)
-        n->local_bytes +=
-            (uint64_t)p->cnt[(size_t)p->col[b] * p->R + n->rank_at[me * L + l]] * j->ca.xrow;
+        __atomic_fetch_add(
+            &n->local_bytes,
+            (uint64_t)p->cnt[(size_t)p->col[b] * p->R + n->rank_at[me * L + l]] * j->ca.xrow,
+            __ATOMIC_RELAXED);
   return rc;
 }
 
@@ -128,12 +133,23 @@ static ep_status_t run(cuda_state_t *s, job_t *j, cudaStream_t st, const int32_t
                         j->ca.xrow, j->p->nr,           j->h->topk};
   int blocks = s->kb.blocks > 0 ? s->kb.blocks : 1;
   rc = cuda_check(s, epk_net_launch_stage(&sk, blocks, st), OP, "launch");
-  if (!rc) rc = cuda_net_fence(s, st, OP, "stage");
+  rc = cuda_net_fence(s, st, rc, OP, "stage"); /* every rank, even after a local failure */
   if (!rc) rc = reduce(s, j, st);
   /* The peers of this host read our area C until their partials are done: nobody may write it
    * (the next combine, or the experts through ep_get_combine_buffer) before. */
-  if (!rc) rc = cuda_net_fence(s, st, OP, "release");
+  rc = cuda_net_fence(s, st, rc, OP, "release");
   return rc;
+}
+
+/* The kernels move rows 16 bytes at a time (as on one host: cuda_combine.c). */
+static ep_status_t check_aligned(cuda_state_t *s, const ep_combine_args_t *a) {
+  const void *ptrs[] = {a->x, a->out, a->bias[0], a->bias[1]};
+  static const char *names[] = {"x", "out", "bias[0]", "bias[1]"};
+  for (int i = 0; i < 4; i++)
+    if ((uintptr_t)ptrs[i] & 15)
+      return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, OP, "arguments",
+                         "%s must be 16-byte aligned on the CUDA backend", names[i]);
+  return EP_OK;
 }
 
 ep_status_t cuda_net_combine(cuda_state_t *s, const ep_combine_args_t *a,
@@ -154,8 +170,12 @@ ep_status_t cuda_net_combine(cuda_state_t *s, const ep_combine_args_t *a,
     rc = ep_ctx_fail(s->ctx, EP_ERR_UNSUPPORTED, -1, OP, "arguments",
                      "a combine across hosts waits on the host (network) and cannot be captured "
                      "in a CUDA graph");
-  else if (!(rc = cuda_net_sync(s, st, OP, "enter")))
+  else
+    rc = check_aligned(s, a);
+  if (!rc && !(rc = cuda_net_sync(s, st, OP, "enter"))) {
     memcpy(words, &key, sizeof key);
+    words[s->net->cw - 1] = j.p->seq;
+  }
   if (rc) {
     cuda_leave(s, st, false);
     cuda_net_reject(s, OP);

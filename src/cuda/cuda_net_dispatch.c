@@ -73,6 +73,7 @@ static ep_status_t prepare(cuda_state_t *s, job_t *j, cudaStream_t st, int32_t *
     memcpy(words + key, j->p->cnt + (size_t)s->rank * R, (size_t)R * 4);
     memcpy(words + key + R, j->p->hcnt + (size_t)s->rank * H, (size_t)H * 4);
     memcpy(words + key + R + H, j->p->ocnt + (size_t)s->rank * H, (size_t)H * 4);
+    words[s->net->cw - 1] = j->p->seq;
     return EP_OK;
   }
   const int64_t *ids;
@@ -84,7 +85,8 @@ static ep_status_t prepare(cuda_state_t *s, job_t *j, cudaStream_t st, int32_t *
   if (!j->p || !j->in_rank || !j->tok)
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout",
                        "out of memory for the layout of num_tokens %d x %d ranks", N, R);
-  j->p->hidden = c->in.hidden, j->p->topk = c->topk;
+  j->p->hidden = c->in.hidden, j->p->topk = c->topk, j->p->seq = s->net->dseq;
+  words[s->net->cw - 1] = j->p->seq;
   cuda_nplan_send_side(s, j->p, ids, c->topk, c->num_local, j->in_rank, words + key,
                        words + key + R, words + key + R + H);
   return EP_OK;
@@ -132,7 +134,52 @@ static ep_status_t plan(cuda_state_t *s, job_t *j, cudaStream_t st) {
   return j->sbuf && j->rbuf && j->blk ? EP_OK : EP_ERR_NO_MEMORY;
 }
 
-/* Pack, the network, the fan-out into the ranks of this host, and the barrier after it. */
+/* The transfers of this rank's blocks (sends to each other host, receives of its column's) and
+ * the descriptors of the blocks it fans out; returns how many transfers. */
+static int plan_blocks(const cuda_state_t *s, const job_t *j, ep_net_xfer_t *x,
+                       epk_net_blk_t *blk) {
+  const cuda_net_t *n = s->net;
+  const cuda_nplan_t *p = j->p;
+  int H = p->H, L = p->L, me = n->host, nx = 0;
+  for (int g = 0; g < H; g++) {
+    int32_t m = p->hsend_off[g + 1] - p->hsend_off[g];
+    if (g != me && m > 0)
+      x[nx++] = (ep_net_xfer_t){
+          n->rank_at[g * L + n->lrank], 1, 0, j->sbuf + (size_t)p->hsend_off[g] * j->r.rec,
+          (size_t)m * j->r.rec,         0, 0, 0};
+  }
+  size_t roff = 0;
+  int64_t pbase = 0; /* where each block's partials will start in this forwarder's buffer */
+  for (int b = 0; b < H; b++) {
+    int32_t m = p->blk_base[b + 1] - p->blk_base[b];
+    uint8_t *at = b == p->own ? j->sbuf + (size_t)p->hsend_off[me] * j->r.rec : j->rbuf + roff;
+    int64_t pb = cuda_nplan_pbytes(p, p->col[b], me);
+    blk[b] = (epk_net_blk_t){at, pbase, pb, m, p->col[b], p->blk_base[b], 0};
+    pbase += pb;
+    if (b == p->own || !m) continue;
+    x[nx++] = (ep_net_xfer_t){p->col[b], 0, 0, at, (size_t)m * j->r.rec, 0, 0, 0};
+    roff += (size_t)m * j->r.rec;
+  }
+  return nx;
+}
+
+/* After the fan-out: this rank's work done, and every rank agrees that every record it forwarded
+ * was sound (the barrier before the receivers read their areas). */
+static ep_status_t verify(cuda_state_t *s, cudaStream_t st, ep_status_t rc) {
+  int32_t bad = 0;
+  if (!rc) rc = cuda_net_sync(s, st, OP, "forward");
+  if (!rc)
+    rc = cuda_check(s, cudaMemcpy(&bad, s->net->bad, sizeof bad, cudaMemcpyDeviceToHost), OP,
+                    "forward");
+  if (!rc && bad)
+    rc = ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, bad - 1, OP, "forward",
+                     "rank %d sent records whose rows or partial offsets lie outside this host's "
+                     "buffers (a corrupt or mismatched peer): they were dropped",
+                     bad - 1);
+  return cuda_net_agree(s, rc, OP, "forward");
+}
+
+/* Pack, the network, the fan-out into the ranks of this host, and the agreement after it. */
 static ep_status_t forward(cuda_state_t *s, job_t *j, cudaStream_t st) {
   cuda_net_t *n = s->net;
   cuda_nplan_t *p = j->p;
@@ -151,45 +198,36 @@ static ep_status_t forward(cuda_state_t *s, job_t *j, cudaStream_t st) {
   ep_status_t rc = cuda_check(s, epk_net_launch_pack(&pk, blocks, st), OP, "launch");
   ep_net_xfer_t x[2 * H];
   epk_net_blk_t blk[H];
-  int nx = 0;
-  size_t roff = 0;
-  for (int g = 0; g < H; g++) {
-    int32_t m = p->hsend_off[g + 1] - p->hsend_off[g];
-    if (g != me && m > 0)
-      x[nx++] = (ep_net_xfer_t){
-          n->rank_at[g * L + n->lrank], 1, 0, j->sbuf + (size_t)p->hsend_off[g] * j->r.rec,
-          (size_t)m * j->r.rec,         0, 0, 0};
-  }
-  int64_t pbase = 0; /* where each block's partials will start in this forwarder's buffer */
-  for (int b = 0; b < H; b++) {
-    int32_t m = p->blk_base[b + 1] - p->blk_base[b];
-    uint8_t *at = b == p->own ? j->sbuf + (size_t)p->hsend_off[me] * j->r.rec : j->rbuf + roff;
-    blk[b] = (epk_net_blk_t){at, pbase, m, p->col[b], p->blk_base[b], 0};
-    pbase += cuda_nplan_pbytes(p, p->col[b], me);
-    if (b == p->own || !m) continue;
-    x[nx++] = (ep_net_xfer_t){p->col[b], 0, 0, at, (size_t)m * j->r.rec, 0, 0, 0};
-    roff += (size_t)m * j->r.rec;
-  }
+  int nx = plan_blocks(s, j, x, blk);
   if (!rc)
     rc = cuda_check(s, cudaMemcpyAsync(j->blk, blk, sizeof blk, cudaMemcpyHostToDevice, st), OP,
                     "network");
-  if (!rc) rc = cuda_net_post(s, x, nx, st, OP, "network");
+  if (!rc) rc = cuda_check(s, cudaMemsetAsync(n->bad, 0, sizeof *n->bad, st), OP, "network");
   epk_net_fanout_t f = {j->r,
                         H,
                         j->blk,
                         n->area_d,
                         j->lay,
                         j->cached ? NULL : p->d_fan,
-                        j->cached ? NULL : p->d_poff};
+                        j->cached ? NULL : p->d_poff,
+                        (int64_t)epk_net_psize(p->hidden, p->topk, 1),
+                        (int64_t)epk_net_psize(p->hidden, p->topk, 0),
+                        n->bad};
+  ep_status_t posted = rc ? EP_ERR_INTERNAL : (rc = cuda_net_post(s, x, nx, st, OP, "network"));
   if (!rc) rc = cuda_check(s, epk_net_launch_fanout(&f, p->entries, blocks, st), OP, "launch");
-  if (!rc) rc = cuda_net_complete(s, x, nx, OP, "network");
+  if (!rc)
+    rc = cuda_net_complete(s, x, nx, OP, "network");
+  else if (!posted)
+    cuda_net_abandon(s, x, nx); /* the transfers are in flight: let them go */
   /* what this rank wrote into the other ranks of its host */
   for (int b = 0; !rc && b < H; b++)
     for (int l = 0; l < L; l++)
       if (l != n->lrank)
-        n->local_bytes +=
-            (uint64_t)p->cnt[(size_t)p->col[b] * p->R + n->rank_at[me * L + l]] * j->c->row_bytes;
-  return rc ? rc : cuda_net_fence(s, st, OP, "forward");
+        __atomic_fetch_add(
+            &n->local_bytes,
+            (uint64_t)p->cnt[(size_t)p->col[b] * p->R + n->rank_at[me * L + l]] * j->c->row_bytes,
+            __ATOMIC_RELAXED);
+  return verify(s, st, rc);
 }
 
 /* Area D into the outputs (views: in place), counts, rank_prefix, the worst case's tail. */
@@ -292,6 +330,7 @@ ep_status_t cuda_net_dispatch(cuda_state_t *s, ep_dispatch_call_t *c, ep_handle_
   j.r = epk_net_rec(s->net->L, c->row_bytes, ns, c->topk, !j.cached, c->has_w);
   j.lay = epk_net_area(s->kb.area_bytes, c->row_bytes, ns, topk_sent, !j.cached && c->has_w);
   int32_t *words = calloc((size_t)s->net->cw, sizeof *words);
+  if (!j.cached) s->net->dseq++; /* on every rank alike, whatever becomes of the call */
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, c->in.stream, OP, &st);
   if (rc) {

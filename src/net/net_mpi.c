@@ -349,7 +349,9 @@ static void mpi_cancel(ep_net_t *n, ep_net_xfer_t *x, int count) {
  * of ours would break; at MULTIPLE anything goes. */
 static bool mpi_own_threads_ok(void) {
   pthread_mutex_lock(&rt.lock);
-  bool ok = rt.users > 0 && !rt.serialize;
+  int finalized = 1;
+  bool ok = rt.users > 0 && !rt.serialize && rt.f.Finalized &&
+            rt.f.Finalized(&finalized) == MPI_OK && !finalized;
   pthread_mutex_unlock(&rt.lock);
   return ok;
 }

@@ -57,9 +57,24 @@ __global__ void __launch_bounds__(NT) fanout_kernel(epk_net_fanout_t a, int entr
     const uint8_t *rec = a.blk[b].rec + (size_t)e * a.r.rec;
     const int32_t *h = (const int32_t *)rec;
     const int32_t *fan = h + EPK_NET_HDR;
+    int nf = 0;
+    bool ok = true;
+    for (int l = 0; l < L; l++) {
+      nf += fan[l] >= 0;
+      ok &= fan[l] >= -1 && fan[l] < y.rows;
+    }
+    const int64_t po = (int64_t)(((uint64_t)(uint32_t)h[3] << 32) | (uint32_t)h[2]);
+    ok &=
+        nf > 0 && po >= 0 && po % 16 == 0 && po + (nf == 1 ? a.psize1 : a.psize) <= a.blk[b].pbytes;
+    if (!ok) {
+      if (lane == 0) {
+        atomicExch(a.bad, a.blk[b].src + 1);
+        if (a.poff) a.poff[i] = -1;
+      }
+      continue;
+    }
     for (int l = lane; a.fan && l < L; l += 32) a.fan[(size_t)i * L + l] = fan[l];
-    if (lane == 0 && a.poff)
-      a.poff[i] = a.blk[b].poff0 + (int64_t)(((uint64_t)(uint32_t)h[3] << 32) | (uint32_t)h[2]);
+    if (lane == 0 && a.poff) a.poff[i] = a.blk[b].poff0 + po;
     for (int l = 0; l < L; l++) {
       const int64_t row = fan[l];
       if (row < 0) continue;
@@ -132,6 +147,7 @@ __global__ void __launch_bounds__(NT) partial_kernel(epk_net_partial_t a) {
   const int lane = threadIdx.x & 31, L = a.L, nv = a.hidden / 8;
   const uint64_t xrow = 2ull * (uint64_t)a.hidden;
   for (int i = warp_id(); i < a.entries; i += warps()) {
+    if (a.poff[i] < 0) continue; /* a record the fan-out dropped */
     const int32_t *fan = a.fan + (size_t)i * L;
     uint8_t *out = a.out + a.poff[i];
     int nf = 0, only = 0;

@@ -93,10 +93,10 @@ typedef struct {
 } epk_net_pack_t;
 
 /* One block of records to fan out: where, how many, its source rank, its first entry, where its
- * partials start in the forwarder's buffer of partials. */
+ * partials start in the forwarder's buffer of partials and how many bytes they take. */
 typedef struct {
   const uint8_t *rec;
-  int64_t poff0;
+  int64_t poff0, pbytes;
   int32_t n, src, entry0, pad;
 } epk_net_blk_t;
 
@@ -108,6 +108,11 @@ typedef struct {
   epk_net_area_t lay;
   int32_t *fan;  /* [entries][L]: fan rows kept for combine, or NULL (cached) */
   int64_t *poff; /* [entries]: where each entry's partial goes, or NULL (cached) */
+  /* A record from another host is checked before it is used: rows inside the receive area,
+   * its partial inside its block (psize1 / psize: bytes of a one-row / fp32 partial). One that
+   * is not is dropped (its partial offset -1) and its source + 1 goes to *bad. */
+  int64_t psize1, psize;
+  int32_t *bad;
 } epk_net_fanout_t;
 
 typedef struct {
