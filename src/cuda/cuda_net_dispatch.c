@@ -166,6 +166,8 @@ static int plan_blocks(const cuda_state_t *s, const job_t *j, ep_net_xfer_t *x,
 /* After the fan-out: this rank's work done, and every rank agrees that every record it forwarded
  * was sound (the barrier before the receivers read their areas). */
 static ep_status_t verify(cuda_state_t *s, cudaStream_t st, ep_status_t rc) {
+  /* A timeout or a lost peer already broke the buffer: no second wait for the same peer. */
+  if (rc == EP_ERR_TIMEOUT || rc == EP_ERR_PEER_FAILED) return rc;
   int32_t bad = 0;
   if (!rc) rc = cuda_net_sync(s, st, OP, "forward");
   if (!rc)
