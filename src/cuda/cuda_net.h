@@ -52,7 +52,7 @@ typedef struct cuda_net {
   int32_t *counts; /* [R][cw] gathered count words of the current call */
   int cw;          /* key, to_rank[R], to_host[H], one_host[H] (tokens meeting one rank there),
                       then the number of the dispatch whose layout the call follows */
-  int32_t dseq;    /* non-cached dispatches begun (the same on every rank) */
+  int32_t dseq;    /* non-cached dispatches past their count exchange (the same on every rank) */
   uint64_t net_bytes, local_bytes;
 } cuda_net_t;
 

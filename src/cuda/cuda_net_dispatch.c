@@ -85,8 +85,7 @@ static ep_status_t prepare(cuda_state_t *s, job_t *j, cudaStream_t st, int32_t *
   if (!j->p || !j->in_rank || !j->tok)
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout",
                        "out of memory for the layout of num_tokens %d x %d ranks", N, R);
-  j->p->hidden = c->in.hidden, j->p->topk = c->topk, j->p->seq = s->net->dseq;
-  words[s->net->cw - 1] = j->p->seq;
+  j->p->hidden = c->in.hidden, j->p->topk = c->topk; /* the number comes with the counts */
   cuda_nplan_send_side(s, j->p, ids, c->topk, c->num_local, j->in_rank, words + key,
                        words + key + R, words + key + R + H);
   return EP_OK;
@@ -170,9 +169,10 @@ static ep_status_t verify(cuda_state_t *s, cudaStream_t st, ep_status_t rc) {
   if (rc == EP_ERR_TIMEOUT || rc == EP_ERR_PEER_FAILED) return rc;
   int32_t bad = 0;
   if (!rc) rc = cuda_net_sync(s, st, OP, "forward");
-  if (!rc)
-    rc = cuda_check(s, cudaMemcpy(&bad, s->net->bad, sizeof bad, cudaMemcpyDeviceToHost), OP,
-                    "forward");
+  if (!rc) /* the stream is idle now: a copy on it, never one that waits for other streams */
+    rc = cuda_check(s, cudaMemcpyAsync(&bad, s->net->bad, sizeof bad, cudaMemcpyDeviceToHost, st),
+                    OP, "forward");
+  if (!rc) rc = cuda_check(s, cudaStreamSynchronize(st), OP, "forward");
   if (!rc && bad)
     rc = ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, bad - 1, OP, "forward",
                      "rank %d sent records whose rows or partial offsets lie outside this host's "
@@ -315,6 +315,9 @@ static ep_status_t finish(cuda_state_t *s, job_t *j, cudaStream_t st) {
 static ep_status_t run(cuda_state_t *s, job_t *j, cudaStream_t st, const int32_t *words) {
   ep_status_t rc = cuda_net_counts(s, words, OP);
   if (rc) return rc;
+  /* Numbered once every rank agreed on a new dispatch: the count exchange succeeds or fails
+   * alike everywhere (a call the core rejected on one rank never reaches this backend there). */
+  if (!j->cached) j->p->seq = ++s->net->dseq;
   if (!j->cached) cuda_nplan_counts(s, j->p, s->net->counts, s->net->cw);
   rc = check_rows(s, j);
   if (rc) return rc;
@@ -332,7 +335,6 @@ ep_status_t cuda_net_dispatch(cuda_state_t *s, ep_dispatch_call_t *c, ep_handle_
   j.r = epk_net_rec(s->net->L, c->row_bytes, ns, c->topk, !j.cached, c->has_w);
   j.lay = epk_net_area(s->kb.area_bytes, c->row_bytes, ns, topk_sent, !j.cached && c->has_w);
   int32_t *words = calloc((size_t)s->net->cw, sizeof *words);
-  if (!j.cached) s->net->dseq++; /* on every rank alike, whatever becomes of the call */
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, c->in.stream, OP, &st);
   if (rc) {
