@@ -59,6 +59,14 @@ ep_status_t cuda_net_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   ep_status_t st = ep_ctx_net_open(s->ctx, "mpi", -1, &n->me, &n->ctl);
   if (st) return ep_ctx_fail(s->ctx, st, -1, OP, "network", "%s", ep_ctx_last_error());
   if ((st = cuda_net_agree(s, area_tables(s), OP, "init"))) return st;
+  /* NCCL must load on every rank before any rank waits in its communicator's creation. */
+  const struct ep_net_engine *nccl = ep_net_find("nccl");
+  st = nccl ? nccl->probe() : EP_ERR_UNSUPPORTED;
+  if (st)
+    st = ep_ctx_fail(s->ctx, st, -1, OP, "network",
+                     "the cuda backend across hosts needs NCCL: %s (EP_NCCL_LIB names the library)",
+                     ep_ctx_last_error());
+  if ((st = cuda_net_agree(s, st, OP, "network"))) return st;
   st = ep_ctx_net_open(s->ctx, "nccl", s->device, &n->e, &n->ep);
   if (st) return ep_ctx_fail(s->ctx, st, -1, OP, "network", "%s", ep_ctx_last_error());
   return EP_OK;

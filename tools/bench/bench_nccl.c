@@ -43,23 +43,38 @@ static int load(bnccl_t *b, char *why, size_t n) {
   return 0;
 }
 
+/* What each rank tells the others at open: whether NCCL loaded here, and rank 0's id. */
+typedef struct {
+  ncclUniqueId id;
+  int32_t ok, pad;
+} hello_t;
+
 bnccl_t *bnccl_open(ep_group_t g, int R, int me, char *why, size_t n) {
   bnccl_t *b = calloc(1, sizeof *b);
-  ncclUniqueId id, *all = calloc((size_t)R, sizeof *all);
+  hello_t mine, *all = calloc((size_t)R, sizeof *all);
+  memset(&mine, 0, sizeof mine);
   if (!b || !all) {
     snprintf(why, n, "out of memory");
     goto fail;
   }
-  if (load(b, why, n)) goto fail;
-  memset(&id, 0, sizeof id);
-  ncclResult_t r = me == 0 ? b->GetUniqueId(&id) : ncclSuccess;
-  /* Every rank takes part in the exchange, rank 0's id or not, so that none is left waiting. */
-  if (ep_group_allgather(g, &id, all, sizeof id) != EP_OK) {
+  mine.ok = load(b, why, n) == 0;
+  ncclResult_t r = ncclSuccess;
+  if (mine.ok && me == 0 && (r = b->GetUniqueId(&mine.id)) != ncclSuccess) {
+    snprintf(why, n, "ncclGetUniqueId: %s", b->GetErrorString(r));
+    mine.ok = 0;
+  }
+  /* Every rank takes part in the exchange whatever happened here, so that none is left waiting,
+   * and all give up together when one could not load NCCL. */
+  if (ep_group_allgather(g, &mine, all, sizeof mine) != EP_OK) {
     snprintf(why, n, "exchanging NCCL's id: %s", ep_last_error());
     goto fail;
   }
-  if (r == ncclSuccess) r = b->CommInitRank(&b->comm, R, all[0], me);
-  if (r != ncclSuccess) {
+  for (int q = 0; q < R; q++)
+    if (!all[q].ok) {
+      if (mine.ok) snprintf(why, n, "rank %d could not use NCCL", q);
+      goto fail;
+    }
+  if ((r = b->CommInitRank(&b->comm, R, all[0].id, me)) != ncclSuccess) {
     snprintf(why, n, "ncclCommInitRank: %s", b->GetErrorString(r));
     b->comm = NULL;
     goto fail;
