@@ -153,35 +153,6 @@ __device__ __forceinline__ void add8(float *acc, int4 v) {
   }
 }
 
-__device__ __forceinline__ void cvt8(float *x, int4 v) {
-  const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
-#pragma unroll
-  for (int e = 0; e < 4; e++) {
-    x[2 * e] = __uint_as_float(u[e] << 16);
-    x[2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
-  }
-}
-
-/* The reference's float(b0) + float(b1), an absent bias being +0.0f (so -0.0 behaves alike). */
-__device__ __forceinline__ void init8(float *acc, const int4 *b0, const int4 *b1, int i) {
-  float x[8], y[8];
-  if (b0) cvt8(x, __ldg(b0 + i));
-  if (b1) cvt8(y, __ldg(b1 + i));
-#pragma unroll
-  for (int e = 0; e < 8; e++) acc[e] = (b0 ? x[e] : 0.0f) + (b1 ? y[e] : 0.0f);
-}
-
-__device__ __forceinline__ int4 pack8(const float *acc) {
-  uint32_t u[4];
-#pragma unroll
-  for (int e = 0; e < 4; e++) {
-    uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * e]));
-    uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * e + 1]));
-    u[e] = lo | (hi << 16);
-  }
-  return make_int4((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
-}
-
 /* out[t] and out_w[t] from every holder's row of t (ascending rank). The loads set the pace, so
  * each lane keeps RU vectors of 8 channels of HG holders in flight at once (their adds then go in
  * ascending rank order, as the reference's). */
@@ -209,7 +180,7 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
     float acc[RU][8];
 #pragma unroll
     for (int u = 0; u < RU; u++)
-      if (i0 + 32 * u + lane < nv) init8(acc[u], b0, b1, i0 + 32 * u + lane);
+      if (i0 + 32 * u + lane < nv) epk_init8(acc[u], b0, b1, i0 + 32 * u + lane);
     for (int g = 0; g < R; g += 32) {
       if (R > 32 || i0 == 0) mask = load_group(b, a, c, t, g, sx, sw);
       for (unsigned m = mask; m;) {
@@ -234,7 +205,7 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
     }
 #pragma unroll
     for (int u = 0; u < RU; u++)
-      if (i0 + 32 * u + lane < nv) out[i0 + 32 * u + lane] = pack8(acc[u]);
+      if (i0 + 32 * u + lane < nv) out[i0 + 32 * u + lane] = epk_pack8(acc[u]);
   }
   for (int k0 = 0; a.has_w && k0 < a.topk; k0 += 32) {
     const int k = k0 + lane;

@@ -166,3 +166,36 @@ static __device__ __forceinline__ void epk_warp_copy(int4 *dst, const int4 *src,
     }
   }
 }
+
+/* Eight bf16 channels (one int4) as floats: exact. */
+static __device__ __forceinline__ void epk_cvt8(float *x, int4 v) {
+  const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    x[2 * e] = __uint_as_float(u[e] << 16);
+    x[2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
+  }
+}
+
+/* The reference's float(b0) + float(b1) for vector i of the biases, an absent bias being +0.0f
+ * (so -0.0 behaves alike): where every combine's accumulator starts. */
+static __device__ __forceinline__ void epk_init8(float *acc, const int4 *b0, const int4 *b1,
+                                                 size_t i) {
+  float x[8], y[8];
+  if (b0) epk_cvt8(x, __ldg(b0 + i));
+  if (b1) epk_cvt8(y, __ldg(b1 + i));
+#pragma unroll
+  for (int e = 0; e < 8; e++) acc[e] = (b0 ? x[e] : 0.0f) + (b1 ? y[e] : 0.0f);
+}
+
+/* Eight floats rounded to bf16 (RNE), one int4. */
+static __device__ __forceinline__ int4 epk_pack8(const float *acc) {
+  uint32_t u[4];
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * e]));
+    uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * e + 1]));
+    u[e] = lo | (hi << 16);
+  }
+  return make_int4((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
+}

@@ -3,8 +3,8 @@
  * (stream order, NCCL's grouped transfers, a barrier between the phases that touch a peer's
  * memory). Adds follow SEMANTICS.md §4.6 exactly: a host's rows in ascending rank order into an
  * fp32 partial (the first row taken as itself), then biases + partials by host ascending. */
-#include <cuda_bf16.h>
 
+#include "cuda/kernels/common.cuh"
 #include "cuda/kernels/net_kernels.h"
 
 #define NT 256
@@ -132,15 +132,6 @@ __global__ void __launch_bounds__(NT) stage_kernel(epk_net_stage_t a) {
   }
 }
 
-__device__ __forceinline__ void cvt8(float *x, int4 v) {
-  const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
-#pragma unroll
-  for (int e = 0; e < 4; e++) {
-    x[2 * e] = __uint_as_float(u[e] << 16);
-    x[2 * e + 1] = __uint_as_float(u[e] & 0xffff0000u);
-  }
-}
-
 /* Entry i's partial: the rows of this host's ranks (ascending) added in fp32, the first taken as
  * itself; a single row is stored as it is (bf16), which is the same value. */
 __global__ void __launch_bounds__(NT) partial_kernel(epk_net_partial_t a) {
@@ -162,7 +153,7 @@ __global__ void __launch_bounds__(NT) partial_kernel(epk_net_partial_t a) {
         bool first = true;
         for (int l = 0; l < L; l++) {
           if (fan[l] < 0) continue;
-          cvt8(y, ((const int4 *)(a.area[l] + (uint64_t)fan[l] * xrow))[v]);
+          epk_cvt8(y, ((const int4 *)(a.area[l] + (uint64_t)fan[l] * xrow))[v]);
 #pragma unroll
           for (int e = 0; e < 8; e++) p[e] = first ? y[e] : p[e] + y[e];
           first = false;
@@ -185,34 +176,20 @@ __global__ void __launch_bounds__(NT) partial_kernel(epk_net_partial_t a) {
   }
 }
 
-__device__ __forceinline__ int4 pack8(const float *acc) {
-  uint32_t u[4];
-#pragma unroll
-  for (int e = 0; e < 4; e++) {
-    uint32_t lo = __bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * e]));
-    uint32_t hi = __bfloat16_as_ushort(__float2bfloat16_rn(acc[2 * e + 1]));
-    u[e] = lo | (hi << 16);
-  }
-  return make_int4((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
-}
-
 __global__ void __launch_bounds__(NT) reduce_kernel(epk_net_reduce_t a) {
   const int lane = threadIdx.x & 31, H = a.H, nv = a.hidden / 8;
   const int4 *b0 = (const int4 *)a.bias0, *b1 = (const int4 *)a.bias1;
   for (int t = warp_id(); t < a.n; t += warps()) {
     const int64_t *tj = a.tok + (size_t)t * H;
     for (int v = lane; v < nv; v += 32) {
-      float acc[8], x[8], y[8];
+      float acc[8], y[8];
       const size_t bi = (size_t)t * nv + v;
-      if (b0) cvt8(x, b0[bi]);
-      if (b1) cvt8(y, b1[bi]);
-#pragma unroll
-      for (int e = 0; e < 8; e++) acc[e] = (b0 ? x[e] : 0.0f) + (b1 ? y[e] : 0.0f);
+      epk_init8(acc, b0, b1, bi);
       for (int g = 0; g < H; g++) {
         if (tj[g] < 0) continue;
         const uint8_t *p = a.blk[g] + (tj[g] >> 1);
         if (tj[g] & 1) {
-          cvt8(y, ((const int4 *)p)[v]); /* one row: float(bf16), the partial's value */
+          epk_cvt8(y, ((const int4 *)p)[v]); /* one row: float(bf16), the partial's value */
 #pragma unroll
           for (int e = 0; e < 8; e++) acc[e] = acc[e] + y[e];
         } else {
@@ -220,7 +197,7 @@ __global__ void __launch_bounds__(NT) reduce_kernel(epk_net_reduce_t a) {
           for (int e = 0; e < 8; e++) acc[e] = acc[e] + ((const float *)p)[8 * v + e];
         }
       }
-      ((int4 *)a.out)[bi] = pack8(acc);
+      ((int4 *)a.out)[bi] = epk_pack8(acc);
     }
     for (int k = lane; a.out_w && k < a.topk; k += 32) {
       float acc = 0.0f;
