@@ -191,6 +191,12 @@ int ep_call_key_diff(const ep_call_key_t *mine, const ep_call_key_t *theirs);
 ep_status_t ep_call_key_fail(ep_ctx_t *ctx, const char *op, const char *phase, int f,
                              const ep_call_key_t *mine, const ep_call_key_t *theirs, int peer);
 
+/* Every rank's words gathered by a count exchange (words[r * stride] starts with rank r's call
+ * key): EP_OK when all agree with `mine`, else the failure for the lowest rank that differs.
+ * Compared once all have arrived, so that every rank fails the call the same way. */
+ep_status_t ep_call_keys_check(ep_ctx_t *ctx, const char *op, const ep_call_key_t *mine,
+                               const int32_t *words, size_t stride, int nranks, int rank);
+
 /* The key of a combine along handle `h`. */
 void ep_call_combine_key(const ep_combine_args_t *a, const ep_handle_info_t *h, ep_call_key_t *key);
 

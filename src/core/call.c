@@ -23,6 +23,16 @@ int ep_call_key_diff(const ep_call_key_t *mine, const ep_call_key_t *theirs) {
   return -1;
 }
 
+ep_status_t ep_call_keys_check(ep_ctx_t *ctx, const char *op, const ep_call_key_t *mine,
+                               const int32_t *words, size_t stride, int nranks, int rank) {
+  for (int r = 0; r < nranks; r++) {
+    const ep_call_key_t *theirs = (const ep_call_key_t *)(words + (size_t)r * stride);
+    int f = r == rank ? -1 : ep_call_key_diff(mine, theirs);
+    if (f >= 0) return ep_call_key_fail(ctx, op, "counts", f, mine, theirs, r);
+  }
+  return EP_OK;
+}
+
 ep_status_t ep_call_key_fail(ep_ctx_t *ctx, const char *op, const char *phase, int f,
                              const ep_call_key_t *mine, const ep_call_key_t *theirs, int peer) {
   if (f == EP_CF_REJECTED)

@@ -137,14 +137,8 @@ ep_status_t cpu_net_counts(cpu_state_t *s, const int32_t *mine, const char *op) 
   ep_status_t st =
       cpu_net_all_to_all(s, n->normal, NET_TAG_COUNTS, mine, n->counts, bytes, op, "counts");
   if (st) return st;
-  /* Compared once all have arrived, so that every rank fails the call the same way. */
-  const ep_call_key_t *me = (const ep_call_key_t *)mine;
-  for (int r = 0; r < s->gnranks; r++) {
-    const ep_call_key_t *theirs = (const ep_call_key_t *)(n->counts + (size_t)r * n->cw);
-    int f = r == s->grank ? -1 : ep_call_key_diff(me, theirs);
-    if (f >= 0) return ep_call_key_fail(s->ctx, op, "counts", f, me, theirs, r);
-  }
-  return EP_OK;
+  return ep_call_keys_check(s->ctx, op, (const ep_call_key_t *)mine, n->counts, (size_t)n->cw,
+                            s->gnranks, s->grank);
 }
 
 /* A rejected call still takes part in the count exchange, so that the peers fail at once and

@@ -261,13 +261,9 @@ ep_status_t cuda_net_counts(cuda_state_t *s, const int32_t *mine, const char *op
   cuda_net_t *n = s->net;
   ep_status_t st = ctl_allgather(s, mine, n->counts, (size_t)n->cw * sizeof *mine, op, "counts");
   if (st) return st;
-  /* Compared once all have arrived, so that every rank fails the call the same way. */
-  const ep_call_key_t *me = (const ep_call_key_t *)mine;
-  for (int r = 0; r < s->nranks; r++) {
-    const ep_call_key_t *theirs = (const ep_call_key_t *)(n->counts + (size_t)r * n->cw);
-    int f = r == s->rank ? -1 : ep_call_key_diff(me, theirs);
-    if (f >= 0) return ep_call_key_fail(s->ctx, op, "counts", f, me, theirs, r);
-  }
+  st = ep_call_keys_check(s->ctx, op, (const ep_call_key_t *)mine, n->counts, (size_t)n->cw,
+                          s->nranks, s->rank);
+  if (st) return st;
   /* Handles of different dispatches would move blocks of different sizes: refused alike. */
   const int32_t seq = mine[n->cw - 1];
   for (int r = 0; r < s->nranks; r++)
