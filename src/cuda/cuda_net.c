@@ -211,6 +211,16 @@ ep_status_t cuda_net_post(cuda_state_t *s, ep_net_xfer_t *x, int count, cudaStre
   return EP_OK;
 }
 
+void cuda_net_count_local(cuda_state_t *s, const cuda_nplan_t *p, uint64_t row) {
+  cuda_net_t *n = s->net;
+  uint64_t rows = 0;
+  for (int b = 0; b < p->H; b++)
+    for (int l = 0; l < p->L; l++)
+      if (l != n->lrank)
+        rows += (uint64_t)p->cnt[(size_t)p->col[b] * p->R + n->rank_at[n->host * p->L + l]];
+  __atomic_fetch_add(&n->local_bytes, rows * row, __ATOMIC_RELAXED);
+}
+
 void cuda_net_abandon(cuda_state_t *s, ep_net_xfer_t *x, int count) {
   if (count) s->net->e->cancel(s->net->ep, x, count);
   ep_ctx_mark_broken(s->ctx); /* NCCL cannot take them back: only destroy (abort) remains */

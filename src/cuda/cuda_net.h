@@ -97,6 +97,10 @@ ep_status_t cuda_net_post(cuda_state_t *s, ep_net_xfer_t *x, int count, cudaStre
                           const char *op, const char *phase);
 ep_status_t cuda_net_complete(cuda_state_t *s, ep_net_xfer_t *x, int count, const char *op,
                               const char *phase);
+/* ep_buffer_info_t.local_bytes_sent: the rows of this forwarder's column that the other ranks
+ * of its host receive (dispatch: written there) or hold (combine: read from there), `row` bytes
+ * each. */
+void cuda_net_count_local(cuda_state_t *s, const cuda_nplan_t *p, uint64_t row);
 /* A failure after cuda_net_post: the posted transfers are let go and the buffer is broken. */
 void cuda_net_abandon(cuda_state_t *s, ep_net_xfer_t *x, int count);
 /* Waits for this rank's stream, then for every rank of the group (phases touching a peer); a

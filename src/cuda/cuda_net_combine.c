@@ -111,15 +111,8 @@ static ep_status_t reduce(cuda_state_t *s, job_t *j, cudaStream_t st) {
   if (!rc)
     rc = cuda_net_complete(s, x, nx, OP, "network");
   else if (!posted)
-    cuda_net_abandon(s, x, nx); /* the transfers are in flight: let them go */
-  /* what this rank read from the other ranks of its host */
-  for (int b = 0; !rc && b < H; b++)
-    for (int l = 0; l < L; l++)
-      if (l != n->lrank)
-        __atomic_fetch_add(
-            &n->local_bytes,
-            (uint64_t)p->cnt[(size_t)p->col[b] * p->R + n->rank_at[me * L + l]] * j->ca.xrow,
-            __ATOMIC_RELAXED);
+    cuda_net_abandon(s, x, nx);                    /* the transfers are in flight: let them go */
+  if (!rc) cuda_net_count_local(s, p, j->ca.xrow); /* read from its host's ranks */
   return rc;
 }
 

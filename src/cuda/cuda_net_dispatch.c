@@ -186,7 +186,7 @@ static ep_status_t forward(cuda_state_t *s, job_t *j, cudaStream_t st) {
   cuda_net_t *n = s->net;
   cuda_nplan_t *p = j->p;
   const ep_dispatch_args_t *a = &j->c->in;
-  int H = p->H, L = p->L, me = n->host, blocks = s->kb.blocks > 0 ? s->kb.blocks : 1;
+  int H = p->H, blocks = s->kb.blocks > 0 ? s->kb.blocks : 1;
   epk_net_pack_t pk = {j->r,
                        p->hsend_off[H],
                        p->d_hdr,
@@ -221,14 +221,7 @@ static ep_status_t forward(cuda_state_t *s, job_t *j, cudaStream_t st) {
     rc = cuda_net_complete(s, x, nx, OP, "network");
   else if (!posted)
     cuda_net_abandon(s, x, nx); /* the transfers are in flight: let them go */
-  /* what this rank wrote into the other ranks of its host */
-  for (int b = 0; !rc && b < H; b++)
-    for (int l = 0; l < L; l++)
-      if (l != n->lrank)
-        __atomic_fetch_add(
-            &n->local_bytes,
-            (uint64_t)p->cnt[(size_t)p->col[b] * p->R + n->rank_at[me * L + l]] * j->c->row_bytes,
-            __ATOMIC_RELAXED);
+  if (!rc) cuda_net_count_local(s, p, j->c->row_bytes); /* written into its host's ranks */
   return verify(s, st, rc);
 }
 
