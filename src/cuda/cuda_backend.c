@@ -69,14 +69,6 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   cuda_state_t *s = calloc(1, sizeof *s);
   if (!s) return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
   int hosts = ep_ctx_topo(ctx)->nhosts;
-  if (hosts > 1 && cfg->ll_max_tokens > 0) {
-    free(s);
-    return ep_ctx_fail(ctx, EP_ERR_UNSUPPORTED, -1, "ep_buffer_create", "init",
-                       "low-latency mode across hosts is not built on the cuda backend yet (the "
-                       "group has %d hosts): create the buffer with ll_max_tokens = 0, or use "
-                       "the cpu backend",
-                       hosts);
-  }
   s->ctx = ctx;
   s->rank = ep_ctx_rank(ctx);
   s->nranks = ep_ctx_nranks(ctx);

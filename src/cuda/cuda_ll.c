@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/cuda_net.h"
+
 static const char OP[] = "ep_buffer_create";
 
 static bool ll_enabled(const ep_buffer_config_t *cfg) {
@@ -219,6 +221,10 @@ void cuda_ll_release(void *state, ep_handle_info_t *h) {
   const int was = sl->state;
   sl->state = EP_LLS_FREE;
   sl->stamp = ++sl->ll->clock;
+  if (s->net) { /* across hosts nobody reads this rank's pool: only transfers to settle */
+    cuda_net_ll_settle(s, sl);
+    return;
+  }
   if (was == EP_LLS_COMBINED || was == EP_LLS_SENT) return;
   int prev;
   if (cuda_set_device(s->device, &prev)) return;
@@ -236,6 +242,10 @@ void cuda_ll_release(void *state, ep_handle_info_t *h) {
 void cuda_ll_reject(void *state, bool combine) {
   cuda_state_t *s = state;
   if (!s->ll) return;
+  if (s->net) {
+    cuda_net_ll_reject(s, combine);
+    return;
+  }
   int prev;
   if (cuda_set_device(s->device, &prev)) return;
   if (s->last_valid) cudaStreamWaitEvent(s->side, s->last, 0);

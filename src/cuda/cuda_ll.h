@@ -21,7 +21,7 @@
 typedef struct cuda_ll cuda_ll_t;
 
 /* One result slot as the host sees it (the handle's priv). */
-typedef struct {
+typedef struct cuda_ll_slot {
   int index, state; /* enum ep_ll_state */
   uint64_t stamp;   /* when it was last given back: the least recently used free slot is
                        taken, so that readers of its combine input have the most time */
@@ -77,6 +77,10 @@ ep_status_t cuda_ll_send_stream(cuda_state_t *s, cudaStream_t st, bool two_phase
                                 cudaStream_t *run);
 
 /* ---- cuda_ll_dispatch.c, cuda_ll_combine.c */
+/* The free slot given back longest ago (NULL: none). */
+cuda_ll_slot_t *cuda_ll_take_slot(cuda_ll_t *ll);
+void cuda_ll_fill_info(const cuda_ll_t *ll, const ep_ll_dispatch_args_t *a, cuda_ll_slot_t *sl,
+                       int nrecv, ep_handle_info_t *out);
 ep_status_t cuda_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_handle_info_t *out);
 ep_status_t cuda_ll_recv_dispatch(cuda_state_t *s, cuda_ll_slot_t *sl, const char *op);
 ep_status_t cuda_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h);

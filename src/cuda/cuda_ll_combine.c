@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda/cuda_ll.h"
+#include "cuda/cuda_net.h"
 
 static const char OP[] = "ep_ll_combine";
 
@@ -62,6 +63,7 @@ static ep_status_t receive(cuda_state_t *s, cuda_ll_slot_t *sl, cudaStream_t st,
 
 ep_status_t cuda_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h) {
   cuda_state_t *s = state;
+  if (s->net) return cuda_net_ll_combine(s, a, h); /* across hosts */
   cuda_ll_slot_t *sl = h->priv;
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, a->stream, OP, &st);
@@ -101,6 +103,7 @@ ep_status_t cuda_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handl
 }
 
 ep_status_t cuda_ll_recv_combine(cuda_state_t *s, cuda_ll_slot_t *sl, const char *op) {
+  if (s->net) return cuda_net_ll_recv_combine(s, sl, op);
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, sl->stream, op, &st);
   if (!rc) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda/cuda_ll.h"
+#include "cuda/cuda_net.h"
 
 static const char OP[] = "ep_ll_dispatch";
 
@@ -14,7 +15,7 @@ static bool aligned(const void *p, uintptr_t a) {
 }
 
 /* The free slot given back longest ago (the core allows a dispatch only while one is free). */
-static cuda_ll_slot_t *take_slot(cuda_ll_t *ll) {
+cuda_ll_slot_t *cuda_ll_take_slot(cuda_ll_t *ll) {
   cuda_ll_slot_t *best = NULL;
   for (int i = 0; i < EPK_LL_SLOTS; i++)
     if (ll->slot[i].state == EP_LLS_FREE && (!best || ll->slot[i].stamp < best->stamp))
@@ -41,8 +42,8 @@ static ep_status_t check(cuda_state_t *s, const ep_ll_dispatch_args_t *a, cuda_l
   return EP_OK;
 }
 
-static void fill_info(const cuda_ll_t *ll, const ep_ll_dispatch_args_t *a, cuda_ll_slot_t *sl,
-                      int nrecv, ep_handle_info_t *out) {
+void cuda_ll_fill_info(const cuda_ll_t *ll, const ep_ll_dispatch_args_t *a, cuda_ll_slot_t *sl,
+                       int nrecv, ep_handle_info_t *out) {
   memset(out, 0, sizeof *out);
   out->kind = EP_HANDLE_LL;
   out->num_tokens = a->num_tokens;
@@ -58,11 +59,12 @@ static void fill_info(const cuda_ll_t *ll, const ep_ll_dispatch_args_t *a, cuda_
 
 ep_status_t cuda_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_handle_info_t *out) {
   cuda_state_t *s = state;
+  if (s->net) return cuda_net_ll_dispatch(s, a, out); /* across hosts */
   cuda_ll_t *ll = s->ll;
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, a->stream, OP, &st);
   if (rc) return rc;
-  cuda_ll_slot_t *sl = take_slot(ll);
+  cuda_ll_slot_t *sl = cuda_ll_take_slot(ll);
   if ((rc = check(s, a, sl))) {
     cuda_leave(s, st, false);
     cuda_ll_reject(s, false);
@@ -83,14 +85,15 @@ ep_status_t cuda_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_han
   sl->state = a->two_phase ? EP_LLS_SENT : EP_LLS_RECEIVED;
   sl->stream = st;
   sl->n = a->num_tokens, sl->topk = a->topk, sl->fmt = k.fmt;
-  fill_info(ll, a, sl, eager ? __atomic_load_n(&s->host->ll_send.nrecv, __ATOMIC_ACQUIRE) : -1,
-            out);
+  cuda_ll_fill_info(ll, a, sl,
+                    eager ? __atomic_load_n(&s->host->ll_send.nrecv, __ATOMIC_ACQUIRE) : -1, out);
   return EP_OK;
 }
 
 /* Nothing to wait for on the host: the kernel waits for the rows (and, when the slot's last
  * combine was zero copy, for its readers); a failure there is returned by the next call. */
 ep_status_t cuda_ll_recv_dispatch(cuda_state_t *s, cuda_ll_slot_t *sl, const char *op) {
+  if (s->net) return cuda_net_ll_recv_dispatch(s, sl, op);
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, sl->stream, op, &st);
   if (!rc) {

@@ -46,7 +46,7 @@ static ep_status_t area_tables(cuda_state_t *s) {
 
 ep_status_t cuda_net_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   const ep_topo_t *t = ep_ctx_topo(s->ctx);
-  (void)cfg; /* low-latency sizes were refused by cuda_create */
+  (void)cfg;
   cuda_net_t *n = calloc(1, sizeof *n);
   if (!n) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "init", "out of memory");
   s->net = n;
@@ -69,7 +69,7 @@ ep_status_t cuda_net_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   if ((st = cuda_net_agree(s, st, OP, "network"))) return st;
   st = ep_ctx_net_open(s->ctx, "nccl", s->device, &n->e, &n->ep);
   if (st) return ep_ctx_fail(s->ctx, st, -1, OP, "network", "%s", ep_ctx_last_error());
-  return EP_OK;
+  return s->ll ? cuda_net_agree(s, cuda_net_ll_create(s), OP, "init") : EP_OK;
 }
 
 static void dfree(cuda_dstage_t *d) {
@@ -81,6 +81,7 @@ void cuda_net_destroy(cuda_state_t *s, bool clean) {
   cuda_net_t *n = s->net;
   if (!n) return;
   bool calm = clean && !ep_ctx_peer_lost(s->ctx);
+  cuda_net_ll_destroy(s, calm);
   if (n->ep) n->e->close(n->ep, calm);
   if (n->ctl) n->me->close(n->ctl, calm);
   dfree(&n->send), dfree(&n->recv), dfree(&n->part), dfree(&n->pin), dfree(&n->desc);
@@ -146,10 +147,8 @@ ep_status_t cuda_net_sync(cuda_state_t *s, cudaStream_t st, const char *op, cons
   return rc;
 }
 
-/* Every rank's `bytes` into all[r * bytes] (own included), point to point over the MPI
- * endpoint, with the deadline and the liveness checks; a failure breaks the buffer. */
-static ep_status_t ctl_allgather(cuda_state_t *s, const void *mine, void *all, size_t bytes,
-                                 const char *op, const char *phase) {
+ep_status_t cuda_net_allgather(cuda_state_t *s, const void *mine, void *all, size_t bytes,
+                               const char *op, const char *phase) {
   cuda_net_t *n = s->net;
   int R = s->nranks, k = 0;
   ep_net_xfer_t *x = calloc(2 * (size_t)R, sizeof *x);
@@ -206,8 +205,10 @@ ep_status_t cuda_net_post(cuda_state_t *s, ep_net_xfer_t *x, int count, cudaStre
     ep_ctx_mark_broken(s->ctx);
     return ep_ctx_fail(s->ctx, rc, -1, op, phase, "%s", ep_ctx_last_error());
   }
-  for (int i = 0; i < count; i++)
-    if (x[i].send) __atomic_fetch_add(&n->net_bytes, x[i].bytes, __ATOMIC_RELAXED);
+  for (int i = 0; i < count; i++) /* NCCL carries rows inside a host too (low-latency mode) */
+    if (x[i].send)
+      __atomic_fetch_add(n->host_of[x[i].peer] != n->host ? &n->net_bytes : &n->local_bytes,
+                         x[i].bytes, __ATOMIC_RELAXED);
   return EP_OK;
 }
 
@@ -253,7 +254,7 @@ ep_status_t cuda_net_agree(cuda_state_t *s, ep_status_t mine, const char *op, co
   char saved[512];
   snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
   const ep_status_t xs =
-      all ? ctl_allgather(s, &ok, all, sizeof ok, op, phase)
+      all ? cuda_net_allgather(s, &ok, all, sizeof ok, op, phase)
           : ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, phase, "out of memory");
   ep_status_t st = xs;
   for (int r = 0; r < s->nranks && !st && !mine; r++)
@@ -269,7 +270,8 @@ ep_status_t cuda_net_agree(cuda_state_t *s, ep_status_t mine, const char *op, co
 
 ep_status_t cuda_net_counts(cuda_state_t *s, const int32_t *mine, const char *op) {
   cuda_net_t *n = s->net;
-  ep_status_t st = ctl_allgather(s, mine, n->counts, (size_t)n->cw * sizeof *mine, op, "counts");
+  ep_status_t st =
+      cuda_net_allgather(s, mine, n->counts, (size_t)n->cw * sizeof *mine, op, "counts");
   if (st) return st;
   st = ep_call_keys_check(s->ctx, op, (const ep_call_key_t *)mine, n->counts, (size_t)n->cw,
                           s->nranks, s->rank);

@@ -21,7 +21,7 @@
  *                from their area C into one fp32 partial; NCCL carries the partials back;
  *             3. the source adds biases and the partials by host ascending and rounds once.
  * A call is not capturable in a CUDA graph (the host waits inside it). Low-latency mode across
- * hosts is not built on this backend yet (buffer creation says so).
+ * hosts: cuda_net_ll.c (every row straight to its expert's rank through NCCL).
  */
 #ifndef EP_CUDA_NET_H
 #define EP_CUDA_NET_H
@@ -54,6 +54,7 @@ typedef struct cuda_net {
                       then the number of the dispatch whose layout the call follows */
   int32_t dseq;    /* non-cached dispatches past their count exchange (the same on every rank) */
   uint64_t net_bytes, local_bytes;
+  struct cuda_net_ll *ll; /* low-latency mode (cuda_net_ll.c), NULL when the buffer has none */
 } cuda_net_t;
 
 /* The layout of one dispatch across hosts (the handle's priv). */
@@ -83,6 +84,10 @@ void cuda_net_destroy(cuda_state_t *s, bool clean);
 void cuda_net_traffic(void *state, uint64_t *net, uint64_t *local);
 /* Device memory of at least `bytes` (contents not kept). NULL: recorded error. */
 void *cuda_dstage(cuda_state_t *s, cuda_dstage_t *d, size_t bytes, const char *op);
+/* Every rank's `bytes` into all[r * bytes] (own included), point to point over the MPI
+ * endpoint, with the deadline and the liveness checks; a failure breaks the buffer. */
+ep_status_t cuda_net_allgather(cuda_state_t *s, const void *mine, void *all, size_t bytes,
+                               const char *op, const char *phase);
 /* The count exchange of a call: every rank's cw words in net->counts; keys compared. */
 ep_status_t cuda_net_counts(cuda_state_t *s, const int32_t *mine, const char *op);
 /* A rejected call still takes part in the exchange (the peers fail at once). */
@@ -115,5 +120,20 @@ ep_status_t cuda_net_dispatch(cuda_state_t *s, ep_dispatch_call_t *c, ep_handle_
 ep_status_t cuda_net_combine(cuda_state_t *s, const ep_combine_args_t *a,
                              const ep_handle_info_t *h);
 ep_status_t cuda_net_combine_buffer(cuda_state_t *s, const ep_handle_info_t *h, void **x);
+
+/* ---- cuda_net_ll.c: low-latency mode across hosts (the one-host entry points hand over) */
+struct cuda_ll_slot;
+ep_status_t cuda_net_ll_create(cuda_state_t *s);
+void cuda_net_ll_destroy(cuda_state_t *s, bool clean);
+ep_status_t cuda_net_ll_dispatch(cuda_state_t *s, const ep_ll_dispatch_args_t *a,
+                                 ep_handle_info_t *out);
+ep_status_t cuda_net_ll_recv_dispatch(cuda_state_t *s, struct cuda_ll_slot *sl, const char *op);
+ep_status_t cuda_net_ll_combine(cuda_state_t *s, const ep_ll_combine_args_t *a,
+                                ep_handle_info_t *h);
+ep_status_t cuda_net_ll_recv_combine(cuda_state_t *s, struct cuda_ll_slot *sl, const char *op);
+/* A handle given back while its transfers are in flight: they complete first. */
+void cuda_net_ll_settle(cuda_state_t *s, struct cuda_ll_slot *sl);
+/* A call rejected on this rank still takes part in the gate or the combine's agreement. */
+void cuda_net_ll_reject(cuda_state_t *s, bool combine);
 
 #endif

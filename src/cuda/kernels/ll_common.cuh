@@ -249,4 +249,61 @@ __device__ __forceinline__ int4 pack8(const float *acc) {
   return make_int4((int)u[0], (int)u[1], (int)u[2], (int)u[3]);
 }
 
+/* The sender's fp8 cast of token row src (SEMANTICS.md §5) into q (H bytes) and its scales:
+ * a lane casts 8 channels per step, a half-warp one block of 128. sc(b) is where block b's
+ * scale goes (float, or its exponent byte). */
+template <typename ScaleAt>
+__device__ void cast_row(const int4 *src, int H, int fmt, uint8_t *q, ScaleAt sc) {
+  const int lane = threadIdx.x & 31, nv = H / 8, steps = (nv + 31) / 32;
+  const bool round = fmt & (EPK_LL_ROUND | EPK_LL_UE8M0), ue8m0 = fmt & EPK_LL_UE8M0;
+  constexpr int U = 4;
+  for (int s0 = 0; s0 < steps; s0 += U) {
+    int4 v[U];
+    float amax[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int i = (s0 + u) * 32 + lane;
+      amax[u] = 1e-4f;
+      v[u] = i < nv ? __ldg(src + i) : make_int4(0, 0, 0, 0);
+      if (i < nv) amax8(v[u], &amax[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+      for (int o = 8; o; o >>= 1) { /* over the half-warp: max is exact in any order */
+        const float x = __shfl_xor_sync(EPK_FULL, amax[u], o);
+        amax[u] = x > amax[u] ? x : amax[u];
+      }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int i = (s0 + u) * 32 + lane;
+      if (i >= nv) continue;
+      float inv;
+      int e;
+      const float mult = block_scale(amax[u], round, &inv, &e);
+      reinterpret_cast<uint2 *>(q)[i] = e4m3x8(v[u], mult);
+      if ((lane & 15) == 0) sc(i / 16, ue8m0, inv, e);
+    }
+  }
+}
+
+/* A block's scale as one word: the float's bits, or (use_ue8m0) the exponent byte e + 127. */
+__device__ __forceinline__ uint32_t scale_word(bool ue8m0, float inv, int e) {
+  return ue8m0 ? (uint32_t)(e + 127) : __float_as_uint(inv);
+}
+
+/* Block blk's scale word v of row `row` of local expert le into the receive layout (SEMANTICS.md
+ * §6.4): rows [L][RT][NS] floats or bytes; columns [L][NS][RT] floats, or with use_ue8m0
+ * [L][NS/4][RT] int32 holding block 4j+i in byte i. */
+__device__ __forceinline__ void put_scale(uint8_t *scales, bool cols, bool ue8m0, int le, int row,
+                                          int NS, int RT, int blk, uint32_t v) {
+  const int64_t r = (int64_t)le * RT + row;
+  if (ue8m0)
+    scales[cols ? (((int64_t)le * (NS / 4) + blk / 4) * RT + row) * 4 + blk % 4 : r * NS + blk] =
+        (uint8_t)v;
+  else
+    reinterpret_cast<float *>(scales)[cols ? ((int64_t)le * NS + blk) * RT + row : r * NS + blk] =
+        __uint_as_float(v);
+}
+
 }  // namespace epk_ll

@@ -319,44 +319,6 @@ __device__ bool await_gate(const epk_buf_t &b, const epk_ll_t &ll, uint32_t q) {
 
 /* ------------------------------------------------------------------ rows */
 
-/* The sender's fp8 cast of token row src (SEMANTICS.md §5) into q (H bytes) and its scales:
- * a lane casts 8 channels per step, a half-warp one block of 128. sc(b) is where block b's
- * scale goes (float, or its exponent byte). */
-template <typename ScaleAt>
-__device__ void cast_row(const int4 *src, int H, int fmt, uint8_t *q, ScaleAt sc) {
-  const int lane = threadIdx.x & 31, nv = H / 8, steps = (nv + 31) / 32;
-  const bool round = fmt & (EPK_LL_ROUND | EPK_LL_UE8M0), ue8m0 = fmt & EPK_LL_UE8M0;
-  constexpr int U = 4;
-  for (int s0 = 0; s0 < steps; s0 += U) {
-    int4 v[U];
-    float amax[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int i = (s0 + u) * 32 + lane;
-      amax[u] = 1e-4f;
-      v[u] = i < nv ? __ldg(src + i) : make_int4(0, 0, 0, 0);
-      if (i < nv) amax8(v[u], &amax[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++)
-#pragma unroll
-      for (int o = 8; o; o >>= 1) { /* over the half-warp: max is exact in any order */
-        const float x = __shfl_xor_sync(EPK_FULL, amax[u], o);
-        amax[u] = x > amax[u] ? x : amax[u];
-      }
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int i = (s0 + u) * 32 + lane;
-      if (i >= nv) continue;
-      float inv;
-      int e;
-      const float mult = block_scale(amax[u], round, &inv, &e);
-      reinterpret_cast<uint2 *>(q)[i] = e4m3x8(v[u], mult);
-      if ((lane & 15) == 0) sc(i / 16, ue8m0, inv, e);
-    }
-  }
-}
-
 /* One (token, k): its row, token and route at their final place in the destination's slot. */
 __device__ void send_item(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispatch_t &a,
                           long long i, const int32_t *peer) {
@@ -382,14 +344,7 @@ __device__ void send_item(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_d
   uint8_t *scales = slab + (int64_t)L * RT * H;
   const bool cols = a.fmt & EPK_LL_COLS;
   cast_row(x, H, a.fmt, slab + r * H, [&](int blk, bool ue8m0, float inv, int ex) {
-    if (ue8m0) { /* rows: [L][RT][NS] bytes; columns: [L][NS/4][RT] int32, block 4j+i in byte i */
-      const int64_t at =
-          cols ? (((int64_t)le * (NS / 4) + blk / 4) * RT + row) * 4 + blk % 4 : r * NS + blk;
-      scales[at] = (uint8_t)(ex + 127);
-    } else { /* rows: [L][RT][NS] floats; columns: [L][NS][RT] */
-      const int64_t at = cols ? ((int64_t)le * NS + blk) * RT + row : r * NS + blk;
-      reinterpret_cast<float *>(scales)[at] = inv;
-    }
+    put_scale(scales, cols, ue8m0, le, row, NS, RT, blk, scale_word(ue8m0, inv, ex));
   });
 }
 
@@ -406,7 +361,7 @@ __device__ void cast_stage(const epk_ll_t &ll, const epk_ll_dispatch_t &a, uint3
         reinterpret_cast<const int4 *>(static_cast<const uint16_t *>(a.x) + (int64_t)t * H);
     uint32_t *tsc = sc + (int64_t)t * NS;
     cast_row(x, H, a.fmt, stage + (int64_t)t * H, [&](int blk, bool ue8m0, float inv, int ex) {
-      tsc[blk] = ue8m0 ? (uint32_t)(ex + 127) : __float_as_uint(inv);
+      tsc[blk] = scale_word(ue8m0, inv, ex);
     });
     __syncwarp();
     if (lane == 0) st_rel_gpu(ready + t, q);
@@ -441,15 +396,8 @@ __device__ void send_item_staged(const epk_buf_t &b, const epk_ll_t &ll, const e
       reinterpret_cast<const uint32_t *>(ll.priv + ll.lay.p_stage_sc) + (int64_t)t * NS;
   uint8_t *scales = slab + (int64_t)L * RT * H;
   const bool cols = a.fmt & EPK_LL_COLS, ue8m0 = a.fmt & EPK_LL_UE8M0;
-  for (int blk = lane; blk < NS; blk += 32) { /* the layouts of cast_row's callback in send_item */
-    const uint32_t v = __ldcg(sc + blk);
-    if (ue8m0)
-      scales[cols ? (((int64_t)le * (NS / 4) + blk / 4) * RT + row) * 4 + blk % 4 : r * NS + blk] =
-          (uint8_t)v;
-    else
-      reinterpret_cast<float *>(scales)[cols ? ((int64_t)le * NS + blk) * RT + row : r * NS + blk] =
-          __uint_as_float(v);
-  }
+  for (int blk = lane; blk < NS; blk += 32)
+    put_scale(scales, cols, ue8m0, le, row, NS, RT, blk, __ldcg(sc + blk));
 }
 
 /* ------------------------------------------------------------------ receive */

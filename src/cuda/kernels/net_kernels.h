@@ -166,6 +166,51 @@ cudaError_t epk_net_launch_stage(const epk_net_stage_t *a, int blocks, cudaStrea
 cudaError_t epk_net_launch_partial(const epk_net_partial_t *a, int blocks, cudaStream_t s);
 cudaError_t epk_net_launch_reduce(const epk_net_reduce_t *a, int blocks, cudaStream_t s);
 
+/* ---- low-latency mode across hosts (src/cuda/cuda_net_ll.c, SEMANTICS.md §6)
+ * One record per (token, selected expert), sent by NCCL straight to the expert's rank: int32
+ * header [row at the destination (local expert * RT + position), token, k, 0], then the row:
+ * bf16, or e4m3 followed by NS scale words (epk_ll::scale_word: float bits, or the exponent byte
+ * with use_ue8m0), 16-byte aligned. The sender places every row (it knows every rank's counts
+ * after the gate), so the receiver only scatters; a combine moves bf16 rows without headers. */
+EPK_HD uint64_t epk_nll_rec(int H, int NS, int fp8) {
+  return epk_al(16ull + (fp8 ? (uint64_t)H + 4ull * (uint64_t)NS : 2ull * (uint64_t)H), 16);
+}
+
+typedef struct {
+  const void *x;     /* [N][H] bf16 */
+  const int4 *items; /* [n]: token, destination row, k, 0 */
+  uint8_t *out;      /* [n] records */
+  int n, H, NS, fmt; /* fmt: EPK_LL_* bits (ll_kernels.h) */
+} epk_nll_pack_t;
+
+typedef struct {
+  const uint8_t *in; /* [n] records */
+  int n, H, NS, fmt, L, RT;
+  uint8_t *slab; /* the slot's rows [L][RT], then the scales (SEMANTICS.md §6.4) */
+  int32_t *src;  /* the slot's recv_src_info [L][RT] */
+  int32_t *bad;  /* set to 1 by a record whose row lies outside [0, L * RT) (nothing written) */
+} epk_nll_unpack_t;
+
+typedef struct {
+  const uint8_t *y;    /* [L * RT] rows of 2H bytes */
+  const int32_t *rows; /* [n] rows of y, in send order */
+  uint8_t *out;        /* [n] rows */
+  int n, H;
+} epk_nll_gather_t;
+
+typedef struct {
+  const uint8_t *in;  /* rows received back, 2H bytes each */
+  const int32_t *map; /* [n][topk]: row in `in` of (t, k), -1: not reduced */
+  const float *w;     /* [n][topk] */
+  void *out;          /* [n][H] bf16 */
+  int n, topk, H;
+} epk_nll_reduce_t;
+
+cudaError_t epk_nll_launch_pack(const epk_nll_pack_t *a, int blocks, cudaStream_t s);
+cudaError_t epk_nll_launch_unpack(const epk_nll_unpack_t *a, int blocks, cudaStream_t s);
+cudaError_t epk_nll_launch_gather(const epk_nll_gather_t *a, int blocks, cudaStream_t s);
+cudaError_t epk_nll_launch_reduce(const epk_nll_reduce_t *a, int blocks, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif
