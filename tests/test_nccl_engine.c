@@ -98,6 +98,12 @@ int main(void) {
   if (gi.nhosts > 1) {
     cfg.ll_max_tokens = 16, cfg.ll_hidden = 128, cfg.ll_num_experts = 2 * R;
     T_OK(ep_buffer_create(g, &cfg, &b));
+    /* Across hosts every call waits on the host: no graph capture, no registration claimed. */
+    ep_buffer_info_t bi = {.size = sizeof bi};
+    T_OK(ep_buffer_query(b, &bi));
+    T_CHECK((bi.caps & EP_CAP_LOW_LATENCY) &&
+                !(bi.caps & (EP_CAP_GRAPH_CAPTURE | EP_CAP_REGISTER_MEMORY)),
+            "caps across hosts: 0x%x", bi.caps);
     T_OK(ep_buffer_destroy(b));
   }
   t_fini(g);

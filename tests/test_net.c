@@ -18,6 +18,7 @@
  *                            EP_ERR_PEER_FAILED, a notice of the deaths having come first).
  *                            "beat": the same with heartbeats (EP_HEARTBEAT_S) and a deadline
  *                            of 60 s: EP_ERR_PEER_FAILED within 3 x EP_HEARTBEAT_S, by them.
+ *                            "ll": the rounds are low-latency dispatches and combines.
  * Run under `epcomm launch -n R [--hosts H]` or mpirun (tests/test_net.sh). */
 #include <signal.h>
 #include <time.h>
@@ -123,7 +124,35 @@ static void kill_stopped(const char *victims, const char *dir, int R) {
   }
 }
 
-static int kill_some(const char *victims, const char *dir, bool host, bool beat) {
+/* One low-latency dispatch + combine of T tokens (H 128, topk 2 of 4 experts per rank), its
+ * status; the data is test_ll's business. */
+enum { LL_T = 8, LL_H = 128, LL_K = 2 };
+static ep_status_t ll_round(ep_buffer_t b, int R, int me, int i) {
+  int64_t idx[LL_T * LL_K];
+  float w[LL_T * LL_K];
+  uint16_t x[LL_T * LL_H];
+  for (int t = 0; t < LL_T * LL_H; t++) x[t] = 0x3f80;
+  for (int t = 0; t < LL_T; t++)
+    for (int k = 0; k < LL_K; k++)
+      idx[t * LL_K + k] = ((me + t + i) % R) * 4 + k, w[t * LL_K + k] = 0.5f;
+  void *dx = t_to_dev(x, sizeof x), *di = t_to_dev(idx, sizeof idx), *dw = t_to_dev(w, sizeof w);
+  void *out = t_dalloc(sizeof x);
+  ep_ll_dispatch_args_t a = {
+      .size = sizeof a, .x = dx, .topk_idx = di, .num_tokens = LL_T, .topk = LL_K};
+  ep_ll_handle_t h = NULL;
+  ep_status_t st = ep_ll_dispatch(b, &a, &h);
+  void *y = NULL;
+  if (!st) st = ep_ll_get_combine_buffer(b, h, &y);
+  ep_ll_combine_args_t c = {
+      .size = sizeof c, .handle = h, .y = y, .topk_idx = di, .topk_weights = dw, .out = out};
+  if (!st) st = ep_ll_combine(b, &c);
+  t_dsync();
+  if (h) ep_ll_handle_destroy(h);
+  t_dfree(dx), t_dfree(di), t_dfree(dw), t_dfree(out);
+  return st;
+}
+
+static int kill_some(const char *victims, const char *dir, bool host, bool beat, bool ll) {
   const int rounds = 5;
   ep_group_t g;
   ep_group_config_t gc = EP_GROUP_CONFIG_INIT;
@@ -135,7 +164,9 @@ static int kill_some(const char *victims, const char *dir, bool host, bool beat)
   t_rank = me;
   t_hosts(g, &H, &host_of);
   ep_buffer_t b;
-  T_OK(ep_buffer_create(g, NULL, &b));
+  ep_buffer_config_t bc = EP_BUFFER_CONFIG_INIT;
+  if (ll) bc.ll_max_tokens = LL_T, bc.ll_hidden = LL_H, bc.ll_num_experts = 4 * R;
+  T_OK(ep_buffer_create(g, &bc, &b));
   long wrong;
   ep_status_t st = EP_OK;
   double t0 = 0;
@@ -143,7 +174,7 @@ static int kill_some(const char *victims, const char *dir, bool host, bool beat)
     if (i == 2 && in_list(victims, me) && beat) stop_self(dir, me);
     if (i == 2 && in_list(victims, me)) kill(getpid(), SIGKILL);
     t0 = now_s();
-    st = t_round(b, R, me, (uint64_t)i, &wrong);
+    st = ll ? ll_round(b, R, me, i) : t_round(b, R, me, (uint64_t)i, &wrong);
   }
   /* A victim still in an earlier round may see another victim die first: it dies all the same
    * (a host going down takes all of its ranks). */
@@ -205,8 +236,10 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(what, "kill") && argc > 3)
     return kill_some(argv[2], argv[3], argc > 4 && strcmp(argv[4], "host") == 0,
-                     argc > 4 && strcmp(argv[4], "beat") == 0);
+                     argc > 4 && strcmp(argv[4], "beat") == 0,
+                     argc > 4 && strcmp(argv[4], "ll") == 0);
   fprintf(stderr,
-          "usage: test_net maps | hostid W0 W1 ... | kill VICTIM[,VICTIM...] DIR [host] | gpu\n");
+          "usage: test_net maps | hostid W0 W1 ... | kill VICTIM[,VICTIM...] DIR [host|beat|ll] | "
+          "gpu\n");
   return T_FAIL;
 }

@@ -67,7 +67,7 @@ fi
 # the deaths, and the engine (MPI) reports none: with the heartbeats off the survivors fail at
 # the group's deadline (3 s), naming a victim and its host; with them on ("beat", 1 s) the ranks
 # watching that host find it silent and tell the others, long before a 60 s deadline.
-kill_case() { # ranks hosts victims(comma-separated) [host|beat]
+kill_case() { # ranks hosts victims(comma-separated) [host|beat|ll]
   rm -rf "$tmp/k" && mkdir "$tmp/k"
   local hb=5 # the default; "host": off (found at the deadline), "beat": 1 s (found by them)
   case ${4:-} in host) hb=0 ;; beat) hb=1 ;; esac
@@ -82,6 +82,7 @@ kill_case 4 2 3
 kill_case 6 3 4
 kill_case 4 2 2,3 host # host 1 dies
 kill_case 4 2 2,3 beat # the same, found by the heartbeats
+kill_case 4 2 1 ll     # during low-latency calls
 if [ "$mode" = cpu ]; then
   kill_case 4 2 0
   kill_case 6 3 0,1 host # host 0 dies
@@ -105,6 +106,8 @@ else # NCCL's and MPI's endpoints closed in order, nothing of theirs on stderr
   quiet "silent teardown, cuda normal mode, launch" "$epcomm" launch -n 4 --hosts 2 --timeout 100 \
     "$b/tests/test_normal"
   quiet "silent teardown, cuda normal mode, mpirun" mpi 4 -x EP_HOSTS=2 -x EP_BACKEND "$b/tests/test_normal"
+  quiet "silent teardown, cuda low-latency mode" "$epcomm" launch -n 4 --hosts 2 --timeout 100 \
+    "$b/tests/test_ll" all 4
 fi
 
 # epcomm bench --hosts: checked outputs (the combine in its hierarchical order, the MPI baseline's

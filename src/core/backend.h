@@ -233,7 +233,8 @@ ep_handle_info_t ep_call_handle_info(const ep_dispatch_call_t *c, int nr, void *
 struct ep_backend_ops {
   const char *name; /* as EP_BACKEND spells it */
   ep_backend_t id;
-  unsigned caps; /* EP_CAP_* of epcomm.h that every buffer of this backend has */
+  unsigned caps;          /* EP_CAP_* of epcomm.h that every buffer of this backend has */
+  unsigned caps_one_host; /* those of caps a buffer has only when its group is on one host */
   ep_lifetime_t dispatch_view_lifetime, ll_view_lifetime;
   /* Local: can this backend create buffers here (a device exists...)? EP_OK, or the reason. */
   ep_status_t (*available)(void);

@@ -186,6 +186,7 @@ ep_status_t ep_buffer_query(ep_buffer_t buffer, ep_buffer_info_t *info) {
   i.size = info->size;
   i.backend = b->cfg.backend;
   i.caps = b->ops->caps | (b->ops->ll_dispatch && b->cfg.ll_max_tokens ? EP_CAP_LOW_LATENCY : 0);
+  if (b->group->topo.nhosts > 1) i.caps &= ~b->ops->caps_one_host;
   i.rank = b->group->rank;
   i.nranks = b->group->nranks;
   i.dispatch_view_lifetime = b->ops->dispatch_view_lifetime;

@@ -134,6 +134,9 @@ static const struct ep_backend_ops cuda_ops = {
     .id = EP_BACKEND_CUDA,
     .caps = EP_CAP_DISPATCH_VIEWS | EP_CAP_DEVICE_MEMORY | EP_CAP_GRAPH_CAPTURE |
             EP_CAP_COMBINE_BUFFER | EP_CAP_REGISTER_MEMORY,
+    /* Across hosts every call waits on the host (counts, gate, network) and registrations are
+     * refused (cuda_net.h, cuda_reg.c). */
+    .caps_one_host = EP_CAP_GRAPH_CAPTURE | EP_CAP_REGISTER_MEMORY,
     .dispatch_view_lifetime = EP_LIFETIME_NEXT_DISPATCH,
     .ll_view_lifetime = EP_LIFETIME_HANDLE,
     .available = cuda_available,
