@@ -2,7 +2,7 @@
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
 #   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
-#   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode: per-kernel time, DRAM bytes,
+#   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode, dtypes in $NCUDT: per-kernel time, DRAM bytes,
 #   occupancy, then the SpeedOfLight/Occupancy/WarpStateStats sections)
 #   cudanet (the cuda.net.* tests: the CUDA data path across pretend hosts through NCCL)
 #   net (across pretend hosts, issue 14: the NCCL engine on one GPU with a NCCL_HOSTID per rank,
@@ -252,7 +252,7 @@ WRAP
       chmod +x "$out/ncu-wrap.sh"
       kern='regex:epk_(notify|dispatch|combine)_kernel'
       m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,launch__grid_size,launch__registers_per_thread
-      for dt in bf16 fp8; do
+      for dt in ${NCUDT:-bf16 fp8}; do
         NCU_ARGS="-k $kern --launch-skip 30 -c 12 --metrics $m --csv" EP_TIMEOUT_S=60 timeout 200 "$mps" \
           $b/bin/epcomm launch -n $R "$out/ncu-wrap.sh" $b/bin/epcomm bench --backend cuda --sms $sms \
           --dtype $dt --variants main --baseline off --iters 20 >"$out/ncu-r$R-$dt.log" 2>&1
@@ -261,7 +261,7 @@ WRAP
           awk -F'","' '/^"/ { printf "%s %s = %s\n", $5, $(NF-2), $NF; next } { print }' | head -120
       done
       NCU_ARGS="-k $kern --launch-skip 30 -c 3 --section SpeedOfLight --section Occupancy --section WarpStateStats" \
-        EP_TIMEOUT_S=60 timeout 200 "$mps" $b/bin/epcomm launch -n $R "$out/ncu-wrap.sh" $b/bin/epcomm \
+        EP_TIMEOUT_S=60 timeout ${NCUSECT_S:-200} "$mps" $b/bin/epcomm launch -n $R "$out/ncu-wrap.sh" $b/bin/epcomm \
         bench --backend cuda --sms $sms --dtype bf16 --variants main --baseline off --iters 20 \
         >"$out/ncu-r$R-sections.log" 2>&1
       echo "ncu R=$R sections: exit $?"
