@@ -246,7 +246,9 @@ for s in $steps; do
 #!/usr/bin/env bash
 # Under MPS every client runs under ncu: rank 0 as the primary (options, report), the others as
 # clients (ncu refuses other options with --mps client).
-if [ "$EP_RANK" = 0 ]; then exec ncu --mps primary --clock-control none --target-processes all $NCU_ARGS "$@"; fi
+# The primary's name differs between ncu versions ("primary-client" in recent ones): ask its help.
+primary=$(ncu --help 2>/dev/null | grep -o 'primary-client' | head -1)
+if [ "$EP_RANK" = 0 ]; then exec ncu --mps "${primary:-primary}" --clock-control none --target-processes all $NCU_ARGS "$@"; fi
 exec ncu --mps client "$@"
 WRAP
       chmod +x "$out/ncu-wrap.sh"

@@ -53,6 +53,18 @@ ep_status_t ep_ctx_barrier(ep_ctx_t *ctx);
  * (e->close(n, clean)). */
 ep_status_t ep_ctx_net_open(ep_ctx_t *ctx, const char *engine, int device,
                             const struct ep_net_engine **e, ep_net_t **n);
+/* "rank 3 (host 1)" ("no rank" for -1). */
+const char *ep_ctx_who(const ep_ctx_t *ctx, int rank, char *buf, size_t n);
+/* Waits for posted transfers of a network endpoint with the buffer's deadline and liveness
+ * checks. On failure the transfers are let go (cancel) and the error names the peer still
+ * pending with its host, or the dead rank the liveness check saw. */
+ep_status_t ep_ctx_net_wait(ep_ctx_t *ctx, const struct ep_net_engine *e, ep_net_t *n,
+                            ep_net_xfer_t *x, int count, const char *op, const char *phase);
+/* Every rank's `bytes` into all[r * bytes] (own included), point to point with `tag`, then the
+ * wait above; a message of another size fails with EP_ERR_MISMATCH (ranks out of step). */
+ep_status_t ep_ctx_net_allgather(ep_ctx_t *ctx, const struct ep_net_engine *e, ep_net_t *n, int tag,
+                                 const void *mine, void *all, size_t bytes, const char *op,
+                                 const char *phase);
 /* Liveness as an ep_net_check_fn (ctx is the ep_ctx_t): EP_OK, or EP_ERR_PEER_FAILED with a
  * message naming the rank, its host and what happened. */
 ep_status_t ep_ctx_liveness(void *ctx);

@@ -83,51 +83,17 @@ void *cpu_stage(cpu_state_t *s, cpu_stage_t *st, size_t bytes) {
 }
 
 const char *cpu_net_who(const cpu_state_t *s, int rank, char *buf, size_t n) {
-  if (rank < 0 || rank >= s->gnranks)
-    snprintf(buf, n, "no rank");
-  else
-    snprintf(buf, n, "rank %d (host %d)", rank, s->topo->host_of[rank]);
-  return buf;
+  return ep_ctx_who(s->ctx, rank, buf, n);
 }
 
 ep_status_t cpu_net_wait(cpu_state_t *s, ep_net_t *n, ep_net_xfer_t *x, int count, const char *op,
                          const char *phase) {
-  double t = ep_ctx_timeout(s->ctx);
-  ep_status_t st =
-      ep_net_wait(s->net->e, n, x, count, ep_now() + t, t, ep_ctx_liveness, s->ctx, "network");
-  if (!st) return EP_OK;
-  int peer = -1, dead;
-  for (int i = 0; i < count && peer < 0; i++)
-    if (!x[i].done) peer = x[i].peer;
-  const char *how;
-  char who[48], msg[512];
-  snprintf(msg, sizeof msg, "%s", ep_last_error());
-  s->net->e->cancel(n, x, count);
-  /* A death the liveness check saw is already named with its host. */
-  if (st == EP_ERR_PEER_FAILED && ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK)
-    return ep_ctx_fail(s->ctx, st, dead, op, phase, "%s", msg);
-  return ep_ctx_fail(s->ctx, st, peer, op, phase, "%s (%s)", msg,
-                     cpu_net_who(s, peer, who, sizeof who));
+  return ep_ctx_net_wait(s->ctx, s->net->e, n, x, count, op, phase);
 }
 
 ep_status_t cpu_net_all_to_all(cpu_state_t *s, ep_net_t *n, int tag, const void *mine, void *all,
                                size_t bytes, const char *op, const char *phase) {
-  int R = s->gnranks, k = 0;
-  ep_net_xfer_t *x = calloc(2 * (size_t)R, sizeof *x);
-  if (!x) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, phase, "out of memory");
-  for (int r = 0; r < R; r++) {
-    if (r == s->grank) continue;
-    x[k++] = (ep_net_xfer_t){r, 1, tag, (void *)mine, bytes, 0, 0, 0};
-    x[k++] = (ep_net_xfer_t){r, 0, tag, (char *)all + bytes * (size_t)r, bytes, 0, 0, 0};
-  }
-  memcpy((char *)all + bytes * (size_t)s->grank, mine, bytes);
-  ep_status_t st = s->net->e->post(n, x, k, NULL);
-  if (st)
-    st = ep_ctx_fail(s->ctx, st, -1, op, phase, "%s", ep_last_error());
-  else
-    st = cpu_net_wait(s, n, x, k, op, phase);
-  free(x);
-  return st;
+  return ep_ctx_net_allgather(s->ctx, s->net->e, n, tag, mine, all, bytes, op, phase);
 }
 
 ep_status_t cpu_net_counts(cpu_state_t *s, const int32_t *mine, const char *op) {

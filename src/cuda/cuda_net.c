@@ -10,11 +10,7 @@
 static const char OP[] = "ep_buffer_create";
 
 const char *cuda_net_who(const cuda_state_t *s, int rank, char *buf, size_t n) {
-  if (rank < 0 || rank >= s->nranks)
-    snprintf(buf, n, "no rank");
-  else
-    snprintf(buf, n, "rank %d (host %d)", rank, s->net->host_of[rank]);
-  return buf;
+  return ep_ctx_who(s->ctx, rank, buf, n);
 }
 
 /* Local ranks' areas D and C as mapped here, in a device table indexed by local index. */
@@ -150,41 +146,8 @@ ep_status_t cuda_net_sync(cuda_state_t *s, cudaStream_t st, const char *op, cons
 ep_status_t cuda_net_allgather(cuda_state_t *s, const void *mine, void *all, size_t bytes,
                                const char *op, const char *phase) {
   cuda_net_t *n = s->net;
-  int R = s->nranks, k = 0;
-  ep_net_xfer_t *x = calloc(2 * (size_t)R, sizeof *x);
-  if (!x) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, phase, "out of memory");
-  for (int r = 0; r < R; r++) {
-    if (r == s->rank) continue;
-    x[k++] = (ep_net_xfer_t){r, 1, 1, (void *)mine, bytes, 0, 0, 0};
-    x[k++] = (ep_net_xfer_t){r, 0, 1, (char *)all + bytes * (size_t)r, bytes, 0, 0, 0};
-  }
-  memcpy((char *)all + bytes * (size_t)s->rank, mine, bytes);
-  ep_status_t st = k ? n->me->post(n->ctl, x, k, NULL) : EP_OK;
-  double t = ep_ctx_timeout(s->ctx);
-  if (st)
-    st = ep_ctx_fail(s->ctx, st, -1, op, phase, "%s", ep_ctx_last_error());
-  else if (k)
-    st = ep_net_wait(n->me, n->ctl, x, k, ep_now() + t, t, ep_ctx_liveness, s->ctx, phase);
-  for (int i = 0; !st && i < k; i++) /* a message of another exchange: the ranks are out of step */
-    if (!x[i].send && x[i].got != bytes)
-      st = ep_err(EP_ERR_MISMATCH, "%zu bytes from rank %d where %zu were expected", x[i].got,
-                  x[i].peer, bytes);
-  if (st) {
-    int peer = -1, dead;
-    const char *how;
-    char who[48], msg[512];
-    for (int i = 0; i < k && peer < 0; i++)
-      if (!x[i].done) peer = x[i].peer;
-    snprintf(msg, sizeof msg, "%s", ep_ctx_last_error());
-    n->me->cancel(n->ctl, x, k);
-    ep_ctx_mark_broken(s->ctx);
-    if (st == EP_ERR_PEER_FAILED && ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK)
-      st = ep_ctx_fail(s->ctx, st, dead, op, phase, "%s", msg);
-    else
-      st = ep_ctx_fail(s->ctx, st, peer, op, phase, "%s (%s)", msg,
-                       cuda_net_who(s, peer, who, sizeof who));
-  }
-  free(x);
+  ep_status_t st = ep_ctx_net_allgather(s->ctx, n->me, n->ctl, 1, mine, all, bytes, op, phase);
+  if (st) ep_ctx_mark_broken(s->ctx); /* the ranks are out of step from here */
   return st;
 }
 
@@ -229,24 +192,9 @@ void cuda_net_abandon(cuda_state_t *s, ep_net_xfer_t *x, int count) {
 
 ep_status_t cuda_net_complete(cuda_state_t *s, ep_net_xfer_t *x, int count, const char *op,
                               const char *phase) {
-  cuda_net_t *n = s->net;
-  if (!count) return EP_OK;
-  double t = ep_ctx_timeout(s->ctx);
-  ep_status_t rc =
-      ep_net_wait(n->e, n->ep, x, count, ep_now() + t, t, ep_ctx_liveness, s->ctx, "network");
-  if (!rc) return EP_OK;
-  int peer = -1, dead;
-  for (int i = 0; i < count && peer < 0; i++)
-    if (!x[i].done) peer = x[i].peer;
-  char who[48], msg[512];
-  const char *how;
-  snprintf(msg, sizeof msg, "%s", ep_ctx_last_error());
-  n->e->cancel(n->ep, x, count);
-  ep_ctx_mark_broken(s->ctx);
-  if (rc == EP_ERR_PEER_FAILED && ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK)
-    return ep_ctx_fail(s->ctx, rc, dead, op, phase, "%s", msg);
-  return ep_ctx_fail(s->ctx, rc, peer, op, phase, "%s (%s)", msg,
-                     cuda_net_who(s, peer, who, sizeof who));
+  ep_status_t st = ep_ctx_net_wait(s->ctx, s->net->e, s->net->ep, x, count, op, phase);
+  if (st) ep_ctx_mark_broken(s->ctx); /* NCCL cannot take a posted transfer back */
+  return st;
 }
 
 ep_status_t cuda_net_agree(cuda_state_t *s, ep_status_t mine, const char *op, const char *phase) {
