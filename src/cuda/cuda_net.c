@@ -77,9 +77,12 @@ void cuda_net_destroy(cuda_state_t *s, bool clean) {
   cuda_net_t *n = s->net;
   if (!n) return;
   bool calm = clean && !ep_ctx_peer_lost(s->ctx);
-  cuda_net_ll_destroy(s, calm);
+  /* Transfers in flight end first (completed, or let go), then the engines close (NCCL aborts
+   * what still runs when not calm), and only then is the memory they wrote into freed. */
+  calm = cuda_net_ll_settle_all(s, calm);
   if (n->ep) n->e->close(n->ep, calm);
   if (n->ctl) n->me->close(n->ctl, calm);
+  cuda_net_ll_destroy(s);
   dfree(&n->send), dfree(&n->recv), dfree(&n->part), dfree(&n->pin), dfree(&n->desc);
   if (n->area_d) cudaFree(n->area_d);
   if (n->ids_host) cudaFreeHost(n->ids_host);
@@ -131,6 +134,11 @@ ep_status_t cuda_net_sync(cuda_state_t *s, cudaStream_t st, const char *op, cons
                        "deadline of %.1f s passed waiting for this rank's stream", t);
       break;
     }
+    /* The stream may hold transfers from a peer that died: fail with its name, not later. */
+    if (nap >= 200 && ep_ctx_liveness(s->ctx) != EP_OK) {
+      rc = ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, -1, op, phase, "%s", ep_last_error());
+      break;
+    }
     if (nap < 200) {
       nap += 5;
       sched_yield();
@@ -143,10 +151,10 @@ ep_status_t cuda_net_sync(cuda_state_t *s, cudaStream_t st, const char *op, cons
   return rc;
 }
 
-ep_status_t cuda_net_allgather(cuda_state_t *s, const void *mine, void *all, size_t bytes,
+ep_status_t cuda_net_allgather(cuda_state_t *s, int tag, const void *mine, void *all, size_t bytes,
                                const char *op, const char *phase) {
   cuda_net_t *n = s->net;
-  ep_status_t st = ep_ctx_net_allgather(s->ctx, n->me, n->ctl, 1, mine, all, bytes, op, phase);
+  ep_status_t st = ep_ctx_net_allgather(s->ctx, n->me, n->ctl, tag, mine, all, bytes, op, phase);
   if (st) ep_ctx_mark_broken(s->ctx); /* the ranks are out of step from here */
   return st;
 }
@@ -202,7 +210,7 @@ ep_status_t cuda_net_agree(cuda_state_t *s, ep_status_t mine, const char *op, co
   char saved[512];
   snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
   const ep_status_t xs =
-      all ? cuda_net_allgather(s, &ok, all, sizeof ok, op, phase)
+      all ? cuda_net_allgather(s, CUDA_NET_TAG_NORMAL, &ok, all, sizeof ok, op, phase)
           : ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, phase, "out of memory");
   ep_status_t st = xs;
   for (int r = 0; r < s->nranks && !st && !mine; r++)
@@ -218,8 +226,8 @@ ep_status_t cuda_net_agree(cuda_state_t *s, ep_status_t mine, const char *op, co
 
 ep_status_t cuda_net_counts(cuda_state_t *s, const int32_t *mine, const char *op) {
   cuda_net_t *n = s->net;
-  ep_status_t st =
-      cuda_net_allgather(s, mine, n->counts, (size_t)n->cw * sizeof *mine, op, "counts");
+  ep_status_t st = cuda_net_allgather(s, CUDA_NET_TAG_NORMAL, mine, n->counts,
+                                      (size_t)n->cw * sizeof *mine, op, "counts");
   if (st) return st;
   st = ep_call_keys_check(s->ctx, op, (const ep_call_key_t *)mine, n->counts, (size_t)n->cw,
                           s->nranks, s->rank);

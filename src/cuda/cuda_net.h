@@ -86,7 +86,8 @@ void cuda_net_traffic(void *state, uint64_t *net, uint64_t *local);
 void *cuda_dstage(cuda_state_t *s, cuda_dstage_t *d, size_t bytes, const char *op);
 /* Every rank's `bytes` into all[r * bytes] (own included), point to point over the MPI
  * endpoint, with the deadline and the liveness checks; a failure breaks the buffer. */
-ep_status_t cuda_net_allgather(cuda_state_t *s, const void *mine, void *all, size_t bytes,
+enum { CUDA_NET_TAG_NORMAL = 1, CUDA_NET_TAG_LL_GATE = 2, CUDA_NET_TAG_LL_COMBINE = 3 };
+ep_status_t cuda_net_allgather(cuda_state_t *s, int tag, const void *mine, void *all, size_t bytes,
                                const char *op, const char *phase);
 /* The count exchange of a call: every rank's cw words in net->counts; keys compared. */
 ep_status_t cuda_net_counts(cuda_state_t *s, const int32_t *mine, const char *op);
@@ -124,7 +125,10 @@ ep_status_t cuda_net_combine_buffer(cuda_state_t *s, const ep_handle_info_t *h, 
 /* ---- cuda_net_ll.c: low-latency mode across hosts (the one-host entry points hand over) */
 struct cuda_ll_slot;
 ep_status_t cuda_net_ll_create(cuda_state_t *s);
-void cuda_net_ll_destroy(cuda_state_t *s, bool clean);
+/* Destroy, before the engines close: completes the transfers in flight (calm) or lets them go;
+ * returns whether the teardown may stay calm. Then, after the close, the memory is freed. */
+bool cuda_net_ll_settle_all(cuda_state_t *s, bool calm);
+void cuda_net_ll_destroy(cuda_state_t *s);
 ep_status_t cuda_net_ll_dispatch(cuda_state_t *s, const ep_ll_dispatch_args_t *a,
                                  ep_handle_info_t *out);
 ep_status_t cuda_net_ll_recv_dispatch(cuda_state_t *s, struct cuda_ll_slot *sl, const char *op);

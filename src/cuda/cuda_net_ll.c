@@ -51,8 +51,9 @@ struct cuda_net_ll {
   nll_slot_t slot[EPK_LL_SLOTS];
   int32_t *recs; /* [R][GATE_HDR + E]: every rank's gate record of the current dispatch */
   int32_t *mine;
-  int64_t *cidx; /* page-locked [T][K]: a combine's topk_idx */
-  int32_t seq;   /* dispatches past the gate (the same on every rank) */
+  int64_t *cidx;  /* page-locked [T][K]: a combine's topk_idx */
+  int32_t *agree; /* [R][2]: every rank's combine agreement (status, dispatch number) */
+  int32_t seq;    /* dispatches past the gate (the same on every rank) */
 };
 
 static nll_slot_t *nslot(cuda_state_t *s, const cuda_ll_slot_t *sl) {
@@ -69,6 +70,7 @@ ep_status_t cuda_net_ll_create(cuda_state_t *s) {
   n->recs = calloc(((size_t)R + 1) * gw, sizeof *n->recs);
   bool ok = n->recs != NULL;
   if (ok) n->mine = n->recs + (size_t)R * gw;
+  ok = ok && (n->agree = calloc(2 * (size_t)R, sizeof *n->agree));
   for (int i = 0; i < EPK_LL_SLOTS; i++) {
     nll_slot_t *ns = &n->slot[i];
     ns->range = calloc((size_t)l->L * (size_t)R, sizeof *ns->range);
@@ -87,15 +89,24 @@ static void dfree(cuda_dstage_t *d) {
   d->p = NULL, d->cap = 0;
 }
 
-void cuda_net_ll_destroy(cuda_state_t *s, bool clean) {
+bool cuda_net_ll_settle_all(cuda_state_t *s, bool calm) {
+  struct cuda_net_ll *n = s->net ? s->net->ll : NULL;
+  for (int i = 0; n && i < EPK_LL_SLOTS; i++) {
+    nll_slot_t *ns = &n->slot[i];
+    if (ns->pending && calm)
+      calm = !cuda_net_complete(s, ns->x, ns->nx, "ep_buffer_destroy", "settle");
+    else if (ns->pending)
+      s->net->e->cancel(s->net->ep, ns->x, ns->nx);
+    ns->pending = false;
+  }
+  return calm;
+}
+
+void cuda_net_ll_destroy(cuda_state_t *s) {
   struct cuda_net_ll *n = s->net ? s->net->ll : NULL;
   if (!n) return;
   for (int i = 0; i < EPK_LL_SLOTS; i++) {
     nll_slot_t *ns = &n->slot[i];
-    if (ns->pending && clean)
-      clean = !cuda_net_complete(s, ns->x, ns->nx, "ep_buffer_destroy", "settle");
-    else if (ns->pending)
-      s->net->e->cancel(s->net->ep, ns->x, ns->nx);
     cuda_dstage_t *d[] = {&ns->items, &ns->send, &ns->recv,  &ns->rows,
                           &ns->map,   &ns->w,    &ns->csend, &ns->crecv};
     for (size_t k = 0; k < sizeof d / sizeof d[0]; k++) dfree(d[k]);
@@ -103,7 +114,7 @@ void cuda_net_ll_destroy(cuda_state_t *s, bool clean) {
     free(ns->ids), free(ns->range), free(ns->to), free(ns->x);
   }
   if (n->cidx) cudaFreeHost(n->cidx);
-  free(n->recs);
+  free(n->recs), free(n->agree);
   free(n);
   s->net->ll = NULL;
 }
@@ -120,14 +131,22 @@ static int32_t *pinned(cuda_state_t *s, nll_slot_t *ns, size_t bytes, const char
   return ns->pin;
 }
 
+static const char CAPTURE[] =
+    "a low-latency call across hosts waits on the host (gate, network) and cannot be captured in "
+    "a CUDA graph";
+
+/* A receive while the stream is captured: refused, the handle as it was (receive it later). */
+static ep_status_t refuse_capture(cuda_state_t *s, cudaStream_t st, const char *op) {
+  cuda_leave(s, st, false);
+  return ep_ctx_fail(s->ctx, EP_ERR_UNSUPPORTED, -1, op, "arguments", "%s", CAPTURE);
+}
+
 /* Host checks and the ids, before the gate: a failure here rejects the call. */
 static ep_status_t dispatch_prepare(cuda_state_t *s, const ep_ll_dispatch_args_t *a, nll_slot_t *ns,
                                     cudaStream_t st, const char *op) {
   const int E = s->ll->k.lay.E;
   if (cuda_capturing(st))
-    return ep_ctx_fail(s->ctx, EP_ERR_UNSUPPORTED, -1, op, "arguments",
-                       "a low-latency call across hosts waits on the host (gate, network) and "
-                       "cannot be captured in a CUDA graph");
+    return ep_ctx_fail(s->ctx, EP_ERR_UNSUPPORTED, -1, op, "arguments", "%s", CAPTURE);
   if (a->num_tokens && (((uintptr_t)a->x & 15) || ((uintptr_t)a->topk_idx & 7)))
     return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, op, "arguments",
                        "args->x must be 16-byte and args->topk_idx 8-byte aligned on the CUDA "
@@ -166,6 +185,19 @@ static const int32_t *record(const cuda_state_t *s, int r) {
   return s->net->ll->recs + (size_t)r * (GATE_HDR + (size_t)s->ll->k.lay.E);
 }
 
+/* Every row position and size below derives from the records: one that no valid call makes
+ * (a peer out of step, a corrupt message) is refused before any is used, on every rank alike. */
+static bool record_sane(const cuda_state_t *s, const int32_t *q) {
+  const epk_ll_layout_t *l = &s->ll->k.lay;
+  if (q[3] < 0 || q[3] > l->T || q[1] < 1 || q[1] > l->K) return false;
+  int64_t sum = 0;
+  for (int e = 0; e < l->E; e++) {
+    if (q[GATE_HDR + e] < 0 || q[GATE_HDR + e] > q[3]) return false;
+    sum += q[GATE_HDR + e];
+  }
+  return sum <= (int64_t)q[3] * q[1];
+}
+
 /* The gate: every rank's record; the verdict every rank reaches alike. `mine` failed: this
  * rank's own error stays the call's. */
 static ep_status_t gate(cuda_state_t *s, ep_status_t mine, const char *op) {
@@ -174,7 +206,8 @@ static ep_status_t gate(cuda_state_t *s, ep_status_t mine, const char *op) {
   char saved[512];
   snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
   if (mine) n->mine[0] = 1;
-  ep_status_t st = cuda_net_allgather(s, n->mine, n->recs, gw * 4, op, "gate");
+  ep_status_t st =
+      cuda_net_allgather(s, CUDA_NET_TAG_LL_GATE, n->mine, n->recs, gw * 4, op, "gate");
   if (st || mine) {
     if (mine) ep_ctx_restore_error(saved);
     return mine ? mine : st;
@@ -186,6 +219,12 @@ static ep_status_t gate(cuda_state_t *s, ep_status_t mine, const char *op) {
       return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, r, op, "gate",
                          "rank %d rejected its arguments for this call (see its error)", r);
   }
+  for (int r = 0; r < s->nranks; r++)
+    if (!record_sane(s, record(s, r)))
+      return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r, op, "gate",
+                         "rank %d's gate record is impossible (tokens, topk or selections out of "
+                         "range): the ranks are out of step",
+                         r);
   for (int r = 1; r < s->nranks; r++) {
     const int32_t *q = record(s, r);
     if (q[1] != r0[1])
@@ -356,6 +395,7 @@ ep_status_t cuda_net_ll_recv_dispatch(cuda_state_t *s, cuda_ll_slot_t *sl, const
   const epk_ll_layout_t *l = &s->ll->k.lay;
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, sl->stream, op, &st);
+  if (!rc && cuda_capturing(st)) rc = refuse_capture(s, st, op);
   if (rc) return rc;
   if (ns->pending) rc = cuda_net_complete(s, ns->x, ns->nx, op, "recv");
   ns->pending = false;
@@ -394,9 +434,7 @@ static ep_status_t combine_prepare(cuda_state_t *s, const ep_ll_combine_args_t *
     return ep_err(EP_ERR_INVALID_ARG, "%s: the handle cannot be combined: %s", op,
                   ep_ll_state_why(sl->state));
   if (cuda_capturing(st))
-    return ep_ctx_fail(s->ctx, EP_ERR_UNSUPPORTED, -1, op, "arguments",
-                       "a low-latency call across hosts waits on the host (gate, network) and "
-                       "cannot be captured in a CUDA graph");
+    return ep_ctx_fail(s->ctx, EP_ERR_UNSUPPORTED, -1, op, "arguments", "%s", CAPTURE);
   const void *p[] = {a->y, a->out, a->topk_idx, a->topk_weights};
   static const char *names[] = {"args->y", "args->out", "args->topk_idx", "args->topk_weights"};
   static const uintptr_t need[] = {16, 16, 8, 4};
@@ -423,14 +461,12 @@ static ep_status_t combine_prepare(cuda_state_t *s, const ep_ll_combine_args_t *
 
 /* Every rank enters the combine of the same dispatch, or every rank fails it. */
 static ep_status_t combine_agree(cuda_state_t *s, ep_status_t mine, int32_t seq, const char *op) {
-  int32_t w[2] = {mine != EP_OK, seq}, *all = calloc(2 * (size_t)s->nranks, sizeof *all);
+  int32_t w[2] = {mine != EP_OK, seq}, *all = s->net->ll->agree;
   char saved[512];
   snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
-  ep_status_t st = all ? cuda_net_allgather(s, w, all, sizeof w, op, "check")
-                       : ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, "check", "out of memory");
+  ep_status_t st = cuda_net_allgather(s, CUDA_NET_TAG_LL_COMBINE, w, all, sizeof w, op, "check");
   if (st || mine) {
     if (mine) ep_ctx_restore_error(saved);
-    if (!st) free(all); /* after a failed exchange a late message could still land in it */
     return mine ? mine : st;
   }
   for (int r = 0; r < s->nranks && !st; r++)
@@ -443,7 +479,6 @@ static ep_status_t combine_agree(cuda_state_t *s, ep_status_t mine, int32_t seq,
                        "rank %d combines the handle of low-latency dispatch #%d, this rank #%d: "
                        "every rank must combine the same dispatch",
                        r, all[2 * r + 1], seq);
-  free(all);
   return st;
 }
 
@@ -552,6 +587,7 @@ ep_status_t cuda_net_ll_recv_combine(cuda_state_t *s, cuda_ll_slot_t *sl, const 
   const epk_ll_layout_t *l = &s->ll->k.lay;
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, sl->stream, op, &st);
+  if (!rc && cuda_capturing(st)) rc = refuse_capture(s, st, op);
   if (rc) return rc;
   if (ns->pending) rc = cuda_net_complete(s, ns->x, ns->nx, op, "recv");
   ns->pending = false;
