@@ -19,6 +19,10 @@
  *                            "beat": the same with heartbeats (EP_HEARTBEAT_S) and a deadline
  *                            of 60 s: EP_ERR_PEER_FAILED within 3 x EP_HEARTBEAT_S, by them.
  *                            "ll": the rounds are low-latency dispatches and combines.
+ *   test_net mismatch        ranks that combine the handles of different dispatches fail alike
+ *                            with EP_ERR_MISMATCH (normal mode; low-latency mode on cuda), and a
+ *                            misaligned combine output on one rank (cuda) is EP_ERR_SHAPE there,
+ *                            EP_ERR_PEER_INVALID on the others; a checked round follows each.
  * Run under `epcomm launch -n R [--hosts H]` or mpirun (tests/test_net.sh). */
 #include <signal.h>
 #include <time.h>
@@ -152,6 +156,91 @@ static ep_status_t ll_round(ep_buffer_t b, int R, int me, int i) {
   return st;
 }
 
+/* A normal-mode dispatch of LL_T tokens into caller memory (the handle is what matters). */
+static ep_handle_t dispatch_some(ep_buffer_t b, int R, void **x, void **idx, void **rx) {
+  int64_t id[LL_T * LL_K];
+  uint16_t h[LL_T * LL_H];
+  for (int i = 0; i < LL_T * LL_H; i++) h[i] = 0x3f80;
+  for (int i = 0; i < LL_T * LL_K; i++) id[i] = (i * 3 + i / LL_K) % (4 * R);
+  for (int t = 0; t < LL_T; t++)
+    if (id[t * LL_K] == id[t * LL_K + 1]) id[t * LL_K + 1] = -1;
+  *x = t_to_dev(h, sizeof h), *idx = t_to_dev(id, sizeof id);
+  *rx = t_dalloc((size_t)R * LL_T * LL_H * 2 + 64);
+  ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
+  a.x = *x, a.dtype = EP_DTYPE_BF16, a.num_tokens = LL_T, a.hidden = LL_H;
+  a.topk_idx = *idx, a.topk = LL_K, a.num_experts = 4 * R;
+  ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
+  o.mode = EP_OUTPUT_CALLER, o.recv_x = *rx, o.capacity = R * LL_T;
+  T_OK(ep_dispatch(b, &a, &o));
+  return o.handle;
+}
+
+static int mismatch(void) {
+  ep_group_t g;
+  int me, R;
+  long wrong;
+  t_init(&g, &me, &R);
+  int H, *host_of;
+  t_hosts(g, &H, &host_of);
+  free(host_of);
+  T_CHECK(H > 1, "run across hosts: calls there carry the number of their dispatch");
+  ep_buffer_config_t bc = EP_BUFFER_CONFIG_INIT;
+  bc.ll_max_tokens = LL_T, bc.ll_hidden = LL_H, bc.ll_num_experts = 4 * R;
+  ep_buffer_t b;
+  T_OK(ep_buffer_create(g, &bc, &b));
+  void *x[2], *idx[2], *rx[2];
+  ep_handle_t h[2];
+  for (int i = 0; i < 2; i++) h[i] = dispatch_some(b, R, &x[i], &idx[i], &rx[i]);
+  uint16_t *out = t_dalloc(LL_T * LL_H * 2 + 64);
+  ep_combine_args_t c = EP_COMBINE_ARGS_INIT;
+  c.handle = h[me == 0 ? 0 : 1], c.x = rx[me == 0 ? 0 : 1], c.out = out;
+  T_STATUS(EP_ERR_MISMATCH, ep_combine(b, &c));
+  T_OK(t_round(b, R, me, 11, &wrong));
+  T_CHECK(wrong == 0, "%ld values wrong after the mismatch", wrong);
+  if (t_cuda()) { /* the CPU backend takes any alignment */
+    c.handle = h[1], c.x = rx[1], c.out = me == 0 ? (void *)((char *)out + 2) : out;
+    T_STATUS(me == 0 ? EP_ERR_SHAPE
+             : R > 1 ? EP_ERR_PEER_INVALID
+                     : EP_ERR_SHAPE,
+             ep_combine(b, &c));
+    T_OK(t_round(b, R, me, 12, &wrong));
+    T_CHECK(wrong == 0, "%ld values wrong after the misaligned combine", wrong);
+  }
+  for (int i = 0; i < 2; i++) {
+    T_OK(ep_handle_destroy(h[i]));
+    t_dfree(x[i]), t_dfree(idx[i]), t_dfree(rx[i]);
+  }
+  if (t_cuda()) { /* low-latency: two results alive, each rank combines another */
+    int64_t id[LL_T * LL_K];
+    float w[LL_T * LL_K];
+    uint16_t hx[LL_T * LL_H];
+    for (int i = 0; i < LL_T * LL_H; i++) hx[i] = 0x3f80;
+    for (int t = 0; t < LL_T * LL_K; t++) id[t] = (t % LL_K) * 4 + (t / LL_K) % 4, w[t] = 1.0f;
+    void *dx = t_to_dev(hx, sizeof hx), *di = t_to_dev(id, sizeof id), *dw = t_to_dev(w, sizeof w);
+    ep_ll_dispatch_args_t a = {
+        .size = sizeof a, .x = dx, .topk_idx = di, .num_tokens = LL_T, .topk = LL_K};
+    ep_ll_handle_t lh[2];
+    for (int i = 0; i < 2; i++) T_OK(ep_ll_dispatch(b, &a, &lh[i]));
+    void *y;
+    T_OK(ep_ll_get_combine_buffer(b, lh[me == 0 ? 0 : 1], &y));
+    ep_ll_combine_args_t lc = {.size = sizeof lc,
+                               .handle = lh[me == 0 ? 0 : 1],
+                               .y = y,
+                               .topk_idx = di,
+                               .topk_weights = dw,
+                               .out = out};
+    T_STATUS(EP_ERR_MISMATCH, ep_ll_combine(b, &lc));
+    for (int i = 0; i < 2; i++) T_OK(ep_ll_handle_destroy(lh[i]));
+    T_OK(ll_round(b, R, me, 1));
+    t_dfree(dx), t_dfree(di), t_dfree(dw);
+  }
+  t_dfree(out);
+  T_OK(ep_buffer_destroy(b));
+  t_fini(g);
+  if (me == 0) printf("test_net mismatch: R=%d passed\n", R);
+  return T_PASS;
+}
+
 static int kill_some(const char *victims, const char *dir, bool host, bool beat, bool ll) {
   const int rounds = 5;
   ep_group_t g;
@@ -230,6 +319,10 @@ int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "";
   if (!strcmp(what, "maps")) return maps();
   if (!strcmp(what, "hostid")) return hostid(argc, argv);
+  if (!strcmp(what, "mismatch")) {
+    t_require_backend();
+    return mismatch();
+  }
   if (!strcmp(what, "gpu")) { /* EP_BACKEND=cuda without a GPU: exits 77 ("skipped: no GPU") */
     t_require_backend();
     return T_PASS;
@@ -240,6 +333,6 @@ int main(int argc, char **argv) {
                      argc > 4 && strcmp(argv[4], "ll") == 0);
   fprintf(stderr,
           "usage: test_net maps | hostid W0 W1 ... | kill VICTIM[,VICTIM...] DIR [host|beat|ll] | "
-          "gpu\n");
+          "mismatch | gpu\n");
   return T_FAIL;
 }

@@ -33,6 +33,19 @@ ep_status_t ep_call_keys_check(ep_ctx_t *ctx, const char *op, const ep_call_key_
   return EP_OK;
 }
 
+ep_status_t ep_call_seq_check(ep_ctx_t *ctx, const char *op, int32_t mine, const int32_t *words,
+                              size_t stride, int nranks) {
+  for (int r = 0; r < nranks; r++) {
+    const int32_t theirs = words[(size_t)r * stride + stride - 1];
+    if (theirs != mine)
+      return ep_ctx_fail(ctx, EP_ERR_MISMATCH, r, op, "counts",
+                         "rank %d's call follows the layout of dispatch #%d, this rank's #%d: "
+                         "every rank must pass the handle of the same dispatch",
+                         r, theirs, mine);
+  }
+  return EP_OK;
+}
+
 ep_status_t ep_call_key_fail(ep_ctx_t *ctx, const char *op, const char *phase, int f,
                              const ep_call_key_t *mine, const ep_call_key_t *theirs, int peer) {
   if (f == EP_CF_REJECTED)

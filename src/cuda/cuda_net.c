@@ -232,15 +232,7 @@ ep_status_t cuda_net_counts(cuda_state_t *s, const int32_t *mine, const char *op
   st = ep_call_keys_check(s->ctx, op, (const ep_call_key_t *)mine, n->counts, (size_t)n->cw,
                           s->nranks, s->rank);
   if (st) return st;
-  /* Handles of different dispatches would move blocks of different sizes: refused alike. */
-  const int32_t seq = mine[n->cw - 1];
-  for (int r = 0; r < s->nranks; r++)
-    if (n->counts[(size_t)r * n->cw + n->cw - 1] != seq)
-      return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, r, op, "counts",
-                         "rank %d's call follows the layout of dispatch #%d, this rank's #%d: "
-                         "every rank must pass the handle of the same dispatch",
-                         r, n->counts[(size_t)r * n->cw + n->cw - 1], seq);
-  return EP_OK;
+  return ep_call_seq_check(s->ctx, op, mine[n->cw - 1], n->counts, (size_t)n->cw, s->nranks);
 }
 
 void cuda_net_reject(cuda_state_t *s, const char *op) {
