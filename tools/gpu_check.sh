@@ -237,36 +237,55 @@ for s in $steps; do
         done
       done ;;
     ncu)
-      # Per-kernel figures of normal mode at R=$NCUR (default 8) with $NCUSMS SMs (16): rank 0
-      # runs under Nsight Compute (clocks left alone), the others plain, all under MPS. First a
-      # metric set of one pass (no replay: a replayed kernel would wait again for its peers), then
-      # the SpeedOfLight/Occupancy/WarpStateStats sections (replayed; may not finish).
+      # Per-kernel figures of normal mode at R=$NCUR (default 8) with $NCUSMS SMs (16), every rank
+      # under MPS. Nsight Compute's MPS mode: one `ncu --mps control` process holds the options
+      # and collects the report; rank 0 runs under `ncu --mps primary-client`, the others under
+      # `ncu --mps client` (no other options there). Clocks left alone. First a metric set of
+      # one pass (no replay: a replayed kernel would wait again for its peers), then the
+      # SpeedOfLight/Occupancy/WarpStateStats sections (replayed; may not finish).
       R=${NCUR:-8} sms=${NCUSMS:-16}
       cat >"$out/ncu-wrap.sh" <<'WRAP'
 #!/usr/bin/env bash
-# Under MPS every client runs under ncu: rank 0 as the primary (options, report), the others as
-# clients (ncu refuses other options with --mps client).
-# The primary's name differs between ncu versions ("primary-client" in recent ones): ask its help.
-primary=$(ncu --help 2>/dev/null | grep -o 'primary-client' | head -1)
-if [ "$EP_RANK" = 0 ]; then exec ncu --mps "${primary:-primary}" --clock-control none --target-processes all $NCU_ARGS "$@"; fi
+if [ "$EP_RANK" = 0 ]; then exec ncu --mps primary-client "$@"; fi
 exec ncu --mps client "$@"
 WRAP
       chmod +x "$out/ncu-wrap.sh"
       kern='regex:epk_(notify|dispatch|combine)_kernel'
       m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,launch__grid_size,launch__registers_per_thread
+      cat >"$out/ncu-job.sh" <<'JOB'
+#!/usr/bin/env bash
+# ncu-job.sh LOG SECS R LAUNCH-COMMAND... -- NCU-OPTIONS...: inside one MPS daemon (with-mps),
+# the ncu control process in the background, then the ranks.
+log=$1 secs=$2 R=$3
+shift 3
+cmd=()
+while [ "$1" != -- ]; do cmd+=("$1"); shift; done
+shift
+timeout $((secs + 20)) ncu --mps control --mps-num-clients "$R" --clock-control none "$@" >"$log" 2>&1 &
+ctl=$!
+sleep 3
+timeout "$secs" "${cmd[@]}" >"$log.app" 2>&1
+app=$?
+wait $ctl
+echo "app exit $app, ncu control exit $?"
+JOB
+      chmod +x "$out/ncu-job.sh"
+      ncu_run() { # log secs ncu-options...
+        local log=$1 secs=$2
+        shift 2
+        echo "ncu R=$R $sms SMs $dt $(basename "$log"): $(EP_TIMEOUT_S=60 "$mps" "$out/ncu-job.sh" "$log" \
+          "$secs" $R $b/bin/epcomm launch -n $R "$out/ncu-wrap.sh" $b/bin/epcomm bench --backend cuda \
+          --sms $sms --dtype $dt --variants main --baseline off --iters 20 -- "$@" 2>&1 | tail -1)"
+      }
       for dt in ${NCUDT:-bf16 fp8}; do
-        NCU_ARGS="-k $kern --launch-skip 30 -c 12 --metrics $m --csv" EP_TIMEOUT_S=60 timeout 200 "$mps" \
-          $b/bin/epcomm launch -n $R "$out/ncu-wrap.sh" $b/bin/epcomm bench --backend cuda --sms $sms \
-          --dtype $dt --variants main --baseline off --iters 20 >"$out/ncu-r$R-$dt.log" 2>&1
-        echo "ncu R=$R $sms SMs $dt (one pass): exit $?"
+        ncu_run "$out/ncu-r$R-$dt.log" 150 -k "$kern" --launch-skip 30 -c 12 --metrics "$m" --csv
         grep -E '^"|==PROF==|==ERROR==|==WARNING==' "$out/ncu-r$R-$dt.log" | grep -v '^"ID"' |
           awk -F'","' '/^"/ { printf "%s %s = %s\n", $5, $(NF-2), $NF; next } { print }' | head -120
+        grep -h '==ERROR==' "$out/ncu-r$R-$dt.log.app" | head -5
       done
-      NCU_ARGS="-k $kern --launch-skip 30 -c 3 --section SpeedOfLight --section Occupancy --section WarpStateStats" \
-        EP_TIMEOUT_S=60 timeout ${NCUSECT_S:-200} "$mps" $b/bin/epcomm launch -n $R "$out/ncu-wrap.sh" $b/bin/epcomm \
-        bench --backend cuda --sms $sms --dtype bf16 --variants main --baseline off --iters 20 \
-        >"$out/ncu-r$R-sections.log" 2>&1
-      echo "ncu R=$R sections: exit $?"
+      dt=bf16
+      ncu_run "$out/ncu-r$R-sections.log" ${NCUSECT_S:-200} -k "$kern" --launch-skip 30 -c 3 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats
       grep -E 'epk_|Duration|Throughput|Occupancy|Stall|Warp Cycles|==ERROR==|==PROF==' \
         "$out/ncu-r$R-sections.log" | head -80 ;;
     doctor)
