@@ -171,6 +171,8 @@ typedef struct {
   int num_experts;
   ep_dtype_t dtype;
   int num_scales;
+  int32_t number; /* normal mode: the dispatch's number on its buffer (1, 2, ...; the same on every
+                     rank), which the calls along the handle carry in their key */
   void *priv;
   void (*free_priv)(void *priv);
 } ep_handle_info_t;
@@ -208,13 +210,6 @@ ep_status_t ep_call_key_fail(ep_ctx_t *ctx, const char *op, const char *phase, i
  * Compared once all have arrived, so that every rank fails the call the same way. */
 ep_status_t ep_call_keys_check(ep_ctx_t *ctx, const char *op, const ep_call_key_t *mine,
                                const int32_t *words, size_t stride, int nranks, int rank);
-
-/* Across hosts each rank's count words end with the number of the dispatch whose layout the call
- * follows (0: a new dispatch). Handles of different dispatches on different ranks would move
- * blocks of different sizes: EP_ERR_MISMATCH on every rank alike, naming the lowest that
- * differs from this rank's `mine`. */
-ep_status_t ep_call_seq_check(ep_ctx_t *ctx, const char *op, int32_t mine, const int32_t *words,
-                              size_t stride, int nranks);
 
 /* The key of a combine along handle `h`. */
 void ep_call_combine_key(const ep_combine_args_t *a, const ep_handle_info_t *h, ep_call_key_t *key);

@@ -7,7 +7,14 @@
 #include "internal.h"
 
 static const char *const field_names[EP_CF_COUNT] = {
-    "the operation", "hidden", "dtype", "topk", "num_experts", "num_scales", "topk_weights given"};
+    "the operation",
+    "hidden",
+    "dtype",
+    "topk",
+    "num_experts",
+    "num_scales",
+    "topk_weights given",
+    "the dispatch whose handle the call uses (its number on the buffer)"};
 
 static const char *kind_name(int32_t k) {
   return k == EP_CALL_DISPATCH  ? "dispatch"
@@ -29,19 +36,6 @@ ep_status_t ep_call_keys_check(ep_ctx_t *ctx, const char *op, const ep_call_key_
     const ep_call_key_t *theirs = (const ep_call_key_t *)(words + (size_t)r * stride);
     int f = r == rank ? -1 : ep_call_key_diff(mine, theirs);
     if (f >= 0) return ep_call_key_fail(ctx, op, "counts", f, mine, theirs, r);
-  }
-  return EP_OK;
-}
-
-ep_status_t ep_call_seq_check(ep_ctx_t *ctx, const char *op, int32_t mine, const int32_t *words,
-                              size_t stride, int nranks) {
-  for (int r = 0; r < nranks; r++) {
-    const int32_t theirs = words[(size_t)r * stride + stride - 1];
-    if (theirs != mine)
-      return ep_ctx_fail(ctx, EP_ERR_MISMATCH, r, op, "counts",
-                         "rank %d's call follows the layout of dispatch #%d, this rank's #%d: "
-                         "every rank must pass the handle of the same dispatch",
-                         r, theirs, mine);
   }
   return EP_OK;
 }
@@ -74,6 +68,7 @@ void ep_call_combine_key(const ep_combine_args_t *a, const ep_handle_info_t *h,
   key->f[EP_CF_HIDDEN] = h->hidden;
   key->f[EP_CF_TOPK] = a->topk_weights ? h->topk : 0;
   key->f[EP_CF_WEIGHTS] = a->topk_weights != NULL;
+  key->f[EP_CF_LAYOUT] = h->number;
 }
 
 ep_status_t ep_call_bad_expert(ep_ctx_t *ctx, const char *op, int64_t token, int k, int64_t value,
@@ -125,7 +120,15 @@ ep_handle_info_t ep_call_handle_info(const ep_dispatch_call_t *c, int nr, void *
                                      void (*free_priv)(void *)) {
   const ep_dispatch_args_t *a = &c->in;
   int rows = c->out.worst_case ? c->out.capacity : nr;
-  return (ep_handle_info_t){EP_HANDLE_NORMAL, a->num_tokens,  nr,       rows,          a->hidden,
-                            a->topk,          a->num_experts, a->dtype, a->num_scales, priv,
-                            free_priv};
+  return (ep_handle_info_t){.kind = EP_HANDLE_NORMAL,
+                            .num_tokens = a->num_tokens,
+                            .num_recv_tokens = nr,
+                            .recv_rows = rows,
+                            .hidden = a->hidden,
+                            .topk = a->topk,
+                            .num_experts = a->num_experts,
+                            .dtype = a->dtype,
+                            .num_scales = a->num_scales,
+                            .priv = priv,
+                            .free_priv = free_priv}; /* number: the core's, after the call */
 }

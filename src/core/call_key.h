@@ -16,6 +16,7 @@ enum {
   EP_CF_EXPERTS,
   EP_CF_SCALES,
   EP_CF_WEIGHTS,
+  EP_CF_LAYOUT, /* the number of the dispatch whose handle the call uses (0: a new dispatch) */
   EP_CF_COUNT,
   EP_CF_REJECTED = EP_CF_COUNT /* not a field: the peer refused its arguments */
 };

@@ -169,6 +169,7 @@ static void describe(const ep_buffer *b, ep_dispatch_call_t *c, const ep_handle_
   f[EP_CF_EXPERTS] = h ? 0 : a->num_experts;
   f[EP_CF_SCALES] = a->dtype == EP_DTYPE_FP8_E4M3 ? a->num_scales : 0;
   f[EP_CF_WEIGHTS] = c->has_w;
+  f[EP_CF_LAYOUT] = h ? h->number : 0;
   if (h) { /* the layout is the handle's: nothing of the caller's routing is read */
     a->topk_idx = NULL, a->topk_weights = NULL, a->topk = h->topk, a->num_experts = h->num_experts;
   }
@@ -207,6 +208,9 @@ static ep_status_t run_dispatch(ep_buffer *b, ep_dispatch_call_t *c, ep_handle *
   memset(&info, 0, sizeof info);
   c->out.handle = NULL;
   ep_status_t st = ep_buffer_after(b, b->ops->dispatch(b->state, c, &info), op);
+  /* Numbered once it succeeded, which it did on every rank alike (a collective call): the
+   * combines and cached dispatches along it carry the number in their key. */
+  if (!st && !cached) info.number = ++b->dispatches;
   if (!st && !cached)
     st = ep_handle_new(b, &info, &c->out.handle);
   else if (info.free_priv)

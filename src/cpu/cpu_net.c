@@ -37,7 +37,7 @@ ep_status_t cpu_net_create(cpu_state_t *s) {
   if (!n) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
   s->net = n;
   n->chunk = (size_t)ep_env_long("EP_NET_CHUNK", 1 << 20);
-  n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->gnranks + s->topo->nhosts + 1;
+  n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->gnranks + s->topo->nhosts;
   n->counts = malloc((size_t)s->gnranks * (size_t)n->cw * sizeof *n->counts);
   if (!n->counts)
     return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
@@ -103,10 +103,8 @@ ep_status_t cpu_net_counts(cpu_state_t *s, const int32_t *mine, const char *op) 
   ep_status_t st =
       cpu_net_all_to_all(s, n->normal, NET_TAG_COUNTS, mine, n->counts, bytes, op, "counts");
   if (st) return st;
-  st = ep_call_keys_check(s->ctx, op, (const ep_call_key_t *)mine, n->counts, (size_t)n->cw,
-                          s->gnranks, s->grank);
-  return st ? st
-            : ep_call_seq_check(s->ctx, op, mine[n->cw - 1], n->counts, (size_t)n->cw, s->gnranks);
+  return ep_call_keys_check(s->ctx, op, (const ep_call_key_t *)mine, n->counts, (size_t)n->cw,
+                            s->gnranks, s->grank);
 }
 
 /* A rejected call still takes part in the count exchange, so that the peers fail at once and

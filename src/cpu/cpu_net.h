@@ -53,9 +53,7 @@ typedef struct cpu_net {
   size_t chunk;           /* EP_NET_CHUNK */
   cpu_stage_t send, recv; /* staging: blocks (partials) to send, blocks (partials) received */
   int32_t *counts;        /* [R][cw] gathered count words of the current call */
-  int cw;                 /* int32 words of one rank's counts: key, to_rank[R], to_host[H],
-                             then the number of the dispatch whose layout the call follows */
-  int32_t dseq;           /* non-cached dispatches past their count exchange (alike everywhere) */
+  int cw;                 /* int32 words of one rank's counts: key, to_rank[R], to_host[H] */
   _Atomic uint64_t net_bytes, local_bytes; /* sent so far (ep_buffer_query) */
   struct cpu_net_ll *llnet;                /* low-latency state across hosts (cpu_net_ll.c) */
 } cpu_net_t;
@@ -79,7 +77,6 @@ typedef struct {
   int32_t nfan;
   int32_t *row_src; /* [Nr]: source rank of each received row */
   int32_t *row_j;   /* [Nr]: its entry in the source's block to this host */
-  int32_t seq;      /* the dispatch's number (cpu_net_t.dseq) */
 } cpu_nplan_t;
 
 void cpu_nplan_free(void *plan);

@@ -531,7 +531,6 @@ ep_status_t cpu_net_combine(cpu_state_t *s, const ep_combine_args_t *a, const ep
   int32_t *words = calloc((size_t)s->net->cw, sizeof *words);
   if (!words) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "counts", "out of memory");
   ep_call_combine_key(a, h, (ep_call_key_t *)words);
-  words[s->net->cw - 1] = j.p->seq;
   ep_status_t st = EP_OK;
   if (j.rec > s->queue_bytes / 2) {
     free(words);

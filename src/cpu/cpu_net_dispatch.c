@@ -475,7 +475,6 @@ static int32_t *count_words(cpu_state_t *s, const ep_dispatch_call_t *c, cpu_npl
   if (cached) {
     memcpy(w + key, p->cnt + (size_t)s->grank * R, (size_t)R * sizeof *w);
     memcpy(w + key + R, p->hcnt + (size_t)s->grank * H, (size_t)H * sizeof *w);
-    w[s->net->cw - 1] = p->seq;
   } else {
     cpu_nplan_send_side(s, p, w + key, w + key + R);
   }
@@ -522,8 +521,6 @@ ep_status_t cpu_net_dispatch(cpu_state_t *s, ep_dispatch_call_t *c, ep_handle_in
   st = words ? cpu_net_counts(s, words, OP)
              : ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "counts", "out of memory");
   free(words);
-  /* Numbered once every rank agreed on a new dispatch (the exchange fails alike everywhere). */
-  if (!st && !j.cached) p->seq = ++s->net->dseq;
   if (!st && !j.cached && !cpu_nplan_recv_side(s, p, s->net->counts, s->net->cw))
     st = ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "layout", "out of memory");
   if (!st) st = run(s, c, &j);

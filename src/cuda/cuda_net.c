@@ -48,7 +48,7 @@ ep_status_t cuda_net_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   s->net = n;
   n->H = t->nhosts, n->L = t->local_size, n->host = t->host, n->lrank = t->local_rank;
   n->rank_at = t->rank_at, n->host_of = t->host_of, n->local_of = t->local_of;
-  n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->nranks + 2 * n->H + 1;
+  n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->nranks + 2 * n->H;
   n->counts = calloc((size_t)s->nranks * (size_t)n->cw, sizeof *n->counts);
   if (!n->counts) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, OP, "init", "out of memory");
   /* Collective on every rank alike, after the pools are mapped (cuda_mem_setup agreed). */
@@ -229,10 +229,10 @@ ep_status_t cuda_net_counts(cuda_state_t *s, const int32_t *mine, const char *op
   ep_status_t st = cuda_net_allgather(s, CUDA_NET_TAG_NORMAL, mine, n->counts,
                                       (size_t)n->cw * sizeof *mine, op, "counts");
   if (st) return st;
-  st = ep_call_keys_check(s->ctx, op, (const ep_call_key_t *)mine, n->counts, (size_t)n->cw,
-                          s->nranks, s->rank);
-  if (st) return st;
-  return ep_call_seq_check(s->ctx, op, mine[n->cw - 1], n->counts, (size_t)n->cw, s->nranks);
+  /* The key holds the number of the dispatch a combine or cached dispatch follows: handles of
+   * different dispatches would move blocks of different sizes, and fail here alike. */
+  return ep_call_keys_check(s->ctx, op, (const ep_call_key_t *)mine, n->counts, (size_t)n->cw,
+                            s->nranks, s->rank);
 }
 
 void cuda_net_reject(cuda_state_t *s, const char *op) {

@@ -50,9 +50,7 @@ typedef struct cuda_net {
   int64_t *ids_host;                   /* page-locked: the ids of a dispatch */
   size_t ids_cap;
   int32_t *counts; /* [R][cw] gathered count words of the current call */
-  int cw;          /* key, to_rank[R], to_host[H], one_host[H] (tokens meeting one rank there),
-                      then the number of the dispatch whose layout the call follows */
-  int32_t dseq;    /* non-cached dispatches past their count exchange (the same on every rank) */
+  int cw;          /* key, to_rank[R], to_host[H], one_host[H] (tokens meeting one rank there) */
   uint64_t net_bytes, local_bytes;
   struct cuda_net_ll *ll; /* low-latency mode (cuda_net_ll.c), NULL when the buffer has none */
 } cuda_net_t;
@@ -61,8 +59,6 @@ typedef struct cuda_net {
 typedef struct {
   cuda_arena_t *arena;
   int N, R, H, L, nr, entries, own; /* own: this rank's block in its column */
-  int32_t seq;                      /* the dispatch's number (cuda_net_t.dseq): every rank's
-                                       combine or cached dispatch must follow the same one */
   int hidden, topk;                 /* of the dispatch: the sizes of the partials */
   int32_t *cnt;                     /* host [R][R] */
   int32_t *hcnt;                    /* host [R][H] */

@@ -167,7 +167,6 @@ ep_status_t cuda_net_combine(cuda_state_t *s, const ep_combine_args_t *a,
     rc = check_aligned(s, a);
   if (!rc && !(rc = cuda_net_sync(s, st, OP, "enter"))) {
     memcpy(words, &key, sizeof key);
-    words[s->net->cw - 1] = j.p->seq;
   }
   if (rc) {
     cuda_leave(s, st, false);

@@ -73,7 +73,6 @@ static ep_status_t prepare(cuda_state_t *s, job_t *j, cudaStream_t st, int32_t *
     memcpy(words + key, j->p->cnt + (size_t)s->rank * R, (size_t)R * 4);
     memcpy(words + key + R, j->p->hcnt + (size_t)s->rank * H, (size_t)H * 4);
     memcpy(words + key + R + H, j->p->ocnt + (size_t)s->rank * H, (size_t)H * 4);
-    words[s->net->cw - 1] = j->p->seq;
     return EP_OK;
   }
   const int64_t *ids;
@@ -308,9 +307,6 @@ static ep_status_t finish(cuda_state_t *s, job_t *j, cudaStream_t st) {
 static ep_status_t run(cuda_state_t *s, job_t *j, cudaStream_t st, const int32_t *words) {
   ep_status_t rc = cuda_net_counts(s, words, OP);
   if (rc) return rc;
-  /* Numbered once every rank agreed on a new dispatch: the count exchange succeeds or fails
-   * alike everywhere (a call the core rejected on one rank never reaches this backend there). */
-  if (!j->cached) j->p->seq = ++s->net->dseq;
   if (!j->cached) cuda_nplan_counts(s, j->p, s->net->counts, s->net->cw);
   rc = check_rows(s, j);
   if (rc) return rc;
