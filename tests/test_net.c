@@ -21,7 +21,8 @@
  *                            "ll": the rounds are low-latency dispatches and combines.
  *   test_net mismatch        ranks that combine the handles of different dispatches (of different
  *                            routings) fail alike with EP_ERR_MISMATCH (normal mode, one host or
- *                            several; low-latency mode on cuda across hosts), and a
+ *                            several; low-latency mode across hosts: cuda, or one rank per
+ *                            host), and a
  *                            misaligned combine output on one rank (cuda) is EP_ERR_SHAPE there,
  *                            EP_ERR_PEER_INVALID on the others; a checked round follows each.
  * Run under `epcomm launch -n R [--hosts H]` or mpirun (tests/test_net.sh). */
@@ -219,7 +220,10 @@ static int mismatch(void) {
     T_OK(ep_handle_destroy(h[i]));
     t_dfree(x[i]), t_dfree(idx[i]), t_dfree(rx[i]);
   }
-  if (t_cuda() && H > 1) { /* low-latency: two results alive, each rank combines another */
+  /* Low-latency across hosts: cuda agrees on every combine; the CPU backend's headers between
+   * hosts carry the dispatch's number (ranks of one host see only a missing flag: a timeout). */
+  if (H > 1 &&
+      (t_cuda() || H == R)) { /* low-latency: two results alive, each rank combines another */
     int64_t id[LL_T * LL_K];
     float w[LL_T * LL_K];
     uint16_t hx[LL_T * LL_H];

@@ -6,7 +6,8 @@
  *   - dispatch: one message per (source, destination) pair of different hosts holding the
  *     source's rows for the destination's experts (token order; each row with its token, slot
  *     and local expert), received into staging and written into the slab at the receive phase;
- *   - combine: every rank sends every rank of another host a header (status, rows), then the
+ *   - combine: every rank sends every rank of another host a header (status, rows, the number of
+ *     the dispatch whose handle it combines: handles of different dispatches fail alike), then the
  *     rows it holds for that source in view order; the source knows that order from its own
  *     routing. A rank that rejects its combine sends a "rejected" header instead, and takes in
  *     the rows sent to it, so that every rank's next call pairs with the right messages.
@@ -23,6 +24,8 @@ enum { ROW_HDR = 16 }; /* token, slot, local expert, pad */
 
 typedef struct {
   int64_t status, rows;
+  int64_t q; /* the dispatch call whose handle the combine uses (the same number on every rank) */
+  int64_t pad;
 } chdr_t;
 
 /* The network side of one result slot. */
@@ -228,7 +231,8 @@ static ep_status_t post_headers(cpu_state_t *s, nslot_t *ns, int64_t status,
   ns->nhdr = ns->ncx;
   for (int r = 0; r < R; r++) {
     if (!remote(s, r)) continue;
-    ns->hout[r] = (chdr_t){status, sl && !status ? rows_back(s, sl, r) : 0};
+    ns->hout[r] =
+        (chdr_t){status, sl && !status ? rows_back(s, sl, r) : 0, sl ? (int64_t)sl->q : -1, 0};
     ns->cx[ns->ncx++] = (ep_net_xfer_t){r, 1, TAG_CHDR, &ns->hout[r], sizeof(chdr_t), 0, 0, 0};
   }
   return EP_OK;
@@ -264,15 +268,18 @@ ep_status_t cpu_net_ll_csend(cpu_state_t *s, cpu_ll_slot_t *sl, const void *y) {
 }
 
 /* The network part of a combine's receive: headers, then the rows they announce, then every
- * send done. *rejecter: a rank whose header said it rejected the combine (-1: none). */
-static ep_status_t crecv_net(cpu_state_t *s, nslot_t *ns, const char *op, int *rejecter) {
-  *rejecter = -1;
+ * send done. *rejecter: a rank whose header said it rejected the combine (-1: none); *other: one
+ * that combines the handle of another dispatch than `q` (-1: none; q < 0: not checked). */
+static ep_status_t crecv_net(cpu_state_t *s, nslot_t *ns, int64_t q, const char *op, int *rejecter,
+                             int *other) {
+  *rejecter = -1, *other = -1;
   if (!ns->cpending) return EP_OK;
   ep_status_t st = cpu_net_wait(s, s->net->ll, ns->cx, ns->nhdr, op, "recv");
   size_t row = 2 * (size_t)s->ll->H, total = 0;
   for (int i = 0; !st && i < ns->nhdr; i++) {
     const chdr_t *h = &ns->hin[ns->cx[i].peer];
     if (h->status && *rejecter < 0) *rejecter = ns->cx[i].peer;
+    if (!h->status && q >= 0 && h->q != q && *other < 0) *other = ns->cx[i].peer;
     total += (size_t)h->rows * row;
   }
   unsigned char *at = st ? NULL : cpu_stage(s, &ns->crbuf, total + 1);
@@ -314,14 +321,19 @@ static ep_status_t unpack_back(cpu_state_t *s, cpu_ll_slot_t *sl, int d, const u
 
 ep_status_t cpu_net_ll_crecv(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op) {
   nslot_t *ns = nslot(s, sl->index);
-  int rejecter;
-  ep_status_t st = crecv_net(s, ns, op, &rejecter);
+  int rejecter, other;
+  ep_status_t st = crecv_net(s, ns, (int64_t)sl->q, op, &rejecter, &other);
   if (st) return st;
   if (rejecter >= 0)
     return ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, rejecter, op, "recv",
                        "rank %d rejected its "
                        "arguments for this combine (see its error)",
                        rejecter);
+  if (other >= 0)
+    return ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, other, op, "recv",
+                       "rank %d combines the handle of low-latency dispatch #%lld, this rank "
+                       "#%lld: every rank must combine the same dispatch",
+                       other, (long long)ns->hin[other].q, (long long)sl->q);
   const unsigned char *at = ns->crbuf.p;
   size_t row = 2 * (size_t)s->ll->H;
   for (int i = 0; i < ns->nhdr && !st; i++) {
@@ -334,23 +346,23 @@ ep_status_t cpu_net_ll_crecv(cpu_state_t *s, cpu_ll_slot_t *sl, const char *op) 
 
 void cpu_net_ll_creject(cpu_state_t *s) {
   nslot_t *ns = nslot(s, CPU_LL_SLOTS);
-  int rejecter;
+  int rejecter, other;
   post_headers(s, ns, 1, NULL);
   ep_status_t st = s->net->e->post(s->net->ll, ns->cx, ns->ncx, NULL);
-  if (!st) ns->cpending = true, st = crecv_net(s, ns, "rejected call", &rejecter);
+  if (!st) ns->cpending = true, st = crecv_net(s, ns, -1, "rejected call", &rejecter, &other);
   if (st) ep_ctx_mark_broken(s->ctx);
 }
 
 void cpu_net_ll_settle(cpu_state_t *s, cpu_ll_slot_t *sl) {
   nslot_t *ns = nslot(s, sl->index);
-  int rejecter;
+  int rejecter, other;
   char saved[512];
   snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
   ep_status_t st = EP_OK;
   if (ns->pending)
     st = cpu_net_wait(s, s->net->ll, ns->x, ns->nx, "ep_ll_handle_destroy", "settle");
   ns->pending = false;
-  if (!st) st = crecv_net(s, ns, "ep_ll_handle_destroy", &rejecter);
+  if (!st) st = crecv_net(s, ns, -1, "ep_ll_handle_destroy", &rejecter, &other);
   if (st) ep_ctx_mark_broken(s->ctx);
   ep_ctx_restore_error(saved);
 }
