@@ -79,7 +79,7 @@ int main(void) {
   pretend_nccl_hosts(me);
   ep_group_info_t gi = EP_GROUP_INFO_INIT;
   T_OK(ep_group_query(g, &gi));
-  ep_net_open_t how = {me, R, gi.local_rank % ndev, ep_now() + 120, allgather, g};
+  ep_net_open_t how = {me, R, gi.local_rank % ndev, ep_now() + 120, allgather, g, NULL};
   ep_net_t *n;
   T_OK(e->open(&how, &n));
   cudaStream_t st;

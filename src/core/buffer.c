@@ -69,8 +69,8 @@ ep_status_t ep_ctx_net_open(ep_ctx_t *ctx, const char *engine, int device,
   ep_group *g = ctx->buf->group;
   *n = NULL;
   if (!(*e = ep_net_find(engine))) return EP_ERR_UNSUPPORTED;
-  ep_net_open_t how = {g->rank,       g->nranks, device, ep_now() + ctx->buf->timeout_s,
-                       net_allgather, ctx};
+  ep_net_open_t how = {g->rank,       g->nranks, device,         ep_now() + ctx->buf->timeout_s,
+                       net_allgather, ctx,       ep_ctx_liveness};
   ep_status_t st = (*e)->open(&how, n);
   if (!st)
     ep_log_at(EP_LOG_INFO, g->rank, "init", "network engine %s open: %d ranks on %d hosts", engine,

@@ -37,7 +37,7 @@ ep_status_t ep_world_open(ep_world_t **out, int rank, int nranks, double deadlin
   w->e = ep_net_world_engine();
   w->rank = rank, w->nranks = nranks, w->heard = -1;
   pthread_mutex_init(&w->lock, NULL);
-  ep_net_open_t how = {rank, nranks, -1, deadline, NULL, NULL};
+  ep_net_open_t how = {rank, nranks, -1, deadline, NULL, NULL, NULL};
   ep_status_t st = w->e->open(&how, &w->n);
   if (!st) st = post_notices(w);
   if (st) {

@@ -53,6 +53,9 @@ typedef struct {
    * own (MPI: a duplicate of MPI_COMM_WORLD). */
   ep_status_t (*allgather)(void *ctx, const void *send, void *recv, size_t bytes);
   void *ctx;
+  /* The caller's liveness check (may be NULL), for the waits an engine makes itself (NCCL:
+   * communicator creation, a batch being enqueued): a dead peer fails them at once. */
+  ep_status_t (*check)(void *ctx);
 } ep_net_open_t;
 
 struct ep_net_engine {

@@ -86,6 +86,8 @@ struct ep_net {
   ncclComm_t comm;
   int rank, nranks, device;
   double timeout_s; /* the group's, from open: bounds the wait for a batch to be enqueued */
+  ep_status_t (*check)(void *ctx); /* the caller's liveness check (NULL: none) */
+  void *check_ctx;
 };
 
 /* What a posted batch keeps, in x[0].req. */
@@ -117,7 +119,7 @@ static void nap(void) {
 
 /* A non-blocking communicator is ready when its async state leaves ncclInProgress. */
 static ep_status_t wait_ready(ep_net_t *n, double deadline, const char *what) {
-  for (;;) {
+  for (unsigned naps = 0;; naps++) {
     ncclResult_t a = ncclInProgress;
     ncclResult_t r = lib.f.CommGetAsyncError(n->comm, &a);
     if (r != ncclSuccess) return nccl_fail(EP_ERR_SYSTEM, what, r, n);
@@ -128,6 +130,9 @@ static ep_status_t wait_ready(ep_net_t *n, double deadline, const char *what) {
                     "NCCL %s: not done before the deadline (a rank did not join, "
                     "or no network path: see `epcomm doctor env`)",
                     what);
+    /* Every 10 ms or so: a peer that died will never join (the check names it). */
+    ep_status_t live = n->check && naps % 50 == 49 ? n->check(n->check_ctx) : EP_OK;
+    if (live) return live;
     nap();
   }
 }
@@ -170,6 +175,7 @@ static ep_status_t nccl_open(const ep_net_open_t *how, ep_net_t **out) {
   if (!n) return ep_err(EP_ERR_NO_MEMORY, "out of memory");
   n->rank = how->rank, n->nranks = how->nranks, n->device = how->device;
   n->timeout_s = how->deadline - ep_now() > 1.0 ? how->deadline - ep_now() : 1.0;
+  n->check = how->check, n->check_ctx = how->ctx;
   ncclUniqueId id;
   if (how->device >= 0 && cudaSetDevice(how->device) != cudaSuccess)
     st = ep_err(EP_ERR_CUDA, "NCCL: cudaSetDevice(%d) failed", how->device);
