@@ -171,8 +171,8 @@ typedef struct {
   int num_experts;
   ep_dtype_t dtype;
   int num_scales;
-  int32_t number; /* normal mode: the dispatch's number on its buffer (1, 2, ...; the same on every
-                     rank), which the calls along the handle carry in their key */
+  int32_t number; /* normal mode: the dispatch call's number on its buffer (1, 2, ...; the same on
+                     every rank), which the calls along the handle carry in their key */
   void *priv;
   void (*free_priv)(void *priv);
 } ep_handle_info_t;

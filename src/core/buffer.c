@@ -111,6 +111,7 @@ static void reject_lost_call(const char *op) {
   ep_id_t id = kind < 0 ? 0 : ep_reg_sole(EP_OBJ_BUFFER);
   ep_buffer *b;
   if (!id || ep_reg_acquire(id, EP_OBJ_BUFFER, true, (void **)&b) != EP_OK) return;
+  if (!strcmp(op, "ep_dispatch")) b->dispatches++; /* the numbers stay in step (ops_normal.c) */
   if (!b->broken && kind == 0 && b->ops->reject) b->ops->reject(b->state);
   if (!b->broken && kind > 0 && b->cfg.ll_max_tokens > 0 && b->ops->ll_reject)
     b->ops->ll_reject(b->state, kind == 2);

@@ -16,10 +16,11 @@ struct ep_buffer_s {
   void *state; /* the backend's */
   ep_buffer_config_t cfg;
   double timeout_s;
-  bool broken;        /* a collective failed mid-way: only destroy/release remain */
-  int ll_live;        /* low-latency handles alive (at most 2) */
-  int32_t dispatches; /* normal-mode dispatches that succeeded (not cached): handle numbers */
-  size_t bytes;       /* the backend's size hint for this buffer */
+  bool broken;         /* a collective failed mid-way: only destroy/release remain */
+  int ll_live;         /* low-latency handles alive (at most 2) */
+  uint32_t dispatches; /* ep_dispatch calls made on the buffer: a new handle's number (wraps:
+                          only equality is compared) */
+  size_t bytes;        /* the backend's size hint for this buffer */
   struct ep_ctx ctx;
   ep_errbox_t err;
   ep_id_t mems[EP_MAX_MEM_REGS]; /* registrations by slot (memreg.c); 0: free */

@@ -62,10 +62,12 @@ ep_status_t ep_ctx_net_allgather(ep_ctx_t *ctx, const struct ep_net_engine *e, e
   else
     st = wait_named(ctx, e, n, x, k, op, phase, phase);
   for (int i = 0; !st && i < k; i++) /* a message of another exchange: the ranks are out of step */
-    if (!x[i].send && x[i].got != bytes)
+    if (!x[i].send && x[i].got != bytes) {
+      ep_ctx_mark_broken(ctx);
       st =
           ep_ctx_fail(ctx, EP_ERR_MISMATCH, x[i].peer, op, phase,
                       "%zu bytes from rank %d where %zu were expected", x[i].got, x[i].peer, bytes);
+    }
   free(x);
   return st;
 }

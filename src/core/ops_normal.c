@@ -203,14 +203,12 @@ static void report(const ep_dispatch_out_t *o, ep_dispatch_out_t *user) {
 }
 
 static ep_status_t run_dispatch(ep_buffer *b, ep_dispatch_call_t *c, ep_handle *cached,
-                                ep_dispatch_out_t *user, const char *op) {
+                                int32_t number, ep_dispatch_out_t *user, const char *op) {
   ep_handle_info_t info;
   memset(&info, 0, sizeof info);
   c->out.handle = NULL;
   ep_status_t st = ep_buffer_after(b, b->ops->dispatch(b->state, c, &info), op);
-  /* Numbered once it succeeded, which it did on every rank alike (a collective call): the
-   * combines and cached dispatches along it carry the number in their key. */
-  if (!st && !cached) info.number = ++b->dispatches;
+  info.number = number; /* the combines and cached dispatches along it carry it in their key */
   if (!st && !cached)
     st = ep_handle_new(b, &info, &c->out.handle);
   else if (info.free_priv)
@@ -232,6 +230,10 @@ ep_status_t ep_dispatch(ep_buffer_t buffer, const ep_dispatch_args_t *args,
   ep_buffer *b;
   ep_status_t st = ep_buffer_get(buffer, op, &b);
   if (st) return st;
+  /* Every call is numbered, whatever its outcome on this rank (one rank's output may be too
+   * small while the others' call succeeds): the ranks make the same calls in the same order
+   * (SEMANTICS.md §1.4), so a handle carries the same number on every rank. */
+  const int32_t number = (int32_t)++b->dispatches;
   ep_dispatch_call_t c;
   memset(&c, 0, sizeof c);
   ep_handle *cached = NULL;
@@ -243,7 +245,7 @@ ep_status_t ep_dispatch(ep_buffer_t buffer, const ep_dispatch_args_t *args,
     b->ops->reject(b->state);
     ep_errbox_put(&b->err, ep_last_error());
   } else {
-    st = run_dispatch(b, &c, cached, out, op);
+    st = run_dispatch(b, &c, cached, number, out, op);
   }
   if (cached) ep_handle_put(cached);
   ep_buffer_put(b);

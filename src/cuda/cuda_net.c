@@ -122,6 +122,7 @@ ep_status_t cuda_net_sync(cuda_state_t *s, cudaStream_t st, const char *op, cons
   rc = cuda_check(s, cudaEventRecord(ev, st), op, phase);
   double t = ep_ctx_timeout(s->ctx), deadline = ep_now() + t;
   long nap = 0;
+  unsigned naps = 0;
   while (!rc) {
     cudaError_t e = cudaEventQuery(ev);
     if (e == cudaSuccess) break;
@@ -135,7 +136,7 @@ ep_status_t cuda_net_sync(cuda_state_t *s, cudaStream_t st, const char *op, cons
       break;
     }
     /* The stream may hold transfers from a peer that died: fail with its name, not later. */
-    if (nap >= 200 && ep_ctx_liveness(s->ctx) != EP_OK) {
+    if (nap >= 200 && ++naps % 200 == 0 && ep_ctx_liveness(s->ctx) != EP_OK) { /* ~10 ms */
       rc = ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, -1, op, phase, "%s", ep_last_error());
       break;
     }
