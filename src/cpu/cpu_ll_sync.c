@@ -6,19 +6,21 @@
 
 #include "cpu_ll.h"
 
-/* 1: rank r is ready, 0: not yet, -1: it gave up on the call (reported by the caller). */
+/* 1: rank r is ready, 0: not yet, -1: it gave up on the call, -2: it made another call than
+ * this one (both reported by the caller). */
 typedef int (*ready_fn)(cpu_state_t *s, int r, const void *arg);
 
+/* *gave_up: the first rank that answered < 0 (-1: none), *how: its answer. */
 static ep_status_t wait_each(cpu_state_t *s, ready_fn ready, const void *arg, const char *op,
-                             const char *phase, const char *what, int *gave_up) {
+                             const char *phase, const char *what, int *gave_up, int *how) {
   cpu_waiter_t w;
   bool armed = false;
-  *gave_up = -1;
+  *gave_up = -1, *how = 0;
   for (int r = 0; r < s->nranks; r++) {
     for (;;) {
       uint32_t seen = cpu_bell_read(s, 0); /* before the check: no wake-up is lost */
       int ok = ready(s, r, arg);
-      if (ok < 0) *gave_up = r;
+      if (ok < 0) *gave_up = r, *how = ok;
       if (ok) break;
       if (!armed) cpu_waiter_init(&w, s, 0, op, phase), armed = true;
       ep_status_t st = cpu_wait(&w, seen, r, what);
@@ -45,12 +47,12 @@ static void ring_peers(cpu_state_t *s) {
 ep_status_t cpu_ll_enter(cpu_state_t *s, const cpu_ll_arrive_t *mine, const int32_t *sel,
                          const char *op) {
   cpu_ll_t *ll = s->ll;
-  int gave_up;
+  int gave_up, how;
   /* The record of call q-2 (same parity) may still be read by a rank that has not entered q-1. */
   if (ll->q > 0) {
     uint64_t prev = ll->q - 1;
     ep_status_t st = wait_each(s, entered, &prev, op, "enter",
-                               "its entry into the previous low-latency dispatch", &gave_up);
+                               "its entry into the previous low-latency dispatch", &gave_up, &how);
     if (st) return st;
   }
   cpu_ll_arrive_t *a = cpu_ll_arrive(s, s->rank, ll->q);
@@ -91,10 +93,10 @@ ep_status_t cpu_ll_verdict(cpu_state_t *s, const char *op) {
 }
 
 ep_status_t cpu_ll_gate(cpu_state_t *s, const char *op) {
-  int gave_up;
+  int gave_up, how;
   uint64_t q = s->ll->q;
-  ep_status_t st =
-      wait_each(s, entered, &q, op, "gate", "its entry into this low-latency dispatch", &gave_up);
+  ep_status_t st = wait_each(s, entered, &q, op, "gate", "its entry into this low-latency dispatch",
+                             &gave_up, &how);
   return st ? st : cpu_ll_verdict(s, op);
 }
 
@@ -112,6 +114,13 @@ static int flag_ready(cpu_state_t *s, int r, const void *arg) {
       cpu_ll_flag(cpu_ll_slot_base(s, s->rank, f->slot), f->off, cpu_ll_rank_of(s, r));
   if (atomic_load_explicit(flag, memory_order_acquire) == f->want) return 1;
   if (!f->combine) return 0; /* past its gate a dispatch sender always delivers */
+  /* Its flag of this combine in another slot of ours: it combines the handle of another
+   * dispatch (combine tickets are the same on every rank, and only this combine has this one). */
+  for (int o = 0; o < CPU_LL_SLOTS; o++)
+    if (o != f->slot && atomic_load_explicit(cpu_ll_flag(cpu_ll_slot_base(s, s->rank, o), f->off,
+                                                         cpu_ll_rank_of(s, r)),
+                                             memory_order_acquire) == f->want)
+      return -2;
   /* A rejection of this combine or a later one; in the later case its flag for this one was
    * stored before that rejection, so the reload below sees it. */
   if (atomic_load_explicit(cpu_ll_creject(s, r), memory_order_acquire) < f->want) return 0;
@@ -121,9 +130,14 @@ static int flag_ready(cpu_state_t *s, int r, const void *arg) {
 ep_status_t cpu_ll_wait_flags(cpu_state_t *s, int slot, size_t off, uint64_t want, bool combine,
                               const char *op, const char *what) {
   flag_arg_t f = {slot, off, want, combine};
-  int gave_up;
-  ep_status_t st = wait_each(s, flag_ready, &f, op, "recv", what, &gave_up);
-  if (!st && gave_up >= 0)
+  int gave_up, how;
+  ep_status_t st = wait_each(s, flag_ready, &f, op, "recv", what, &gave_up, &how);
+  if (!st && gave_up >= 0 && how == -2)
+    st = ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, cpu_ll_rank_of(s, gave_up), op, "recv",
+                     "rank %d combines the handle of another low-latency dispatch than this "
+                     "rank: every rank must combine the same dispatch",
+                     cpu_ll_rank_of(s, gave_up));
+  else if (!st && gave_up >= 0)
     st = ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, cpu_ll_rank_of(s, gave_up), op, "recv",
                      "rank %d rejected its arguments for this combine (see its error)",
                      cpu_ll_rank_of(s, gave_up));
