@@ -120,4 +120,12 @@ for want in "4 ranks on 2 hosts" "epcomm dispatch (measured)" \
   "check: epcomm matches the reference on every rank; baseline matches"; do
   grep -q "$want" "$tmp/o" || say "bench --hosts 2: no '$want': $(tail -c 800 "$tmp/o")"
 done
+# Low-latency mode: the bytes through the network and inside hosts, measured (no flat baseline).
+"$epcomm" launch -n 4 --hosts 2 --timeout 100 "$epcomm" bench --mode ll --hosts 2 --tokens 16 \
+  --hidden 256 --topk 4 --experts 16 --warmup 1 --iters 2 --backend "$mode" >"$tmp/o" 2>&1 ||
+  say "bench --mode ll --hosts 2: $(tail -c 800 "$tmp/o")"
+for want in "low-latency mode (one row per selected expert" "epcomm dispatch (measured)" \
+  "check: epcomm matches the reference on every rank"; do
+  grep -q "$want" "$tmp/o" || say "bench --mode ll --hosts 2: no '$want': $(tail -c 800 "$tmp/o")"
+done
 exit $fail

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cpu_ll.h"
+#include "cpu_net.h"
 
 static const char OP[] = "ep_ll_combine";
 
@@ -64,10 +65,25 @@ static ep_status_t back_part(cpu_state_t *s, void *arg, int p) {
   return EP_OK;
 }
 
+/* Across hosts, ep_buffer_info_t.local_bytes_sent: the rows given back to the other ranks of this
+ * host (view order: expert l's rows from source src are range[l][src]). */
+static void count_local(cpu_state_t *s, const cpu_ll_slot_t *sl) {
+  if (!s->net) return;
+  const cpu_ll_t *ll = s->ll;
+  const int64_t *range = (const int64_t *)(sl->base + ll->lay.range);
+  uint64_t rows = 0;
+  for (int src = 0; src < ll->R; src++)
+    if (src != s->grank && cpu_ll_seg(s, src) >= 0)
+      for (int l = 0; l < ll->L; l++)
+        rows += (uint64_t)(range[(size_t)l * ll->R + src] & 0xffffffff);
+  atomic_fetch_add(&s->net->local_bytes, rows * 2 * (uint64_t)ll->H);
+}
+
 static ep_status_t send_back(cpu_state_t *s, cpu_ll_slot_t *sl, const void *y, int nrecv,
                              uint64_t ticket) {
   const cpu_ll_t *ll = s->ll;
   job_t j = {1, sl, y};
+  count_local(s, sl);
   cpu_ll_run(s, (size_t)nrecv * 2 * (size_t)ll->H, &j.parts, back_part, &j);
   for (int i = 1; i <= s->nranks; i++) { /* every part is done: raise the flags */
     int l = (s->rank + i) % s->nranks, src = cpu_ll_rank_of(s, l);

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cpu_ll.h"
+#include "cpu_net.h"
 
 static const char OP[] = "ep_ll_dispatch";
 
@@ -152,9 +153,22 @@ static ep_status_t send_part(cpu_state_t *s, void *arg, int p) {
   return EP_OK;
 }
 
+/* Across hosts, ep_buffer_info_t.local_bytes_sent: the rows written to the other ranks of this
+ * host (the rows to other hosts are the engine's, counted where they are sent). */
+static void count_local(cpu_state_t *s, const job_t *j) {
+  if (!s->net) return;
+  const int32_t *sel = cpu_ll_sel((cpu_ll_arrive_t *)cpu_ll_record(s, s->grank));
+  uint64_t rows = 0;
+  for (int d = 0; d < s->gnranks; d++)
+    if (d != s->grank && cpu_ll_seg(s, d) >= 0)
+      for (int e = d * s->ll->L; e < (d + 1) * s->ll->L; e++) rows += (uint64_t)sel[e];
+  atomic_fetch_add(&s->net->local_bytes, rows * (j->row + j->sbytes));
+}
+
 static ep_status_t send_all(cpu_state_t *s, cpu_ll_slot_t *sl, job_t *j, int nsel) {
   cpu_ll_t *ll = s->ll;
   cpu_ll_run(s, (size_t)nsel * (j->row + j->sbytes), &j->parts, send_part, j);
+  count_local(s, j);
   for (int i = 1; i <= s->nranks; i++) { /* every part is done: raise the flags */
     int l = (s->rank + i) % s->nranks, d = cpu_ll_rank_of(s, l);
     unsigned char *base = cpu_ll_slot_base(s, l, cpu_ll_record(s, d)->slot);

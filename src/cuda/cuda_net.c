@@ -178,7 +178,7 @@ ep_status_t cuda_net_post(cuda_state_t *s, ep_net_xfer_t *x, int count, cudaStre
     return ep_ctx_fail(s->ctx, rc, -1, op, phase, "%s", ep_ctx_last_error());
   }
   for (int i = 0; i < count; i++) /* NCCL carries rows inside a host too (low-latency mode) */
-    if (x[i].send)
+    if (x[i].send && x[i].peer != s->rank)
       __atomic_fetch_add(n->host_of[x[i].peer] != n->host ? &n->net_bytes : &n->local_bytes,
                          x[i].bytes, __ATOMIC_RELAXED);
   return EP_OK;
