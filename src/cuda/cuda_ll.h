@@ -81,6 +81,11 @@ ep_status_t cuda_ll_send_stream(cuda_state_t *s, cudaStream_t st, bool two_phase
 cuda_ll_slot_t *cuda_ll_take_slot(cuda_ll_t *ll);
 void cuda_ll_fill_info(const cuda_ll_t *ll, const ep_ll_dispatch_args_t *a, cuda_ll_slot_t *sl,
                        int nrecv, ep_handle_info_t *out);
+/* The host's checks of a call's arguments (one host and across hosts alike): alignment of the
+ * tensors; for a combine, the handle's state first. */
+ep_status_t cuda_ll_dispatch_aligned(cuda_state_t *s, const ep_ll_dispatch_args_t *a);
+ep_status_t cuda_ll_combine_check(cuda_state_t *s, const ep_ll_combine_args_t *a,
+                                  const cuda_ll_slot_t *sl);
 ep_status_t cuda_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_handle_info_t *out);
 ep_status_t cuda_ll_recv_dispatch(cuda_state_t *s, cuda_ll_slot_t *sl, const char *op);
 ep_status_t cuda_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handle_info_t *h);

@@ -14,7 +14,8 @@ static bool aligned(const void *p, uintptr_t a) {
   return ((uintptr_t)p & (a - 1)) == 0;
 }
 
-static ep_status_t check(cuda_state_t *s, const ep_ll_combine_args_t *a, const cuda_ll_slot_t *sl) {
+ep_status_t cuda_ll_combine_check(cuda_state_t *s, const ep_ll_combine_args_t *a,
+                                  const cuda_ll_slot_t *sl) {
   if (sl->state != EP_LLS_RECEIVED)
     return ep_err(EP_ERR_INVALID_ARG, "%s: the handle cannot be combined: %s", OP,
                   ep_ll_state_why(sl->state));
@@ -68,7 +69,7 @@ ep_status_t cuda_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handl
   cudaStream_t st;
   ep_status_t rc = cuda_enter(s, a->stream, OP, &st);
   if (rc) return rc;
-  if ((rc = check(s, a, sl))) {
+  if ((rc = cuda_ll_combine_check(s, a, sl))) {
     cuda_leave(s, st, false);
     cuda_ll_reject(s, true);
     return rc;

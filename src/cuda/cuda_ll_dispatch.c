@@ -29,10 +29,7 @@ static int format_of(const ep_ll_dispatch_args_t *a) {
          (a->use_fp8 && a->scale_layout == EP_SCALES_COL_MAJOR ? EPK_LL_COLS : 0);
 }
 
-/* Host-side checks; a failure here is followed by a rejection (the peers fail at once too). The
- * ids themselves are device memory: the gate checks them, before anything is written. */
-static ep_status_t check(cuda_state_t *s, const ep_ll_dispatch_args_t *a, cuda_ll_slot_t *sl) {
-  if (!sl) return ep_ctx_fail(s->ctx, EP_ERR_INTERNAL, -1, OP, "arguments", "no free result slot");
+ep_status_t cuda_ll_dispatch_aligned(cuda_state_t *s, const ep_ll_dispatch_args_t *a) {
   if (a->num_tokens && !aligned(a->x, 16))
     return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, OP, "arguments",
                        "args->x must be 16-byte aligned on the CUDA backend");
@@ -40,6 +37,13 @@ static ep_status_t check(cuda_state_t *s, const ep_ll_dispatch_args_t *a, cuda_l
     return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, OP, "arguments",
                        "args->topk_idx must be 8-byte aligned");
   return EP_OK;
+}
+
+/* Host-side checks; a failure here is followed by a rejection (the peers fail at once too). The
+ * ids themselves are device memory: the gate checks them, before anything is written. */
+static ep_status_t check(cuda_state_t *s, const ep_ll_dispatch_args_t *a, cuda_ll_slot_t *sl) {
+  if (!sl) return ep_ctx_fail(s->ctx, EP_ERR_INTERNAL, -1, OP, "arguments", "no free result slot");
+  return cuda_ll_dispatch_aligned(s, a);
 }
 
 void cuda_ll_fill_info(const cuda_ll_t *ll, const ep_ll_dispatch_args_t *a, cuda_ll_slot_t *sl,

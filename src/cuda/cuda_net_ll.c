@@ -60,6 +60,13 @@ static nll_slot_t *nslot(cuda_state_t *s, const cuda_ll_slot_t *sl) {
   return &s->net->ll->slot[sl->index];
 }
 
+/* Waits for the slot's transfers in flight (deadline, liveness); a failure breaks the buffer. */
+static ep_status_t settle(cuda_state_t *s, nll_slot_t *ns, const char *op, const char *phase) {
+  ep_status_t rc = ns->pending ? cuda_net_complete(s, ns->x, ns->nx, op, phase) : EP_OK;
+  ns->pending = false;
+  return rc;
+}
+
 ep_status_t cuda_net_ll_create(cuda_state_t *s) {
   const epk_ll_layout_t *l = &s->ll->k.lay;
   int R = s->nranks;
@@ -93,8 +100,8 @@ bool cuda_net_ll_settle_all(cuda_state_t *s, bool calm) {
   struct cuda_net_ll *n = s->net ? s->net->ll : NULL;
   for (int i = 0; n && i < EPK_LL_SLOTS; i++) {
     nll_slot_t *ns = &n->slot[i];
-    if (ns->pending && calm)
-      calm = !cuda_net_complete(s, ns->x, ns->nx, "ep_buffer_destroy", "settle");
+    if (calm)
+      calm = !settle(s, ns, "ep_buffer_destroy", "settle");
     else if (ns->pending)
       s->net->e->cancel(s->net->ep, ns->x, ns->nx);
     ns->pending = false;
@@ -141,16 +148,25 @@ static ep_status_t refuse_capture(cuda_state_t *s, cudaStream_t st, const char *
   return ep_ctx_fail(s->ctx, EP_ERR_UNSUPPORTED, -1, op, "arguments", "%s", CAPTURE);
 }
 
+/* A call's topk_idx (device memory) into the page-locked cidx ([T][K] holds any call's), with a
+ * wait for this rank's stream only. */
+static ep_status_t ids_to_host(cuda_state_t *s, const int64_t *ids, size_t cnt, cudaStream_t st,
+                               const char *op) {
+  ep_status_t rc =
+      cnt ? cuda_check(s, cudaMemcpyAsync(s->net->ll->cidx, ids, cnt * 8, cudaMemcpyDefault, st),
+                       op, "ids")
+          : EP_OK;
+  return rc ? rc : cuda_net_sync(s, st, op, "ids");
+}
+
 /* Host checks and the ids, before the gate: a failure here rejects the call. */
 static ep_status_t dispatch_prepare(cuda_state_t *s, const ep_ll_dispatch_args_t *a, nll_slot_t *ns,
                                     cudaStream_t st, const char *op) {
   const int E = s->ll->k.lay.E;
   if (cuda_capturing(st))
     return ep_ctx_fail(s->ctx, EP_ERR_UNSUPPORTED, -1, op, "arguments", "%s", CAPTURE);
-  if (a->num_tokens && (((uintptr_t)a->x & 15) || ((uintptr_t)a->topk_idx & 7)))
-    return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, op, "arguments",
-                       "args->x must be 16-byte and args->topk_idx 8-byte aligned on the CUDA "
-                       "backend");
+  ep_status_t rc = cuda_ll_dispatch_aligned(s, a);
+  if (rc) return rc;
   size_t cnt = (size_t)a->num_tokens * (size_t)a->topk;
   if (cnt > ns->ids_cap) {
     free(ns->ids);
@@ -159,14 +175,8 @@ static ep_status_t dispatch_prepare(cuda_state_t *s, const ep_ll_dispatch_args_t
       return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, op, "ids", "out of memory");
     ns->ids_cap = cnt;
   }
-  int64_t *h = s->net->ll->cidx; /* page-locked; [T][K] holds any call's ids */
-  ep_status_t rc =
-      cnt ? cuda_check(s, cudaMemcpyAsync(h, a->topk_idx, cnt * 8, cudaMemcpyDefault, st), op,
-                       "ids")
-          : EP_OK;
-  if (!rc) rc = cuda_net_sync(s, st, op, "ids");
-  if (rc) return rc;
-  memcpy(ns->ids, h, cnt * 8);
+  if ((rc = ids_to_host(s, a->topk_idx, cnt, st, op))) return rc;
+  memcpy(ns->ids, s->net->ll->cidx, cnt * 8);
   for (int t = 0; t < a->num_tokens; t++)
     for (int k = 0; k < a->topk; k++) {
       const int64_t e = ns->ids[(size_t)t * a->topk + k];
@@ -390,15 +400,23 @@ ep_status_t cuda_net_ll_dispatch(cuda_state_t *s, const ep_ll_dispatch_args_t *a
   return EP_OK;
 }
 
+/* The start of a receive, on the stream of the send: refused while it is captured (*entered
+ * false: the handle as it was), else the wait for the transfers. */
+static ep_status_t recv_begin(cuda_state_t *s, cuda_ll_slot_t *sl, const char *op, cudaStream_t *st,
+                              bool *entered) {
+  ep_status_t rc = cuda_enter(s, sl->stream, op, st);
+  if (!rc && cuda_capturing(*st)) rc = refuse_capture(s, *st, op);
+  *entered = !rc;
+  return rc ? rc : settle(s, nslot(s, sl), op, "recv");
+}
+
 ep_status_t cuda_net_ll_recv_dispatch(cuda_state_t *s, cuda_ll_slot_t *sl, const char *op) {
   nll_slot_t *ns = nslot(s, sl);
   const epk_ll_layout_t *l = &s->ll->k.lay;
   cudaStream_t st;
-  ep_status_t rc = cuda_enter(s, sl->stream, op, &st);
-  if (!rc && cuda_capturing(st)) rc = refuse_capture(s, st, op);
-  if (rc) return rc;
-  if (ns->pending) rc = cuda_net_complete(s, ns->x, ns->nx, op, "recv");
-  ns->pending = false;
+  bool entered;
+  ep_status_t rc = recv_begin(s, sl, op, &st, &entered);
+  if (!entered) return rc;
   epk_nll_unpack_t k = {ns->recv.p,
                         ns->nrec,
                         l->H,
@@ -430,25 +448,13 @@ ep_status_t cuda_net_ll_recv_dispatch(cuda_state_t *s, cuda_ll_slot_t *sl, const
 static ep_status_t combine_prepare(cuda_state_t *s, const ep_ll_combine_args_t *a,
                                    const cuda_ll_slot_t *sl, cudaStream_t st, const char *op) {
   const nll_slot_t *ns = nslot(s, sl);
-  if (sl->state != EP_LLS_RECEIVED)
-    return ep_err(EP_ERR_INVALID_ARG, "%s: the handle cannot be combined: %s", op,
-                  ep_ll_state_why(sl->state));
+  ep_status_t rc = cuda_ll_combine_check(s, a, sl); /* the handle's state, then alignment */
+  if (rc) return rc;
   if (cuda_capturing(st))
     return ep_ctx_fail(s->ctx, EP_ERR_UNSUPPORTED, -1, op, "arguments", "%s", CAPTURE);
-  const void *p[] = {a->y, a->out, a->topk_idx, a->topk_weights};
-  static const char *names[] = {"args->y", "args->out", "args->topk_idx", "args->topk_weights"};
-  static const uintptr_t need[] = {16, 16, 8, 4};
-  for (int i = 0; i < 4; i++)
-    if ((i == 0 || sl->n) && ((uintptr_t)p[i] & (need[i] - 1)))
-      return ep_ctx_fail(s->ctx, EP_ERR_SHAPE, -1, op, "arguments",
-                         "%s must be %d-byte aligned on the CUDA backend", names[i], (int)need[i]);
-  size_t cnt = (size_t)sl->n * (size_t)sl->topk;
-  int64_t *c = s->net->ll->cidx;
-  ep_status_t rc =
-      cnt ? cuda_check(s, cudaMemcpyAsync(c, a->topk_idx, cnt * 8, cudaMemcpyDefault, st), op,
-                       "ids")
-          : EP_OK;
-  if (!rc) rc = cuda_net_sync(s, st, op, "ids");
+  const size_t cnt = (size_t)sl->n * (size_t)sl->topk;
+  const int64_t *c = s->net->ll->cidx;
+  rc = ids_to_host(s, a->topk_idx, cnt, st, op);
   for (size_t i = 0; !rc && i < cnt; i++)
     if (c[i] != -1 && c[i] != ns->ids[i])
       rc = ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, -1, op, "check",
@@ -586,11 +592,9 @@ ep_status_t cuda_net_ll_recv_combine(cuda_state_t *s, cuda_ll_slot_t *sl, const 
   nll_slot_t *ns = nslot(s, sl);
   const epk_ll_layout_t *l = &s->ll->k.lay;
   cudaStream_t st;
-  ep_status_t rc = cuda_enter(s, sl->stream, op, &st);
-  if (!rc && cuda_capturing(st)) rc = refuse_capture(s, st, op);
-  if (rc) return rc;
-  if (ns->pending) rc = cuda_net_complete(s, ns->x, ns->nx, op, "recv");
-  ns->pending = false;
+  bool entered;
+  ep_status_t rc = recv_begin(s, sl, op, &st, &entered);
+  if (!entered) return rc;
   epk_nll_reduce_t k = {
       ns->crecv.p, (const int32_t *)ns->map.p, (const float *)ns->w.p, sl->out, sl->n, sl->topk,
       l->H};
@@ -608,9 +612,7 @@ void cuda_net_ll_settle(cuda_state_t *s, cuda_ll_slot_t *sl) {
   if (!ns->pending) return;
   char saved[512];
   snprintf(saved, sizeof saved, "%s", ep_ctx_last_error());
-  if (cuda_net_complete(s, ns->x, ns->nx, "ep_ll_handle_destroy", "settle"))
-    ep_ctx_mark_broken(s->ctx);
-  ns->pending = false;
+  settle(s, ns, "ep_ll_handle_destroy", "settle"); /* a failure breaks the buffer */
   ep_ctx_restore_error(saved);
 }
 

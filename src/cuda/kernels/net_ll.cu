@@ -104,31 +104,31 @@ int grid(int items, int blocks) {
   return need < 1 ? 1 : need < blocks ? need : blocks;
 }
 
+/* One warp per item; nothing to launch for none. */
+template <typename A>
+cudaError_t launch(void (*kernel)(A), const A *a, int items, int blocks, cudaStream_t s) {
+  if (!items) return cudaSuccess;
+  kernel<<<grid(items, blocks), NT, 0, s>>>(*a);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 extern "C" cudaError_t epk_nll_launch_pack(const epk_nll_pack_t *a, int blocks, cudaStream_t s) {
-  if (!a->n) return cudaSuccess;
-  pack_kernel<<<grid(a->n, blocks), NT, 0, s>>>(*a);
-  return cudaGetLastError();
+  return launch(pack_kernel, a, a->n, blocks, s);
 }
 
 extern "C" cudaError_t epk_nll_launch_unpack(const epk_nll_unpack_t *a, int blocks,
                                              cudaStream_t s) {
-  if (!a->n) return cudaSuccess;
-  unpack_kernel<<<grid(a->n, blocks), NT, 0, s>>>(*a);
-  return cudaGetLastError();
+  return launch(unpack_kernel, a, a->n, blocks, s);
 }
 
 extern "C" cudaError_t epk_nll_launch_gather(const epk_nll_gather_t *a, int blocks,
                                              cudaStream_t s) {
-  if (!a->n) return cudaSuccess;
-  gather_kernel<<<grid(a->n, blocks), NT, 0, s>>>(*a);
-  return cudaGetLastError();
+  return launch(gather_kernel, a, a->n, blocks, s);
 }
 
 extern "C" cudaError_t epk_nll_launch_reduce(const epk_nll_reduce_t *a, int blocks,
                                              cudaStream_t s) {
-  if (!a->n) return cudaSuccess;
-  reduce_kernel<<<grid(a->n, blocks), NT, 0, s>>>(*a);
-  return cudaGetLastError();
+  return launch(reduce_kernel, a, a->n, blocks, s);
 }
