@@ -46,12 +46,17 @@ typedef struct bench_ctx {
   void *stream;  /* cudaStream_t of every call (dev), else NULL */
   bench_rank_t *res;
   struct bench_ceiling_s *ceiling;
+  double sent_net, sent_local; /* across hosts: the buffer's traffic counters when last read */
 } bench_ctx_t;
 
 /* The buffer for this mode (cfg filled by the caller: sizes), its device and stream, the
  * ceiling. Returns 0, or 1 after saying why. */
 int bench_ctx_open(bench_ctx_t *c, ep_buffer_config_t *cfg);
 void bench_ctx_close(bench_ctx_t *c);
+/* Across hosts: what the buffer sent since the last reading (through the network, to ranks of
+ * this host), added per timed iteration (it >= 0) to *net and *local. Read between the timed
+ * steps, so the reading is never timed. */
+void bench_traffic_step(bench_ctx_t *c, int it, double *net, double *local);
 /* Tensors where the backend wants them (tk_dev.h): zero-filled, NULL on failure (said). */
 void *bench_alloc(bench_ctx_t *c, size_t n);
 void bench_free(bench_ctx_t *c, void *p);

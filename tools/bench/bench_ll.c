@@ -116,21 +116,10 @@ static int check_view(ll_t *u, const ep_ll_recv_view_t *hv) {
   return 0;
 }
 
-/* Across hosts: what the buffer sent since the last reading (through the network, to ranks of
- * this host), added per timed iteration to *net, *local; read between the timed steps. */
-static void traffic(ll_t *u, int it, double *net, double *local) {
-  if (u->c->o->nhosts < 2) return;
-  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
-  if (ep_buffer_query(u->c->buf, &i)) return;
-  double n = (double)i.net_bytes_sent, l = (double)i.local_bytes_sent, I = u->c->o->iters;
-  if (it >= 0) *net += (n - u->sent_net) / I, *local += (l - u->sent_local) / I;
-  u->sent_net = n, u->sent_local = l;
-}
-
 /* After a dispatch: its view; the expert outputs the first time, the check the last time. */
 static int call_keep(bench_ctx_t *c, void *state, int it) {
   ll_t *u = state;
-  traffic(u, it, &c->res->net_d, &c->res->local_d);
+  bench_traffic_step(c, it, &c->res->net_d, &c->res->local_d);
   if (bench_ll_view(c, u, it)) return 1;
   int first = !u->y, last = it == c->o->iters - 1;
   if (!first && !last) return 0;
@@ -153,7 +142,7 @@ static int call_combine(bench_ctx_t *c, void *state, int it) {
 }
 
 static int call_drop(bench_ctx_t *c, void *state, int it) {
-  traffic(state, it, &c->res->net_c, &c->res->local_c);
+  bench_traffic_step(c, it, &c->res->net_c, &c->res->local_c);
   return bench_ll_drop(c, state, it);
 }
 

@@ -23,7 +23,6 @@ typedef struct {
   ep_ll_recv_view_t v;
   uint64_t digest_view, digest_out; /* of the checked main outputs */
   bench_bytes_t bytes;              /* of this rank's calls (the ll definitions, bench_ll.c) */
-  double sent_net, sent_local;      /* across hosts: the buffer's counters at the last reading */
 } ll_t;
 
 /* One dispatch (two_phase: only its send), with u->h set. */

@@ -87,20 +87,8 @@ fail:
   return 1;
 }
 
-/* Across hosts: what the buffer sent since the last reading (through the network, to ranks of
- * this host), added to the dispatch's (combine's) figures of a timed iteration. Read between the
- * timed steps, so the reading is never timed. */
-static void traffic(normal_t *u, int it, double *net, double *local) {
-  if (u->c->o->nhosts < 2) return;
-  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
-  if (ep_buffer_query(u->c->buf, &i)) return;
-  double n = (double)i.net_bytes_sent, l = (double)i.local_bytes_sent, I = u->c->o->iters;
-  if (it >= 0 && net) *net += (n - u->sent_net) / I, *local += (l - u->sent_local) / I;
-  u->sent_net = n, u->sent_local = l;
-}
-
 static int call_drop(bench_ctx_t *c, void *state, int it) {
-  traffic(state, it, &c->res->net_c, &c->res->local_c);
+  bench_traffic_step(c, it, &c->res->net_c, &c->res->local_c);
   ep_handle_t h = ((normal_t *)state)->h;
   ((normal_t *)state)->h = NULL; /* gone even when the destroy fails: never destroyed twice */
   return bench_said(ep_handle_destroy(h), "ep_handle_destroy");
@@ -180,7 +168,7 @@ static void host_figures(normal_t *u, const int64_t *idx) {
 /* After a dispatch: the expert outputs the first time, the check the last time. */
 static int call_keep(bench_ctx_t *c, void *state, int it) {
   normal_t *u = state;
-  traffic(u, it, &c->res->net_d, &c->res->local_d);
+  bench_traffic_step(c, it, &c->res->net_d, &c->res->local_d);
   if (!u->y && make_y(u)) return 1;
   return it == c->o->iters - 1 ? check_dispatch(u) : 0;
 }
@@ -276,7 +264,7 @@ int bench_normal(bench_ctx_t *c) {
   u.views = (c->caps & EP_CAP_DISPATCH_VIEWS) != 0;
   int row[3];
   bench_main_rows(c, row);
-  if (!rc) traffic(&u, -1, NULL, NULL); /* the counters before the first call */
+  if (!rc) bench_traffic_step(c, -1, NULL, NULL); /* the counters before the first call */
   if (!rc) rc = main_rows(&u, row[0], row[1], row[2]);
   if (!rc && o->variants == BENCH_VARIANTS_ALL) rc = bench_normal_variants(&u);
   if (!rc && o->baseline != BENCH_BASELINE_OFF && c->dev) rc = bench_cubase(&u);

@@ -27,8 +27,7 @@ typedef struct {
   ep_handle_t h;                              /* of the last full dispatch, until dropped */
   int nr;                                     /* rows this rank receives */
   uint64_t digest_x, digest_rows, digest_out; /* of the checked main outputs */
-  bench_bytes_t bytes;         /* of this rank's calls, once the first dispatch is checked */
-  double sent_net, sent_local; /* the buffer's traffic counters when last read (across hosts) */
+  bench_bytes_t bytes; /* of this rank's calls, once the first dispatch is checked */
 } normal_t;
 
 /* A full (cached: along `cached`) dispatch with outputs in `mode` (EP_OUTPUT_CALLER: into

@@ -32,6 +32,15 @@ static int pick_device(bench_ctx_t *c, ep_buffer_config_t *cfg) {
   return 1;
 }
 
+void bench_traffic_step(bench_ctx_t *c, int it, double *net, double *local) {
+  if (c->o->nhosts < 2) return;
+  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
+  if (ep_buffer_query(c->buf, &i)) return;
+  double n = (double)i.net_bytes_sent, l = (double)i.local_bytes_sent, I = c->o->iters;
+  if (it >= 0 && net) *net += (n - c->sent_net) / I, *local += (l - c->sent_local) / I;
+  c->sent_net = n, c->sent_local = l;
+}
+
 int bench_ctx_open(bench_ctx_t *c, ep_buffer_config_t *cfg) {
   const bench_opts_t *o = c->o;
   c->dev = o->backend == BENCH_CUDA;
