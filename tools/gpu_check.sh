@@ -11,7 +11,8 @@
 #   (bench = `epcomm bench --backend cuda` at R=2/4/8, bf16 and fp8, DeepEP's sizes and SMs per
 #   rank, every variant and the cudaMemcpy baseline, tables and JSON into OUT_DIR; epbench is the
 #   same step under its older name; scan = the same with more SMs per rank; trace = the same with
-#   EP_CUDA_TRACE=1 at R=2 and 8: mean time of each phase of a normal-mode call)
+#   EP_CUDA_TRACE=1 at R:SMs in $TRR (default "2:24 8:16"), dtypes $TRDT, tokens $TRT (default
+#   4096): mean time of each phase of a normal-mode call)
 #   (llopt = `epcomm bench --mode ll --backend cuda` at R=2/4/8 once per EP_CUDA_LL_OPT variant in
 #   $LLOPT (default "0 1 3 7 15 31", R in $LLR, default "2 4 8"), bf16 and fp8, one line each;
 #   lltrace = EP_CUDA_LL_TRACE=1 at R in $LLTR (default "2 8") for OPT in $LLTROPT (default
@@ -214,11 +215,13 @@ for s in $steps; do
       # peers, gap, data kernel), over everything epcomm bench runs, rank 0's lines.
       for rs in ${TRR:-2:24 8:16}; do
         set -- ${rs%%:*} ${rs#*:}
-        for dt in bf16 fp8; do
-          EP_CUDA_TRACE=1 timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/epcomm bench \
-            --backend cuda --sms $2 --dtype $dt >"$out/trace-r$1-$dt.log" 2>&1
-          echo "trace R=$1, $2 SMs, $dt: exit $?"
-          grep -h 'epcomm trace rank 0:' "$out/trace-r$1-$dt.log" | sed 's/.*rank 0: //'
+        for dt in ${TRDT:-bf16 fp8}; do
+          for tk in ${TRT:-4096}; do
+            EP_CUDA_TRACE=1 timeout 120 "$mps" $b/bin/epcomm launch -n $1 $b/bin/epcomm bench \
+              --backend cuda --sms $2 --dtype $dt --tokens $tk >"$out/trace-r$1-$dt-t$tk.log" 2>&1
+            echo "trace R=$1, $2 SMs, $dt, $tk tokens: exit $?"
+            grep -h 'epcomm trace rank 0:' "$out/trace-r$1-$dt-t$tk.log" | sed 's/.*rank 0: //'
+          done
         done
       done ;;
     lltrace)

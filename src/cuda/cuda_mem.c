@@ -120,13 +120,15 @@ static ep_status_t open_peers(cuda_state_t *s, const peer_info_t *all) {
 }
 
 /* Private device memory: control words, peer table, block table, registration table, expert
- * scratch. */
+ * scratch, the notify plan's scratch (all zero: the plan's scratch must be). */
 static ep_status_t private_setup(cuda_state_t *s, const int32_t *blocks) {
   int R = s->nranks;
   size_t o_peers = epk_al(sizeof(epk_priv_t), 256), o_blocks = o_peers + epk_al(8ull * R, 256);
   size_t o_regs = o_blocks + epk_al(4ull * R, 256);
   size_t o_ecount = o_regs + epk_al(16ull * EP_MAX_MEM_REGS * R, 256); /* pointers, sizes */
-  size_t bytes = o_ecount + 4ull * EP_MAX_LOCAL_EXPERTS * R;
+  size_t o_pscr = o_ecount + epk_al(4ull * EP_MAX_LOCAL_EXPERTS * R, 256);
+  size_t o_pec = o_pscr + epk_al(sizeof(epk_plan_scr_t), 256);
+  size_t bytes = o_pec + 4ull * EP_MAX_LOCAL_EXPERTS * R;
   ep_status_t st = cuda_check(s, cudaMalloc(&s->priv_mem, bytes), OP, "private memory");
   if (st) return st;
   uint8_t *m = s->priv_mem;
@@ -144,6 +146,8 @@ static ep_status_t private_setup(cuda_state_t *s, const int32_t *blocks) {
   s->reg_bytes = (uint64_t *)(m + o_regs + 8ull * EP_MAX_MEM_REGS * R);
   s->kb.reg_bytes = s->reg_bytes;
   s->kb.ecount = (int32_t *)(m + o_ecount);
+  s->kb.pscr = (epk_plan_scr_t *)(m + o_pscr);
+  s->kb.pec = (int32_t *)(m + o_pec);
   s->kb.blocks = blocks[s->rank];
   return EP_OK;
 }

@@ -65,7 +65,7 @@ __device__ void signal_all(const epk_buf_t &b, unsigned *counter, unsigned round
   __threadfence_system();
   if (atomicAdd(counter, 1u) != (round + 1) * gridDim.x - 1) return;
   __threadfence_system();
-  for (int s = 0; s < b.nranks; s++) epk_st_rel(epk_u32(b.peers[s], off, b.rank), round + 1);
+  for (int s = 0; s < b.nranks; s++) epk_st_rlx(epk_u32(b.peers[s], off, b.rank), round + 1);
 }
 
 __device__ void round_rows(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int k,
@@ -269,6 +269,7 @@ __device__ void finish(const epk_buf_t &b) {
 __global__ void __launch_bounds__(CT, 1) epk_combine_kernel(epk_buf_t b, epk_combine_t a) {
   extern __shared__ long long csm[];
   const int R = b.nranks;
+  epk_grid_wait();            /* for the notify kernel before it (epk_launch_dependent) */
   if (epk_stopped(b)) return; /* the hello failed: nothing moves */
   epk_tr_min(b, EPK_TR_D_START);
   int *ints = reinterpret_cast<int *>(csm + 2 * R);
@@ -301,6 +302,5 @@ __global__ void __launch_bounds__(CT, 1) epk_combine_kernel(epk_buf_t b, epk_com
 extern "C" cudaError_t epk_launch_combine(const epk_buf_t *b, const epk_combine_t *a,
                                           cudaStream_t s) {
   size_t smem = (size_t)b->nranks * (2 * sizeof(long long) + 5 * sizeof(int));
-  epk_combine_kernel<<<b->blocks, CT, smem, s>>>(*b, *a);
-  return cudaGetLastError();
+  return epk_launch_dependent(epk_combine_kernel, b->blocks, CT, smem, s, *b, *a);
 }

@@ -34,6 +34,16 @@ static __device__ __forceinline__ void epk_add_rel(uint32_t *p, uint32_t v) {
   asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+/* After one __threadfence_system(), flags to many peers: the fence followed by relaxed stores is
+ * a release pattern for every one of them (PTX memory model), where a st.release per peer would
+ * fence again each time (measured: ~1.5 us per peer under MPS, serial in one thread). */
+static __device__ __forceinline__ void epk_st_rlx(uint32_t *p, uint32_t v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void epk_add_rlx(uint32_t *p, uint32_t v) {
+  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 static __device__ __forceinline__ uint32_t *epk_u32(uint8_t *base, uint64_t off, int i) {
   return reinterpret_cast<uint32_t *>(base + off) + i;
 }
@@ -87,6 +97,29 @@ struct epk_waiter {
     return false;
   }
 };
+
+/* Programmatic dependent launch (sm_90): a data kernel is launched to overlap the end of the
+ * notify kernel before it in the stream (its launch and block scheduling, ~6-9 us between the two
+ * kernels under MPS, EP_CUDA_TRACE "gap to data"). It must wait for the notify grid, whose
+ * writes it reads, before anything else: epk_grid_wait() first, always. The notify kernel lets it
+ * start once every peer's hello is in (epk_grid_trigger). */
+static __device__ __forceinline__ void epk_grid_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+static __device__ __forceinline__ void epk_grid_trigger() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+template <typename... P, typename... A>
+static cudaError_t epk_launch_dependent(void (*k)(P...), int grid, int block, size_t smem,
+                                        cudaStream_t s, A... args) {
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t c = {};
+  c.gridDim = dim3(grid), c.blockDim = dim3(block), c.dynamicSmemBytes = smem, c.stream = s;
+  c.attrs = at, c.numAttrs = 1;
+  return cudaLaunchKernelEx(&c, k, args...);
+}
 
 /* EP_CUDA_TRACE points (ep_kernels.h): thread 0 of the calling block. */
 static __device__ __forceinline__ void epk_tr_set(const epk_buf_t &b, int i) {

@@ -249,7 +249,7 @@ __device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
     __threadfence_system();
     for (int d = 0; d < b.nranks; d++)
       if (st.open[d]) {
-        epk_add_rel(epk_u32(b.peers[d], b.off_arrive, b.rank), 1);
+        epk_add_rlx(epk_u32(b.peers[d], b.off_arrive, b.rank), 1);
         st.wcur[d]++;
       }
   }
@@ -274,7 +274,7 @@ __device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
     if (old == (unsigned)(rw + 1) * gridDim.x - 1 && rw + 1 < my_rounds) {
       __threadfence_system();
       for (int s = 0; s < b.nranks; s++)
-        epk_st_rel(epk_u32(b.peers[s], b.off_consumed, b.rank), (uint32_t)(rw + 1));
+        epk_st_rlx(epk_u32(b.peers[s], b.off_consumed, b.rank), (uint32_t)(rw + 1));
     }
     *s_rw = rw + 1;
   }
@@ -286,6 +286,7 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   __shared__ int64_t s_nr;
   __shared__ int s_rw, s_flag;
   const int R = b.nranks;
+  epk_grid_wait();            /* for the notify kernel before it (epk_launch_dependent) */
   if (epk_stopped(b)) return; /* the count exchange failed: nothing moves */
   epk_tr_min(b, EPK_TR_D_START);
   int *ints = reinterpret_cast<int *>(dsm + 2 * R);
@@ -334,6 +335,5 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
 extern "C" cudaError_t epk_launch_dispatch(const epk_buf_t *b, const epk_dispatch_t *a,
                                            cudaStream_t s) {
   size_t smem = (size_t)b->nranks * (2 * sizeof(int64_t) + 3 * sizeof(int));
-  epk_dispatch_kernel<<<b->blocks, DT, smem, s>>>(*b, *a);
-  return cudaGetLastError();
+  return epk_launch_dependent(epk_dispatch_kernel, b->blocks, DT, smem, s, *b, *a);
 }

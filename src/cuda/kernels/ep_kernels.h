@@ -167,14 +167,42 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
 
 #define EPK_MAX_REGS 64 /* = EP_MAX_MEM_REGS (backend.h), checked in cuda_reg.c */
 
+/* The full dispatch's plan is spread over the blocks of its notify launch: token tiles taken in
+ * order from a counter, each tile's rows per destination published for the tiles after it (a
+ * tile waits only for tiles taken before it, by blocks already running: no co-residency
+ * needed), the last block to finish goes on with the exchange. Private memory, zero between
+ * calls (that last block resets what the call used). */
+#define EPK_PLAN_TILES 128 /* tiles of one plan at most */
+#define EPK_PLAN_GRID 64   /* blocks of one notify launch at most */
+#define EPK_NOTIFY_NT 256  /* threads of a notify block = tokens of one pass over a tile */
+typedef struct {
+  uint32_t next_tile, done;        /* tiles taken, blocks finished */
+  unsigned long long bad;          /* ~0 - the first bad slot of topk_idx (atomicMax); 0: none */
+  uint32_t flag[EPK_PLAN_TILES];   /* the call's seq once agg[tile] holds this call's counts */
+  int32_t agg[EPK_PLAN_TILES][32]; /* rows of the tile's tokens to each destination (R <= 32) */
+} epk_plan_scr_t;
+
+/* Tokens per tile (whole passes) and tiles of an n-token plan; the same on host and device. */
+EPK_HD int epk_plan_tile_tokens(int n) {
+  int passes = (n + EPK_NOTIFY_NT - 1) / EPK_NOTIFY_NT;
+  int per = (passes + EPK_PLAN_TILES - 1) / EPK_PLAN_TILES;
+  return (per > 1 ? per : 1) * EPK_NOTIFY_NT;
+}
+EPK_HD int epk_plan_tiles(int n) {
+  int tt = epk_plan_tile_tokens(n);
+  return n > 0 ? (n + tt - 1) / tt : 1;
+}
+
 /* What every kernel knows about its buffer; constant from create to destroy. */
 typedef struct {
   int rank, nranks, blocks, pad0;
   uint8_t *const *peers;      /* device array [R]: each rank's pool as mapped here */
   const int32_t *peer_blocks; /* device array [R]: blocks of each rank's main kernels */
   epk_priv_t *priv;
-  epk_host_t *host; /* device address of the mapped host block */
-  int32_t *ecount;  /* scratch: selections per expert, [EP_MAX_LOCAL_EXPERTS * R] */
+  epk_host_t *host;     /* device address of the mapped host block */
+  int32_t *ecount;      /* scratch: selections per expert, [EP_MAX_LOCAL_EXPERTS * R] */
+  epk_plan_scr_t *pscr; /* the notify plan's tiles (above) */
+  int32_t *pec;         /* notify: selections per expert [E] of the current call, zero between */
   uint64_t timeout_ns;
   uint64_t slot_bytes, off_hello, off_arrive, off_consumed, off_staged, off_cdone, off_ctab;
   uint64_t off_area_d, off_area_c, area_bytes, pool_bytes;

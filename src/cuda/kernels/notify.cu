@@ -1,13 +1,12 @@
-/* The count exchange that opens every call (one block): this rank's plan (rows it sends to
- * each destination, in token order), its hello into every peer's pool, the wait for every
- * peer's hello, the cross-rank checks, and the receive side (counts matrix, rank_prefix,
- * per-expert counts, combine rounds). A rank that rejected its arguments still posts a hello
- * (status REJECTED) so that its peers fail at once instead of timing out. */
+/* The count exchange that opens every call: this rank's plan (rows it sends to each
+ * destination, in token order; notify_plan.cuh, spread over the launch's blocks), then in one
+ * block its hello into every peer's pool, the wait for every peer's hello, the cross-rank checks,
+ * and the receive side (counts matrix, rank_prefix, per-expert counts, combine rounds). A rank
+ * that rejected its arguments still posts a hello (status REJECTED) so that its peers fail at
+ * once instead of timing out. */
 #include "cuda/kernels/common.cuh"
+#include "cuda/kernels/notify_plan.cuh"
 
-#define NT 1024
-#define NW (NT / 32)
-static_assert(NW <= 32, "one warp scans the per-warp counts");
 static_assert(sizeof(epk_hello_t) % 8 == 0, "the counts after a hello stay aligned");
 
 namespace {
@@ -22,134 +21,6 @@ __device__ __forceinline__ int32_t *hello_to_rank(epk_hello_t *h) {
 /* Peers write our slots: read them through L2, never from a possibly stale L1 line. */
 __device__ __forceinline__ int32_t rd(const int32_t *p) {
   return __ldcg(p);
-}
-
-#define SMEM_EXPERTS 4096
-__shared__ int32_t s_ecount[SMEM_EXPERTS]; /* selections per expert, when E fits */
-
-__device__ __forceinline__ int32_t *ecount(const epk_buf_t &b, const epk_notify_t &a) {
-  return a.num_experts <= SMEM_EXPERTS ? s_ecount : b.ecount;
-}
-
-/* pos[t][d]: 1 if token t goes to d, then rewritten as its row among the rows to d, or -1. */
-__device__ void plan_rows(const epk_buf_t &b, const epk_notify_t &a, int32_t *cnt_me) {
-  const int R = b.nranks, n = a.num_tokens, topk = a.topk, L = a.num_experts / R;
-  int32_t *pos = epk_plan_pos(a.plan, R), *ec = ecount(b, a);
-  for (int e = threadIdx.x; e < a.num_experts; e += NT) ec[e] = 0;
-  __syncthreads();
-  for (int t = threadIdx.x; t < n; t += NT) {
-    int32_t *row = pos + (size_t)t * R;
-    for (int d = 0; d < R; d++) row[d] = 0;
-    for (int k = 0; k < topk; k++) {
-      int64_t e = a.topk_idx[(size_t)t * topk + k];
-      if (e < 0) continue;
-      row[e / L] = 1;
-      atomicAdd(&ec[e], 1);
-    }
-  }
-  __syncthreads();
-  const int chunk = (n + NT - 1) / NT;
-  const int t0 = min(n, (int)threadIdx.x * chunk), t1 = min(n, t0 + chunk);
-  for (int d = 0; d < R; d++) {
-    int c = 0, total;
-    for (int t = t0; t < t1; t++) c += pos[(size_t)t * R + d];
-    int run = epk_block_scan<NT>(c, &total);
-    for (int t = t0; t < t1; t++) {
-      int32_t *p = pos + (size_t)t * R + d;
-      *p = *p ? run++ : -1;
-    }
-    if (threadIdx.x == 0) cnt_me[d] = total;
-  }
-  __syncthreads();
-}
-
-/* The same plan for R <= 32 in one pass over the ids, NT tokens at a time in token order: each
- * thread reads its token's ids (checking them, counting experts) into a mask of destinations;
- * ballots turn the masks into rows per destination. Returns the first bad slot (an id < -1 or
- * >= E), or INT64_MAX; when there is one the plan is not used (the call is rejected). */
-__shared__ int32_t s_wcnt[32][33]; /* [warp][d]: rows of the warp's tokens to d, then its first */
-__shared__ int32_t s_base[32];     /* [d]: rows to d of the passes before */
-__shared__ int32_t s_pbase[32];    /* [d]: s_base at the start of the current pass */
-__shared__ unsigned long long s_bad;
-/* R <= STAGE_R: a pass's positions gathered here (relative to s_pbase, -1: not sent) and written
- * out in token-major order by consecutive threads, instead of each thread writing its token's R
- * words R x 4 bytes apart from its neighbour's (one partial sector per word). */
-#define STAGE_R 8
-__shared__ int16_t s_stage[NT * STAGE_R];
-
-__device__ long long plan_fast(const epk_buf_t &b, const epk_notify_t &a, int32_t *cnt_me) {
-  const int R = b.nranks, n = a.num_tokens, topk = a.topk, E = a.num_experts, L = E / R;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int32_t *pos = epk_plan_pos(a.plan, R), *ec = ecount(b, a);
-  for (int e = threadIdx.x; e < E; e += NT) ec[e] = 0;
-  if (threadIdx.x < 32) s_base[threadIdx.x] = 0;
-  if (threadIdx.x == 0) s_bad = ~0ull;
-  __syncthreads();
-  for (int t0 = 0; t0 < n; t0 += NT) {
-    const int t = t0 + (int)threadIdx.x;
-    uint32_t mask = 0;
-    if (t < n) {
-      const int64_t *ids = a.topk_idx + (int64_t)t * topk;
-      for (int k0 = 0; k0 < topk; k0 += 8) {
-        int64_t e[8];
-#pragma unroll
-        for (int u = 0; u < 8; u++) e[u] = k0 + u < topk ? __ldg(ids + k0 + u) : -1;
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-          if (e[u] < -1 || e[u] >= E) {
-            atomicMin(&s_bad, (unsigned long long)((int64_t)t * topk + k0 + u));
-          } else if (e[u] >= 0) {
-            mask |= 1u << (int)(e[u] / L);
-            atomicAdd(&ec[e[u]], 1);
-          }
-        }
-      }
-    }
-    for (int d = 0; d < R; d++) {
-      unsigned m = __ballot_sync(EPK_FULL, (mask >> d) & 1u);
-      if (lane == 0) s_wcnt[warp][d] = __popc(m);
-    }
-    __syncthreads();
-    if (warp < R) { /* warp d: exclusive scan of the per-warp counts to d, plus the base */
-      const int d = warp;
-      const int v = lane < NW ? s_wcnt[lane][d] : 0;
-      int x = v;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        int y = __shfl_up_sync(EPK_FULL, x, o);
-        if (lane >= o) x += y;
-      }
-      const int base = s_base[d];
-      __syncwarp();
-      if (lane < NW) s_wcnt[lane][d] = base + x - v;
-      if (lane == 31) s_base[d] = base + x, s_pbase[d] = base;
-    }
-    __syncthreads();
-    const bool stage = R <= STAGE_R;
-    for (int d = 0; d < R; d++) {
-      const bool in = (mask >> d) & 1u;
-      unsigned m = __ballot_sync(EPK_FULL, in);
-      const int p = in ? s_wcnt[warp][d] + __popc(m & ((1u << lane) - 1u)) : -1;
-      if (stage)
-        s_stage[threadIdx.x * R + d] = (int16_t)(in ? p - s_pbase[d] : -1);
-      else if (t < n)
-        pos[(int64_t)t * R + d] = p;
-    }
-    if (stage) {
-      __syncthreads();
-      const int words = min(NT, n - t0) * R;
-      int32_t *out = pos + (int64_t)t0 * R;
-      for (int i = threadIdx.x; i < words; i += NT) {
-        const int v = s_stage[i];
-        out[i] = v < 0 ? -1 : s_pbase[i % R] + v;
-      }
-    }
-    __syncthreads(); /* s_wcnt, s_stage and s_pbase are rewritten by the next pass */
-  }
-  if (threadIdx.x < R) cnt_me[threadIdx.x] = s_base[threadIdx.x];
-  const unsigned long long bad = s_bad;
-  __syncthreads();
-  return bad == ~0ull ? INT64_MAX : (long long)bad;
 }
 
 __device__ void fill_header(epk_hello_t *h, const epk_notify_t &a, int status) {
@@ -175,15 +46,17 @@ __device__ void post(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq, in
     hello_to_rank(hello_slot(b, i / R, par, me))[i % R] = cnt_me[i % R];
   if (counts) {
     const int L = a.num_experts / R;
-    const int32_t *ec = ecount(b, a);
     for (int i = threadIdx.x; i < a.num_experts; i += NT)
-      hello_to_rank(hello_slot(b, i / L, par, me))[R + i % L] = ec[i];
+      hello_to_rank(hello_slot(b, i / L, par, me))[R + i % L] = __ldcg(&b.pec[i]);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    for (int d = 0; d < R; d++) epk_st_rel(&hello_slot(b, d, par, me)->seq, seq);
+    for (int d = 0; d < R; d++) epk_st_rlx(&hello_slot(b, d, par, me)->seq, seq);
   }
+  /* The expert counts are zero again for the next call (they were read above). */
+  for (int i = threadIdx.x; a.kind == EPK_NOTIFY_DISPATCH && i < a.num_experts; i += NT)
+    b.pec[i] = 0;
 }
 
 /* Waits for every peer's hello; false when this rank must give up (failure recorded). */
@@ -202,23 +75,26 @@ __device__ bool gather(const epk_buf_t &b, uint32_t seq) {
   return !__syncthreads_or(fail);
 }
 
-/* The core's ep_call_key_diff, on the device. */
-__device__ int first_difference(const epk_hello_t *m, const epk_hello_t *p) {
+/* The core's ep_call_key_diff, on the device: the peer's fields loaded at once (one L2 round
+ * trip, not one per field), compared with this rank's own key. */
+__device__ int first_difference(const ep_call_key_t &m, const epk_hello_t *p) {
+  int32_t v[EP_CF_COUNT];
+#pragma unroll
+  for (int f = 0; f < EP_CF_COUNT; f++) v[f] = rd(&p->key.f[f]);
   if (rd(&p->key.rejected)) return EP_CF_REJECTED;
   for (int f = 0; f < EP_CF_COUNT; f++)
-    if (rd(&m->key.f[f]) != rd(&p->key.f[f])) return f;
+    if (m.f[f] != v[f]) return f;
   return -1;
 }
 
 /* Every rank compares with every peer and reports the lowest culprit, so all agree. */
-__device__ bool compare(const epk_buf_t &b, uint32_t seq) {
+__device__ bool compare(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq) {
   __shared__ int worst;
   if (threadIdx.x == 0) worst = INT_MAX;
   __syncthreads();
-  epk_hello_t *mine = hello_slot(b, b.rank, seq & 1, b.rank);
   for (int r = threadIdx.x; r < b.nranks; r += NT) {
     if (r == b.rank) continue;
-    int f = first_difference(mine, hello_slot(b, b.rank, seq & 1, r));
+    int f = first_difference(a.key, hello_slot(b, b.rank, seq & 1, r));
     if (f >= 0) atomicMin(&worst, r * 16 + f);
   }
   __syncthreads();
@@ -230,12 +106,18 @@ __device__ bool compare(const epk_buf_t &b, uint32_t seq) {
   return w == INT_MAX;
 }
 
+/* The counts matrix in shared memory for R <= 32, so that the column sums below run at shared
+ * memory latency (serial loads through L2 cost ~0.5 us each). */
+__shared__ int32_t s_counts[32 * 32];
+
 /* Receive side of a dispatch: counts matrix, tokens per rank, rank_prefix, expert counts. */
 __device__ void finish_dispatch(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq) {
   const int R = b.nranks, me = b.rank, par = seq & 1, L = a.num_experts / R;
   int32_t *cnt = epk_plan_cnt(a.plan), *ntok = epk_plan_ntok(a.plan, R);
-  for (int i = threadIdx.x; i < R * R; i += NT)
+  for (int i = threadIdx.x; i < R * R; i += NT) {
     cnt[i] = rd(hello_to_rank(hello_slot(b, me, par, i / R)) + i % R);
+    if (R <= 32) s_counts[i] = cnt[i];
+  }
   for (int s = threadIdx.x; s < R; s += NT) ntok[s] = rd(&hello_slot(b, me, par, s)->num_tokens);
   for (int l = threadIdx.x; a.recv_per_expert && l < L; l += NT) {
     int64_t n = 0;
@@ -245,10 +127,14 @@ __device__ void finish_dispatch(const epk_buf_t &b, const epk_notify_t &a, uint3
   }
 }
 
-__device__ void write_prefix(const epk_buf_t &b, const epk_notify_t &a) {
+/* rank_prefix and the receive count from the counts matrix (in s_counts already when `loaded`). */
+__device__ void write_prefix(const epk_buf_t &b, const epk_notify_t &a, bool loaded) {
   const int R = b.nranks;
   const int32_t *cnt = epk_plan_cnt(a.plan);
+  if (R <= 32 && !loaded)
+    for (int i = threadIdx.x; i < R * R; i += NT) s_counts[i] = cnt[i];
   __syncthreads();
+  if (R <= 32) cnt = s_counts;
   for (int j = threadIdx.x; a.rank_prefix && j < R; j += NT) {
     int32_t run = 0;
     for (int i = 0; i < R; i++) a.rank_prefix[i * R + j] = run += cnt[i * R + j];
@@ -264,26 +150,35 @@ __device__ void write_prefix(const epk_buf_t &b, const epk_notify_t &a) {
 /* Combine rounds: one round when every rank can stage all of its rows, else token chunks small
  * enough that any rank can stage R chunks' worth. Same inputs on every rank, same answer. */
 __device__ void finish_combine(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq) {
-  if (threadIdx.x != 0) return;
+  __shared__ unsigned long long s_over; /* (rank << 32) | rows of the lowest rank over its limit */
+  __shared__ long long s_min_cap;
+  __shared__ int s_max_n, s_fits;
   const int R = b.nranks;
   const int32_t *cnt = epk_plan_cnt(a.plan), *ntok = epk_plan_ntok(a.plan, R);
-  int64_t min_cap = INT64_MAX, max_n = 1;
-  bool fits = true;
-  for (int r = 0; r < R; r++) {
+  if (threadIdx.x == 0) s_over = ~0ull, s_min_cap = LLONG_MAX, s_max_n = 1, s_fits = 1;
+  __syncthreads();
+  for (int r = threadIdx.x; r < R; r += NT) { /* one rank per thread (was one thread: ~5 us) */
     const epk_hello_t *h = hello_slot(b, b.rank, seq & 1, r);
     int64_t need = 0;
     for (int s = 0; s < R; s++) need += cnt[s * R + r];
     if (need > rd(&h->recv_rows)) {
-      epk_fail(b, EP_ERR_TOO_LARGE, EPK_PH_CHECK, r, (uint32_t)need, true);
-      return;
+      atomicMin(&s_over, ((unsigned long long)r << 32) | (uint32_t)need);
+      continue;
     }
     int64_t cap = epk_stage_rows(b.area_bytes - 256ull * (uint64_t)rd(&h->wgap256),
                                  rd(&h->direct) ? 0 : a.xrow, a.wrow);
-    fits &= need <= cap;
-    min_cap = min(min_cap, cap);
-    max_n = max(max_n, (int64_t)ntok[r]);
+    if (need > cap) s_fits = 0;
+    atomicMin(&s_min_cap, (long long)cap);
+    atomicMax(&s_max_n, ntok[r]);
   }
-  int64_t tc = fits ? max_n : min_cap / R;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  if (s_over != ~0ull) {
+    epk_fail(b, EP_ERR_TOO_LARGE, EPK_PH_CHECK, (int)(s_over >> 32), (uint32_t)s_over, true);
+    return;
+  }
+  const int64_t max_n = s_max_n;
+  int64_t tc = s_fits ? max_n : s_min_cap / R;
   if (tc < 1) {
     epk_fail(b, EP_ERR_TOO_LARGE, EPK_PH_CHECK, -1, 0, true);
     return;
@@ -301,13 +196,11 @@ __device__ void publish(const epk_buf_t &b, const epk_notify_t &a) {
   }
 }
 
-__global__ void __launch_bounds__(NT, 1) epk_notify_kernel(epk_buf_t b, epk_notify_t a) {
+__global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_t a) {
   __shared__ uint32_t s_seq;
   if (threadIdx.x == 0) {
-    s_seq = b.priv->seq + 1;
-    b.priv->seq = s_seq;
-    b.priv->call_status = 0;
-    if (b.trace) { /* the previous call's data kernel has ended (stream order): fold it */
+    s_seq = b.priv->seq + 1;          /* stored back by the block that goes on alone (below) */
+    if (b.trace && blockIdx.x == 0) { /* the previous call's data kernel has ended: fold it */
       epk_trace_fold(b.trace);
       b.trace->kind = a.kind == EPK_NOTIFY_DISPATCH  ? EPK_TR_FULL
                       : a.kind == EPK_NOTIFY_CACHED  ? EPK_TR_CACHED
@@ -321,31 +214,38 @@ __global__ void __launch_bounds__(NT, 1) epk_notify_kernel(epk_buf_t b, epk_noti
   int status = a.kind == EPK_NOTIFY_REJECT ? EPK_HELLO_REJECTED : EPK_HELLO_OK;
   int32_t *cnt_me =
       a.kind == EPK_NOTIFY_DISPATCH ? epk_plan_cnt(a.plan) + b.rank * b.nranks : nullptr;
-  if (a.kind == EPK_NOTIFY_DISPATCH) {
-    const bool fast = b.nranks <= 32;
-    long long bad = fast ? plan_fast(b, a, cnt_me)
-                         : epk_first_bad(a.topk_idx, a.num_tokens, a.topk, a.num_experts);
-    if (bad != INT64_MAX) {
-      status = EPK_HELLO_REJECTED;
-      if (threadIdx.x == 0) {
-        b.host->bad_value = a.topk_idx[bad];
-        epk_fail(b, EP_ERR_OUT_OF_RANGE, EPK_PH_CHECK, -1, (uint32_t)bad, true);
-      }
-    } else if (!fast) {
-      plan_rows(b, a, cnt_me);
+  long long bad = INT64_MAX;
+  if (a.kind == EPK_NOTIFY_DISPATCH && b.nranks <= 32) {
+    if (!plan_tiles(b, a, seq, cnt_me, &bad)) return; /* another block goes on */
+  } else if (a.kind == EPK_NOTIFY_DISPATCH) {
+    bad = epk_first_bad(a.topk_idx, a.num_tokens, a.topk, a.num_experts);
+    if (bad == INT64_MAX) plan_rows(b, a, cnt_me);
+  }
+  /* One block from here on. */
+  if (threadIdx.x == 0) {
+    b.priv->seq = seq;
+    b.priv->call_status = 0;
+  }
+  __syncthreads();
+  if (bad != INT64_MAX) {
+    status = EPK_HELLO_REJECTED;
+    if (threadIdx.x == 0) {
+      b.host->bad_value = a.topk_idx[bad];
+      epk_fail(b, EP_ERR_OUT_OF_RANGE, EPK_PH_CHECK, -1, (uint32_t)bad, true);
     }
   }
   epk_tr_set(b, EPK_TR_N_PLAN);
   post(b, a, seq, status, cnt_me);
   epk_tr_set(b, EPK_TR_N_POST);
-  if (status != EPK_HELLO_OK || !gather(b, seq) || !compare(b, seq)) {
+  if (status != EPK_HELLO_OK || !gather(b, seq) || !compare(b, a, seq)) {
     publish(b, a);
     return;
   }
   epk_tr_set(b, EPK_TR_N_GATHER);
+  epk_grid_trigger(); /* the data kernel may be scheduled; it waits for this grid's end */
   if (a.kind == EPK_NOTIFY_DISPATCH) finish_dispatch(b, a, seq);
   if (a.kind != EPK_NOTIFY_COMBINE)
-    write_prefix(b, a);
+    write_prefix(b, a, a.kind == EPK_NOTIFY_DISPATCH);
   else
     finish_combine(b, a, seq);
   publish(b, a);
@@ -356,6 +256,9 @@ __global__ void __launch_bounds__(NT, 1) epk_notify_kernel(epk_buf_t b, epk_noti
 
 extern "C" cudaError_t epk_launch_notify(const epk_buf_t *b, const epk_notify_t *a,
                                          cudaStream_t s) {
-  epk_notify_kernel<<<1, NT, 0, s>>>(*b, *a);
+  /* R > 32 plans in one block (plan_rows); so does every other kind of call, which has no plan. */
+  const bool tiled = a->kind == EPK_NOTIFY_DISPATCH && b->nranks <= 32;
+  const int grid = tiled ? min(epk_plan_tiles(a->num_tokens), EPK_PLAN_GRID) : 1;
+  epk_notify_kernel<<<grid, NT, 0, s>>>(*b, *a);
   return cudaGetLastError();
 }
