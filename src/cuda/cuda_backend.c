@@ -16,8 +16,8 @@ static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, siz
   *bytes = cuda_pool_layout(nranks, cfg->num_channels, cfg->queue_bytes,
                             cuda_ll_region_bytes(cfg, nranks, &ll), &off_ll, &kb) +
            ((size_t)(arena_mb > 1 ? arena_mb : 1) << 20) + 4096 + 16ull * (size_t)nranks +
-           16ull * EP_MAX_MEM_REGS * (size_t)nranks + 4ull * EP_MAX_LOCAL_EXPERTS * (size_t)nranks +
-           cuda_ll_private_bytes(cfg, nranks);
+           16ull * EP_MAX_MEM_REGS * (size_t)nranks + 8ull * EP_MAX_LOCAL_EXPERTS * (size_t)nranks +
+           sizeof(epk_plan_scr_t) + cuda_ll_private_bytes(cfg, nranks);
   return EP_OK;
 }
 

@@ -110,8 +110,8 @@ __device__ void write_pass(const epk_notify_t &a, int R, int t0, int t1, uint32_
     if (lane == 0) s_wcnt[warp][d] = __popc(m);
   }
   __syncthreads();
-  if (warp < R) { /* warp d: exclusive scan of the per-warp counts to d, plus the base */
-    const int d = warp;
+  /* warp w scans destinations w, w + NW, ...: exclusive scan of the per-warp counts, plus base */
+  for (int d = warp; d < R; d += NW) {
     const int v = lane < NW ? s_wcnt[lane][d] : 0;
     int x = v;
 #pragma unroll
