@@ -104,10 +104,14 @@ struct epk_waiter {
  * writes it reads, before anything else: epk_grid_wait() first, always. The notify kernel lets it
  * start once every peer's hello is in (epk_grid_trigger). */
 static __device__ __forceinline__ void epk_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif /* older GPUs: plain stream order, nothing to wait for */
 }
 static __device__ __forceinline__ void epk_grid_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 template <typename... P, typename... A>
 static cudaError_t epk_launch_dependent(void (*k)(P...), int grid, int block, size_t smem,
@@ -118,6 +122,10 @@ static cudaError_t epk_launch_dependent(void (*k)(P...), int grid, int block, si
   cudaLaunchConfig_t c = {};
   c.gridDim = dim3(grid), c.blockDim = dim3(block), c.dynamicSmemBytes = smem, c.stream = s;
   c.attrs = at, c.numAttrs = 1;
+  cudaError_t e = cudaLaunchKernelEx(&c, k, args...);
+  if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) return e;
+  (void)cudaGetLastError(); /* a device without it: the plain launch */
+  c.numAttrs = 0;
   return cudaLaunchKernelEx(&c, k, args...);
 }
 
