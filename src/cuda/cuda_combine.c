@@ -105,6 +105,8 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
   n.has_w = has_w;
   n.num_tokens = h->num_tokens;
   n.direct = xoff >= 0;
+  n.xreg1 = n.direct ? x_reg + 1 : 0; /* where the peers find x when they read it in place */
+  n.xoff = n.direct ? xoff : 0;
   n.wgap256 = wgap256;
   n.recv_rows = h->recv_rows;
   n.plan = p->plan;

@@ -219,15 +219,36 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
   }
 }
 
-__device__ void reduce(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int k, int tc) {
+/* Where holder r keeps this rank's rows: its ctab entry for us (published before its "staged"
+ * flag), or, when every holder reads x in place and stages nothing (priv->comb_hello), its hello
+ * of this call (x's registration and offset) and the counts (its rows of ranks before us). */
+__device__ void holder_rows(const epk_buf_t &b, const epk_combine_t &a, int r, bool hello,
+                            long long *reg, long long *off, long long *wo) {
+  if (!hello) {
+    const long long *ct = reinterpret_cast<const long long *>(b.peers[r] + b.off_ctab) + 4 * b.rank;
+    *reg = __ldcg(ct + 2), *off = __ldcg(ct), *wo = __ldcg(ct + 1);
+    return;
+  }
+  const int R = b.nranks;
+  const int32_t *cnt = epk_plan_cnt(const_cast<int32_t *>(a.plan));
+  const epk_hello_t *h = epk_hello(b, b.rank, (int)(b.priv->seq & 1), r);
+  long long pre = 0;
+  for (int q = 0; q < b.rank; q++) pre += cnt[q * R + r];
+  *reg = (long long)__ldcg(&h->xreg1) - 1;
+  *off = __ldcg(reinterpret_cast<const long long *>(&h->xoff)) + pre * 2ll * a.hidden;
+  *wo = 0; /* no weights in this form */
+}
+
+__device__ void reduce(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int k, int tc,
+                       bool hello) {
   __shared__ const uint8_t *s_x[CWARPS][32];
   __shared__ const float *s_w[CWARPS][32];
   const int warp = threadIdx.x >> 5, R = b.nranks;
   const int32_t *cnt = epk_plan_cnt(const_cast<int32_t *>(a.plan));
   bool bad = false;
   for (int r = threadIdx.x; r < R; r += CT) {
-    const long long *ct = reinterpret_cast<const long long *>(b.peers[r] + b.off_ctab) + 4 * b.rank;
-    const long long reg = __ldcg(ct + 2), off = __ldcg(ct);
+    long long reg, off, wo;
+    holder_rows(b, a, r, hello, &reg, &off, &wo);
     const uint8_t *xb = b.peers[r];
     if (reg != -1) { /* rank r's registration: it must be one mapped here, holding our rows */
       const int64_t i = reg * R + r;
@@ -240,7 +261,7 @@ __device__ void reduce(const epk_buf_t &b, const epk_combine_t &a, const cstate 
       }
     }
     c.xo[r] = reinterpret_cast<long long>(xb + off);
-    c.wo[r] = __ldcg(ct + 1);
+    c.wo[r] = wo;
   }
   /* A bad entry stops this rank's call: nothing is read, the flags still go up for the peers. */
   if (__syncthreads_or(bad)) return;
@@ -283,12 +304,15 @@ __global__ void __launch_bounds__(CT, 1) epk_combine_kernel(epk_buf_t b, epk_com
     c.cme[s] = cnt[s * R + b.rank];
   }
   __syncthreads();
+  const bool hello = b.priv->comb_hello; /* one round, nothing staged: no "staged" flags */
   for (int k = 0; k < K; k++) {
     if (k > 0 && !wait_all(b, b.off_cdone, (uint32_t)k, EPK_PH_CDONE)) return;
-    stage(b, a, c, k, K, tc);
-    signal_all(b, &b.priv->cnt_a, (unsigned)k, b.off_staged);
-    if (!wait_all(b, b.off_staged, (uint32_t)k + 1, EPK_PH_STAGED)) return;
-    reduce(b, a, c, k, tc);
+    if (!hello) {
+      stage(b, a, c, k, K, tc);
+      signal_all(b, &b.priv->cnt_a, (unsigned)k, b.off_staged);
+      if (!wait_all(b, b.off_staged, (uint32_t)k + 1, EPK_PH_STAGED)) return;
+    }
+    reduce(b, a, c, k, tc, hello);
     signal_all(b, &b.priv->cnt_b, (unsigned)k, b.off_cdone);
   }
   /* Our rows (perhaps the caller's x itself) stay readable until every source is done. */

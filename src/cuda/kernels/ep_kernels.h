@@ -80,7 +80,9 @@ typedef struct {
   int32_t num_tokens, direct, recv_rows;
   int32_t wgap256;   /* combine: bytes of area C before its staged weights / 256 (x in area C) */
   int32_t xreg1;     /* dispatch: 1 + the slot of the writer's registration of caller memory that
-                        holds its recv_x for xcap rows (senders write x rows there); 0: none */
+                        holds its recv_x for xcap rows (senders write x rows there); 0: none.
+                        combine, x read in place (direct): 1 + the registration holding x, 0: x
+                        is in the writer's pool; xoff: x's byte offset there */
   int32_t xcap, pad; /* dispatch: rows of that recv_x (more arriving: drained, not written) */
   int64_t xoff;      /* dispatch: byte offset of recv_x in that registration */
   /* then int32 to_rank[R] (tokens this source sends to each rank) and
@@ -94,7 +96,9 @@ typedef struct {
   unsigned long long err; /* first failure, packed; mirrored to the host word */
   uint32_t wdone, finished, cnt_a, cnt_b; /* block counters of the current call */
   int32_t comb_k, comb_tc;                /* combine rounds and tokens per round (from notify) */
-  int32_t pad[6];
+  int32_t comb_hello; /* 1: every holder's x is read in place and nothing is staged: the
+                         combine finds the rows from the hellos (xreg1, xoff), no "staged" round */
+  int32_t pad[5];
 } epk_priv_t;
 
 /* What a low-latency kernel tells a host that waits for it (a call outside a graph capture):

@@ -155,7 +155,9 @@ __device__ void finish_combine(const epk_buf_t &b, const epk_notify_t &a, uint32
   __shared__ int s_max_n, s_fits;
   const int R = b.nranks;
   const int32_t *cnt = epk_plan_cnt(a.plan), *ntok = epk_plan_ntok(a.plan, R);
-  if (threadIdx.x == 0) s_over = ~0ull, s_min_cap = LLONG_MAX, s_max_n = 1, s_fits = 1;
+  __shared__ int s_direct;
+  if (threadIdx.x == 0)
+    s_over = ~0ull, s_min_cap = LLONG_MAX, s_max_n = 1, s_fits = 1, s_direct = !a.has_w;
   __syncthreads();
   for (int r = threadIdx.x; r < R; r += NT) { /* one rank per thread (was one thread: ~5 us) */
     const epk_hello_t *h = hello_slot(b, b.rank, seq & 1, r);
@@ -165,8 +167,10 @@ __device__ void finish_combine(const epk_buf_t &b, const epk_notify_t &a, uint32
       atomicMin(&s_over, ((unsigned long long)r << 32) | (uint32_t)need);
       continue;
     }
+    const int direct = rd(&h->direct);
+    if (!direct) s_direct = 0;
     int64_t cap = epk_stage_rows(b.area_bytes - 256ull * (uint64_t)rd(&h->wgap256),
-                                 rd(&h->direct) ? 0 : a.xrow, a.wrow);
+                                 direct ? 0 : a.xrow, a.wrow);
     if (need > cap) s_fits = 0;
     atomicMin(&s_min_cap, (long long)cap);
     atomicMax(&s_max_n, ntok[r]);
@@ -185,6 +189,8 @@ __device__ void finish_combine(const epk_buf_t &b, const epk_notify_t &a, uint32
   }
   b.priv->comb_tc = (int32_t)min(tc, max_n);
   b.priv->comb_k = (int32_t)((max_n + tc - 1) / tc);
+  /* Same hellos on every rank, same answer: nothing to stage anywhere, one round. */
+  b.priv->comb_hello = s_direct && b.priv->comb_k == 1;
 }
 
 __device__ void publish(const epk_buf_t &b, const epk_notify_t &a) {
