@@ -182,6 +182,7 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
 typedef struct {
   uint32_t next_tile, done;        /* tiles taken, blocks finished */
   unsigned long long bad;          /* ~0 - the first bad slot of topk_idx (atomicMax); 0: none */
+  uint32_t stuck, pad;             /* 1: a tile gave up waiting for the tiles before it */
   uint32_t flag[EPK_PLAN_TILES];   /* the call's seq once agg[tile] holds this call's counts */
   int32_t agg[EPK_PLAN_TILES][32]; /* rows of the tile's tokens to each destination (R <= 32) */
 } epk_plan_scr_t;

@@ -220,8 +220,9 @@ __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_
   int32_t *cnt_me =
       a.kind == EPK_NOTIFY_DISPATCH ? epk_plan_cnt(a.plan) + b.rank * b.nranks : nullptr;
   long long bad = INT64_MAX;
+  bool stuck = false;
   if (a.kind == EPK_NOTIFY_DISPATCH && b.nranks <= 32) {
-    if (!plan_tiles(b, a, seq, cnt_me, &bad)) return; /* another block goes on */
+    if (!plan_tiles(b, a, seq, cnt_me, &bad, &stuck)) return; /* another block goes on */
   } else if (a.kind == EPK_NOTIFY_DISPATCH) {
     bad = epk_first_bad(a.topk_idx, a.num_tokens, a.topk, a.num_experts);
     if (bad == INT64_MAX) plan_rows(b, a, cnt_me);
@@ -232,7 +233,10 @@ __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_
     b.priv->call_status = 0;
   }
   __syncthreads();
-  if (bad != INT64_MAX) {
+  if (stuck) { /* the plan is not usable: nothing moves, the peers are told so */
+    status = EPK_HELLO_REJECTED;
+    if (threadIdx.x == 0) epk_fail(b, EP_ERR_TIMEOUT, EPK_PH_NOTIFY, -1, 0, true);
+  } else if (bad != INT64_MAX) {
     status = EPK_HELLO_REJECTED;
     if (threadIdx.x == 0) {
       b.host->bad_value = a.topk_idx[bad];

@@ -149,7 +149,10 @@ __device__ void write_pass(const epk_notify_t &a, int R, int t0, int t1, uint32_
 
 /* s_base[d] = rows to d of the tiles before `tile`. Those tiles were taken before this one by
  * blocks that are running and publish their counts without waiting for anything, so the wait
- * ends (the scan's usual forward-progress argument; it needs no deadline of its own). */
+ * ends (the scan's usual forward-progress argument). It still has the buffer's deadline, for
+ * what that argument does not cover (two calls on one buffer at once, against the API's rules,
+ * would share this scratch): past it the tile gives up and marks the plan stuck, and the call is
+ * rejected on every rank (the kernel below) instead of hanging. */
 __device__ void tile_base(const epk_buf_t &b, int tile, uint32_t seq) {
   const int R = b.nranks;
   if (threadIdx.x < R) s_base[threadIdx.x] = 0;
@@ -157,12 +160,21 @@ __device__ void tile_base(const epk_buf_t &b, int tile, uint32_t seq) {
   for (int i = threadIdx.x; i < tile * R; i += NT) {
     const int j = i / R, d = i % R;
     uint32_t f;
-    do {
+    uint64_t t0 = 0;
+    for (unsigned n = 1;; n++) {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
                    : "=r"(f)
                    : "l"(&b.pscr->flag[j])
                    : "memory");
-    } while (f != seq);
+      if (f == seq) break;
+      if (n & 255u) continue;
+      const uint64_t now = epk_now();
+      if (!t0) t0 = now;
+      if (now - t0 > b.timeout_ns || *reinterpret_cast<volatile uint32_t *>(&b.host->abort)) {
+        atomicExch(&b.pscr->stuck, 1u);
+        break;
+      }
+    }
     atomicAdd(&s_base[d], __ldcg(&b.pscr->agg[j][d]));
   }
   __syncthreads();
@@ -203,10 +215,11 @@ __device__ void plan_tile(const epk_buf_t &b, const epk_notify_t &a, int tile, u
 }
 
 /* Every block of the launch: its tiles, then its expert counts. Returns true in the last block
- * to finish, which has the totals in cnt_me and the first bad slot in *bad (INT64_MAX: none) and
- * leaves the scratch ready for the next call; the others are done. */
+ * to finish, which has the totals in cnt_me, the first bad slot in *bad (INT64_MAX: none) and
+ * whether a tile gave up waiting in *stuck, and leaves the scratch ready for the next call; the
+ * others are done. */
 __device__ bool plan_tiles(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq, int32_t *cnt_me,
-                           long long *bad) {
+                           long long *bad, bool *stuck) {
   __shared__ int s_tile;
   __shared__ bool s_last;
   const int R = b.nranks, ntiles = epk_plan_tiles(a.num_tokens);
@@ -235,8 +248,9 @@ __device__ bool plan_tiles(const epk_buf_t &b, const epk_notify_t &a, uint32_t s
   }
   const unsigned long long enc = __ldcg(&b.pscr->bad);
   *bad = enc ? (long long)(~0ull - enc) : INT64_MAX;
+  *stuck = __ldcg(&b.pscr->stuck) != 0;
   __syncthreads();
-  if (threadIdx.x == 0) b.pscr->next_tile = 0, b.pscr->done = 0, b.pscr->bad = 0;
+  if (threadIdx.x == 0) b.pscr->next_tile = 0, b.pscr->done = 0, b.pscr->bad = 0, b.pscr->stuck = 0;
   return true;
 }
 
