@@ -205,7 +205,7 @@ typedef struct {
   const int32_t *peer_blocks; /* device array [R]: blocks of each rank's main kernels */
   epk_priv_t *priv;
   epk_host_t *host;     /* device address of the mapped host block */
-  int32_t *ecount;      /* scratch: selections per expert, [EP_MAX_LOCAL_EXPERTS * R] */
+  int32_t *ecount;      /* across hosts: selections per expert, [EP_MAX_LOCAL_EXPERTS * R] */
   epk_plan_scr_t *pscr; /* the notify plan's tiles (above) */
   int32_t *pec;         /* notify: selections per expert [E] of the current call, zero between */
   uint64_t timeout_ns;
