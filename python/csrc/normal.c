@@ -101,6 +101,15 @@ static PyObject *combine(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* The combine input inside the buffer for a handle (ep_get_combine_buffer): its address. */
+static PyObject *get_combine_buffer(PyObject *self, PyObject *args) {
+  unsigned long long b, h;
+  if (!PyArg_ParseTuple(args, "KK", &b, &h)) return NULL;
+  void *x = NULL;
+  ep_status_t st = ep_get_combine_buffer(epb_ptr(b), epb_ptr(h), &x);
+  return st ? epb_raise(st) : epb_from_ptr(x);
+}
+
 static PyObject *handle_destroy(PyObject *self, PyObject *args) {
   unsigned long long h;
   if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
@@ -130,6 +139,8 @@ PyMethodDef epb_normal_methods[] = {
     {"combine", combine, METH_VARARGS,
      "combine(buf, handle, x, topk_weights, bias0, bias1, stream, out, out_topk_weights) "
      "(collective)"},
+    {"get_combine_buffer", get_combine_buffer, METH_VARARGS,
+     "get_combine_buffer(buf, handle) -> address of the combine input inside the buffer (local)"},
     {"handle_destroy", handle_destroy, METH_VARARGS, "local"},
     {"handle_num_recv_tokens", handle_num_recv_tokens, METH_VARARGS, "local"},
     {NULL, NULL, 0, NULL},

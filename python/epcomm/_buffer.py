@@ -23,7 +23,7 @@ from ._group import Group
 from ._handles import DispatchHandle, Info, Ref
 from ._ll import LowLatency
 from ._registration import register as _register
-from ._tensors import need_rows, need_shape, need_tensor, ptr
+from ._tensors import need_rows, need_shape, need_tensor, over, ptr
 
 _BF16, _FP8, _F32, _I32, _I64 = (torch.bfloat16, torch.float8_e4m3fn, torch.float32, torch.int32,
                                  torch.int64)
@@ -460,6 +460,24 @@ class Buffer(LowLatency, _lifecycle.Scoped):
             launch.abort()
             raise
         return out, out_w, launch.finish((x, topk_weights, bias0, bias1, out, out_w))
+
+    def get_combine_buffer(self, handle):
+        """bf16 [rows][H] (rows: the handle's received rows) where the experts may write their
+        outputs for ``combine(x=it, handle)``, which then reads them where they are (CUDA: no
+        staging pass, as fast as combining the dispatch's own bf16 view, also after an fp8
+        dispatch). Valid until the next combine on this buffer, whatever its handle, or the
+        buffer's destroy. A backend that reads any x where it is (cpu) gives a new tensor;
+        UnsupportedError never comes out of here. Local."""
+        op = "Buffer.get_combine_buffer"
+        buf = self._buf(op)
+        info = self._handle_info(handle, op)
+        rows = info.num_recv_tokens if info.num_recv_tokens >= 0 else info.capacity
+        shape = (rows, info.hidden)
+        try:
+            address = _C.get_combine_buffer(buf, info.ref.id)
+        except UnsupportedError:
+            return self._empty(shape, _BF16)
+        return over(address, rows * info.hidden * 2, _BF16, shape, self.device)
 
     # ---------------------------------------------------------------- registered memory
     def register(self, tensor):

@@ -191,6 +191,41 @@ def cached_other_format(ctx, seed, sizes, H, E, topk):
     ck.done()
 
 
+def combine_buffer(ctx, seed, sizes, H, E, topk, fp8):
+    """Buffer.get_combine_buffer: the experts write there and the combine reads it where it is
+    (CUDA); the same bits as the reference, after a bf16 or an fp8 dispatch, twice in a row (the
+    buffer is asked for again after a combine)."""
+    R, me, dev = ctx.nranks, ctx.rank, ctx.device
+    xs, scs, idxs, ws, _ = _world(R, seed, sizes, H, E, topk, fp8)
+    want, st = ref.dispatch(xs, idxs, ws, E, 1, scs)
+    ck = Check(me, f"combine_buffer(fp8={fp8}, R={R})")
+    buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
+    try:
+        idx = idxs[me].to(dev)
+        tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
+        _, _, r_w, _, handle, _ = buf.dispatch(_x_arg(xs, scs, me, dev), num_tokens_per_rank=tpr,
+                                               is_token_in_rank=itr, num_tokens_per_expert=tpe,
+                                               topk_idx=idx, topk_weights=ws[me].to(dev))
+        nrs = [w_["nr"] for w_ in want]
+        for rnd in range(2):
+            ys, b0, _ = _combine_inputs(seed + rnd, R, nrs, H, 1, sizes)
+            out_want, outw_want = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want],
+                                              b0, None)
+            y = buf.get_combine_buffer(handle)
+            ck.true(y.dtype == BF16 and tuple(y.shape) == (nrs[me], H) and y.device.type == torch.device(dev).type,
+                    f"the combine buffer is bf16 [{nrs[me]}][{H}] on {dev}: {y.dtype} "
+                    f"{tuple(y.shape)} {y.device}")
+            y.copy_(ys[me].to(dev))  # the experts' write
+            out, out_w, _ = buf.combine(y, handle, topk_weights=r_w, bias=b0[me].to(dev))
+            ck.bits(out, out_want[me], f"combined_x from the combine buffer, round {rnd}")
+            ck.bits(out_w, outw_want[me], f"combined_topk_weights from the combine buffer, "
+                                          f"round {rnd}")
+    finally:
+        buf.destroy()
+    ref.free_dispatch(st)
+    ck.done()
+
+
 def registered_combine(ctx, seed, sizes, H, E, topk):
     """Buffer.register: a combine whose x is a slice of a registered tensor gives the same bits
     as the reference; the registration as a context manager, its end, and its going with the

@@ -69,3 +69,10 @@ def test_cached_dispatch_in_another_format(worlds, device, R):
 def test_registered_combine(worlds, device, R):
     worlds.get(R, device).run("scen_normal.registered_combine", seed=10, sizes=sizes(R), H=H, E=E,
                               topk=TOPK)
+
+
+@pytest.mark.parametrize("R", RANKS)
+@pytest.mark.parametrize("fp8", [False, True])
+def test_combine_buffer(worlds, device, R, fp8):
+    worlds.get(R, device).run("scen_normal.combine_buffer", seed=11, sizes=sizes(R), H=H, E=E,
+                              topk=TOPK, fp8=fp8)
