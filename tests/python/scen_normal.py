@@ -212,7 +212,8 @@ def combine_buffer(ctx, seed, sizes, H, E, topk, fp8):
             out_want, outw_want = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want],
                                               b0, None)
             y = buf.get_combine_buffer(handle)
-            ck.true(y.dtype == BF16 and tuple(y.shape) == (nrs[me], H) and y.device.type == torch.device(dev).type,
+            on_dev = y.device.type == torch.device(dev).type
+            ck.true(y.dtype == BF16 and tuple(y.shape) == (nrs[me], H) and on_dev,
                     f"the combine buffer is bf16 [{nrs[me]}][{H}] on {dev}: {y.dtype} "
                     f"{tuple(y.shape)} {y.device}")
             y.copy_(ys[me].to(dev))  # the experts' write
