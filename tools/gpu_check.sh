@@ -255,6 +255,9 @@ WRAP
       chmod +x "$out/ncu-wrap.sh"
       kern='regex:epk_(notify|dispatch|combine)_kernel'
       m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,launch__grid_size,launch__registers_per_thread
+      # NCUM overrides the metric set: PC sampling ("regex:^smsp__pcsamp_") gives the stall
+      # reasons in one pass, where the WarpStateStats section's counters need replays.
+      m=${NCUM:-$m}
       cat >"$out/ncu-job.sh" <<'JOB'
 #!/usr/bin/env bash
 # ncu-job.sh LOG SECS R LAUNCH-COMMAND... -- NCU-OPTIONS...: inside one MPS daemon (with-mps),
@@ -278,7 +281,7 @@ JOB
         shift 2
         echo "ncu R=$R $sms SMs $dt $(basename "$log"): $(EP_TIMEOUT_S=60 "$mps" "$out/ncu-job.sh" "$log" \
           "$secs" $R $b/bin/epcomm launch -n $R "$out/ncu-wrap.sh" $b/bin/epcomm bench --backend cuda \
-          --sms $sms --dtype $dt --variants main --baseline off --iters 20 -- "$@" 2>&1 | tail -1)"
+          --sms $sms --dtype $dt --tokens ${NCUT:-4096} --variants main --baseline off --iters 20 -- "$@" 2>&1 | tail -1)"
       }
       for dt in ${NCUDT:-bf16 fp8}; do
         ncu_run "$out/ncu-r$R-$dt.log" 150 -k "$kern" --launch-skip 30 -c 12 --metrics "$m" --csv
@@ -286,11 +289,13 @@ JOB
           awk -F'","' '/^"/ { printf "%s %s = %s\n", $5, $(NF-2), $NF; next } { print }' | head -120
         grep -h '==ERROR==' "$out/ncu-r$R-$dt.log.app" | head -5
       done
-      dt=bf16
-      ncu_run "$out/ncu-r$R-sections.log" ${NCUSECT_S:-200} -k "$kern" --launch-skip 30 -c 3 \
-        --section SpeedOfLight --section Occupancy --section WarpStateStats
-      grep -E 'epk_|Duration|Throughput|Occupancy|Stall|Warp Cycles|==ERROR==|==PROF==' \
-        "$out/ncu-r$R-sections.log" | head -80 ;;
+      if [ "${NCUSECT:-1}" = 1 ]; then # NCUSECT=0: the metric runs only
+        dt=bf16
+        ncu_run "$out/ncu-r$R-sections.log" ${NCUSECT_S:-200} -k "$kern" --launch-skip 30 -c 3 \
+          --section SpeedOfLight --section Occupancy --section WarpStateStats
+        grep -E 'epk_|Duration|Throughput|Occupancy|Stall|Warp Cycles|==ERROR==|==PROF==' \
+          "$out/ncu-r$R-sections.log" | head -80
+      fi ;;
     doctor)
       $b/bin/epcomm doctor env 2>&1 | tee "$out/doctor-env.txt" | tail -30 ;;
     scan)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Times variants of the CUDA kernels' compile-time shapes in one bounded sequence (GPU machine):
 #   tools/kernel_variants.sh WITH_MPS OUT_DIR "NAME:FLAGS" ...
-# FLAGS are nvcc -D options (EPK_CT/EPK_RU/EPK_HG/EPK_SU for combine, EPK_DT/EPK_UNR for dispatch);
+# FLAGS are nvcc -D options (EPK_CT/EPK_RU/EPK_HG/EPK_SU for combine, EPK_DT/EPK_UNR/EPK_DMETA for
+# dispatch);
 # each variant gets its own build (only the epcomm tool), then `epcomm bench --backend cuda` runs
 # at R=2, 4, 8 (24, 24, 16 SMs per rank), bf16 and fp8. Prints one line of median times (us) per
 # variant and R, from the runs' JSON; a run whose self-check did not pass says so.

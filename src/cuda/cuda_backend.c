@@ -24,39 +24,60 @@ static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, siz
 /* EP_CUDA_TRACE=1: device memory for the phase sums of normal-mode calls (ep_kernels.h). */
 static ep_status_t trace_setup(cuda_state_t *s) {
   if (!ep_env_long("EP_CUDA_TRACE", 0)) return EP_OK;
-  epk_trace_t t;
-  memset(&t, 0, sizeof t);
-  epk_trace_fold(&t); /* no call yet: points cleared, kind -1 */
+  epk_trace_t *t = calloc(1, sizeof *t); /* ~22 KiB: not on the stack */
+  if (!t) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "trace", "oom");
+  epk_trace_fold(t); /* no call yet: points cleared, kind -1 */
   ep_status_t st =
-      cuda_check(s, cudaMalloc((void **)&s->trace_mem, sizeof t), "ep_buffer_create", "trace");
+      cuda_check(s, cudaMalloc((void **)&s->trace_mem, sizeof *t), "ep_buffer_create", "trace");
   if (!st)
-    st = cuda_check(s, cudaMemcpy(s->trace_mem, &t, sizeof t, cudaMemcpyHostToDevice),
+    st = cuda_check(s, cudaMemcpy(s->trace_mem, t, sizeof *t, cudaMemcpyHostToDevice),
                     "ep_buffer_create", "trace");
   if (!st) s->kb.trace = s->trace_mem;
+  free(t);
   return st;
 }
 
-/* The means of every phase per kind of call, in microseconds, on stderr (kernels quiesced). */
+static int cmp_u32(const void *a, const void *b) {
+  const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The median of phase i over the kept calls of kind k, in microseconds. */
+static double trace_median(const epk_trace_t *t, int k, int i) {
+  const int n = t->n[k] < EPK_TR_RING ? (int)t->n[k] : EPK_TR_RING;
+  uint32_t v[EPK_TR_RING];
+  for (int c = 0; c < n; c++) v[c] = t->ring[k][c][i];
+  qsort(v, (size_t)n, sizeof v[0], cmp_u32);
+  return n ? 1e-3 * (n % 2 ? (double)v[n / 2] : 0.5 * ((double)v[n / 2 - 1] + v[n / 2])) : 0.0;
+}
+
+/* Per kind of call, one line of means and one of medians (of the last EPK_TR_RING calls) of
+ * every phase, in microseconds, on stderr (kernels quiesced). */
 static void trace_print(cuda_state_t *s) {
   static const char *kind[EPK_TR_KINDS] = {"dispatch (full)", "dispatch (cached)", "combine"};
   static const char *pt[EPK_TR_POINTS] = {"",       "notify: plan", "post",       "wait peers",
                                           "finish", "gap to data",  "data kernel"};
-  epk_trace_t t;
-  if (cudaMemcpy(&t, s->trace_mem, sizeof t, cudaMemcpyDeviceToHost) != cudaSuccess) return;
-  epk_trace_fold(&t); /* the last call */
-  for (int k = 0; k < EPK_TR_KINDS; k++) {
-    if (!t.n[k]) continue;
-    char line[512];
-    int o = snprintf(line, sizeof line,
-                     "epcomm trace rank %d: %-17s %6llu calls, mean us: total "
-                     "%.1f",
-                     s->rank, kind[k], (unsigned long long)t.n[k],
-                     1e-3 * (double)t.sum[k][0] / (double)t.n[k]);
-    for (int i = 1; i < EPK_TR_POINTS && o > 0 && o < (int)sizeof line; i++)
-      o += snprintf(line + o, sizeof line - (size_t)o, ", %s %.1f", pt[i],
-                    1e-3 * (double)t.sum[k][i] / (double)t.n[k]);
-    fprintf(stderr, "%s\n", line);
+  epk_trace_t *t = malloc(sizeof *t);
+  if (!t || cudaMemcpy(t, s->trace_mem, sizeof *t, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    free(t);
+    return;
   }
+  epk_trace_fold(t); /* the last call */
+  for (int k = 0; k < EPK_TR_KINDS; k++) {
+    for (int med = 0; t->n[k] && med < 2; med++) {
+      char line[512];
+      const double n = (double)t->n[k];
+      int o =
+          snprintf(line, sizeof line, "epcomm trace rank %d: %-17s %6llu calls, %s us: total %.1f",
+                   s->rank, kind[k], (unsigned long long)t->n[k], med ? "median" : "mean",
+                   med ? trace_median(t, k, 0) : 1e-3 * (double)t->sum[k][0] / n);
+      for (int i = 1; i < EPK_TR_POINTS && o > 0 && o < (int)sizeof line; i++)
+        o += snprintf(line + o, sizeof line - (size_t)o, ", %s %.1f", pt[i],
+                      med ? trace_median(t, k, i) : 1e-3 * (double)t->sum[k][i] / n);
+      fprintf(stderr, "%s\n", line);
+    }
+  }
+  free(t);
 }
 
 static void cuda_in_place(void *state, uint64_t *combines, uint64_t *dispatches) {

@@ -18,6 +18,11 @@
 #define EPK_UNR 8
 #endif
 #define UNR EPK_UNR
+/* 1: a token's scales, ids and weights loaded once for all its destinations; 0: once per
+ * destination (kernel_variants.sh compares). */
+#ifndef EPK_DMETA
+#define EPK_DMETA 1
+#endif
 
 namespace {
 
@@ -58,19 +63,42 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
       }
     }
   }
+  /* The token's scales, ids and weights, loaded once (lane k: slot k and k + 32) and all at
+   * once: one load latency per token, where loading them per destination cost two per
+   * destination (the full dispatch's data kernel ran ~10% longer than the cached one's for it,
+   * EP_CUDA_TRACE at R = 2). Loaded after the row, so that nothing stays live across it. More
+   * than 64 scales or 32 slots: loaded per destination, as before. */
+  const bool hs = EPK_DMETA && a.num_scales <= 64, hk = EPK_DMETA && !a.cached && a.topk <= 32;
+  float s0 = 0.0f, s1 = 0.0f, wk = 0.0f;
+  int64_t ek = -1;
+  if (hs && lane < a.num_scales) s0 = a.x_scales[t * a.scale_tok + lane * a.scale_hid];
+  if (hs && lane + 32 < a.num_scales) s1 = a.x_scales[t * a.scale_tok + (lane + 32) * a.scale_hid];
+  if (hk && lane < a.topk) {
+    ek = a.topk_idx[(int64_t)t * a.topk + lane];
+    if (a.has_w) wk = a.topk_weights[(int64_t)t * a.topk + lane];
+  }
   for (unsigned m = mask; m; m &= m - 1) {
     int l = __ffs(m) - 1;
     uint8_t *ad = dst[l];
     int64_t r = jw[l];
     if (lane == 0) reinterpret_cast<int32_t *>(ad + a.lay.off_src)[r] = t;
     float *sc = reinterpret_cast<float *>(ad + a.lay.off_s) + r * a.num_scales;
-    for (int i = lane; i < a.num_scales; i += 32)
+    if (hs) {
+      if (lane < a.num_scales) sc[lane] = s0;
+      if (lane + 32 < a.num_scales) sc[lane + 32] = s1;
+    }
+    for (int i = lane; !hs && i < a.num_scales; i += 32)
       sc[i] = a.x_scales[t * a.scale_tok + i * a.scale_hid];
     if (a.cached) continue;
     const int64_t lo = (int64_t)(g + l) * a.local_experts;
     int64_t *ids = reinterpret_cast<int64_t *>(ad + a.lay.off_i) + r * a.topk;
     float *ws = reinterpret_cast<float *>(ad + a.lay.off_w) + r * a.topk;
-    for (int k = lane; k < a.topk; k += 32) {
+    if (hk && lane < a.topk) {
+      const int64_t le = ek >= lo && ek < lo + a.local_experts ? ek - lo : -1;
+      ids[lane] = le;
+      if (a.has_w) ws[lane] = le >= 0 ? wk : 0.0f;
+    }
+    for (int k = lane; !hk && k < a.topk; k += 32) {
       int64_t e = a.topk_idx[(int64_t)t * a.topk + k];
       int64_t le = e >= lo && e < lo + a.local_experts ? e - lo : -1;
       ids[k] = le;

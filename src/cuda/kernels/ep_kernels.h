@@ -129,7 +129,9 @@ typedef struct {
 } epk_host_t;
 
 /* EP_CUDA_TRACE=1: %globaltimer at the phase boundaries of every normal-mode call, summed per
- * kind of call on the device; the means are printed when the buffer is destroyed. Points: the
+ * kind of call on the device, and each phase of the last EPK_TR_RING calls of a kind kept; the
+ * means and the medians are printed when the buffer is destroyed (medians: a few slow calls, for
+ * instance the first after a host-side pause of one rank, move a mean far). Points: the
  * notify kernel's start, plan done, hello posted, every peer's hello seen, end; the data
  * kernel's first block start and last block end. A call's points are folded into the sums by
  * the next call's notify (or by the host at destroy). */
@@ -144,24 +146,29 @@ enum {
   EPK_TR_D_END,
   EPK_TR_POINTS
 };
+#define EPK_TR_RING 256
 typedef struct {
   unsigned long long at[EPK_TR_POINTS]; /* the current call's points (0: not reached) */
   int32_t kind, pad;                    /* its kind, -1: none */
   unsigned long long sum[EPK_TR_KINDS][EPK_TR_POINTS]; /* [i]: at[i] - at[i - 1]; [0]: total */
   unsigned long long n[EPK_TR_KINDS];
+  uint32_t ring[EPK_TR_KINDS][EPK_TR_RING][EPK_TR_POINTS]; /* call n % RING's phases, ns */
 } epk_trace_t;
 
 /* The fold of one call's points into the sums (device: the next notify; host: at destroy). */
 EPK_HD void epk_trace_fold(epk_trace_t *t) {
   if (t->kind >= 0 && t->kind < EPK_TR_KINDS && t->at[EPK_TR_N_START] && t->at[EPK_TR_D_END]) {
     unsigned long long prev = t->at[0];
+    uint32_t *keep = t->ring[t->kind][t->n[t->kind] % EPK_TR_RING];
     for (int i = 1; i < EPK_TR_POINTS; i++) {
       unsigned long long v = t->at[i] && t->at[i] != ~0ull ? t->at[i] : prev;
       v = v < prev ? prev : v;
       t->sum[t->kind][i] += v - prev;
+      keep[i] = (uint32_t)(v - prev < 0xffffffffull ? v - prev : 0xffffffffull);
       prev = v;
     }
     t->sum[t->kind][0] += prev - t->at[0];
+    keep[0] = (uint32_t)(prev - t->at[0] < 0xffffffffull ? prev - t->at[0] : 0xffffffffull);
     t->n[t->kind]++;
   }
   for (int i = 0; i < EPK_TR_POINTS; i++) t->at[i] = 0;

@@ -121,6 +121,7 @@ __device__ void finish_dispatch(const epk_buf_t &b, const epk_notify_t &a, uint3
   for (int s = threadIdx.x; s < R; s += NT) ntok[s] = rd(&hello_slot(b, me, par, s)->num_tokens);
   for (int l = threadIdx.x; a.recv_per_expert && l < L; l += NT) {
     int64_t n = 0;
+#pragma unroll 8 /* eight loads in flight, not one L2 round trip per source (R of them) */
     for (int s = 0; s < R; s++) n += rd(hello_to_rank(hello_slot(b, me, par, s)) + R + l);
     if (a.align > 1) n = (n + a.align - 1) / a.align * a.align;
     a.recv_per_expert[l] = (int32_t)n;
