@@ -72,6 +72,17 @@ static PyObject *buffer_query(PyObject *self, PyObject *args) {
                        c->ll_num_experts, c->ll_max_topk, c->timeout_s, c->cuda_device, c->num_sms);
 }
 
+/* (combines_in_place, dispatches_in_place) of ep_buffer_info_t. */
+static PyObject *buffer_in_place(PyObject *self, PyObject *args) {
+  unsigned long long b;
+  if (!PyArg_ParseTuple(args, "K", &b)) return NULL;
+  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
+  ep_status_t st = ep_buffer_query(epb_ptr(b), &i);
+  if (st) return epb_raise(st);
+  return Py_BuildValue("(KK)", (unsigned long long)i.combines_in_place,
+                       (unsigned long long)i.dispatches_in_place);
+}
+
 static PyObject *buffer_last_error(PyObject *self, PyObject *args) {
   unsigned long long b;
   if (!PyArg_ParseTuple(args, "K", &b)) return NULL;
@@ -111,6 +122,7 @@ PyMethodDef epb_buffer_methods[] = {
     {"buffer_destroy", buffer_destroy, METH_VARARGS, "collective, bounded by the deadline"},
     {"buffer_release", buffer_release, METH_VARARGS, "local: frees without talking to peers"},
     {"buffer_query", buffer_query, METH_VARARGS, "what the buffer is (a tuple, see buffer.c)"},
+    {"buffer_in_place", buffer_in_place, METH_VARARGS, "(combines, dispatches) moved in place"},
     {"buffer_last_error", buffer_last_error, METH_VARARGS, "last error recorded on the buffer"},
     {"register_memory", register_memory, METH_VARARGS,
      "register_memory(buffer, address, bytes) -> registration id (collective)"},

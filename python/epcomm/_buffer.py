@@ -22,6 +22,7 @@ from ._events import CpuLaunch, CudaLaunch, EventHandle, EventOverlap
 from ._group import Group
 from ._handles import DispatchHandle, Info, Ref
 from ._ll import LowLatency
+from ._mempool import mem_pool as _mem_pool
 from ._registration import register as _register
 from ._tensors import need_rows, need_shape, need_tensor, over, ptr
 
@@ -114,6 +115,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                  ll_hidden=0, ll_num_experts=0, ll_max_topk=0):
         self._normal = self._llbuf = self._group = None
         self._registrations = {}  # registration id -> Registration (Buffer.register)
+        self._pools = []  # MemPool (Buffer.mem_pool): their arenas close with the buffer
         if enable_shrink:
             raise UnsupportedError("Buffer: enable_shrink=True (masking failed ranks) is not "
                                    "supported by epcomm: a rank that dies makes its peers' calls "
@@ -490,10 +492,33 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         rank: combine from it still works, through the staging path."""
         return _register(self, self._buf("Buffer.register"), tensor)
 
+    def mem_pool(self, nbytes):
+        """epcomm's own: an arena of ``nbytes`` on the buffer's device, registered with the
+        normal-mode buffer (collective, like ``register``), behind a ``torch.cuda.MemPool``
+        (returned as ``.pool`` of an epcomm MemPool). Tensors made under
+        ``torch.cuda.use_mem_pool(p.pool)`` (the experts' outputs) are combined in place: the
+        peers read them where they lie, no staging pass, same bits. CUDA buffers only
+        (UnsupportedError elsewhere, and where PyTorch has no MemPool or IPC cannot export
+        the memory); allocations past ``nbytes`` fail as PyTorch's out of memory."""
+        p = _mem_pool(self, self.register, nbytes)
+        self._pools.append(p)
+        return p
+
+    def in_place_counts(self):
+        """epcomm's own: (combines, dispatches) of the normal-mode buffer, since its creation,
+        whose rows moved without a staging pass on a backend that otherwise stages (CUDA):
+        combines from the dispatch view, the combine buffer or registered memory (a mem_pool's
+        tensors), dispatches into registered recv_x. (0, 0) on the cpu backend, which always
+        works in place. So a program or a test tells the fast path from a silent fallback."""
+        return _C.buffer_in_place(self._buf("Buffer.in_place_counts"))
+
     def _forget_registrations(self):
         regs, self._registrations = self._registrations, {}
         for r in regs.values():
             r._forget()
+        pools, self._pools = getattr(self, "_pools", []), []
+        for p in pools:
+            p._close()
 
     def _biases(self, op, bias, info):
         if bias is None:
@@ -550,7 +575,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                     _C.buffer_release(bid)
                 except Exception:
                     pass
-        if getattr(self, "_registrations", None):
+        if getattr(self, "_registrations", None) or getattr(self, "_pools", None):
             self._forget_registrations()  # after the release: the tensors may go now
         group, self._group = getattr(self, "_group", None), None
         if group is not None and self._owns_group:

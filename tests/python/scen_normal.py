@@ -217,12 +217,82 @@ def combine_buffer(ctx, seed, sizes, H, E, topk, fp8):
                     f"the combine buffer is bf16 [{nrs[me]}][{H}] on {dev}: {y.dtype} "
                     f"{tuple(y.shape)} {y.device}")
             y.copy_(ys[me].to(dev))  # the experts' write
+            c0 = buf.in_place_counts()[0]
             out, out_w, _ = buf.combine(y, handle, topk_weights=r_w, bias=b0[me].to(dev))
+            _check_in_place(ck, buf, c0, dev, f"the combine buffer, round {rnd}")
             ck.bits(out, out_want[me], f"combined_x from the combine buffer, round {rnd}")
             ck.bits(out_w, outw_want[me], f"combined_topk_weights from the combine buffer, "
                                           f"round {rnd}")
     finally:
         buf.destroy()
+    ref.free_dispatch(st)
+    ck.done()
+
+
+def _check_in_place(ck, buf, before, dev, what):
+    """CUDA: the combine just made read x where it lies (one more combine in place); cpu: the
+    counter stays 0 (that backend has no staging pass to avoid)."""
+    now = buf.in_place_counts()[0]
+    want = before + 1 if torch.device(dev).type == "cuda" else 0
+    ck.true(now == want, f"combines in place after the combine from {what}: {now}, want {want}")
+
+
+def mem_pool_combine(ctx, seed, sizes, H, E, topk):
+    """Buffer.mem_pool: expert outputs made under torch.cuda.use_mem_pool lie in the registered
+    arena and the combine reads them in place (in_place_counts), with the reference's bits, two
+    rounds of fresh tensors; a tensor of the pool stays valid after the buffer is destroyed. On
+    the cpu backend: UnsupportedError, on every rank, nothing collective started."""
+    R, me, dev = ctx.nranks, ctx.rank, ctx.device
+    xs, _, idxs, ws, _ = _world(R, seed, sizes, H, E, topk, False)
+    want, st = ref.dispatch(xs, idxs, ws, E, 1, None)
+    ck = Check(me, f"mem_pool_combine(R={R})")
+    buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
+    if torch.device(dev).type != "cuda":
+        try:
+            buf.mem_pool(1 << 20)
+            ck.true(False, "mem_pool on a cpu buffer raises UnsupportedError")
+        except epcomm.UnsupportedError as e:
+            ck.true("CUDA buffers" in str(e), f"the error says why: {e}")
+        buf.destroy()
+        ref.free_dispatch(st)
+        ck.done()
+        return
+    kept = None
+    try:
+        for bad in (0, -1, 1.5):
+            try:
+                buf.mem_pool(bad)
+                ck.true(False, f"mem_pool({bad!r}) raises InvalidArgumentError")
+            except epcomm.InvalidArgumentError as e:
+                ck.true("nbytes" in str(e), f"the error names nbytes: {e}")
+        idx = idxs[me].to(dev)
+        tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
+        _, _, r_w, _, handle, _ = buf.dispatch(xs[me].to(dev), num_tokens_per_rank=tpr,
+                                               is_token_in_rank=itr, num_tokens_per_expert=tpe,
+                                               topk_idx=idx, topk_weights=ws[me].to(dev))
+        nrs = [w_["nr"] for w_ in want]
+        mp = buf.mem_pool(8 << 20)
+        ck.true(mp.registration.active, "the pool's arena is registered")
+        for rnd in range(2):
+            ys, b0, _ = _combine_inputs(seed + rnd, R, nrs, H, 1, sizes)
+            out_want, outw_want = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want],
+                                              b0, None)
+            with torch.cuda.use_mem_pool(mp.pool):
+                y = ys[me].to(dev) * 1  # the experts' output: a fresh tensor of the pool
+            if nrs[me] > 0:
+                ck.true(mp.contains(y), f"round {rnd}: the experts' output lies in the arena")
+                c0 = buf.in_place_counts()[0]
+            out, out_w, _ = buf.combine(y, handle, topk_weights=r_w, bias=b0[me].to(dev))
+            if nrs[me] > 0:
+                _check_in_place(ck, buf, c0, dev, f"a tensor of the pool, round {rnd}")
+            ck.bits(out, out_want[me], f"combined_x from a tensor of the pool, round {rnd}")
+            ck.bits(out_w, outw_want[me], f"combined_topk_weights, round {rnd}")
+            kept = (y, ys[me])
+    finally:
+        buf.destroy()
+    ck.true(not mp.registration.active, "the arena's registration went with the buffer")
+    torch.cuda.synchronize()
+    ck.bits(kept[0].cpu(), kept[1], "a tensor of the pool after the buffer's destroy")
     ref.free_dispatch(st)
     ck.done()
 
@@ -252,7 +322,10 @@ def registered_combine(ctx, seed, sizes, H, E, topk):
         with buf.register(big) as reg:
             ck.true(reg.active, "a registration is active")
             x.copy_(ys[me].to(dev))
+            c0 = buf.in_place_counts()[0]
             out, out_w, _ = buf.combine(x, handle, topk_weights=r_w, bias=b0[me].to(dev))
+            if nrs[me] > 0:
+                _check_in_place(ck, buf, c0, dev, "a registered tensor")
             ck.bits(out, out_want[me], "combined_x from a registered tensor")
             ck.bits(out_w, outw_want[me], "combined_topk_weights from a registered tensor")
         ck.true(not reg.active, "the registration ended with its block")

@@ -72,6 +72,12 @@ def test_registered_combine(worlds, device, R):
 
 
 @pytest.mark.parametrize("R", RANKS)
+def test_mem_pool_combine(worlds, device, R):
+    worlds.get(R, device).run("scen_normal.mem_pool_combine", seed=12, sizes=sizes(R), H=H, E=E,
+                              topk=TOPK)
+
+
+@pytest.mark.parametrize("R", RANKS)
 @pytest.mark.parametrize("fp8", [False, True])
 def test_combine_buffer(worlds, device, R, fp8):
     worlds.get(R, device).run("scen_normal.combine_buffer", seed=11, sizes=sizes(R), H=H, E=E,

@@ -1,0 +1,129 @@
+"""Buffer.mem_pool(nbytes): a torch.cuda.MemPool whose memory is registered with the buffer.
+
+Tensors allocated under ``torch.cuda.use_mem_pool(pool)`` come from one arena that every peer has
+mapped (ep_register_memory), so a combine whose ``x`` is such a tensor (the experts' output) is
+read by the peers where it lies, without the staging pass, whatever tensor the experts return:
+the same idea as NCCL's registered memory pools, for PyTorch code that cannot write into a
+tensor of its choosing (``Buffer.register`` needs the tensor first, ``get_combine_buffer`` needs
+the experts to write into it).
+
+PyTorch's caching allocator asks the pool's allocator for whole segments, rarely; the arena is
+cut into them first-fit here. The arena stays allocated until the buffer is gone *and* PyTorch
+has given back every segment (a tensor of the pool may outlive the buffer: its memory must stay
+valid; it is then simply not registered any more).
+"""
+
+import ctypes
+import threading
+
+import torch
+
+from ._errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
+
+_ALIGN = 512  # PyTorch's blocks are 512-byte aligned inside a segment
+_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
+_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+
+# PyTorch keeps the allocator's two C function pointers for the life of the process (a pool's
+# segments can be given back after the pool object is gone), so the ctypes thunks behind them
+# must live as long: they are kept here, a few hundred bytes per pool. Nothing else is.
+_THUNKS = []
+
+
+class _Arena:
+    """First-fit over [base, base + size): the segments PyTorch takes from the pool."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor  # the memory; dropped once closed and every segment is back
+        self.base, self.size = tensor.data_ptr(), tensor.numel()
+        self.free = [(0, self.size)]  # (offset, bytes), sorted, coalesced
+        self.used = {}  # offset -> bytes
+        self.closed = False
+        self.lock = threading.Lock()  # PyTorch may give segments back from any thread
+
+    def alloc(self, size, device, stream):
+        want = max(_ALIGN, (int(size) + _ALIGN - 1) // _ALIGN * _ALIGN)
+        with self.lock:
+            if self.closed:
+                return None
+            for i, (off, n) in enumerate(self.free):
+                if n >= want:
+                    self.free[i:i + 1] = [(off + want, n - want)] if n > want else []
+                    self.used[off] = want
+                    return self.base + off
+        return None  # PyTorch reports it as out of memory
+
+    def release(self, ptr, size, device, stream):
+        with self.lock:
+            off = (ptr or 0) - self.base
+            n = self.used.pop(off, None)
+            if n is None:
+                return  # not ours: nothing to do (PyTorch never does this)
+            self.free.append((off, n))
+            self.free.sort()
+            merged = []
+            for o, m in self.free:
+                if merged and merged[-1][0] + merged[-1][1] == o:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + m)
+                else:
+                    merged.append((o, m))
+            self.free = merged
+            self._maybe_drop()
+
+    def close(self):
+        with self.lock:
+            self.closed = True
+            self._maybe_drop()
+
+    def _maybe_drop(self):
+        if self.closed and not self.used:
+            self.tensor = None
+
+
+class MemPool:
+    """What ``Buffer.mem_pool`` returns: ``pool`` (a torch.cuda.MemPool, for
+    ``torch.cuda.use_mem_pool``), ``registration`` (the arena's), ``nbytes`` and
+    ``contains(tensor)``. No ``close``: the pool's tensors belong to the caller; the arena goes
+    when the buffer is gone and PyTorch has given back every segment."""
+
+    __slots__ = ("pool", "registration", "nbytes", "_arena")
+
+    def __init__(self, pool, registration, arena):
+        self.pool, self.registration, self._arena = pool, registration, arena
+        self.nbytes = arena.size
+
+    def contains(self, tensor):
+        """Whether the tensor's memory lies in this pool's arena."""
+        a = self._arena
+        p = tensor.data_ptr()
+        return a.base <= p and p + tensor.numel() * tensor.element_size() <= a.base + a.size
+
+    def _close(self):
+        self._arena.close()
+
+    def __repr__(self):
+        state = "registered" if self.registration.active else "not registered"
+        return f"<epcomm.MemPool {self.nbytes} bytes at {self._arena.base:#x}, {state}>"
+
+
+def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
+    """The arena (nbytes on the buffer's device), registered (collective), behind a MemPool."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise ArgumentTypeError(f"{op}: nbytes: expected an int, got {type(nbytes).__name__}")
+    if nbytes <= 0:
+        raise InvalidArgumentError(f"{op}: nbytes is {nbytes}, must be > 0")
+    if buffer.device.type != "cuda":
+        raise UnsupportedError(f"{op}: a memory pool is for CUDA buffers (this one is on "
+                               f"{buffer.device}); on the cpu backend a combine reads any tensor "
+                               f"in place already")
+    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch._C, "_cuda_customAllocator"):
+        raise UnsupportedError(f"{op}: this PyTorch ({torch.__version__}) has no "
+                               f"torch.cuda.MemPool with custom allocators")
+    size = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    arena = _Arena(torch.empty(size, dtype=torch.uint8, device=buffer.device))
+    reg = register(arena.tensor)  # collective; raises (on every rank) if it cannot be exported
+    thunks = (_ALLOC(arena.alloc), _FREE(arena.release))
+    _THUNKS.append(thunks)
+    addr = [ctypes.cast(t, ctypes.c_void_p).value for t in thunks]
+    allocator = torch._C._cuda_customAllocator(addr[0], addr[1])
+    return MemPool(torch.cuda.MemPool(allocator), reg, arena)
