@@ -22,7 +22,7 @@ from ._events import CpuLaunch, CudaLaunch, EventHandle, EventOverlap
 from ._group import Group
 from ._handles import DispatchHandle, Info, Ref
 from ._ll import LowLatency
-from ._mempool import mem_pool as _mem_pool
+from ._mempool import collect as _collect_arenas, mem_pool as _mem_pool
 from ._registration import register as _register
 from ._tensors import need_rows, need_shape, need_tensor, over, ptr
 
@@ -549,6 +549,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                 except Exception as e:  # it is freed anyway; go on, report the first failure
                     first = first or e
         self._forget_registrations()  # they went with the buffer: the tensors may go now
+        _collect_arenas()  # a plain call of the user's: retired pool arenas may be freed here
         group, self._group = self._group, None
         if self._owns_group:
             try:
@@ -562,6 +563,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         """Local: frees this rank's side without talking to the peers (after a peer failed)."""
         _lifecycle.untrack(self)
         self._release_quietly()
+        _collect_arenas()
 
     def _alive(self):
         return self._group is not None

@@ -11,6 +11,14 @@ PyTorch's caching allocator asks the pool's allocator for whole segments, rarely
 cut into them first-fit here. The arena stays allocated until the buffer is gone *and* PyTorch
 has given back every segment (a tensor of the pool may outlive the buffer: its memory must stay
 valid; it is then simply not registered any more).
+
+The arena is itself a PyTorch tensor (no CUDA runtime of our own to load), so two rules keep
+PyTorch's allocator consistent: its first bytes are never handed out (PyTorch files allocated
+blocks by address: a segment starting where the arena starts would share the arena's key, and
+freeing one would lose the other: "invalid device pointer" at exit), and the arena is never freed
+inside one of the allocator's calls (a segment's return may come from inside PyTorch's
+allocator): it is retired to _GRAVE and freed at the next safe point (collect(): a Buffer's
+destroy or release, the next mem_pool, or the interpreter's exit).
 """
 
 import ctypes
@@ -26,8 +34,15 @@ _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, c
 
 # PyTorch keeps the allocator's two C function pointers for the life of the process (a pool's
 # segments can be given back after the pool object is gone), so the ctypes thunks behind them
-# must live as long: they are kept here, a few hundred bytes per pool. Nothing else is.
+# must live as long: they are kept here, a few hundred bytes per pool.
 _THUNKS = []
+# Arenas done with (buffer gone, every segment back), waiting for a safe point to be freed.
+_GRAVE = []
+
+
+def collect():
+    """Frees retired arenas. Only from plain Python code, never from the allocator's calls."""
+    _GRAVE.clear()
 
 
 class _Arena:
@@ -36,7 +51,8 @@ class _Arena:
     def __init__(self, tensor):
         self.tensor = tensor  # the memory; dropped once closed and every segment is back
         self.base, self.size = tensor.data_ptr(), tensor.numel()
-        self.free = [(0, self.size)]  # (offset, bytes), sorted, coalesced
+        self.free = [(_ALIGN, self.size - _ALIGN)]  # (offset, bytes), sorted, coalesced; the
+        # first _ALIGN bytes stay unused: no segment starts at the arena's own address
         self.used = {}  # offset -> bytes
         self.closed = False
         self.lock = threading.Lock()  # PyTorch may give segments back from any thread
@@ -76,7 +92,8 @@ class _Arena:
             self._maybe_drop()
 
     def _maybe_drop(self):
-        if self.closed and not self.used:
+        if self.closed and not self.used and self.tensor is not None:
+            _GRAVE.append(self.tensor)  # freed by collect(), outside the allocator
             self.tensor = None
 
 
@@ -90,7 +107,7 @@ class MemPool:
 
     def __init__(self, pool, registration, arena):
         self.pool, self.registration, self._arena = pool, registration, arena
-        self.nbytes = arena.size
+        self.nbytes = arena.size - _ALIGN
 
     def contains(self, tensor):
         """Whether the tensor's memory lies in this pool's arena."""
@@ -119,7 +136,8 @@ def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
     if not hasattr(torch.cuda, "MemPool") or not hasattr(torch._C, "_cuda_customAllocator"):
         raise UnsupportedError(f"{op}: this PyTorch ({torch.__version__}) has no "
                                f"torch.cuda.MemPool with custom allocators")
-    size = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    collect()
+    size = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN + _ALIGN  # + the unused head
     arena = _Arena(torch.empty(size, dtype=torch.uint8, device=buffer.device))
     reg = register(arena.tensor)  # collective; raises (on every rank) if it cannot be exported
     thunks = (_ALLOC(arena.alloc), _FREE(arena.release))

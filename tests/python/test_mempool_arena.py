@@ -5,6 +5,7 @@ on the GPU: test_normal.py::test_mem_pool_combine.)"""
 
 import threading
 
+from epcomm import _mempool
 from epcomm._mempool import _ALIGN, _Arena
 
 BASE = 1 << 40
@@ -28,23 +29,24 @@ def test_first_fit_aligned_and_merged():
     p1 = a.alloc(1, 0, None)
     p2 = a.alloc(3 * _ALIGN - 7, 0, None)
     p3 = a.alloc(4 * _ALIGN, 0, None)
-    assert (p1, p2, p3) == (BASE, BASE + _ALIGN, BASE + 4 * _ALIGN)
+    # the head is never handed out: no segment shares the arena's own address
+    assert (p1, p2, p3) == (BASE + _ALIGN, BASE + 2 * _ALIGN, BASE + 5 * _ALIGN)
     assert all(p % _ALIGN == 0 for p in (p1, p2, p3))
     a.release(p2, 0, 0, None)
     assert a.alloc(2 * _ALIGN, 0, None) == p2  # first fit: the hole p2 left
     a.release(p2, 0, 0, None)
     a.release(p1, 0, 0, None)
     a.release(p3, 0, 0, None)
-    assert a.free == [(0, 64 * _ALIGN)]  # every hole merged back into one
+    assert a.free == [(_ALIGN, 63 * _ALIGN)]  # every hole merged back into one
     assert a.used == {}
 
 
 def test_full_arena_says_out_of_memory():
-    a = _Arena(_Mem(8 * _ALIGN))
-    assert a.alloc(8 * _ALIGN, 0, None) == BASE
+    a = _Arena(_Mem(9 * _ALIGN))
+    assert a.alloc(8 * _ALIGN, 0, None) == BASE + _ALIGN
     assert a.alloc(1, 0, None) is None  # PyTorch turns it into an out-of-memory error
     a.release(BASE + 5 * _ALIGN, 0, 0, None)  # not a segment start: ignored
-    assert a.used == {0: 8 * _ALIGN}
+    assert a.used == {_ALIGN: 8 * _ALIGN}
 
 
 def test_memory_held_until_closed_and_every_segment_back():
@@ -54,12 +56,14 @@ def test_memory_held_until_closed_and_every_segment_back():
     a.close()
     assert a.tensor is mem  # a tensor of the pool is alive: its memory stays
     assert a.alloc(_ALIGN, 0, None) is None  # nothing new once the buffer is gone
-    a.release(p, 0, 0, None)
-    assert a.tensor is None  # the last segment is back: the arena goes
+    a.release(p, 0, 0, None)  # may run inside PyTorch's allocator: nothing is freed here
+    assert a.tensor is None and _mempool._GRAVE[-1] is mem
+    _mempool.collect()  # a safe point: now it goes
+    assert mem not in _mempool._GRAVE
 
 
 def test_segments_given_back_from_other_threads():
-    a = _Arena(_Mem(1024 * _ALIGN))
+    a = _Arena(_Mem(1025 * _ALIGN))
     ptrs = [a.alloc(_ALIGN, 0, None) for _ in range(1024)]
     assert len(set(ptrs)) == 1024 and None not in ptrs
     ts = [threading.Thread(target=lambda s=s: [a.release(p, 0, 0, None) for p in ptrs[s::4]])
@@ -68,4 +72,4 @@ def test_segments_given_back_from_other_threads():
         t.start()
     for t in ts:
         t.join()
-    assert a.free == [(0, 1024 * _ALIGN)] and a.used == {}
+    assert a.free == [(_ALIGN, 1024 * _ALIGN)] and a.used == {}

@@ -1,0 +1,118 @@
+"""Where the experts' output lives decides a CUDA combine's speed; this times it from PyTorch
+(issue 15 item 1: "measured including the experts' write"). Run on a GPU machine, the ranks
+sharing the GPU under MPS:
+
+    epcomm launch -n R python bench/py_combine_input.py [--tokens 4096] [--sms 24] [--iters 30]
+
+DeepEP's sizes (H 7168, topk 8, 256 experts, random distinct experts per token, bf16). One
+dispatch, then per form of the combine input, `iters` timed calls after 10 warm-up calls, each
+= the experts' write (a device copy of the rows into the input) + `Buffer.combine`, bracketed by
+CUDA events on the current stream; the slowest rank per call; the median. Forms:
+
+  - tensor: the input is a plain tensor, as PyTorch allocates the experts' output (baseline: the
+    library stages it into its buffer first);
+  - mem_pool: the input is a tensor made under `torch.cuda.use_mem_pool(Buffer.mem_pool(n).pool)`,
+    a fresh one every call (what a layer does), read in place by the peers;
+  - combine buffer: the input is `Buffer.get_combine_buffer(handle)`, read in place (the limit:
+    the same in-place kernel with nothing allocated).
+
+Rank 0 prints the times in us, the ratio to the baseline and the fraction of the limit reached,
+and the in-place counters (`Buffer.in_place_counts`), which say which path each form took.
+"""
+
+import argparse
+import statistics
+import struct
+
+import torch
+
+import epcomm
+from epcomm import deep_ep
+
+H, TOPK, E = 7168, 8, 256
+
+
+def slowest(group, times):
+    """Per call, the slowest rank's time; the median over calls (us)."""
+    mine = struct.pack(f"{len(times)}d", *times)
+    alls = [struct.unpack(f"{len(times)}d", b) for b in group.allgather(mine)]
+    return statistics.median(max(c) for c in zip(*alls)) * 1e3
+
+
+def timed(group, fn, iters):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
+    for a, b in ev:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    return slowest(group, [a.elapsed_time(b) for a, b in ev])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--sms", type=int, default=24)
+    ap.add_argument("--iters", type=int, default=30)
+    o = ap.parse_args()
+    group = epcomm.init()
+    R, me = group.nranks, group.rank
+    torch.cuda.set_device(0)
+    deep_ep.Buffer.set_num_sms(o.sms)
+    gen = torch.Generator().manual_seed(1234 + me)
+    buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda")
+    try:
+        x = torch.randn((o.tokens, H), generator=gen).to(torch.bfloat16).cuda()
+        idx = torch.rand((o.tokens, E), generator=gen).topk(TOPK).indices.cuda()
+        w = torch.rand((o.tokens, TOPK), generator=gen).cuda()
+        tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
+        recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=tpr,
+                                                       is_token_in_rank=itr,
+                                                       num_tokens_per_expert=tpe, topk_idx=idx,
+                                                       topk_weights=w)
+        rows = recv_x.shape[0]
+        expert_out = recv_x * 1  # what the experts computed; each form copies it into its input
+        plain = torch.empty_like(expert_out)
+        mp = buf.mem_pool(rows * H * 2 + (64 << 20))
+        cbuf = buf.get_combine_buffer(handle)
+
+        def tensor():
+            plain.copy_(expert_out)
+            buf.combine(plain, handle, topk_weights=recv_w)
+
+        def pool():
+            with torch.cuda.use_mem_pool(mp.pool):
+                y = torch.empty_like(expert_out)  # a fresh output every call, as a layer makes
+            y.copy_(expert_out)
+            buf.combine(y, handle, topk_weights=recv_w)
+
+        def combine_buffer():
+            cbuf.copy_(expert_out)
+            buf.combine(cbuf, handle, topk_weights=recv_w)
+
+        res = []
+        for name, fn in (("tensor", tensor), ("mem_pool", pool), ("combine buffer", combine_buffer)):
+            c0 = buf.in_place_counts()[0]
+            us = timed(group, fn, o.iters)
+            res.append((name, us, buf.in_place_counts()[0] - c0))
+        calls = o.iters + 10
+        if me == 0:
+            print(f"R={R}, {o.sms} SMs per rank, {o.tokens} tokens per rank, H {H}, topk {TOPK}, "
+                  f"E {E}, bf16; rank 0 receives {rows} rows; experts' write + combine, median "
+                  f"of the slowest rank, {o.iters} calls")
+            base, limit = res[0][1], res[2][1]
+            print(f"{'input':<16}{'us':>10}{'x tensor':>10}{'of limit':>10}  in place")
+            for name, us, inpl in res:
+                print(f"{name:<16}{us:10.1f}{base / us:10.2f}{limit / us:10.2f}  {inpl}/{calls}")
+            print("baseline: tensor (staged); limit: combine buffer (in place, nothing allocated)")
+    finally:
+        buf.destroy()
+        group.destroy()
+
+
+if __name__ == "__main__":
+    main()
