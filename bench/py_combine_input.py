@@ -16,6 +16,10 @@ CUDA events on the current stream; the slowest rank per call; the median. Forms:
   - combine buffer: the input is `Buffer.get_combine_buffer(handle)`, read in place (the limit:
     the same in-place kernel with nothing allocated).
 
+Then the dispatch (with topk, `num_worst_tokens` = every token of every rank, so its outputs
+exist before the call) into plain tensors (baseline: the receiver copies the rows out) and into
+tensors of the pool (made under `use_mem_pool`: the senders write recv_x in place).
+
 Rank 0 prints the times in us, the ratio to the baseline and the fraction of the limit reached,
 and the in-place counters (`Buffer.in_place_counts`), which say which path each form took.
 """
@@ -77,7 +81,8 @@ def main():
         rows = recv_x.shape[0]
         expert_out = recv_x * 1  # what the experts computed; each form copies it into its input
         plain = torch.empty_like(expert_out)
-        mp = buf.mem_pool(rows * H * 2 + (64 << 20))
+        W = R * o.tokens  # the worst case: every token of every rank
+        mp = buf.mem_pool((rows + W) * H * 2 + W * 64 + (64 << 20))
         cbuf = buf.get_combine_buffer(handle)
 
         def tensor():
@@ -94,11 +99,25 @@ def main():
             cbuf.copy_(expert_out)
             buf.combine(cbuf, handle, topk_weights=recv_w)
 
-        res = []
+        args = dict(num_tokens_per_rank=tpr, is_token_in_rank=itr, num_tokens_per_expert=tpe,
+                    topk_idx=idx, topk_weights=w, num_worst_tokens=W)
+
+        def dispatch_tensor():
+            buf.dispatch(x, **args)
+
+        def dispatch_pool():
+            with torch.cuda.use_mem_pool(mp.pool):
+                buf.dispatch(x, **args)
+
+        res, dres = [], []
         for name, fn in (("tensor", tensor), ("mem_pool", pool), ("combine buffer", combine_buffer)):
             c0 = buf.in_place_counts()[0]
             us = timed(group, fn, o.iters)
             res.append((name, us, buf.in_place_counts()[0] - c0))
+        for name, fn in (("tensor", dispatch_tensor), ("mem_pool", dispatch_pool)):
+            d0 = buf.in_place_counts()[1]
+            us = timed(group, fn, o.iters)
+            dres.append((name, us, buf.in_place_counts()[1] - d0))
         calls = o.iters + 10
         if me == 0:
             print(f"R={R}, {o.sms} SMs per rank, {o.tokens} tokens per rank, H {H}, topk {TOPK}, "
@@ -109,6 +128,13 @@ def main():
             for name, us, inpl in res:
                 print(f"{name:<16}{us:10.1f}{base / us:10.2f}{limit / us:10.2f}  {inpl}/{calls}")
             print("baseline: tensor (staged); limit: combine buffer (in place, nothing allocated)")
+            print(f"dispatch with topk, num_worst_tokens={W} (outputs allocated before the call, no "
+                  f"host wait), median of the slowest rank")
+            print(f"{'outputs':<16}{'us':>10}{'x tensor':>10}  in place")
+            for name, us, inpl in dres:
+                print(f"{name:<16}{us:10.1f}{dres[0][1] / us:10.2f}  {inpl}/{calls}")
+            print("baseline: tensor (rows copied out of the buffer); the limit, views of the buffer "
+                  "(no copy), is not offered in Python: `epcomm bench --backend cuda` times it")
     finally:
         buf.destroy()
         group.destroy()

@@ -240,7 +240,8 @@ def _check_in_place(ck, buf, before, dev, what):
 def mem_pool_combine(ctx, seed, sizes, H, E, topk):
     """Buffer.mem_pool: expert outputs made under torch.cuda.use_mem_pool lie in the registered
     arena and the combine reads them in place (in_place_counts), with the reference's bits, two
-    rounds of fresh tensors; a tensor of the pool stays valid after the buffer is destroyed. On
+    rounds of fresh tensors; a worst-case dispatch under the pool has its recv_x written in place
+    by the senders; a tensor of the pool stays valid after the buffer is destroyed. On
     the cpu backend: UnsupportedError, on every rank, nothing collective started."""
     R, me, dev = ctx.nranks, ctx.rank, ctx.device
     xs, _, idxs, ws, _ = _world(R, seed, sizes, H, E, topk, False)
@@ -273,6 +274,19 @@ def mem_pool_combine(ctx, seed, sizes, H, E, topk):
         nrs = [w_["nr"] for w_ in want]
         mp = buf.mem_pool(8 << 20)
         ck.true(mp.registration.active, "the pool's arena is registered")
+        # A worst-case dispatch whose outputs come from the pool: the senders write recv_x in
+        # place (its rows are known before the count exchange, and registered).
+        W, x_dev, w_dev, d0 = sum(sizes), xs[me].to(dev), ws[me].to(dev), buf.in_place_counts()[1]
+        with torch.cuda.use_mem_pool(mp.pool):
+            w_x, w_idx, _, _, _, _ = buf.dispatch(x_dev, num_tokens_per_rank=tpr,
+                                                  is_token_in_rank=itr, num_tokens_per_expert=tpe,
+                                                  topk_idx=idx, topk_weights=w_dev,
+                                                  num_worst_tokens=W)
+        ck.true(mp.contains(w_x), "the worst-case recv_x lies in the arena")
+        d1 = buf.in_place_counts()[1]
+        ck.true(d1 == d0 + 1, f"dispatches in place after the pool's dispatch: {d1}, want {d0 + 1}")
+        ck.bits(w_x[:nrs[me]], want[me]["x"], "recv_x written in place by the senders")
+        ck.bits(w_idx[:nrs[me]], want[me]["topk_idx"], "recv_topk_idx of that dispatch")
         for rnd in range(2):
             ys, b0, _ = _combine_inputs(seed + rnd, R, nrs, H, 1, sizes)
             out_want, outw_want = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want],
