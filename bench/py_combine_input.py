@@ -110,7 +110,8 @@ def main():
                 buf.dispatch(x, **args)
 
         res, dres = [], []
-        for name, fn in (("tensor", tensor), ("mem_pool", pool), ("combine buffer", combine_buffer)):
+        forms = (("tensor", tensor), ("mem_pool", pool), ("combine buffer", combine_buffer))
+        for name, fn in forms:
             c0 = buf.in_place_counts()[0]
             us = timed(group, fn, o.iters)
             res.append((name, us, buf.in_place_counts()[0] - c0))
@@ -127,14 +128,16 @@ def main():
             print(f"{'input':<16}{'us':>10}{'x tensor':>10}{'of limit':>10}  in place")
             for name, us, inpl in res:
                 print(f"{name:<16}{us:10.1f}{base / us:10.2f}{limit / us:10.2f}  {inpl}/{calls}")
-            print("baseline: tensor (staged); limit: combine buffer (in place, nothing allocated)")
-            print(f"dispatch with topk, num_worst_tokens={W} (outputs allocated before the call, no "
-                  f"host wait), median of the slowest rank")
+            print("baseline: tensor (staged); limit: combine buffer (in place, nothing "
+                  "allocated)")
+            print(f"dispatch with topk, num_worst_tokens={W} (outputs allocated before the call, "
+                  f"no host wait), median of the slowest rank")
             print(f"{'outputs':<16}{'us':>10}{'x tensor':>10}  in place")
             for name, us, inpl in dres:
                 print(f"{name:<16}{us:10.1f}{dres[0][1] / us:10.2f}  {inpl}/{calls}")
-            print("baseline: tensor (rows copied out of the buffer); the limit, views of the buffer "
-                  "(no copy), is not offered in Python: `epcomm bench --backend cuda` times it")
+            print("baseline: tensor (rows copied out of the buffer); the limit, views of the "
+                  "buffer (no copy), is not offered in Python: `epcomm bench --backend cuda` "
+                  "times it")
     finally:
         buf.destroy()
         group.destroy()
