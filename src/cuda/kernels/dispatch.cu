@@ -64,10 +64,10 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
     }
   }
   /* The token's scales, ids and weights, loaded once (lane k: slot k and k + 32) and all at
-   * once: one load latency per token, where loading them per destination cost two per
-   * destination (the full dispatch's data kernel ran ~10% longer than the cached one's for it,
-   * EP_CUDA_TRACE at R = 2). Loaded after the row, so that nothing stays live across it. More
-   * than 64 scales or 32 slots: loaded per destination, as before. */
+   * once: one load latency per token, where loading them per destination cost one (ids) or two
+   * (fp8: scales too) per destination; the full dispatch's data kernel ran ~10% longer than the
+   * cached one's for it (EP_CUDA_TRACE at R = 2). Loaded after the row, so that nothing stays
+   * live across it. More than 64 scales or 32 slots: loaded per destination, as before. */
   const bool hs = EPK_DMETA && a.num_scales <= 64, hk = EPK_DMETA && !a.cached && a.topk <= 32;
   float s0 = 0.0f, s1 = 0.0f, wk = 0.0f;
   int64_t ek = -1;
