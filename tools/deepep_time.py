@@ -383,9 +383,11 @@ def parse_epcomm(path):
     stat = "mean" if mode == "normal" else "median"
     ops = {}
     for k, op in table.items():
-        t = d.get("phases", {}).get(k, {}).get("time_ms", {}).get(stat)
-        if t is not None:
-            ops[op] = 1e3 * t
+        tm = d.get("phases", {}).get(k, {}).get("time_ms", {})
+        if tm.get(stat) is not None:
+            ops[op] = 1e3 * tm[stat]
+        if tm.get("median") is not None:  # for full - cached: means at R = 8 swing by ~100 us
+            ops[op + "@median"] = 1e3 * tm["median"]
     if d.get("summary", {}).get("check") != "pass":
         ops["_check"] = "FAILED"
     return key, ops
@@ -449,8 +451,12 @@ def report(d):
             f, c = ep[key].get("dispatch_fp8_full"), ep[key].get("dispatch_fp8_cached")
             b, bc = ep[key].get("dispatch_bf16_full"), ep[key].get("dispatch_bf16_cached")
             if f and c and b and bc:
+                med = [ep[key].get(f"dispatch_{t}_{k}@median") for t in ("fp8", "bf16")
+                       for k in ("full", "cached")]
+                medians = (f"; medians: fp8 {med[0] - med[1]:.1f}, bf16 {med[2] - med[3]:.1f}"
+                           if None not in med else "")
                 print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full - cached (count exchange): "
-                      f"fp8 {f - c:.1f}, bf16 {b - bc:.1f} us")
+                      f"fp8 {f - c:.1f}, bf16 {b - bc:.1f} us{medians}")
         if ep[key].get("_check"):
             notes.append(f"epcomm {mode} R={R} tokens {N}: check FAILED")
     for k in sorted(set((m, R, s, N) for (m, R, s, N, _) in dp) - set(ep)):
