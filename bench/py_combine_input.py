@@ -3,10 +3,12 @@
 sharing the GPU under MPS:
 
     epcomm launch -n R python bench/py_combine_input.py [--tokens 4096] [--sms 24] [--iters 30]
+        [--json F]
 
 DeepEP's sizes (H 7168, topk 8, 256 experts, random distinct experts per token, bf16). One
 dispatch, then per form of the combine input, `iters` timed calls after 10 warm-up calls, each
-= the experts' write (a device copy of the rows into the input) + `Buffer.combine`, bracketed by
+= the experts' write (a device copy of the rows into the input) + `Buffer.combine` (with the
+dispatch's topk weights; `--weights 0`: without, as DeepEP's harness combines), bracketed by
 CUDA events on the current stream; the slowest rank per call; the median. Forms:
 
   - tensor: the input is a plain tensor, as PyTorch allocates the experts' output (baseline: the
@@ -21,10 +23,12 @@ exist before the call) into plain tensors (baseline: the receiver copies the row
 tensors of the pool (made under `use_mem_pool`: the senders write recv_x in place).
 
 Rank 0 prints the times in us, the ratio to the baseline and the fraction of the limit reached,
-and the in-place counters (`Buffer.in_place_counts`), which say which path each form took.
+and the in-place counters (`Buffer.in_place_counts`), which say which path each form took;
+`--json F` also writes them (with the means) for tools/deepep_side_by_side.sh's report.
 """
 
 import argparse
+import json
 import statistics
 import struct
 
@@ -37,10 +41,11 @@ H, TOPK, E = 7168, 8, 256
 
 
 def slowest(group, times):
-    """Per call, the slowest rank's time; the median over calls (us)."""
+    """Per call, the slowest rank's time; (median, mean) over calls, us."""
     mine = struct.pack(f"{len(times)}d", *times)
     alls = [struct.unpack(f"{len(times)}d", b) for b in group.allgather(mine)]
-    return statistics.median(max(c) for c in zip(*alls)) * 1e3
+    worst = [max(c) for c in zip(*alls)]
+    return statistics.median(worst) * 1e3, statistics.fmean(worst) * 1e3
 
 
 def timed(group, fn, iters):
@@ -62,6 +67,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--sms", type=int, default=24)
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--json", help="rank 0 also writes the figures here (means and medians, us)")
+    ap.add_argument("--weights", type=int, default=1, choices=(0, 1),
+                    help="combine with the dispatch's topk weights (0: none, as DeepEP's harness "
+                         "in tools/deepep_time.py combines)")
     o = ap.parse_args()
     group = epcomm.init()
     R, me = group.nranks, group.rank
@@ -84,20 +93,21 @@ def main():
         W = R * o.tokens  # the worst case: every token of every rank
         mp = buf.mem_pool((rows + W) * H * 2 + W * 64 + (64 << 20))
         cbuf = buf.get_combine_buffer(handle)
+        cw = recv_w if o.weights else None
 
         def tensor():
             plain.copy_(expert_out)
-            buf.combine(plain, handle, topk_weights=recv_w)
+            buf.combine(plain, handle, topk_weights=cw)
 
         def pool():
             with torch.cuda.use_mem_pool(mp.pool):
                 y = torch.empty_like(expert_out)  # a fresh output every call, as a layer makes
             y.copy_(expert_out)
-            buf.combine(y, handle, topk_weights=recv_w)
+            buf.combine(y, handle, topk_weights=cw)
 
         def combine_buffer():
             cbuf.copy_(expert_out)
-            buf.combine(cbuf, handle, topk_weights=recv_w)
+            buf.combine(cbuf, handle, topk_weights=cw)
 
         args = dict(num_tokens_per_rank=tpr, is_token_in_rank=itr, num_tokens_per_expert=tpe,
                     topk_idx=idx, topk_weights=w, num_worst_tokens=W)
@@ -113,31 +123,40 @@ def main():
         forms = (("tensor", tensor), ("mem_pool", pool), ("combine buffer", combine_buffer))
         for name, fn in forms:
             c0 = buf.in_place_counts()[0]
-            us = timed(group, fn, o.iters)
-            res.append((name, us, buf.in_place_counts()[0] - c0))
+            us, mean = timed(group, fn, o.iters)
+            res.append((name, us, buf.in_place_counts()[0] - c0, mean))
         for name, fn in (("tensor", dispatch_tensor), ("mem_pool", dispatch_pool)):
             d0 = buf.in_place_counts()[1]
-            us = timed(group, fn, o.iters)
-            dres.append((name, us, buf.in_place_counts()[1] - d0))
+            us, mean = timed(group, fn, o.iters)
+            dres.append((name, us, buf.in_place_counts()[1] - d0, mean))
         calls = o.iters + 10
         if me == 0:
             print(f"R={R}, {o.sms} SMs per rank, {o.tokens} tokens per rank, H {H}, topk {TOPK}, "
-                  f"E {E}, bf16; rank 0 receives {rows} rows; experts' write + combine, median "
-                  f"of the slowest rank, {o.iters} calls")
+                  f"E {E}, bf16; rank 0 receives {rows} rows; experts' write + combine "
+                  f"({'with' if o.weights else 'without'} weights), median of the slowest rank, "
+                  f"{o.iters} calls")
             base, limit = res[0][1], res[2][1]
             print(f"{'input':<16}{'us':>10}{'x tensor':>10}{'of limit':>10}  in place")
-            for name, us, inpl in res:
+            for name, us, inpl, _ in res:
                 print(f"{name:<16}{us:10.1f}{base / us:10.2f}{limit / us:10.2f}  {inpl}/{calls}")
             print("baseline: tensor (staged); limit: combine buffer (in place, nothing "
                   "allocated)")
             print(f"dispatch with topk, num_worst_tokens={W} (outputs allocated before the call, "
                   f"no host wait), median of the slowest rank")
             print(f"{'outputs':<16}{'us':>10}{'x tensor':>10}  in place")
-            for name, us, inpl in dres:
+            for name, us, inpl, _ in dres:
                 print(f"{name:<16}{us:10.1f}{dres[0][1] / us:10.2f}  {inpl}/{calls}")
             print("baseline: tensor (rows copied out of the buffer); the limit, views of the "
                   "buffer (no copy), is not offered in Python: `epcomm bench --backend cuda` "
                   "times it")
+            if o.json:
+                fig = {f"{what}_{name.replace(' ', '_')}": {"median_us": us, "mean_us": mean,
+                                                           "in_place": inpl, "calls": calls}
+                       for what, rows_ in (("write_combine", res), ("dispatch_worst", dres))
+                       for name, us, inpl, mean in rows_}
+                with open(o.json, "w") as f:
+                    json.dump({"ranks": R, "sms": o.sms, "tokens": o.tokens, "hidden": H,
+                               "weights": o.weights, "figures": fig}, f, indent=1)
     finally:
         buf.destroy()
         group.destroy()

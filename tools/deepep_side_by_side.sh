@@ -15,6 +15,9 @@
 #             kernel, then the hook's receive kernel); if R=2 does not finish, once more with
 #             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/R, then gives up on DeepEP's low-latency mode
 #             ($DS_LL_ONE_KERNEL=1 also tries DeepEP's one-kernel form at R=2, bounded)
+#     python  epcomm's Python package at the normal sizes (bench/py_combine_input.py: the experts'
+#             write + combine from a plain tensor, a Buffer.mem_pool tensor, the combine buffer;
+#             JSON per size), which the report sets against DeepEP's write + combine
 #     report  the table (also in OUT_DIR/table.txt)
 # Every run is bounded by `timeout`; logs: OUT_DIR/{epcomm,deepep}-*.log, and epcomm-*.json (one
 # `epcomm bench --json` per size and dtype), which the report reads; nothing in the repository or
@@ -161,6 +164,22 @@ runpy.run_path("setup.py", run_name="__main__")'
         echo "DeepEP low-latency R=2, one kernel per call: exit $?"
         summary "$out/deepep-ll-onekernel-r2.log" 3
       fi ;;
+    python)
+      # epcomm's Python package from PyTorch (bench/py_combine_input.py): the experts' write +
+      # combine from a plain tensor, a Buffer.mem_pool tensor and the combine buffer, and the
+      # worst-case dispatch into plain / pool tensors, per R:SMs and tokens as `normal`, combined
+      # without weights as DeepEP's harness combines; the package is installed into $py first.
+      "$py" -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1 ||
+        { echo "python: pip install FAILED"; tail -20 "$out/pip.log"; }
+      for rs in $normal_sets; do
+        R=${rs%%:*} S=${rs#*:}
+        for N in $tokens; do
+          timeout -k 10 150 "$mps" $b/bin/epcomm launch -n "$R" "$py" bench/py_combine_input.py \
+            --sms "$S" --tokens "$N" --weights 0 --json "$out/py-r$R-t$N.json" \
+            >"$out/py-r$R-t$N.log" 2>&1
+          echo "epcomm python R=$R, $S SMs, $N tokens: exit $?"
+        done
+      done ;;
     report)
       "$py" tools/deepep_time.py report "$out" | tee "$out/table.txt" ;;
     *) echo "unknown step $s"; exit 2 ;;

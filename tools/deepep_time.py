@@ -405,6 +405,24 @@ def parse_deepep(path):
     return out
 
 
+# bench/py_combine_input.py's figures (epcomm from PyTorch) against DeepEP's write + combine.
+VS_PYTHON = [
+    ("py_write_combine_tensor", "write_combine", "Python: experts' write + combine (tensor)"),
+    ("py_write_combine_mem_pool", "write_combine", "Python: write + combine (mem_pool tensor)"),
+    ("py_write_combine_combine_buffer", "write_combine", "Python: write + combine (combine buf.)"),
+]
+
+
+def parse_python(path):
+    """(("normal", R, sms, tokens), {op: mean us}) of one `py_combine_input.py --json` file."""
+    try:
+        d = json.load(open(path))
+    except (OSError, ValueError):
+        return None, {}
+    key = ("normal", d.get("ranks"), d.get("sms"), d.get("tokens"))
+    return key, {"py_" + k: v["mean_us"] for k, v in d.get("figures", {}).items()}
+
+
 def report(d):
     import glob
     ep = {}
@@ -412,6 +430,10 @@ def report(d):
         key, ops = parse_epcomm(p)
         if key:
             ep.setdefault(key, {}).update(ops)  # the bf16 and the fp8 run of one size
+    for p in sorted(glob.glob(os.path.join(d, "py-*.json"))):
+        key, ops = parse_python(p)
+        if key:
+            ep.setdefault(key, {}).update(ops)
     dp = {}
     notes = []
     for p in sorted(glob.glob(os.path.join(d, "deepep-*.log"))):
@@ -439,10 +461,11 @@ def report(d):
     print(fmt.format("mode", "R", "SMs", "tokens", "operation", "epcomm", "DeepEP", "x"))
     for key in sorted(ep, key=lambda k: (k[0], k[1], -k[3])):
         mode, R, sms, N = key
-        for eop, dop, label in (VS_NORMAL if mode == "normal" else VS_LL):
+        for eop, dop, label in (VS_NORMAL + VS_PYTHON if mode == "normal" else VS_LL):
             e = ep[key].get(eop)
             dv = dp.get((mode, R, sms, N, dop))
-            if (e is None and dv is None) or (dv is None and dop.endswith("_1k")):
+            if (e is None and dv is None) or (dv is None and dop.endswith("_1k")) or \
+                    (e is None and eop.startswith("py_")):  # the python step was not run
                 continue
             x = f"{dv / e:.2f}" if e and dv else "-"
             print(fmt.format(mode, R, sms or "", N, label, f"{e:.1f}" if e else "-",
