@@ -391,8 +391,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     def _handle_info(self, handle, op, kind=DispatchHandle):
         info = getattr(handle, "_ep", None)
         if not isinstance(handle, kind) or info is None:
-            raise ArgumentTypeError(f"{op}: handle: not a handle returned by this Buffer's "
-                                    f"{'dispatch' if kind is DispatchHandle else 'low_latency_dispatch'}")
+            name = "dispatch" if kind is DispatchHandle else "low_latency_dispatch"
+            raise ArgumentTypeError(f"{op}: handle: not a handle returned by this Buffer's {name}")
         if info.buffer is not self:
             raise InvalidArgumentError(f"{op}: handle: it belongs to another Buffer")
         return info
@@ -455,7 +455,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         try:
             out = self._empty((info.num_tokens, info.hidden), _BF16)
-            out_w = None if topk_weights is None else self._empty((info.num_tokens, info.topk), _F32)
+            out_w = (None if topk_weights is None else
+                     self._empty((info.num_tokens, info.topk), _F32))
             _C.combine(buf, info.ref.id, ptr(x), ptr(topk_weights), ptr(bias0), ptr(bias1),
                        launch.stream, ptr(out), ptr(out_w))
         except BaseException:

@@ -7,7 +7,8 @@ creates an NCCL communicator and never calls the framework again."""
 import warnings
 
 from . import _C, _lifecycle
-from ._errors import ArgumentTypeError, BusyError, DestroyedError, InvalidArgumentError, LifecycleWarning
+from ._errors import (ArgumentTypeError, BusyError, DestroyedError, InvalidArgumentError,
+                      LifecycleWarning)
 
 
 class Group(_lifecycle.Scoped):

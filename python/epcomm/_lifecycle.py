@@ -49,7 +49,8 @@ def _describe(objs):
     counts = {}
     for o in objs:
         counts[o._kind] = counts.get(o._kind, 0) + 1
-    return " and ".join(f"{n} epcomm.{k}" + ("s" if n > 1 else "") for k, n in sorted(counts.items()))
+    return " and ".join(f"{n} epcomm.{k}" + ("s" if n > 1 else "")
+                        for k, n in sorted(counts.items()))
 
 
 def _rank_of(objs):
