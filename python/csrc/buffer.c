@@ -55,16 +55,21 @@ static PyObject *buffer_release(PyObject *self, PyObject *args) {
   return buffer_call(args, ep_buffer_release);
 }
 
+/* ep_buffer_query of the buffer in args ("K") into *i; 0 with the exception set. */
+static int query_info(PyObject *args, ep_buffer_info_t *i) {
+  unsigned long long b;
+  if (!PyArg_ParseTuple(args, "K", &b)) return 0;
+  ep_status_t st = ep_buffer_query(epb_ptr(b), i);
+  return st ? (epb_raise(st), 0) : 1;
+}
+
 /* (backend, caps, rank, nranks, dispatch_view_lifetime, ll_view_lifetime, bytes, queue_bytes,
  *  num_channels, ll_max_tokens, ll_hidden, ll_num_experts, ll_max_topk, timeout_s, cuda_device,
  *  num_sms): the resolved config. Also the cheapest round trip into the library, which is what
  *  the Python layer's overhead is measured against. */
 static PyObject *buffer_query(PyObject *self, PyObject *args) {
-  unsigned long long b;
-  if (!PyArg_ParseTuple(args, "K", &b)) return NULL;
   ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
-  ep_status_t st = ep_buffer_query(epb_ptr(b), &i);
-  if (st) return epb_raise(st);
+  if (!query_info(args, &i)) return NULL;
   const ep_buffer_config_t *c = &i.config;
   return Py_BuildValue("(iIiiiinniiiiidii)", (int)i.backend, i.caps, i.rank, i.nranks,
                        (int)i.dispatch_view_lifetime, (int)i.ll_view_lifetime, (Py_ssize_t)i.bytes,
@@ -74,11 +79,8 @@ static PyObject *buffer_query(PyObject *self, PyObject *args) {
 
 /* (combines_in_place, dispatches_in_place) of ep_buffer_info_t. */
 static PyObject *buffer_in_place(PyObject *self, PyObject *args) {
-  unsigned long long b;
-  if (!PyArg_ParseTuple(args, "K", &b)) return NULL;
   ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
-  ep_status_t st = ep_buffer_query(epb_ptr(b), &i);
-  if (st) return epb_raise(st);
+  if (!query_info(args, &i)) return NULL;
   return Py_BuildValue("(KK)", (unsigned long long)i.combines_in_place,
                        (unsigned long long)i.dispatches_in_place);
 }
