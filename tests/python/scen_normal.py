@@ -191,6 +191,15 @@ def cached_other_format(ctx, seed, sizes, H, E, topk):
     ck.done()
 
 
+def _routing_args(buf, idxs, ws, me, E, dev):
+    """Rank me's routing as DeepEP passes it to a dispatch: get_dispatch_layout's counts and
+    mask, the topk ids and weights, on the device."""
+    idx = idxs[me].to(dev)
+    tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
+    return dict(num_tokens_per_rank=tpr, is_token_in_rank=itr, num_tokens_per_expert=tpe,
+                topk_idx=idx, topk_weights=ws[me].to(dev))
+
+
 def combine_buffer(ctx, seed, sizes, H, E, topk, fp8):
     """Buffer.get_combine_buffer: the experts write there and the combine reads it where it is
     (CUDA); the same bits as the reference, after a bf16 or an fp8 dispatch, twice in a row (the
@@ -201,11 +210,8 @@ def combine_buffer(ctx, seed, sizes, H, E, topk, fp8):
     ck = Check(me, f"combine_buffer(fp8={fp8}, R={R})")
     buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
     try:
-        idx = idxs[me].to(dev)
-        tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
-        _, _, r_w, _, handle, _ = buf.dispatch(_x_arg(xs, scs, me, dev), num_tokens_per_rank=tpr,
-                                               is_token_in_rank=itr, num_tokens_per_expert=tpe,
-                                               topk_idx=idx, topk_weights=ws[me].to(dev))
+        _, _, r_w, _, handle, _ = buf.dispatch(_x_arg(xs, scs, me, dev),
+                                               **_routing_args(buf, idxs, ws, me, E, dev))
         nrs = [w_["nr"] for w_ in want]
         for rnd in range(2):
             ys, b0, _ = _combine_inputs(seed + rnd, R, nrs, H, 1, sizes)
@@ -266,22 +272,16 @@ def mem_pool_combine(ctx, seed, sizes, H, E, topk):
                 ck.true(False, f"mem_pool({bad!r}) raises InvalidArgumentError")
             except epcomm.InvalidArgumentError as e:
                 ck.true("nbytes" in str(e), f"the error names nbytes: {e}")
-        idx = idxs[me].to(dev)
-        tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
-        _, _, r_w, _, handle, _ = buf.dispatch(xs[me].to(dev), num_tokens_per_rank=tpr,
-                                               is_token_in_rank=itr, num_tokens_per_expert=tpe,
-                                               topk_idx=idx, topk_weights=ws[me].to(dev))
+        routing = _routing_args(buf, idxs, ws, me, E, dev)
+        _, _, r_w, _, handle, _ = buf.dispatch(xs[me].to(dev), **routing)
         nrs = [w_["nr"] for w_ in want]
         mp = buf.mem_pool(8 << 20)
         ck.true(mp.registration.active, "the pool's arena is registered")
         # A worst-case dispatch whose outputs come from the pool: the senders write recv_x in
         # place (its rows are known before the count exchange, and registered).
-        W, x_dev, w_dev, d0 = sum(sizes), xs[me].to(dev), ws[me].to(dev), buf.in_place_counts()[1]
+        W, x_dev, d0 = sum(sizes), xs[me].to(dev), buf.in_place_counts()[1]
         with torch.cuda.use_mem_pool(mp.pool):
-            w_x, w_idx, _, _, _, _ = buf.dispatch(x_dev, num_tokens_per_rank=tpr,
-                                                  is_token_in_rank=itr, num_tokens_per_expert=tpe,
-                                                  topk_idx=idx, topk_weights=w_dev,
-                                                  num_worst_tokens=W)
+            w_x, w_idx, _, _, _, _ = buf.dispatch(x_dev, num_worst_tokens=W, **routing)
         ck.true(mp.contains(w_x), "the worst-case recv_x lies in the arena")
         d1 = buf.in_place_counts()[1]
         ck.true(d1 == d0 + 1, f"dispatches in place after the pool's dispatch: {d1}, want {d0 + 1}")
@@ -322,11 +322,8 @@ def registered_combine(ctx, seed, sizes, H, E, topk):
     buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
     reg2 = None
     try:
-        idx = idxs[me].to(dev)
-        tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
-        _, _, r_w, _, handle, _ = buf.dispatch(xs[me].to(dev), num_tokens_per_rank=tpr,
-                                               is_token_in_rank=itr, num_tokens_per_expert=tpe,
-                                               topk_idx=idx, topk_weights=ws[me].to(dev))
+        routing = _routing_args(buf, idxs, ws, me, E, dev)
+        _, _, r_w, _, handle, _ = buf.dispatch(xs[me].to(dev), **routing)
         nrs = [w_["nr"] for w_ in want]
         ys, b0, _ = _combine_inputs(seed, R, nrs, H, 1, sizes)
         out_want, outw_want = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want],
