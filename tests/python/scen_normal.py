@@ -254,6 +254,12 @@ def mem_pool_combine(ctx, seed, sizes, H, E, topk):
     want, st = ref.dispatch(xs, idxs, ws, E, 1, None)
     ck = Check(me, f"mem_pool_combine(R={R})")
     buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
+    for bad in (0, -1, 1.5):  # checked before anything else, on every backend
+        try:
+            buf.mem_pool(bad)
+            ck.true(False, f"mem_pool({bad!r}) raises InvalidArgumentError")
+        except epcomm.InvalidArgumentError as e:
+            ck.true("nbytes" in str(e), f"the error names nbytes: {e}")
     if torch.device(dev).type != "cuda":
         try:
             buf.mem_pool(1 << 20)
@@ -266,12 +272,6 @@ def mem_pool_combine(ctx, seed, sizes, H, E, topk):
         return
     kept = None
     try:
-        for bad in (0, -1, 1.5):
-            try:
-                buf.mem_pool(bad)
-                ck.true(False, f"mem_pool({bad!r}) raises InvalidArgumentError")
-            except epcomm.InvalidArgumentError as e:
-                ck.true("nbytes" in str(e), f"the error names nbytes: {e}")
         routing = _routing_args(buf, idxs, ws, me, E, dev)
         _, _, r_w, _, handle, _ = buf.dispatch(xs[me].to(dev), **routing)
         nrs = [w_["nr"] for w_ in want]
