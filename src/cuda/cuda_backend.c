@@ -24,7 +24,7 @@ static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, siz
 /* EP_CUDA_TRACE=1: device memory for the phase sums of normal-mode calls (ep_kernels.h). */
 static ep_status_t trace_setup(cuda_state_t *s) {
   if (!ep_env_long("EP_CUDA_TRACE", 0)) return EP_OK;
-  epk_trace_t *t = calloc(1, sizeof *t); /* ~22 KiB: not on the stack */
+  epk_trace_t *t = calloc(1, sizeof *t); /* ~36 KiB: not on the stack */
   if (!t) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "trace", "oom");
   epk_trace_fold(t); /* no call yet: points cleared, kind -1 */
   ep_status_t st =
@@ -54,7 +54,8 @@ static double trace_median(const epk_trace_t *t, int k, int i) {
 /* Per kind of call, one line of means and one of medians (of the last EPK_TR_RING calls) of
  * every phase, in microseconds, on stderr (kernels quiesced). */
 static void trace_print(cuda_state_t *s) {
-  static const char *kind[EPK_TR_KINDS] = {"dispatch (full)", "dispatch (cached)", "combine"};
+  static const char *kind[EPK_TR_KINDS] = {"dispatch (full)", "dispatch (cached)", "combine",
+                                           "dispatch (full, arrays)", "dispatch (cached, arrays)"};
   static const char *pt[EPK_TR_POINTS] = {"",       "notify: plan", "post",       "wait peers",
                                           "finish", "gap to data",  "data kernel"};
   epk_trace_t *t = malloc(sizeof *t);
@@ -68,7 +69,7 @@ static void trace_print(cuda_state_t *s) {
       char line[512];
       const double n = (double)t->n[k];
       int o =
-          snprintf(line, sizeof line, "epcomm trace rank %d: %-17s %6llu calls, %s us: total %.1f",
+          snprintf(line, sizeof line, "epcomm trace rank %d: %-25s %6llu calls, %s us: total %.1f",
                    s->rank, kind[k], (unsigned long long)t->n[k], med ? "median" : "mean",
                    med ? trace_median(t, k, 0) : 1e-3 * (double)t->sum[k][0] / n);
       for (int i = 1; i < EPK_TR_POINTS && o > 0 && o < (int)sizeof line; i++)

@@ -88,6 +88,7 @@ static void fill_notify(const cuda_state_t *s, const call_t *c, epk_notify_t *n)
   n->rank_prefix = c->o->rank_prefix;
   n->recv_per_expert = d->cached ? NULL : c->o->recv_tokens_per_expert;
   n->align = a->expert_alignment;
+  n->out_arrays = !d->views;
   fill_reg(s, c, n);
 }
 

@@ -135,7 +135,16 @@ typedef struct {
  * notify kernel's start, plan done, hello posted, every peer's hello seen, end; the data
  * kernel's first block start and last block end. A call's points are folded into the sums by
  * the next call's notify (or by the host at destroy). */
-enum { EPK_TR_FULL, EPK_TR_CACHED, EPK_TR_COMBINE, EPK_TR_KINDS };
+/* Dispatch kinds split by outputs (views / arrays): their data kernels differ, and pooled they
+ * made a median that matched neither. */
+enum {
+  EPK_TR_FULL,
+  EPK_TR_CACHED,
+  EPK_TR_COMBINE,
+  EPK_TR_FULL_ARR,
+  EPK_TR_CACHED_ARR,
+  EPK_TR_KINDS
+};
 enum {
   EPK_TR_N_START,
   EPK_TR_N_PLAN,
@@ -293,7 +302,7 @@ typedef struct {
   int32_t *plan;           /* DISPATCH writes it; CACHED and COMBINE read it */
   int32_t *rank_prefix, *recv_per_expert; /* optional outputs */
   uint32_t ticket;                        /* != 0: publish the receive count to the host */
-  uint32_t pad2;
+  uint32_t out_arrays; /* DISPATCH, CACHED: rows go to arrays, not views (trace kind only) */
   uint64_t xrow, wrow; /* COMBINE: staging bytes per row of this call */
   int64_t xoff;        /* DISPATCH, CACHED: recv_x in a registration (epk_hello_t.xreg1) */
   int32_t xreg1, xcap;

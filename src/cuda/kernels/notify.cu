@@ -208,8 +208,9 @@ __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_
     s_seq = b.priv->seq + 1;          /* stored back by the block that goes on alone (below) */
     if (b.trace && blockIdx.x == 0) { /* the previous call's data kernel has ended: fold it */
       epk_trace_fold(b.trace);
-      b.trace->kind = a.kind == EPK_NOTIFY_DISPATCH  ? EPK_TR_FULL
-                      : a.kind == EPK_NOTIFY_CACHED  ? EPK_TR_CACHED
+      const bool arr = a.out_arrays != 0;
+      b.trace->kind = a.kind == EPK_NOTIFY_DISPATCH  ? (arr ? EPK_TR_FULL_ARR : EPK_TR_FULL)
+                      : a.kind == EPK_NOTIFY_CACHED  ? (arr ? EPK_TR_CACHED_ARR : EPK_TR_CACHED)
                       : a.kind == EPK_NOTIFY_COMBINE ? EPK_TR_COMBINE
                                                      : -1;
       b.trace->at[EPK_TR_N_START] = epk_now();
