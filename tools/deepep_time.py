@@ -330,6 +330,9 @@ EP_NORMAL = {
              "write_combine_reg": "write_combine_reg"},
     "fp8": {"dispatch": "dispatch_fp8_full", "dispatch_cached": "dispatch_fp8_cached"},
 }
+for _t in ("bf16", "fp8"):  # full and cached paired in one loop (full - cached only)
+    EP_NORMAL[_t].update({"dispatch_pair_full": f"dispatch_{_t}_pair_full",
+                          "dispatch_pair_cached": f"dispatch_{_t}_pair_cached"})
 # epcomm op -> the DeepEP op it is compared with
 VS_NORMAL = [
     ("dispatch_fp8_full", "dispatch_fp8_full", "fp8 dispatch, full (views)"),
@@ -478,8 +481,12 @@ def report(d):
                        for k in ("full", "cached")]
                 medians = (f"; medians: fp8 {med[0] - med[1]:.1f}, bf16 {med[2] - med[3]:.1f}"
                            if None not in med else "")
+                pair = [ep[key].get(f"dispatch_{t}_pair_{k}@median") for t in ("fp8", "bf16")
+                        for k in ("full", "cached")]
+                paired = (f"; paired in one loop, medians: fp8 {pair[0] - pair[1]:.1f}, "
+                          f"bf16 {pair[2] - pair[3]:.1f}" if None not in pair else "")
                 print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full - cached (count exchange): "
-                      f"fp8 {f - c:.1f}, bf16 {b - bc:.1f} us{medians}")
+                      f"fp8 {f - c:.1f}, bf16 {b - bc:.1f} us{medians}{paired}")
         if ep[key].get("_check"):
             notes.append(f"epcomm {mode} R={R} tokens {N}: check FAILED")
     for k in sorted(set((m, R, s, N) for (m, R, s, N, _) in dp) - set(ep)):

@@ -2,10 +2,11 @@
 # Times variants of the CUDA kernels' compile-time shapes in one bounded sequence (GPU machine):
 #   tools/kernel_variants.sh WITH_MPS OUT_DIR "NAME:FLAGS" ...
 # FLAGS are nvcc -D options (EPK_CT/EPK_RU/EPK_HG/EPK_SU for combine, EPK_DT/EPK_UNR/EPK_DMETA for
-# dispatch);
+# dispatch, EPK_PLAN_GRID for the full dispatch's notify grid);
 # each variant gets its own build (only the epcomm tool), then `epcomm bench --backend cuda` runs
 # at R=2, 4, 8 (24, 24, 16 SMs per rank), bf16 and fp8. Prints one line of median times (us) per
-# variant and R, from the runs' JSON; a run whose self-check did not pass says so.
+# variant and R, from the runs' JSON (bf16pair / fp8pair: full - cached dispatch timed in one
+# loop, the paired rows); a run whose self-check did not pass says so.
 set -u -o pipefail
 mps=${1:?usage}; out=${2:?usage}; shift 2
 mkdir -p "$out"
@@ -22,8 +23,14 @@ us() {
   sed -n "s/^  \"$1\": {.*\"time_ms\": {\"median\": \([^,]*\),.*/\1/p" "$2" |
     awk 'END { if (NR) printf "%.1f", $1 * 1000; else printf "-" }'
 }
-printf '%-8s %2s %9s %9s %9s %9s %9s %9s\n' variant R bf16full bf16cach fp8full fp8cach comb_view comb_tens
-for R in 2 4 8; do
+# gap FILE: full - cached dispatch of the paired loop (both in each iteration), medians, us.
+gap() {
+  awk -v a="$(us dispatch_pair_full "$1")" -v b="$(us dispatch_pair_cached "$1")" \
+    'BEGIN { if (a == "-" || b == "-") printf "-"; else printf "%.1f", a - b }'
+}
+printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s\n' variant R bf16full bf16cach fp8full fp8cach \
+  comb_view comb_tens bf16pair fp8pair
+for R in ${VR:-2 4 8}; do
   for v in "$@"; do
     n=${v%%:*} note=""
     [ -x build-v-$n/bin/epcomm ] || { echo "$n: build failed"; tail -5 build-v-$n.log; continue; }
@@ -34,8 +41,8 @@ for R in 2 4 8; do
       grep -q '"check": "pass"' "$out/v-$n-r$R-$dt.json" 2>/dev/null || note="$note $dt: check failed"
     done
     b=$out/v-$n-r$R-bf16.json f=$out/v-$n-r$R-fp8.json
-    printf '%-8s %2s %9s %9s %9s %9s %9s %9s%s\n' "$n" "$R" "$(us dispatch "$b")" \
+    printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s%s\n' "$n" "$R" "$(us dispatch "$b")" \
       "$(us dispatch_cached "$b")" "$(us dispatch "$f")" "$(us dispatch_cached "$f")" \
-      "$(us combine_view "$b")" "$(us combine "$b")" "$note"
+      "$(us combine_view "$b")" "$(us combine "$b")" "$(gap "$b")" "$(gap "$f")" "$note"
   done
 done

@@ -1,5 +1,6 @@
 /* Normal-mode variants, after the main rows: a cached dispatch (what DeepEP's tuning loop
- * times) with the main output mode, into caller tensors, and into caller tensors registered with
+ * times) with the main output mode, a full and a cached dispatch paired in one loop, into caller
+ * tensors, and into caller tensors registered with
  * the buffer (backends that write registered memory in place: recv_x written by the senders, no
  * copy-out pass); a combine whose input is the bf16
  * dispatch view the experts wrote into (backends with views); a combine whose input is
@@ -184,6 +185,38 @@ static int cached_registered(normal_t *u, var_t *v) {
   return rc;
 }
 
+/* A full dispatch and a cached one along its handle in every iteration, timed apart: full -
+ * cached (the count exchange) from calls that see the same state of the GPU. Each in its own
+ * loop, at R = 8 under MPS, the two differed by anything from -20 to +230 us from run to run
+ * (one loop's calls all slower or faster by up to ~15%, whichever loop it was). */
+static int pair_full(bench_ctx_t *c, void *state, int it) {
+  var_t *v = state;
+  return bench_normal_dispatch(v->u, NULL, v->mode, NULL, NULL);
+}
+
+static int pair_cached(bench_ctx_t *c, void *state, int it) {
+  var_t *v = state;
+  return bench_normal_dispatch(v->u, v->u->h, v->mode, NULL, NULL);
+}
+
+static int pair_drop(bench_ctx_t *c, void *state, int it) {
+  var_t *v = state;
+  ep_handle_t h = v->u->h;
+  v->u->h = NULL;
+  return bench_said(ep_handle_destroy(h), "ep_handle_destroy");
+}
+
+static int full_cached_pair(normal_t *u, ep_output_mode_t mode) {
+  var_t v = {u, NULL, mode, NULL, NULL, NULL, "epcomm dispatch pair, cached"};
+  bench_step_t s[] = {
+      {pair_full,
+       bench_row(u->c, "dispatch_pair_full", "epcomm dispatch pair, full", BENCH_K_DISPATCH), 0},
+      {pair_cached, bench_row(u->c, "dispatch_pair_cached", v.label, BENCH_K_DISPATCH), 0},
+      {check_rows, -1, 0},
+      {pair_drop, -1, 0}};
+  return bench_run(u->c, &v, s, 4, "full and cached dispatch, paired");
+}
+
 int bench_normal_variants(normal_t *u) {
   bench_ctx_t *c = u->c;
   ep_output_mode_t main_mode = u->views ? EP_OUTPUT_VIEWS : EP_OUTPUT_ALLOC;
@@ -191,6 +224,7 @@ int bench_normal_variants(normal_t *u) {
   var_t v = {u, u->h, main_mode, NULL, NULL, NULL, "epcomm dispatch, cached"};
   u->h = NULL;
   int rc = cached(u, &v, "dispatch_cached");
+  if (!rc) rc = full_cached_pair(u, main_mode);
   v.mode = EP_OUTPUT_CALLER, v.label = "epcomm dispatch, cached, caller";
   v.rx = rc ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->row);
   v.rs = rc || !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);

@@ -103,6 +103,9 @@ static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, s
               {"dispatch_cached",
                " cached: a dispatch along an earlier one's handle (what DeepEP's tuning "
                "loop times)."},
+              {"dispatch_pair_full",
+               " pair: a full dispatch and a cached one along its handle in each iteration, "
+               "timed apart (full - cached from calls that see the same GPU state)."},
               {"dispatch_cached_caller", " caller: the rows copied into the caller's tensors."},
               {"dispatch_cached_reg",
                " reg. caller: caller tensors registered with the buffer (ep_register_memory), "

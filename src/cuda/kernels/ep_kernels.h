@@ -193,7 +193,9 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
  * needed), the last block to finish goes on with the exchange. Private memory, zero between
  * calls (that last block resets what the call used). */
 #define EPK_PLAN_TILES 128 /* tiles of one plan at most */
-#define EPK_PLAN_GRID 64   /* blocks of one notify launch at most */
+#ifndef EPK_PLAN_GRID
+#define EPK_PLAN_GRID 64 /* blocks of one notify launch at most */
+#endif
 #define EPK_NOTIFY_NT 256  /* threads of a notify block = tokens of one pass over a tile */
 typedef struct {
   uint32_t next_tile, done;        /* tiles taken, blocks finished */
