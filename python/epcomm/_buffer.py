@@ -129,6 +129,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         self.enable_shrink = False
         self._cuda = self.device.type == "cuda"
         self._comm_stream = torch.cuda.Stream(self.device) if self._cuda else None
+        # the waits between the compute and the communication stream (_events._follow)
+        self._order = (torch.cuda.Event(), torch.cuda.Event()) if self._cuda else None
         self._opts = dict(queue_bytes=queue_bytes, num_channels=num_channels,
                           timeout_s=float(timeout_s))
         self._rtpe = array.array("i")  # scratch of dispatch's per-expert counts (CPU)
@@ -217,8 +219,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     def _launch(self, previous_event, async_finish, allocate_on_comm_stream, on_compute=False,
                 after_compute=False):
         if self._cuda:
-            return CudaLaunch(self._comm_stream, previous_event, async_finish,
-                              allocate_on_comm_stream, on_compute, after_compute)
+            return CudaLaunch(self._comm_stream, self._order, self.device, previous_event,
+                              async_finish, allocate_on_comm_stream, on_compute, after_compute)
         return CpuLaunch(previous_event, async_finish)
 
     def _empty(self, shape, dtype):
