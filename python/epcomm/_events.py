@@ -83,10 +83,10 @@ class CpuLaunch:
 
 def _follow(waiter, stream, event):
     """``waiter.wait_stream(stream)`` through ``event``, one the Buffer keeps: wait_stream makes
-    a new CUDA event every time and destroys it later (13-15 us of host time per wait on the
-    H200 under MPS, two waits per call). At 128 tokens a call is host-bound, and this cut the
-    event-timed write + combine at R = 2 from 180 to 97 us (docs/PERFORMANCE.md). A wait takes
-    the event as it is when queued, so recording it again for the next call is safe."""
+    a new CUDA event every time and destroys it later (7-15 us of host time per wait on the
+    H200 under MPS in two runs; two waits per call). At 128 tokens a call is host-bound, and
+    this cut the event-timed write + combine at R = 2 from 180 to 97 us (docs/PERFORMANCE.md).
+    A wait takes the event as it is when queued, so recording it again is safe."""
     event.record(stream)
     waiter.wait_event(event)
 
