@@ -477,16 +477,14 @@ def report(d):
             f, c = ep[key].get("dispatch_fp8_full"), ep[key].get("dispatch_fp8_cached")
             b, bc = ep[key].get("dispatch_bf16_full"), ep[key].get("dispatch_bf16_cached")
             if f and c and b and bc:
-                med = [ep[key].get(f"dispatch_{t}_{k}@median") for t in ("fp8", "bf16")
-                       for k in ("full", "cached")]
-                medians = (f"; medians: fp8 {med[0] - med[1]:.1f}, bf16 {med[2] - med[3]:.1f}"
-                           if None not in med else "")
-                pair = [ep[key].get(f"dispatch_{t}_pair_{k}@median") for t in ("fp8", "bf16")
-                        for k in ("full", "cached")]
-                paired = (f"; paired in one loop, medians: fp8 {pair[0] - pair[1]:.1f}, "
-                          f"bf16 {pair[2] - pair[3]:.1f}" if None not in pair else "")
+                def gaps(what, infix):  # full - cached by medians, rows dispatch_{t}{infix}*
+                    m = [ep[key].get(f"dispatch_{t}{infix}_{k}@median") for t in ("fp8", "bf16")
+                         for k in ("full", "cached")]
+                    return ("" if None in m else
+                            f"; {what}: fp8 {m[0] - m[1]:.1f}, bf16 {m[2] - m[3]:.1f}")
                 print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full - cached (count exchange): "
-                      f"fp8 {f - c:.1f}, bf16 {b - bc:.1f} us{medians}{paired}")
+                      f"fp8 {f - c:.1f}, bf16 {b - bc:.1f} us{gaps('medians', '')}"
+                      f"{gaps('paired in one loop, medians', '_pair')}")
         if ep[key].get("_check"):
             notes.append(f"epcomm {mode} R={R} tokens {N}: check FAILED")
     for k in sorted(set((m, R, s, N) for (m, R, s, N, _) in dp) - set(ep)):

@@ -87,11 +87,15 @@ fail:
   return 1;
 }
 
+int bench_normal_drop(normal_t *u) {
+  ep_handle_t h = u->h;
+  u->h = NULL;
+  return bench_said(ep_handle_destroy(h), "ep_handle_destroy");
+}
+
 static int call_drop(bench_ctx_t *c, void *state, int it) {
   bench_traffic_step(c, it, &c->res->net_c, &c->res->local_c);
-  ep_handle_t h = ((normal_t *)state)->h;
-  ((normal_t *)state)->h = NULL; /* gone even when the destroy fails: never destroyed twice */
-  return bench_said(ep_handle_destroy(h), "ep_handle_destroy");
+  return bench_normal_drop(state);
 }
 
 /* Expert outputs: row j (from source s, token src_idx[j]) gets bench_gen_y_row(me, s, t). */

@@ -34,6 +34,9 @@ typedef struct {
  * recv_x / recv_scales); u->last, u->nr and (full) u->h set. 0, or 1 after saying why. */
 int bench_normal_dispatch(normal_t *u, ep_handle_t cached, ep_output_mode_t mode, void *recv_x,
                           float *recv_scales);
+/* Destroys u->h (the last full dispatch's handle) and clears it, even when the destroy fails:
+ * never destroyed twice. 0, or 1 after saying why. */
+int bench_normal_drop(normal_t *u);
 /* Digest of received rows (then scales) at x / scales, after the stream's work; 0 on failure. */
 int bench_normal_digest(normal_t *u, const void *x, const float *scales, uint64_t *d);
 

@@ -200,10 +200,7 @@ static int pair_cached(bench_ctx_t *c, void *state, int it) {
 }
 
 static int pair_drop(bench_ctx_t *c, void *state, int it) {
-  var_t *v = state;
-  ep_handle_t h = v->u->h;
-  v->u->h = NULL;
-  return bench_said(ep_handle_destroy(h), "ep_handle_destroy");
+  return bench_normal_drop(((var_t *)state)->u);
 }
 
 static int full_cached_pair(normal_t *u, ep_output_mode_t mode) {
