@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Times variants of the CUDA kernels' compile-time shapes in one bounded sequence (GPU machine):
-#   tools/kernel_variants.sh WITH_MPS OUT_DIR "NAME:FLAGS" ...
+#   tools/kernel_variants.sh WITH_MPS OUT_DIR "NAME[@SRC_DIR]:FLAGS" ...
+# SRC_DIR (default: this tree) builds another source tree, e.g. the previous commit's
+# (`git archive REV | tar -x -C DIR`), to time it against this one in the same call.
 # FLAGS are nvcc -D options (EPK_CT/EPK_RU/EPK_HG/EPK_SU for combine, EPK_DT/EPK_UNR/EPK_DMETA for
 # dispatch, EPK_PLAN_GRID for the full dispatch's notify grid);
 # each variant gets its own build (only the epcomm tool), then `epcomm bench --backend cuda` runs
 # at R=2, 4, 8 (24, 24, 16 SMs per rank), bf16 and fp8. Prints one line of median times (us) per
 # variant and R, from the runs' JSON (bf16pair / fp8pair: full - cached dispatch timed in one
-# loop, the paired rows); a run whose self-check did not pass says so.
+# loop, the paired rows); a run whose self-check did not pass says so. VR: rank counts (2 4 8);
+# KV_TOKENS: tokens per rank (the bench's default, 4096).
 set -u -o pipefail
 mps=${1:?usage}; out=${2:?usage}; shift 2
 mkdir -p "$out"
 export EP_TIMEOUT_S=${EP_TIMEOUT_S:-15}
+name() { local n=${1%%:*}; echo "${n%%@*}"; }
+src() { local n=${1%%:*}; case $n in *@*) echo "${n#*@}" ;; *) echo . ;; esac; }
 for v in "$@"; do
-  n=${v%%:*}; f=${v#*:}
-  { cmake -S . -B build-v-$n -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  n=$(name "$v"); f=${v#*:}
+  { cmake -S "$(src "$v")" -B build-v-$n -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CUDA_FLAGS="$f" && ninja -C build-v-$n bin/epcomm; } \
     >"build-v-$n.log" 2>&1 &
 done
@@ -32,11 +37,11 @@ printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s\n' variant R bf16full bf16cach 
   comb_view comb_tens bf16pair fp8pair
 for R in ${VR:-2 4 8}; do
   for v in "$@"; do
-    n=${v%%:*} note=""
+    n=$(name "$v") note=""
     [ -x build-v-$n/bin/epcomm ] || { echo "$n: build failed"; tail -5 build-v-$n.log; continue; }
     for dt in bf16 fp8; do
       timeout 90 "$mps" build-v-$n/bin/epcomm launch -n $R build-v-$n/bin/epcomm bench \
-        --backend cuda --dtype $dt --baseline off --json "$out/v-$n-r$R-$dt.json" \
+        --backend cuda --dtype $dt --baseline off ${KV_TOKENS:+--tokens $KV_TOKENS} --json "$out/v-$n-r$R-$dt.json" \
         >>"$out/variants.log" 2>&1 || note="$note $dt: exit $?"
       grep -q '"check": "pass"' "$out/v-$n-r$R-$dt.json" 2>/dev/null || note="$note $dt: check failed"
     done

@@ -142,11 +142,16 @@ static void publish_views(const epk_dispatch_t *k, ep_dispatch_out_t *o) {
   o->recv_src_idx = k->recv_src;
 }
 
-static ep_status_t launch_notify(cuda_state_t *s, call_t *c, cudaStream_t st, bool ticket,
-                                 uint32_t *t) {
+/* The number a host waits for (never 0: 0 means nobody waits). */
+static uint32_t next_ticket(cuda_state_t *s) {
+  return ++s->ticket ? s->ticket : ++s->ticket;
+}
+
+/* ticket != 0: notify itself publishes the count (the host launches the data kernel after). */
+static ep_status_t launch_notify(cuda_state_t *s, call_t *c, cudaStream_t st, uint32_t ticket) {
   epk_notify_t n;
   fill_notify(s, c, &n);
-  if (ticket) n.ticket = *t = ++s->ticket ? s->ticket : ++s->ticket;
+  n.ticket = ticket;
   s->err_key = c->c->key;
   c->in_place = n.xreg1 != 0;
   return cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
@@ -166,10 +171,13 @@ static void alloc_src(call_t *c, int64_t cap) {
   if (!c->plan->src && !cuda_plan_src(c->plan, cap)) c->mode = EPK_MODE_DRAIN;
 }
 
-static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int64_t cap) {
+/* ticket != 0: the data kernel publishes the count, as soon as the notify before it ended. */
+static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int64_t cap,
+                               uint32_t ticket) {
   if (!c->plan->src) cap = 0;
   epk_dispatch_t k;
   fill_data(s, c, cap, &k);
+  k.ticket = ticket;
   ep_status_t rc = cuda_check(s, epk_launch_dispatch(&s->kb, &k, st), OP, "launch");
   if (!rc && c->mode == EPK_MODE_VIEW) publish_views(&k, c->o);
   if (!rc && c->mode == EPK_MODE_DRAIN && !c->plan->src)
@@ -180,9 +188,9 @@ static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int6
 
 /* Allocator path: the host needs Nr before any output exists, so it waits in between. */
 static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
-  uint32_t t = 0;
-  bool wait = c->plan->nr < 0;
-  ep_status_t rc = launch_notify(s, c, st, wait, &t);
+  const bool wait = c->plan->nr < 0;
+  const uint32_t t = wait ? next_ticket(s) : 0;
+  ep_status_t rc = launch_notify(s, c, st, t);
   *nr = c->plan->nr;
   if (!rc && wait) rc = wait_count(s, c, t, nr);
   if (rc) return rc;
@@ -192,7 +200,7 @@ static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *n
                          "the alloc callback gave a recv_x that is not 16-byte aligned");
   c->mode = out_rc ? EPK_MODE_DRAIN : EPK_MODE_COPY;
   alloc_src(c, *nr);
-  rc = launch_data(s, c, st, *nr);
+  rc = launch_data(s, c, st, *nr, 0);
   return rc ? rc : out_rc;
 }
 
@@ -202,14 +210,14 @@ static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *n
 static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   if (c->c->sync && c->o->mode == EP_OUTPUT_ALLOC) return run_alloc(s, c, st, nr);
   const int64_t cap = ep_call_out_rows(c->c, c->lay.rows);
-  uint32_t t = 0;
-  bool wait = c->c->sync && c->plan->nr < 0;
+  const bool wait = c->c->sync && c->plan->nr < 0;
+  const uint32_t t = wait ? next_ticket(s) : 0;
   c->mode = c->c->views ? EPK_MODE_VIEW : EPK_MODE_COPY;
   if (c->c->sync && c->plan->nr > cap) c->mode = EPK_MODE_DRAIN; /* cached, count known */
   alloc_src(c, cap); /* before the hello: a rank that drains must not have x written in place */
   c->reg_ok = c->mode == EPK_MODE_COPY && c->o->mode == EP_OUTPUT_CALLER;
-  ep_status_t rc = launch_notify(s, c, st, wait, &t);
-  if (!rc) rc = launch_data(s, c, st, cap);
+  ep_status_t rc = launch_notify(s, c, st, 0);
+  if (!rc) rc = launch_data(s, c, st, cap, t);
   *nr = c->c->sync ? c->plan->nr : -1;
   if (!rc && wait) rc = wait_count(s, c, t, nr);
   if (!rc && c->c->sync) rc = ep_call_outputs_ready(s->ctx, c->c, *nr, c->lay.rows);

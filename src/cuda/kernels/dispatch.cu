@@ -309,12 +309,21 @@ __device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
   return true;
 }
 
+/* The count for a host that waits (synchronous call): the notify's outcome is complete here,
+ * failures included (their error word went out with a system fence). */
+__device__ void publish_count(const epk_buf_t &b, const epk_dispatch_t &a) {
+  *reinterpret_cast<volatile int32_t *>(&b.host->nr) = a.plan[EPK_PLAN_NR];
+  __threadfence_system();
+  *reinterpret_cast<volatile uint32_t *>(&b.host->ticket) = a.ticket;
+}
+
 __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_dispatch_t a) {
   extern __shared__ int64_t dsm[];
   __shared__ int64_t s_nr;
   __shared__ int s_rw, s_flag;
   const int R = b.nranks;
-  epk_grid_wait();            /* for the notify kernel before it (epk_launch_dependent) */
+  epk_grid_wait(); /* for the notify kernel before it (epk_launch_dependent) */
+  if (a.ticket && blockIdx.x == 0 && threadIdx.x == 0) publish_count(b, a);
   if (epk_stopped(b)) return; /* the count exchange failed: nothing moves */
   epk_tr_min(b, EPK_TR_D_START);
   int *ints = reinterpret_cast<int *>(dsm + 2 * R);

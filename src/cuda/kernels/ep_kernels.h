@@ -118,8 +118,9 @@ typedef struct {
 /* Page-locked host memory mapped into the device: what the host waits on. */
 typedef struct {
   unsigned long long err; /* copy of the first failure (written once per failure) */
-  uint32_t ticket;        /* notify: sequence number of the synchronous call it finished */
-  int32_t nr;             /* notify: rows this rank receives */
+  uint32_t ticket;        /* sequence number of the synchronous call whose count is in: from notify
+                             (allocator path) or the dispatch kernel's start (every other path) */
+  int32_t nr;             /* rows this rank receives */
   int64_t bad_value;      /* notify/layout: the offending expert id */
   int32_t layout_bad;     /* layout: first bad slot + 1, 0 if none */
   uint32_t abort;         /* written by the host: every kernel stops waiting */
@@ -190,8 +191,9 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
 /* The full dispatch's plan is spread over the blocks of its notify launch: token tiles taken in
  * order from a counter, each tile's rows per destination published for the tiles after it (a
  * tile waits only for tiles taken before it, by blocks already running: no co-residency
- * needed), the last block to finish goes on with the exchange. Private memory, zero between
- * calls (that last block resets what the call used). */
+ * needed). The launch has a block more than tiles: the block that first finds no tile left
+ * waits for every tile's counts and goes on with the exchange. Private memory, zero between
+ * calls (the last block to finish resets what the call used). */
 #define EPK_PLAN_TILES 128 /* tiles of one plan at most */
 #ifndef EPK_PLAN_GRID
 #define EPK_PLAN_GRID 64 /* blocks of one notify launch at most */
@@ -312,11 +314,12 @@ typedef struct {
 
 typedef struct {
   int cached, num_tokens, num_scales, topk, has_w, local_experts, mode;
-  int tail;  /* worst-case path: rows [Nr, cap) get ids -1, weights 0, source -1 */
-  int quiet; /* the host reports Nr > cap itself (synchronous path): just drain */
-  int pad;
-  int64_t cap;  /* rows the outputs hold; more arriving: drained, outputs untouched */
-  uint64_t row; /* bytes of one x row */
+  int tail;        /* worst-case path: rows [Nr, cap) get ids -1, weights 0, source -1 */
+  int quiet;       /* the host reports Nr > cap itself (synchronous path): just drain */
+  uint32_t ticket; /* != 0: publish the receive count to the host (instead of notify, whose
+                      grid end would wait for the system fence; the host learns ~1 us later) */
+  int64_t cap;     /* rows the outputs hold; more arriving: drained, outputs untouched */
+  uint64_t row;    /* bytes of one x row */
   const void *x;
   const float *x_scales;
   int64_t scale_tok, scale_hid;

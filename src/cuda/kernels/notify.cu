@@ -110,21 +110,32 @@ __device__ bool compare(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq)
  * memory latency (serial loads through L2 cost ~0.5 us each). */
 __shared__ int32_t s_counts[32 * 32];
 
-/* Receive side of a dispatch: counts matrix, tokens per rank, rank_prefix, expert counts. */
+/* Receive side of a dispatch: counts matrix, tokens per rank, rank_prefix, expert counts. A
+ * thread loads all of its entries before it stores any (the stores could alias the loads for
+ * the compiler, which then waits one L2 round trip per array). */
 __device__ void finish_dispatch(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq) {
   const int R = b.nranks, me = b.rank, par = seq & 1, L = a.num_experts / R;
   int32_t *cnt = epk_plan_cnt(a.plan), *ntok = epk_plan_ntok(a.plan, R);
-  for (int i = threadIdx.x; i < R * R; i += NT) {
-    cnt[i] = rd(hello_to_rank(hello_slot(b, me, par, i / R)) + i % R);
-    if (R <= 32) s_counts[i] = cnt[i];
-  }
-  for (int s = threadIdx.x; s < R; s += NT) ntok[s] = rd(&hello_slot(b, me, par, s)->num_tokens);
-  for (int l = threadIdx.x; a.recv_per_expert && l < L; l += NT) {
+  const int n_all = max(R * R, a.recv_per_expert ? L : 0);
+  for (int i0 = 0; i0 < n_all; i0 += NT) {
+    const int i = i0 + (int)threadIdx.x;
+    int32_t c = 0, nt = 0;
     int64_t n = 0;
+    if (i < R * R) c = rd(hello_to_rank(hello_slot(b, me, par, i / R)) + i % R);
+    if (i < R) nt = rd(&hello_slot(b, me, par, i)->num_tokens);
+    if (a.recv_per_expert && i < L) {
 #pragma unroll 8 /* eight loads in flight, not one L2 round trip per source (R of them) */
-    for (int s = 0; s < R; s++) n += rd(hello_to_rank(hello_slot(b, me, par, s)) + R + l);
-    if (a.align > 1) n = (n + a.align - 1) / a.align * a.align;
-    a.recv_per_expert[l] = (int32_t)n;
+      for (int s = 0; s < R; s++) n += rd(hello_to_rank(hello_slot(b, me, par, s)) + R + i);
+    }
+    if (i < R * R) {
+      cnt[i] = c;
+      if (R <= 32) s_counts[i] = c;
+    }
+    if (i < R) ntok[i] = nt;
+    if (a.recv_per_expert && i < L) {
+      if (a.align > 1) n = (n + a.align - 1) / a.align * a.align;
+      a.recv_per_expert[i] = (int32_t)n;
+    }
   }
 }
 
@@ -144,7 +155,7 @@ __device__ void write_prefix(const epk_buf_t &b, const epk_notify_t &a, bool loa
     int32_t nr = 0;
     for (int s = 0; s < R; s++) nr += cnt[s * R + b.rank];
     a.plan[EPK_PLAN_NR] = nr;
-    b.host->nr = nr;
+    if (a.ticket) b.host->nr = nr; /* else the data kernel tells a waiting host */
   }
 }
 
@@ -223,16 +234,17 @@ __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_
       a.kind == EPK_NOTIFY_DISPATCH ? epk_plan_cnt(a.plan) + b.rank * b.nranks : nullptr;
   long long bad = INT64_MAX;
   bool stuck = false;
-  if (a.kind == EPK_NOTIFY_DISPATCH && b.nranks <= 32) {
+  const bool tiled = a.kind == EPK_NOTIFY_DISPATCH && b.nranks <= 32;
+  if (tiled) {
     if (!plan_tiles(b, a, seq, cnt_me, &bad, &stuck)) return; /* another block goes on */
   } else if (a.kind == EPK_NOTIFY_DISPATCH) {
     bad = epk_first_bad(a.topk_idx, a.num_tokens, a.topk, a.num_experts);
     if (bad == INT64_MAX) plan_rows(b, a, cnt_me);
   }
-  /* One block from here on. */
+  /* One block from here on (plan_tiles cleared call_status before it read `stuck`). */
   if (threadIdx.x == 0) {
     b.priv->seq = seq;
-    b.priv->call_status = 0;
+    if (!tiled) b.priv->call_status = 0;
   }
   __syncthreads();
   if (stuck) { /* the plan is not usable: nothing moves, the peers are told so */
@@ -269,7 +281,7 @@ extern "C" cudaError_t epk_launch_notify(const epk_buf_t *b, const epk_notify_t 
                                          cudaStream_t s) {
   /* R > 32 plans in one block (plan_rows); so does every other kind of call, which has no plan. */
   const bool tiled = a->kind == EPK_NOTIFY_DISPATCH && b->nranks <= 32;
-  const int grid = tiled ? min(epk_plan_tiles(a->num_tokens), EPK_PLAN_GRID) : 1;
+  const int grid = tiled ? min(epk_plan_tiles(a->num_tokens) + 1, EPK_PLAN_GRID) : 1;
   epk_notify_kernel<<<grid, NT, 0, s>>>(*b, *a);
   return cudaGetLastError();
 }

@@ -8,6 +8,9 @@
  * published counts of the tiles before it, and only then writes the tile's positions. One block
  * did all of this alone before, pass after pass: 24.7 us at R = 4 and 41.6 us at R = 8 for 4096
  * tokens (EP_CUDA_TRACE, H200), the largest part of what a full dispatch costs over a cached one.
+ * The launch has a block more than tiles: the block that finds no tile left waits for every
+ * tile's counts and posts the hello while the others write their positions, instead of the
+ * last block to finish posting it after every position is written.
  * R > 32: one block, one destination at a time (plan_rows). */
 #pragma once
 
@@ -151,8 +154,10 @@ __device__ void write_pass(const epk_notify_t &a, int R, int t0, int t1, uint32_
  * blocks that are running and publish their counts without waiting for anything, so the wait
  * ends (the scan's usual forward-progress argument). It still has the buffer's deadline, for
  * what that argument does not cover (two calls on one buffer at once, against the API's rules,
- * would share this scratch): past it the tile gives up and marks the plan stuck, and the call is
- * rejected on every rank (the kernel below) instead of hanging. */
+ * would share this scratch): past it the tile gives up, marks the plan stuck and stops this
+ * rank's call (epk_fail), so that nothing moves along positions from a partial base: the block
+ * that posts the hello reads the mark (the call is then rejected on every rank) or, when the mark
+ * comes after that read, this rank's data kernel stops and its peers time out. */
 __device__ void tile_base(const epk_buf_t &b, int tile, uint32_t seq) {
   const int R = b.nranks;
   if (threadIdx.x < R) s_base[threadIdx.x] = 0;
@@ -172,6 +177,8 @@ __device__ void tile_base(const epk_buf_t &b, int tile, uint32_t seq) {
       if (!t0) t0 = now;
       if (now - t0 > b.timeout_ns || *reinterpret_cast<volatile uint32_t *>(&b.host->abort)) {
         atomicExch(&b.pscr->stuck, 1u);
+        __threadfence();
+        epk_fail(b, EP_ERR_TIMEOUT, EPK_PH_NOTIFY, -1, 0, true);
         break;
       }
     }
@@ -180,15 +187,17 @@ __device__ void tile_base(const epk_buf_t &b, int tile, uint32_t seq) {
   __syncthreads();
 }
 
-/* One tile: count, publish, take the base, write the positions. */
-__device__ void plan_tile(const epk_buf_t &b, const epk_notify_t &a, int tile, uint32_t seq) {
+/* A tile's counts: its rows per destination and its selections per expert (flushed to b.pec
+ * before the tile's flag, so that whoever has seen every flag has every count), published; then
+ * the base of the tiles before it. Returns this thread's mask of a one-pass tile. */
+__device__ uint32_t tile_count(const epk_buf_t &b, const epk_notify_t &a, int tile, uint32_t seq) {
   const int R = b.nranks, lane = threadIdx.x & 31;
   const int tt = epk_plan_tile_tokens(a.num_tokens);
   const int t_begin = tile * tt, t_end = min(a.num_tokens, t_begin + tt);
   const int passes = (t_end - t_begin + NT - 1) / NT;
   if (threadIdx.x < R) s_cnt[threadIdx.x] = 0;
-  __syncthreads();
-  uint32_t keep = 0; /* the mask of a one-pass tile, kept for its positions */
+  ecount_begin(a);
+  uint32_t keep = 0;
   for (int p = 0; p < passes; p++) {
     const int t = t_begin + p * NT + (int)threadIdx.x;
     const uint32_t mask = t < t_end ? token_mask(b, a, t, true) : 0;
@@ -198,6 +207,7 @@ __device__ void plan_tile(const epk_buf_t &b, const epk_notify_t &a, int tile, u
       if (lane == 0 && m) atomicAdd(&s_cnt[d], __popc(m));
     }
   }
+  ecount_flush(b, a);
   __syncthreads();
   if (threadIdx.x < R) b.pscr->agg[tile][threadIdx.x] = s_cnt[threadIdx.x];
   __syncthreads();
@@ -207,52 +217,63 @@ __device__ void plan_tile(const epk_buf_t &b, const epk_notify_t &a, int tile, u
                  : "memory");
   }
   tile_base(b, tile, seq);
+  return keep;
+}
+
+/* A tile's positions, after s_base (tile_count); `keep`: the mask of a one-pass tile. */
+__device__ void tile_positions(const epk_buf_t &b, const epk_notify_t &a, int tile, uint32_t keep) {
+  const int tt = epk_plan_tile_tokens(a.num_tokens);
+  const int t_begin = tile * tt, t_end = min(a.num_tokens, t_begin + tt);
+  const int passes = (t_end - t_begin + NT - 1) / NT;
   for (int p = 0; p < passes; p++) {
     const int t0 = t_begin + p * NT, t = t0 + (int)threadIdx.x;
     const uint32_t mask = passes == 1 ? keep : t < t_end ? token_mask(b, a, t, false) : 0;
-    write_pass(a, R, t0, t_end, mask);
+    write_pass(a, b.nranks, t0, t_end, mask);
   }
 }
 
-/* Every block of the launch: its tiles, then its expert counts. Returns true in the last block
- * to finish, which has the totals in cnt_me, the first bad slot in *bad (INT64_MAX: none) and
- * whether a tile gave up waiting in *stuck, and leaves the scratch ready for the next call; the
- * others are done. */
+/* Every block of the launch takes tiles until none is left. The block that first finds none
+ * left (the counter hands out `ntiles` once) writes no positions after that: it waits for every
+ * tile's counts and returns true with the totals in cnt_me, the first bad slot in *bad
+ * (INT64_MAX: none) and whether a tile gave up in *stuck, to post the hello while the others
+ * still write their positions. The others return false, done. The last block to finish leaves
+ * the scratch ready for the next call (the poster counts itself finished after its reads). */
 __device__ bool plan_tiles(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq, int32_t *cnt_me,
                            long long *bad, bool *stuck) {
   __shared__ int s_tile;
   __shared__ bool s_last;
   const int R = b.nranks, ntiles = epk_plan_tiles(a.num_tokens);
-  ecount_begin(a);
+  bool poster;
   for (;;) {
     if (threadIdx.x == 0) s_tile = (int)atomicAdd(&b.pscr->next_tile, 1u);
     __syncthreads();
     const int tile = s_tile;
     __syncthreads();
-    if (tile >= ntiles) break;
-    plan_tile(b, a, tile, seq);
+    if (tile >= ntiles) {
+      poster = tile == ntiles;
+      break;
+    }
+    tile_positions(b, a, tile, tile_count(b, a, tile, seq));
   }
-  ecount_flush(b, a);
+  if (poster) {
+    if (threadIdx.x == 0) b.priv->call_status = 0; /* before `stuck` is read (tile_base) */
+    tile_base(b, ntiles, seq);                     /* every tile's rows: the totals */
+    if (threadIdx.x < R) cnt_me[threadIdx.x] = s_base[threadIdx.x];
+    __syncthreads();
+    __threadfence();
+    const unsigned long long enc = __ldcg(&b.pscr->bad);
+    *bad = enc ? (long long)(~0ull - enc) : INT64_MAX;
+    *stuck = __ldcg(&b.pscr->stuck) != 0;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     s_last = atomicAdd(&b.pscr->done, 1u) == gridDim.x - 1;
   }
   __syncthreads();
-  if (!s_last) return false;
-  __threadfence();
-  if (threadIdx.x < R) {
-    int32_t total = 0;
-#pragma unroll 8 /* loads in flight together, not one L2 round trip per tile */
-    for (int j = 0; j < ntiles; j++) total += __ldcg(&b.pscr->agg[j][threadIdx.x]);
-    cnt_me[threadIdx.x] = total;
-  }
-  const unsigned long long enc = __ldcg(&b.pscr->bad);
-  *bad = enc ? (long long)(~0ull - enc) : INT64_MAX;
-  *stuck = __ldcg(&b.pscr->stuck) != 0;
-  __syncthreads();
-  if (threadIdx.x == 0) b.pscr->next_tile = 0, b.pscr->done = 0, b.pscr->bad = 0, b.pscr->stuck = 0;
-  return true;
+  if (s_last && threadIdx.x == 0)
+    b.pscr->next_tile = 0, b.pscr->done = 0, b.pscr->bad = 0, b.pscr->stuck = 0;
+  return poster;
 }
 
 }  // namespace
