@@ -216,7 +216,11 @@ __device__ void publish(const epk_buf_t &b, const epk_notify_t &a) {
 __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_t a) {
   __shared__ uint32_t s_seq;
   if (threadIdx.x == 0) {
-    s_seq = b.priv->seq + 1;          /* stored back by the block that goes on alone (below) */
+    /* Stored back by the block that goes on alone (below). A plan block that starts after that
+     * store reads seq + 1, but it can only find every tile taken and never uses seq. Likewise
+     * block 0 starting that late would fold this call's first trace points (EP_CUDA_TRACE
+     * figures only). */
+    s_seq = b.priv->seq + 1;
     if (b.trace && blockIdx.x == 0) { /* the previous call's data kernel has ended: fold it */
       epk_trace_fold(b.trace);
       const bool arr = a.out_arrays != 0;
@@ -260,6 +264,7 @@ __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_
   epk_tr_set(b, EPK_TR_N_PLAN);
   post(b, a, seq, status, cnt_me);
   epk_tr_set(b, EPK_TR_N_POST);
+  if (tiled) plan_done_poster(b);
   if (status != EPK_HELLO_OK || !gather(b, seq) || !compare(b, a, seq)) {
     publish(b, a);
     return;

@@ -17,6 +17,7 @@
 #define NT EPK_NOTIFY_NT
 #define NW (NT / 32)
 static_assert(NW <= 32, "one warp scans the per-warp counts");
+static_assert(NT > 32, "plan_done_poster runs in a warp other than the one waiting for hellos");
 
 namespace {
 
@@ -232,16 +233,39 @@ __device__ void tile_positions(const epk_buf_t &b, const epk_notify_t &a, int ti
   }
 }
 
+/* The last block done with the plan's scratch resets it for the next call. */
+__device__ void plan_reset(const epk_buf_t &b) {
+  __threadfence(); /* after every block's last use of the scratch (their `done` came after) */
+  b.pscr->next_tile = 0, b.pscr->done = 0, b.pscr->bad = 0, b.pscr->stuck = 0;
+}
+
+/* A block that took tiles is done with the scratch. */
+__device__ void plan_done(const epk_buf_t &b) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&b.pscr->done, 1u) == gridDim.x - 1) plan_reset(b);
+  }
+}
+
+/* The poster is done (after its hello is out): one thread of the last warp, which the wait for
+ * the peers' hellos leaves idle (R <= 32: warp 0 waits), and no barrier, so that the atomic's
+ * round trip overlaps that wait instead of preceding it. No fence before the atomic: the
+ * poster's reads of the scratch are complete, their values went into the hello. */
+__device__ void plan_done_poster(const epk_buf_t &b) {
+  if (threadIdx.x == NT - 1 && atomicAdd(&b.pscr->done, 1u) == gridDim.x - 1) plan_reset(b);
+}
+
 /* Every block of the launch takes tiles until none is left. The block that first finds none
  * left (the counter hands out `ntiles` once) writes no positions after that: it waits for every
  * tile's counts and returns true with the totals in cnt_me, the first bad slot in *bad
  * (INT64_MAX: none) and whether a tile gave up in *stuck, to post the hello while the others
- * still write their positions. The others return false, done. The last block to finish leaves
- * the scratch ready for the next call (the poster counts itself finished after its reads). */
+ * still write their positions, and then calls plan_done_poster. The others return false, done. */
 __device__ bool plan_tiles(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq, int32_t *cnt_me,
                            long long *bad, bool *stuck) {
   __shared__ int s_tile;
-  __shared__ bool s_last;
+  __shared__ bool s_stuck;
+  __shared__ unsigned long long s_bad;
   const int R = b.nranks, ntiles = epk_plan_tiles(a.num_tokens);
   bool poster;
   for (;;) {
@@ -260,19 +284,18 @@ __device__ bool plan_tiles(const epk_buf_t &b, const epk_notify_t &a, uint32_t s
     tile_base(b, ntiles, seq);                     /* every tile's rows: the totals */
     if (threadIdx.x < R) cnt_me[threadIdx.x] = s_base[threadIdx.x];
     __syncthreads();
-    __threadfence();
-    const unsigned long long enc = __ldcg(&b.pscr->bad);
-    *bad = enc ? (long long)(~0ull - enc) : INT64_MAX;
-    *stuck = __ldcg(&b.pscr->stuck) != 0;
+    /* One read for the whole block: a tile still waiting may set `stuck` meanwhile, and threads
+     * that disagreed would post different hellos and meet different barriers. */
+    if (threadIdx.x == 0) {
+      __threadfence();
+      s_bad = __ldcg(&b.pscr->bad);
+      s_stuck = __ldcg(&b.pscr->stuck) != 0;
+    }
+    __syncthreads();
+    *bad = s_bad ? (long long)(~0ull - s_bad) : INT64_MAX;
+    *stuck = s_stuck;
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    s_last = atomicAdd(&b.pscr->done, 1u) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (s_last && threadIdx.x == 0)
-    b.pscr->next_tile = 0, b.pscr->done = 0, b.pscr->bad = 0, b.pscr->stuck = 0;
+  if (!poster) plan_done(b);
   return poster;
 }
 
