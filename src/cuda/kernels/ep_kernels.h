@@ -200,11 +200,13 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
 #endif
 #define EPK_NOTIFY_NT 256 /* threads of a notify block = tokens of one pass over a tile */
 typedef struct {
-  uint32_t next_tile, done;        /* tiles taken, blocks finished */
-  unsigned long long bad;          /* ~0 - the first bad slot of topk_idx (atomicMax); 0: none */
-  uint32_t stuck, pad;             /* 1: a tile gave up waiting for the tiles before it */
-  uint32_t flag[EPK_PLAN_TILES];   /* the call's seq once agg[tile] holds this call's counts */
-  int32_t agg[EPK_PLAN_TILES][32]; /* rows of the tile's tokens to each destination (R <= 32) */
+  uint32_t next_tile, done; /* tiles taken, blocks finished */
+  unsigned long long bad;   /* ~0 - the first bad slot of topk_idx (atomicMax); 0: none */
+  uint32_t stuck, pad;      /* 1: a tile gave up waiting for the tiles before it */
+  /* (seq << 32) | rows of the tile's tokens to destination d (R <= 32): this call's count once
+   * the high half is this call's seq, so a reader waits on the count itself (one load, not a flag
+   * then the count) */
+  unsigned long long agg[EPK_PLAN_TILES][32];
 } epk_plan_scr_t;
 
 /* Tokens per tile (whole passes) and tiles of an n-token plan; the same on host and device. */

@@ -165,14 +165,14 @@ __device__ void tile_base(const epk_buf_t &b, int tile, uint32_t seq) {
   __syncthreads();
   for (int i = threadIdx.x; i < tile * R; i += NT) {
     const int j = i / R, d = i % R;
-    uint32_t f;
+    unsigned long long f;
     uint64_t t0 = 0;
     for (unsigned n = 1;; n++) {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                   : "=r"(f)
-                   : "l"(&b.pscr->flag[j])
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];"
+                   : "=l"(f)
+                   : "l"(&b.pscr->agg[j][d])
                    : "memory");
-      if (f == seq) break;
+      if ((uint32_t)(f >> 32) == seq) break;
       if (n & 255u) continue;
       const uint64_t now = epk_now();
       if (!t0) t0 = now;
@@ -183,14 +183,15 @@ __device__ void tile_base(const epk_buf_t &b, int tile, uint32_t seq) {
         break;
       }
     }
-    atomicAdd(&s_base[d], __ldcg(&b.pscr->agg[j][d]));
+    atomicAdd(&s_base[d], (int32_t)(uint32_t)f); /* given up: stale, the plan is never used */
   }
   __syncthreads();
 }
 
-/* A tile's counts: its rows per destination and its selections per expert (flushed to b.pec
- * before the tile's flag, so that whoever has seen every flag has every count), published; then
- * the base of the tiles before it. Returns this thread's mask of a one-pass tile. */
+/* A tile's counts: its selections per expert (flushed to b.pec, and its bad slots noted, before
+ * its rows per destination are published, so that whoever has seen every tile's rows has every
+ * count), its rows per destination (agg, tagged with seq); then the base of the tiles before it.
+ * Returns this thread's mask of a one-pass tile. */
 __device__ uint32_t tile_count(const epk_buf_t &b, const epk_notify_t &a, int tile, uint32_t seq) {
   const int R = b.nranks, lane = threadIdx.x & 31;
   const int tt = epk_plan_tile_tokens(a.num_tokens);
@@ -210,11 +211,11 @@ __device__ uint32_t tile_count(const epk_buf_t &b, const epk_notify_t &a, int ti
   }
   ecount_flush(b, a);
   __syncthreads();
-  if (threadIdx.x < R) b.pscr->agg[tile][threadIdx.x] = s_cnt[threadIdx.x];
-  __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < R) { /* after the block's expert counts and bad slots (the barrier above) */
+    const unsigned long long v = (unsigned long long)seq << 32 | (uint32_t)s_cnt[threadIdx.x];
     __threadfence();
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&b.pscr->flag[tile]), "r"(seq)
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(&b.pscr->agg[tile][threadIdx.x]),
+                 "l"(v)
                  : "memory");
   }
   tile_base(b, tile, seq);
