@@ -39,11 +39,47 @@ __device__ __forceinline__ int4 ld_nc_v4(const int4 *p) {
   return __ldg(p);
 }
 
+/* Asynchronous copies global -> shared (no register holds the value meanwhile). */
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+/* A token's scales (<= 64), ids and weights (<= 32 slots), fetched into the warp's shared slots
+ * while its row is copied: lane k fetches (and later reads) slot k and k + 32. The kernel runs at
+ * 128 registers a thread, so the values cannot stay in registers across the row; loading them
+ * after it cost one dependent load latency a token (bf16: the full dispatch's data kernel took
+ * ~7 us more than the cached one's at R = 2, EP_CUDA_TRACE). */
+struct token_meta {
+  int64_t id[DWARPS][32];
+  float w[DWARPS][32], sc[DWARPS][64];
+};
+
+__device__ void meta_fetch(const epk_dispatch_t &a, int t, bool hs, bool hk, token_meta &m) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (hs && lane < a.num_scales)
+    cp_async4(&m.sc[warp][lane], a.x_scales + t * a.scale_tok + lane * a.scale_hid);
+  if (hs && lane + 32 < a.num_scales)
+    cp_async4(&m.sc[warp][lane + 32], a.x_scales + t * a.scale_tok + (lane + 32) * a.scale_hid);
+  if (hk && lane < a.topk) {
+    cp_async8(&m.id[warp][lane], a.topk_idx + (int64_t)t * a.topk + lane);
+    if (a.has_w) cp_async4(&m.w[warp][lane], a.topk_weights + (int64_t)t * a.topk + lane);
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
 /* Row and metadata of token t to every destination in `mask` (lane l: destination g + l, whose
  * area D is dst[l], whose window-local row is jw[l] and whose x row goes to dx[l]). */
 __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask, uint8_t **dst,
                            int64_t *jw, uint8_t **dx) {
-  const int lane = threadIdx.x & 31;
+  __shared__ token_meta s_meta;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool hs = EPK_DMETA && a.num_scales <= 64, hk = EPK_DMETA && !a.cached && a.topk <= 32;
+  meta_fetch(a, t, hs, hk, s_meta);
   const uint8_t *src = static_cast<const uint8_t *>(a.x) + (uint64_t)t * a.row;
   const int nv = (int)(a.row / 16);
   for (int i0 = 0; i0 < nv; i0 += 32 * UNR) {
@@ -63,19 +99,17 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
       }
     }
   }
-  /* The token's scales, ids and weights, loaded once (lane k: slot k and k + 32) and all at
-   * once: one load latency per token, where loading them per destination cost one (ids) or two
-   * (fp8: scales too) per destination; the full dispatch's data kernel ran ~10% longer than the
-   * cached one's for it (EP_CUDA_TRACE at R = 2). Loaded after the row, so that nothing stays
-   * live across it. More than 64 scales or 32 slots: loaded per destination, as before. */
-  const bool hs = EPK_DMETA && a.num_scales <= 64, hk = EPK_DMETA && !a.cached && a.topk <= 32;
+  /* The token's scales, ids and weights, fetched once (meta_fetch, above) for all of its
+   * destinations; loading them per destination cost one (ids) or two (fp8: scales too) load
+   * latencies per destination. More than 64 scales or 32 slots: loaded per destination. */
+  asm volatile("cp.async.wait_all;" ::: "memory"); /* this lane's own slots: no warp sync */
   float s0 = 0.0f, s1 = 0.0f, wk = 0.0f;
   int64_t ek = -1;
-  if (hs && lane < a.num_scales) s0 = a.x_scales[t * a.scale_tok + lane * a.scale_hid];
-  if (hs && lane + 32 < a.num_scales) s1 = a.x_scales[t * a.scale_tok + (lane + 32) * a.scale_hid];
+  if (hs && lane < a.num_scales) s0 = s_meta.sc[warp][lane];
+  if (hs && lane + 32 < a.num_scales) s1 = s_meta.sc[warp][lane + 32];
   if (hk && lane < a.topk) {
-    ek = a.topk_idx[(int64_t)t * a.topk + lane];
-    if (a.has_w) wk = a.topk_weights[(int64_t)t * a.topk + lane];
+    ek = s_meta.id[warp][lane];
+    if (a.has_w) wk = s_meta.w[warp][lane];
   }
   for (unsigned m = mask; m; m &= m - 1) {
     int l = __ffs(m) - 1;
