@@ -39,14 +39,39 @@ __device__ __forceinline__ int4 ld_nc_v4(const int4 *p) {
   return __ldg(p);
 }
 
-/* Asynchronous copies global -> shared (no register holds the value meanwhile). */
+/* Asynchronous copies global -> shared (no register holds the value meanwhile); before sm_80,
+ * which has no cp.async, plain copies. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define EPK_CP_ASYNC 1
+#else
+#define EPK_CP_ASYNC 0
+#endif
 __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+#if EPK_CP_ASYNC
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *static_cast<uint32_t *>(smem) = *static_cast<const uint32_t *>(gmem);
+#endif
 }
 __device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
+#if EPK_CP_ASYNC
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *static_cast<uint64_t *>(smem) = *static_cast<const uint64_t *>(gmem);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if EPK_CP_ASYNC
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+/* This thread's copies have landed (each lane reads only its own slots: no warp sync needed). */
+__device__ __forceinline__ void cp_async_wait() {
+#if EPK_CP_ASYNC
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
 }
 
 /* A token's scales (<= 64), ids and weights (<= 32 slots), fetched into the warp's shared slots
@@ -69,7 +94,7 @@ __device__ void meta_fetch(const epk_dispatch_t &a, int t, bool hs, bool hk, tok
     cp_async8(&m.id[warp][lane], a.topk_idx + (int64_t)t * a.topk + lane);
     if (a.has_w) cp_async4(&m.w[warp][lane], a.topk_weights + (int64_t)t * a.topk + lane);
   }
-  asm volatile("cp.async.commit_group;" ::: "memory");
+  cp_async_commit();
 }
 
 /* Row and metadata of token t to every destination in `mask` (lane l: destination g + l, whose
@@ -102,7 +127,7 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
   /* The token's scales, ids and weights, fetched once (meta_fetch, above) for all of its
    * destinations; loading them per destination cost one (ids) or two (fp8: scales too) load
    * latencies per destination. More than 64 scales or 32 slots: loaded per destination. */
-  asm volatile("cp.async.wait_all;" ::: "memory"); /* this lane's own slots: no warp sync */
+  cp_async_wait();
   float s0 = 0.0f, s1 = 0.0f, wk = 0.0f;
   int64_t ek = -1;
   if (hs && lane < a.num_scales) s0 = s_meta.sc[warp][lane];
