@@ -391,6 +391,9 @@ def parse_epcomm(path):
             ops[op] = 1e3 * tm[stat]
         if tm.get("median") is not None:  # for full - cached: means at R = 8 swing by ~100 us
             ops[op + "@median"] = 1e3 * tm["median"]
+    ceiling = d.get("summary", {}).get("ratio_dispatch_ceiling")
+    if mode == "normal" and ceiling is not None:  # full dispatch GB/s over the copy ceiling's
+        ops[f"_ceiling_{dtype}"] = ceiling
     if d.get("summary", {}).get("check") != "pass":
         ops["_check"] = "FAILED"
     return key, ops
@@ -485,6 +488,11 @@ def report(d):
                 print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full - cached (count exchange): "
                       f"fp8 {f - c:.1f}, bf16 {b - bc:.1f} us{gaps('medians', '')}"
                       f"{gaps('paired in one loop, medians', '_pair')}")
+            shares = [f"{t} {ep[key][f'_ceiling_{t}']:.3f}" for t in ("fp8", "bf16")
+                      if ep[key].get(f"_ceiling_{t}") is not None]
+            if shares:
+                print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full dispatch / copy ceiling "
+                      f"(the bench's ratio of GB/s medians): {', '.join(shares)}")
         if ep[key].get("_check"):
             notes.append(f"epcomm {mode} R={R} tokens {N}: check FAILED")
     for k in sorted(set((m, R, s, N) for (m, R, s, N, _) in dp) - set(ep)):
