@@ -176,7 +176,10 @@ __device__ void tile_base(const epk_buf_t &b, int tile, uint32_t seq) {
       if (n & 255u) continue;
       const uint64_t now = epk_now();
       if (!t0) t0 = now;
-      if (now - t0 > b.timeout_ns || *reinterpret_cast<volatile uint32_t *>(&b.host->abort)) {
+      /* Once one wait gave up, every other gives up too (a thread waits for several tiles, and
+       * the poster for all of them: one deadline each would add up). */
+      if (now - t0 > b.timeout_ns || *reinterpret_cast<volatile uint32_t *>(&b.host->abort) ||
+          __ldcg(&b.pscr->stuck)) {
         atomicExch(&b.pscr->stuck, 1u);
         __threadfence();
         epk_fail(b, EP_ERR_TIMEOUT, EPK_PH_NOTIFY, -1, 0, true);
