@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# tools/deepep_time.py report (the side-by-side table of issue 15) on recorded figures: one
+# size of a real H200 run (tests/fixtures/deepep_report: epcomm's bench JSON, the Python
+# bench's JSON, DeepEP's lines). Checks ratios, the full - cached line, the copy-ceiling line,
+# that a clean run has no notes, and that a failed epcomm self-check is reported.
+# Usage: test_deepep_report.sh SRC
+set -u -o pipefail
+src=${1:?usage: test_deepep_report.sh SRC}
+fix=$src/tests/fixtures/deepep_report
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+out=$(python3 "$src/tools/deepep_time.py" report "$fix") || fail "report exited $?"
+want=(
+  'fp8 dispatch, full \(views\) +98\.9 +322\.0 +3\.26$'
+  'bf16 dispatch, cached, caller tensors +269\.0 +387\.6 +1\.44$'
+  'combine, x = dispatch view +214\.9 +471\.4 +2\.19$'
+  'Python: write \+ combine \(mem_pool tensor\) +341\.4 +577\.2 +1\.69$'
+  'paired in one loop, medians: fp8 11\.3, bf16 13\.9$'
+  'copy ceiling .*: fp8 0\.598, bf16 0\.791$'
+)
+for w in "${want[@]}"; do
+  grep -Eq "$w" <<<"$out" || fail "no line matching '$w' in:
+$out"
+done
+! grep -q '^note:' <<<"$out" || fail "notes in a clean run: $(grep '^note:' <<<"$out")"
+
+cp "$fix"/* "$tmp"/
+sed -i 's/"check": "pass"/"check": "fail"/' "$tmp/epcomm-normal-r2-t4096-fp8.json"
+out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (failed check)"
+grep -q '^note: epcomm normal R=2 tokens 4096: check FAILED' <<<"$out" ||
+  fail "a failed self-check is not reported: $out"
+echo "deepep_time report: ratios, gaps, ceiling and notes as recorded"
