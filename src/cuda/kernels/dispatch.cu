@@ -46,20 +46,16 @@ __device__ __forceinline__ int4 ld_nc_v4(const int4 *p) {
 #else
 #define EPK_CP_ASYNC 0
 #endif
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+/* One T (4 or 8 bytes) from gmem to smem. */
+template <typename T>
+__device__ __forceinline__ void cp_async(T *smem, const T *gmem) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cp.async .ca copies 4, 8 or 16 bytes");
 #if EPK_CP_ASYNC
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(gmem), "n"(sizeof(T))
+               : "memory");
 #else
-  *static_cast<uint32_t *>(smem) = *static_cast<const uint32_t *>(gmem);
-#endif
-}
-__device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
-#if EPK_CP_ASYNC
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
-#else
-  *static_cast<uint64_t *>(smem) = *static_cast<const uint64_t *>(gmem);
+  *smem = *gmem;
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
@@ -87,12 +83,12 @@ struct token_meta {
 __device__ void meta_fetch(const epk_dispatch_t &a, int t, bool hs, bool hk, token_meta &m) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (hs && lane < a.num_scales)
-    cp_async4(&m.sc[warp][lane], a.x_scales + t * a.scale_tok + lane * a.scale_hid);
+    cp_async(&m.sc[warp][lane], a.x_scales + t * a.scale_tok + lane * a.scale_hid);
   if (hs && lane + 32 < a.num_scales)
-    cp_async4(&m.sc[warp][lane + 32], a.x_scales + t * a.scale_tok + (lane + 32) * a.scale_hid);
+    cp_async(&m.sc[warp][lane + 32], a.x_scales + t * a.scale_tok + (lane + 32) * a.scale_hid);
   if (hk && lane < a.topk) {
-    cp_async8(&m.id[warp][lane], a.topk_idx + (int64_t)t * a.topk + lane);
-    if (a.has_w) cp_async4(&m.w[warp][lane], a.topk_weights + (int64_t)t * a.topk + lane);
+    cp_async(&m.id[warp][lane], a.topk_idx + (int64_t)t * a.topk + lane);
+    if (a.has_w) cp_async(&m.w[warp][lane], a.topk_weights + (int64_t)t * a.topk + lane);
   }
   cp_async_commit();
 }

@@ -191,21 +191,29 @@ __device__ void tile_base(const epk_buf_t &b, int tile, uint32_t seq) {
   __syncthreads();
 }
 
+/* A tile's tokens [begin, end), in passes of NT. */
+struct tile_span_t {
+  int begin, end, passes;
+};
+__device__ tile_span_t tile_span(const epk_notify_t &a, int tile) {
+  const int tt = epk_plan_tile_tokens(a.num_tokens);
+  const int begin = tile * tt, end = min(a.num_tokens, begin + tt);
+  return {begin, end, (end - begin + NT - 1) / NT};
+}
+
 /* A tile's counts: its selections per expert (flushed to b.pec, and its bad slots noted, before
  * its rows per destination are published, so that whoever has seen every tile's rows has every
  * count), its rows per destination (agg, tagged with seq); then the base of the tiles before it.
  * Returns this thread's mask of a one-pass tile. */
 __device__ uint32_t tile_count(const epk_buf_t &b, const epk_notify_t &a, int tile, uint32_t seq) {
   const int R = b.nranks, lane = threadIdx.x & 31;
-  const int tt = epk_plan_tile_tokens(a.num_tokens);
-  const int t_begin = tile * tt, t_end = min(a.num_tokens, t_begin + tt);
-  const int passes = (t_end - t_begin + NT - 1) / NT;
+  const tile_span_t sp = tile_span(a, tile);
   if (threadIdx.x < R) s_cnt[threadIdx.x] = 0;
   ecount_begin(a);
   uint32_t keep = 0;
-  for (int p = 0; p < passes; p++) {
-    const int t = t_begin + p * NT + (int)threadIdx.x;
-    const uint32_t mask = t < t_end ? token_mask(b, a, t, true) : 0;
+  for (int p = 0; p < sp.passes; p++) {
+    const int t = sp.begin + p * NT + (int)threadIdx.x;
+    const uint32_t mask = t < sp.end ? token_mask(b, a, t, true) : 0;
     keep = mask;
     for (int d = 0; d < R; d++) {
       unsigned m = __ballot_sync(EPK_FULL, (mask >> d) & 1u);
@@ -227,13 +235,11 @@ __device__ uint32_t tile_count(const epk_buf_t &b, const epk_notify_t &a, int ti
 
 /* A tile's positions, after s_base (tile_count); `keep`: the mask of a one-pass tile. */
 __device__ void tile_positions(const epk_buf_t &b, const epk_notify_t &a, int tile, uint32_t keep) {
-  const int tt = epk_plan_tile_tokens(a.num_tokens);
-  const int t_begin = tile * tt, t_end = min(a.num_tokens, t_begin + tt);
-  const int passes = (t_end - t_begin + NT - 1) / NT;
-  for (int p = 0; p < passes; p++) {
-    const int t0 = t_begin + p * NT, t = t0 + (int)threadIdx.x;
-    const uint32_t mask = passes == 1 ? keep : t < t_end ? token_mask(b, a, t, false) : 0;
-    write_pass(a, b.nranks, t0, t_end, mask);
+  const tile_span_t sp = tile_span(a, tile);
+  for (int p = 0; p < sp.passes; p++) {
+    const int t0 = sp.begin + p * NT, t = t0 + (int)threadIdx.x;
+    const uint32_t mask = sp.passes == 1 ? keep : t < sp.end ? token_mask(b, a, t, false) : 0;
+    write_pass(a, b.nranks, t0, sp.end, mask);
   }
 }
 
