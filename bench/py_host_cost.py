@@ -8,19 +8,26 @@ Rank 0 prints the median host time (perf_counter around the call, no synchroniza
 Buffer.combine and of its parts as PyTorch offers them (a copy, torch.empty, a wait_stream, a
 fresh event recorded), of the two forms bench/py_combine_input.py times (experts' write into a
 plain tensor / into a Buffer.mem_pool tensor, then the combine), then a cProfile of 200 combines
-(ordered by own time). DeepEP's sizes: H 7168, topk 8, 256 experts, bf16."""
+(ordered by own time). DeepEP's sizes: H 7168, topk 8, 256 experts, bf16.
+
+Then the same calls both ways a synchronous call can be ordered (_events.CudaLaunch.DIRECT):
+through the communication stream as DeepEP does (the baseline) and on the current stream
+itself; for each, the host time of a combine and the event-timed medians (slowest rank) of the
+experts' write + combine from the combine buffer, and of a whole layer's dispatch (default
+outputs: the host waits for the count) + combine, with the ratio to the baseline."""
 
 import cProfile
 import io
 import pstats
 import statistics
+import struct
 import sys
 import time
 
 import torch
 
 import epcomm
-from epcomm import deep_ep
+from epcomm import _events, deep_ep
 
 H, TOPK, E = 7168, 8, 256
 
@@ -36,6 +43,48 @@ def host_us(fn, n=200):
         t.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     return statistics.median(t) * 1e6
+
+
+def event_us(group, fn, n=100):
+    """Median over calls of the slowest rank's CUDA-event time of fn, us."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(n)]
+    for a, b in ev:
+        a.record()
+        fn()
+        b.record()
+    torch.cuda.synchronize()
+    mine = struct.pack(f"{n}d", *(a.elapsed_time(b) for a, b in ev))
+    alls = [struct.unpack(f"{n}d", b) for b in group.allgather(mine)]
+    return statistics.median(max(c) for c in zip(*alls)) * 1e3
+
+
+def both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y):
+    """{DIRECT: (combine host us, write + combine event us, dispatch + combine event us)}."""
+    cbuf = buf.get_combine_buffer(handle)
+
+    def write_combine():
+        cbuf.copy_(y)
+        buf.combine(cbuf, handle)
+
+    def layer():
+        recv_x, _, _, _, h, _ = buf.dispatch(x, num_tokens_per_rank=tpr, is_token_in_rank=itr,
+                                             num_tokens_per_expert=tpe, topk_idx=idx,
+                                             topk_weights=w)
+        buf.combine(recv_x, h)
+
+    out = {}
+    for direct in (False, True, False, True):  # twice each, interleaved: the machine drifts
+        _events.CudaLaunch.DIRECT = direct
+        figs = (host_us(lambda: buf.combine(cbuf, handle)), event_us(group, write_combine),
+                event_us(group, layer))
+        out.setdefault(direct, []).append(figs)
+    _events.CudaLaunch.DIRECT = True
+    return {k: tuple(statistics.median(f[i] for f in v) for i in range(3))
+            for k, v in out.items()}
 
 
 def main():
@@ -70,6 +119,7 @@ def main():
                  ("write + combine, tensor", lambda: (plain.copy_(y), buf.combine(plain, handle))),
                  ("write + combine, mem_pool", pool_form))
         res = [(name, host_us(fn)) for name, fn in parts]
+        ways = both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y)
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(200):
@@ -83,6 +133,16 @@ def main():
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
             print(out.getvalue())
+            print(f"ordering of a synchronous call (medians of two rounds each; event times: "
+                  f"slowest rank)")
+            print(f"{'':<34}{'combine host':>14}{'write+combine':>15}{'dispatch+combine':>18}")
+            base = ways[False]
+            for direct, name in ((False, "comm stream (DeepEP's; baseline)"),
+                                 (True, "current stream (direct)")):
+                f = ways[direct]
+                print(f"{name:<34}{f[0]:14.1f}{f[1]:15.1f}{f[2]:18.1f}")
+            print(f"{'x baseline':<34}" + "".join(f"{base[i] / ways[True][i]:{wd}.2f}"
+                                                   for i, wd in ((0, 14), (1, 15), (2, 18))))
     finally:
         buf.destroy()
         group.destroy()

@@ -376,7 +376,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     def _read_per_expert(self, launch, rtpe):
         if not self._cuda:
             return rtpe.tolist()
-        with torch.cuda.stream(launch.launch):  # ordered after the kernel that wrote it
+        with launch.ordered():  # after the kernel that wrote it
             return rtpe.tolist()
 
     def _per_expert_out(self, L):

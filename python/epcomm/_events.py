@@ -4,10 +4,14 @@ On CUDA tensors each Buffer has a communication stream. A call waits on the call
 stream (or only on ``previous_event``), runs on the communication stream, and then either
 makes the current stream wait for it, or, with ``async_finish``, returns an event recorded
 after it (the tensors it used are recorded on the communication stream, so the caching
-allocator does not reuse them early). ``allocate_on_comm_stream`` allocates the outputs while
+allocator does not reuse them early). A call that would wait on the current stream and make it
+wait in turn (the default: no ``previous_event``, no ``async_finish``) runs on the current
+stream itself, which orders the caller's work the same way for less (CudaLaunch). ``allocate_on_comm_stream`` allocates the outputs while
 the communication stream is current. On CPU tensors every call is complete when it returns:
 the events it hands out are already complete, and waiting on them does nothing.
 """
+
+import contextlib
 
 import torch
 
@@ -91,44 +95,81 @@ def _follow(waiter, stream, event):
     waiter.wait_event(event)
 
 
+def _current_raw_stream(device):
+    """The cudaStream_t of ``device``'s current stream, as an int. PyTorch's private accessor
+    (what Triton launches on) costs a fraction of ``torch.cuda.current_stream(device)``, which
+    builds a Stream object; the public call is the fallback."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 class CudaLaunch:
     """How a call on CUDA tensors is ordered (see the module's comment). ``stream`` is the
     cudaStream_t the C call runs on. ``order``: the Buffer's two events for the waits between
     the compute stream and the communication stream; ``device``: the Buffer's (its current
-    stream is the compute stream)."""
+    stream is the compute stream).
+
+    A call that is synchronous and follows the compute stream (no ``previous_event``, no
+    ``async_finish``, no ``allocate_on_comm_stream``) runs on the compute stream itself
+    (``direct``): DeepEP would make the communication stream wait for the compute stream, run
+    there, and make the compute stream wait for it, which orders every piece of work on the
+    compute stream exactly as running on it does, for two event records, two waits and two hops
+    between streams more. At 128 tokens a call is host-bound and those are a third of its host
+    time. The library itself orders its calls on different streams (src/cuda/cuda_sync.c), so
+    mixing direct and asynchronous calls stays in call order. ``DIRECT = False`` restores the
+    communication stream for every call (bench/py_host_cost.py times both)."""
+
+    DIRECT = True
 
     def __init__(self, comm, order, device, previous_event, async_finish,
                  allocate_on_comm_stream, on_compute=False, after_compute=False):
-        self.compute = torch.cuda.current_stream(device)
-        # DeepEP runs a low-latency call whose receive is a hook on the compute stream itself.
-        self.launch = self.compute if on_compute else comm
-        self.order = order
-        if not on_compute:
-            if previous_event is not None and previous_event.event is not None:
-                self.launch.wait_event(previous_event.event.event)
-            # Without previous_event the call follows the compute stream. With it, it still must
-            # when this layer itself just queued inputs there (the routing it derives from
-            # is_token_in_rank): the caller's event was recorded before them.
-            if previous_event is None or previous_event.event is None or after_compute:
-                _follow(self.launch, self.compute, order[0])
         self.async_finish = async_finish
-        self.switched = allocate_on_comm_stream and not on_compute
+        self.switched = False
+        waits = previous_event is not None and previous_event.event is not None
+        if on_compute or (self.DIRECT and not (waits or async_finish or allocate_on_comm_stream)):
+            # The current stream is the launch stream: nothing to order, nothing to record.
+            self.launch = self.compute = None
+            self.stream = _current_raw_stream(device)
+            return
+        self.compute = torch.cuda.current_stream(device)
+        self.launch = comm
+        self.order = order
+        if waits:
+            self.launch.wait_event(previous_event.event.event)
+        # Without previous_event the call follows the compute stream. With it, it still must
+        # when this layer itself just queued inputs there (the routing it derives from
+        # is_token_in_rank): the caller's event was recorded before them.
+        if not waits or after_compute:
+            _follow(self.launch, self.compute, order[0])
+        self.switched = allocate_on_comm_stream
         if self.switched:
             torch.cuda.set_stream(self.launch)
         self.stream = self.launch.cuda_stream
 
+    def ordered(self):
+        """A context in which work queued on the current stream runs after the call."""
+        if self.launch is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self.launch)
+
     def finish(self, tensors=(), extra=False):
         self.abort()
+        if self.launch is None:  # ran on the current stream
+            if not self.async_finish:
+                return EventOverlap(None)
+            event = torch.cuda.Event()
+            event.record()
+            return EventOverlap(EventHandle(event), tuple(tensors) if extra else None)
         if self.async_finish:
             event = torch.cuda.Event()
             event.record(self.launch)
-            if self.launch is not self.compute:
-                for t in tensors:
-                    if t is not None and t.is_cuda:
-                        t.record_stream(self.launch)
+            for t in tensors:
+                if t is not None and t.is_cuda:
+                    t.record_stream(self.launch)
             return EventOverlap(EventHandle(event), tuple(tensors) if extra else None)
-        if self.launch is not self.compute:
-            _follow(self.compute, self.launch, self.order[1])
+        _follow(self.compute, self.launch, self.order[1])
         return EventOverlap(None)
 
     def abort(self):

@@ -175,7 +175,7 @@ class LowLatency:
         """Runs fn ordered after the call: on its stream (CUDA), or now (CPU)."""
         if not self._cuda:
             return fn()
-        with torch.cuda.stream(launch.launch):
+        with launch.ordered():
             return fn()
 
     def _ll_dispatch_hook(self, info, buf, count, stats, launch, keep):
