@@ -439,7 +439,11 @@ struct ep_dispatch_out_s {
   int64_t *recv_topk_idx;   /* [rows][topk]: local expert ids (0 .. E/R-1), -1 elsewhere */
   float *recv_topk_weights; /* [rows][topk] */
   int32_t *recv_src_idx;    /* [rows]: the row's token index in its source rank */
-  /* Caller memory in every mode, optional */
+  /* Caller memory in every mode, optional; on a device backend device memory, or for
+   * recv_tokens_per_expert also host memory the device writes (page-locked: cudaHostAlloc,
+   * cudaMallocHost, a pinned tensor), which a synchronous call (num_recv_tokens >= 0 on return)
+   * has written when it returns: no synchronisation needed to read it, as DeepEP's
+   * num_recv_tokens_per_expert_list. */
   int32_t *rank_prefix;            /* [R][R]: [i][j] = tokens ranks 0..i send to rank j */
   int32_t *recv_tokens_per_expert; /* [E/R] (not for a cached dispatch) */
   /* Results, written on success only */

@@ -86,6 +86,16 @@ void t_dfree(void *dev) {
     free(dev);
 }
 
+void *t_pinned_alloc(size_t n) {
+  void *p = tk_dev_pinned_alloc(t_cuda(), n, T_POISON);
+  if (!p) T_FAILF("%s", tk_dev_error());
+  return p;
+}
+
+void t_pinned_free(void *p) {
+  tk_dev_pinned_free(t_cuda(), p);
+}
+
 void t_dsync(void) {
   T_DEV(tk_dev_sync(t_cuda(), NULL));
 }

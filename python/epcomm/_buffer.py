@@ -133,7 +133,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         self._order = (torch.cuda.Event(), torch.cuda.Event()) if self._cuda else None
         self._opts = dict(queue_bytes=queue_bytes, num_channels=num_channels,
                           timeout_s=float(timeout_s))
-        self._rtpe = array.array("i")  # scratch of dispatch's per-expert counts (CPU)
+        self._rtpe = array.array("i")  # scratch of dispatch's per-expert counts (CUDA: pinned)
         LowLatency.__init__(self)
         _lifecycle.track(self)
         try:
@@ -347,7 +347,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                               after_compute=synthetic)
         try:
             rank_prefix = torch.empty((R, R), dtype=_I32, device=self.device)
-            rtpe, rtpe_ptr = self._per_expert_out(L)
+            # Read back below only when nothing else gives the list (the C call then waits).
+            rtpe, rtpe_ptr = (None, 0) if W or synthetic else self._per_expert_out(L)
             sc = (0, 0, 0) if scales is None else (scales.size(1), scales.stride(0),
                                                    scales.stride(1))
             nrecv, hid = _C.dispatch(
@@ -367,23 +368,22 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         elif synthetic:
             per_expert = self._recv_per_expert(num_tokens_per_expert, expert_alignment)
         else:
-            per_expert = self._read_per_expert(launch, rtpe)
+            per_expert = rtpe.tolist()
         recv_x = rows.x if scales is None else (rows.x, rows.scales)
         event = launch.finish((x, scales, idx, w, rank_prefix, rows.x, rows.scales, rows.idx,
                                rows.w, rows.src))
         return recv_x, rows.idx, rows.w, per_expert, h, event
 
-    def _read_per_expert(self, launch, rtpe):
-        if not self._cuda:
-            return rtpe.tolist()
-        with launch.ordered():  # after the kernel that wrote it
-            return rtpe.tolist()
-
     def _per_expert_out(self, L):
-        """Where the C call writes the received selections per local expert, read right after:
-        a reused host array on CPU (no allocation), a tensor on CUDA (the kernel writes it)."""
+        """Where the C call writes the received selections per local expert, read right after
+        (a synchronous dispatch has written them when it returns): a reused host array on CPU,
+        a reused page-locked tensor on CUDA, which the kernel writes through the same address,
+        so reading it does not wait for the stream (DeepEP reads its count from mapped memory
+        likewise; a device tensor's .tolist() would hold the host until the rows had moved)."""
         if self._cuda:
-            t = torch.empty((L,), dtype=_I32, device=self.device)
+            t = self._rtpe
+            if not isinstance(t, torch.Tensor) or t.numel() != L:
+                t = self._rtpe = torch.empty((L,), dtype=_I32, pin_memory=True)
             return t, t.data_ptr()
         a = self._rtpe
         if len(a) != L:

@@ -281,8 +281,9 @@ static ep_status_t finish(cuda_state_t *s, job_t *j, cudaStream_t st) {
     rc = cuda_check(s,
                     cudaMemcpyAsync(o->rank_prefix, pre, (size_t)R * R * 4, cudaMemcpyDefault, st),
                     OP, "outputs");
-    if (!rc) rc = cuda_net_sync(s, st, OP, "outputs"); /* pre is freed below */
   }
+  /* pre is freed below; per-expert counts in host memory are written on return (epcomm.h) */
+  if (!rc && (pre || experts)) rc = cuda_net_sync(s, st, OP, "outputs");
   free(pre);
   int64_t tail = o->worst_case ? (int64_t)o->capacity - nr : 0;
   if (!rc && tail > 0) {

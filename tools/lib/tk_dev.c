@@ -88,6 +88,27 @@ void tk_dev_free(int dev, void *p) {
 #endif
 }
 
+void *tk_dev_pinned_alloc(int dev, size_t n, int fill) {
+  if (!dev) return host_alloc(n, fill);
+#ifdef EP_HAVE_CUDA
+  void *p = NULL;
+  cudaError_t e = cudaHostAlloc(&p, n ? n : 1, cudaHostAllocPortable | cudaHostAllocMapped);
+  if (e == cudaSuccess) return memset(p, fill, n ? n : 1);
+  fail("cudaHostAlloc(%zu bytes): %s", n, cudaGetErrorString(e));
+#else
+  NOT_BUILT();
+#endif
+  return NULL;
+}
+
+void tk_dev_pinned_free(int dev, void *p) {
+  if (!p) return;
+  if (!dev) return free(p);
+#ifdef EP_HAVE_CUDA
+  cudaFreeHost(p);
+#endif
+}
+
 #ifdef EP_HAVE_CUDA
 static int dev_copy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, void *stream) {
   if (kind == cudaMemcpyDeviceToDevice)

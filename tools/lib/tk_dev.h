@@ -16,6 +16,10 @@ int tk_dev_select(int index);
  * tensors are, and touched, so that no timed call pays for page faults. */
 void *tk_dev_alloc(int dev, size_t n, int fill);
 void tk_dev_free(int dev, void *p); /* NULL-safe */
+/* n bytes of host memory the device can write through the same address (page-locked,
+ * cudaHostAlloc) when `dev` is set, plain host memory otherwise; every byte set to `fill`. */
+void *tk_dev_pinned_alloc(int dev, size_t n, int fill);
+void tk_dev_pinned_free(int dev, void *p); /* NULL-safe */
 /* Copies; `stream` (a cudaStream_t, NULL: the default stream) orders device copies, which are
  * asynchronous to the host for device-to-device and synchronous otherwise. */
 int tk_dev_upload(int dev, void *dst, const void *host, size_t n);
