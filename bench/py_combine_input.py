@@ -22,6 +22,10 @@ Then the dispatch (with topk, `num_worst_tokens` = every token of every rank, so
 exist before the call) into plain tensors (baseline: the receiver copies the rows out) and into
 tensors of the pool (made under `use_mem_pool`: the senders write recv_x in place).
 
+Last, a MoE layer's step: get_dispatch_layout + dispatch with default outputs (the host waits
+for the count, the outputs are allocated then) + the combine of its rows (tools/deepep_time.py
+times DeepEP's the same way: "layer").
+
 Rank 0 prints the times in us, the ratio to the baseline and the fraction of the limit reached,
 and the in-place counters (`Buffer.in_place_counts`), which say which path each form took;
 `--json F` also writes them (with the means) for tools/deepep_side_by_side.sh's report.
@@ -119,6 +123,12 @@ def main():
             with torch.cuda.use_mem_pool(mp.pool):
                 buf.dispatch(x, **args)
 
+        def layer():  # a MoE layer's step, default outputs (the host waits for the count)
+            pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
+            out = buf.dispatch(x, num_tokens_per_rank=pr, is_token_in_rank=ir,
+                               num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w)
+            buf.combine(out[0], out[4])
+
         res, dres = [], []
         forms = (("tensor", tensor), ("mem_pool", pool), ("combine buffer", combine_buffer))
         for name, fn in forms:
@@ -129,6 +139,7 @@ def main():
             d0 = buf.in_place_counts()[1]
             us, mean = timed(group, fn, o.iters)
             dres.append((name, us, buf.in_place_counts()[1] - d0, mean))
+        lres = timed(group, layer, o.iters)
         calls = o.iters + 10
         if me == 0:
             print(f"R={R}, {o.sms} SMs per rank, {o.tokens} tokens per rank, H {H}, topk {TOPK}, "
@@ -149,11 +160,15 @@ def main():
             print("baseline: tensor (rows copied out of the buffer); the limit, views of the "
                   "buffer (no copy), is not offered in Python: `epcomm bench --backend cuda` "
                   "times it")
+            print(f"layer step (get_dispatch_layout + dispatch with default outputs + combine "
+                  f"of its rows): {lres[0]:.1f} us (median), {lres[1]:.1f} us (mean)")
             if o.json:
                 fig = {f"{what}_{name.replace(' ', '_')}": {"median_us": us, "mean_us": mean,
                                                            "in_place": inpl, "calls": calls}
                        for what, rows_ in (("write_combine", res), ("dispatch_worst", dres))
                        for name, us, inpl, mean in rows_}
+                fig["layer_dispatch_combine"] = {"median_us": lres[0], "mean_us": lres[1],
+                                                 "calls": calls}
                 with open(o.json, "w") as f:
                     json.dump({"ranks": R, "sms": o.sms, "tokens": o.tokens, "hidden": H,
                                "weights": o.weights, "figures": fig}, f, indent=1)

@@ -154,7 +154,7 @@ def normal_worker(rank, args, port):
                 mark(1)
             return f
 
-        res, recv = {}, {}
+        res, recv, dcfg = {}, {}, {}
         for dt, xx in (("bf16", x), ("fp8", x8)):
             pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
             recv[dt] = buf.dispatch(xx, num_tokens_per_rank=pr, is_token_in_rank=ir,
@@ -168,6 +168,7 @@ def normal_worker(rank, args, port):
                     mark(1)
                 return f
             t, cname, ccfg = tune(cached, d_cfgs)
+            dcfg[dt] = (cname, ccfg)
             res[f"dispatch_{dt}_cached"] = (t, cname)
             res[f"dispatch_{dt}_full"] = (mean_us(full(xx, ccfg), args.warmup, args.iters), cname)
 
@@ -194,6 +195,18 @@ def normal_worker(rank, args, port):
             buf.combine(ybuf, h16, config=ccfg)
             mark(1)
         res["write_combine"] = (mean_us(write_combine, args.warmup, args.iters), cname)
+
+        # What a layer calls each step: layout, a full bf16 dispatch (the host waits for the
+        # count), the combine of its rows; the configs tuned above.
+        def layer(mark):
+            mark(0)
+            pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
+            out = buf.dispatch(x, num_tokens_per_rank=pr, is_token_in_rank=ir,
+                               num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w,
+                               config=dcfg["bf16"][1])
+            buf.combine(out[0], out[4], config=ccfg)
+            mark(1)
+        res["layer"] = (mean_us(layer, args.warmup, args.iters), f"{dcfg['bf16'][0]}/{cname}")
         nrecv = slowest(dist, group, R, int(recv_x.size(0)))
         for op, (t, cname) in res.items():
             emit(rank, impl="deepep", mode="normal", R=R, sms=S, tokens=N, op=op, us=round(t, 1),
@@ -416,6 +429,7 @@ VS_PYTHON = [
     ("py_write_combine_tensor", "write_combine", "Python: experts' write + combine (tensor)"),
     ("py_write_combine_mem_pool", "write_combine", "Python: write + combine (mem_pool tensor)"),
     ("py_write_combine_combine_buffer", "write_combine", "Python: write + combine (combine buf.)"),
+    ("py_layer_dispatch_combine", "layer", "Python: layout + dispatch + combine"),
 ]
 
 
