@@ -87,6 +87,43 @@ def both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y):
             for k, v in out.items()}
 
 
+def layer_phases(buf, x, idx, w, E, n=100):
+    """Median host us of a layer step's phases: the layout call; dispatch from its start to its
+    allocator callback (notify launched, the host's wait for the count), the callback, from the
+    callback to its return (the data kernel's launch, the Python results); the combine call."""
+    from epcomm import _buffer
+    rows_call = _buffer._Rows.__call__
+    marks = {}
+
+    def timed_rows(self, rows):
+        marks["a0"] = time.perf_counter()
+        r = rows_call(self, rows)
+        marks["a1"] = time.perf_counter()
+        return r
+
+    _buffer._Rows.__call__ = timed_rows
+    ph = []
+    try:
+        for i in range(n + 10):
+            t0 = time.perf_counter()
+            pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
+            t1 = time.perf_counter()
+            out = buf.dispatch(x, num_tokens_per_rank=pr, is_token_in_rank=ir,
+                               num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w)
+            t2 = time.perf_counter()
+            buf.combine(out[0], out[4])
+            t3 = time.perf_counter()
+            if i >= 10:
+                ph.append((t1 - t0, marks["a0"] - t1, marks["a1"] - marks["a0"], t2 - marks["a1"],
+                           t3 - t2, t3 - t0))
+    finally:
+        _buffer._Rows.__call__ = rows_call
+    torch.cuda.synchronize()
+    names = ("layout", "dispatch to alloc (wait)", "alloc callback", "alloc to return",
+             "combine", "whole step")
+    return [(nm, statistics.median(p[i] for p in ph) * 1e6) for i, nm in enumerate(names)]
+
+
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 128
     group = epcomm.init()
@@ -120,6 +157,16 @@ def main():
                  ("write + combine, mem_pool", pool_form))
         res = [(name, host_us(fn)) for name, fn in parts]
         ways = both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y)
+        phases = layer_phases(buf, x, idx, w, E)
+        lprof = cProfile.Profile()
+        lprof.enable()
+        for _ in range(100):
+            pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
+            out = buf.dispatch(x, num_tokens_per_rank=pr, is_token_in_rank=ir,
+                               num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w)
+            buf.combine(out[0], out[4])
+        lprof.disable()
+        torch.cuda.synchronize()
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(200):
@@ -132,6 +179,13 @@ def main():
                 print(f"  {name:<28}{us:8.1f}")
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+            print(out.getvalue())
+            print("layer step (layout + dispatch, default outputs + combine): host us, "
+                  "medians of 100")
+            for nm, us in phases:
+                print(f"  {nm:<28}{us:8.1f}")
+            out = io.StringIO()
+            pstats.Stats(lprof, stream=out).sort_stats("tottime").print_stats(25)
             print(out.getvalue())
             print(f"ordering of a synchronous call (medians of two rounds each; event times: "
                   f"slowest rank)")

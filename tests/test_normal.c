@@ -178,6 +178,39 @@ static void check_layout_hosts(ctx_t *x, const tcase_t *c, int E, const rank_dat
   free(wh), free(wih), free(hh), free(hih);
 }
 
+static bool all_poison(const void *p, size_t n) {
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != T_POISON) return false;
+  return true;
+}
+
+/* A bad id with no_wait: on a device backend the call returns EP_OK, writes nothing and leaves
+ * no error behind for the next (waiting) call; the CPU still checks. */
+static void check_layout_no_wait_bad(ctx_t *x, const tcase_t *c, int E, int n) {
+  if (n == 0) return;
+  const size_t ni = (size_t)n * c->topk;
+  int64_t *bad = t_xmalloc(ni * 8);
+  for (size_t i = 0; i < ni; i++) bad[i] = -1;
+  bad[ni - 1] = E; /* the last slot, so that a kernel checking late would have written */
+  int64_t *dbad = t_to_dev(bad, ni * 8);
+  int32_t *pe = t_dalloc((size_t)E * 4);
+  ep_layout_args_t l = EP_LAYOUT_ARGS_INIT;
+  l.topk_idx = dbad, l.num_tokens = n, l.topk = c->topk, l.num_experts = E;
+  l.tokens_per_expert = pe, l.no_wait = 1;
+  ep_status_t st = ep_get_dispatch_layout(x->buf, &l);
+  T_CHECK(st == (t_cuda() ? EP_OK : EP_ERR_OUT_OF_RANGE), "no_wait layout of a bad id: %s (%s)",
+          ep_status_name(st), ep_last_error());
+  int32_t *he = t_to_host(pe, (size_t)E * 4);
+  T_CHECK(all_poison(he, (size_t)E * 4), "no_wait layout of a bad id wrote tokens_per_expert");
+  for (size_t i = 0; i < ni; i++) bad[i] = -1; /* now valid: a waiting call must succeed */
+  t_copy_to_dev(dbad, bad, ni * 8);
+  l.no_wait = 0;
+  T_OK(ep_get_dispatch_layout(x->buf, &l));
+  t_dfree(dbad), t_dfree(pe);
+  free(bad), free(he);
+}
+
 static void check_layout(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d,
                          const dev_in_t *dv) {
   int n = d->in.n, R = x->R;
@@ -188,6 +221,7 @@ static void check_layout(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d
   ep_layout_args_t l = EP_LAYOUT_ARGS_INIT;
   l.topk_idx = dv->idx, l.num_tokens = n, l.topk = c->topk, l.num_experts = E;
   l.tokens_per_rank = pr, l.tokens_per_expert = pe, l.is_token_in_rank = ir;
+  l.no_wait = 1; /* the copies below wait (the hosts' layout, next, waits itself) */
   T_OK(ep_get_dispatch_layout(x->buf, &l));
   void *hr = t_to_host(pr, (size_t)R * 4), *he = t_to_host(pe, (size_t)E * 4);
   void *hi = t_to_host(ir, (size_t)n * R);
@@ -197,6 +231,7 @@ static void check_layout(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d
   t_dfree(pr), t_dfree(pe), t_dfree(ir);
   free(wr), free(we), free(wi), free(hr), free(he), free(hi);
   check_layout_hosts(x, c, E, d, dv);
+  check_layout_no_wait_bad(x, c, E, n);
 }
 
 typedef struct {

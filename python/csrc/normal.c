@@ -5,8 +5,8 @@
 static PyObject *layout(PyObject *self, PyObject *args) {
   unsigned long long b, idx, stream, tpr, tpe, itr;
   ep_layout_args_t a = EP_LAYOUT_ARGS_INIT;
-  if (!PyArg_ParseTuple(args, "KKiiiKKKK", &b, &idx, &a.num_tokens, &a.topk, &a.num_experts,
-                        &stream, &tpr, &tpe, &itr))
+  if (!PyArg_ParseTuple(args, "KKiiiKKKKi", &b, &idx, &a.num_tokens, &a.topk, &a.num_experts,
+                        &stream, &tpr, &tpe, &itr, &a.no_wait))
     return NULL;
   a.topk_idx = epb_ptr(idx), a.stream = epb_ptr(stream);
   a.tokens_per_rank = epb_ptr(tpr), a.tokens_per_expert = epb_ptr(tpe);
@@ -129,7 +129,7 @@ static PyObject *handle_num_recv_tokens(PyObject *self, PyObject *args) {
 PyMethodDef epb_normal_methods[] = {
     {"layout", layout, METH_VARARGS,
      "layout(buf, topk_idx, num_tokens, topk, num_experts, stream, tokens_per_rank, "
-     "tokens_per_expert, is_token_in_rank) (local)"},
+     "tokens_per_expert, is_token_in_rank, no_wait) (local)"},
     {"dispatch", dispatch, METH_VARARGS,
      "dispatch(buf, x, dtype, num_tokens, hidden, x_scales, num_scales, scale_token_stride, "
      "scale_hidden_stride, topk_idx, topk_weights, topk, num_experts, expert_alignment, cached, "

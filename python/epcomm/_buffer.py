@@ -235,7 +235,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
                             allocate_on_comm_stream=False):
         """(num_tokens_per_rank int32 [R], None, num_tokens_per_expert int32 [E],
-        is_token_in_rank bool [N][R], EventOverlap). Local."""
+        is_token_in_rank bool [N][R], EventOverlap). Local. On CUDA it does not wait for its
+        kernel; a bad expert id is reported by the dispatch that takes it."""
         op = "Buffer.get_dispatch_layout"
         buf = self._buf(op)
         need_tensor(topk_idx, op, "topk_idx", _I64, 2, self.device)
@@ -244,8 +245,10 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         try:
             tpr, tpe = self._empty((R,), _I32), self._empty((num_experts,), _I32)
             itr = self._empty((n, R), torch.bool)
+            # As DeepEP's, the call does not wait for its kernel: a bad expert id is reported
+            # by the dispatch that takes it (OutOfRangeError naming the slot).
             _C.layout(buf, ptr(topk_idx), n, topk, num_experts, launch.stream,
-                      ptr(tpr), ptr(tpe), ptr(itr))
+                      ptr(tpr), ptr(tpe), ptr(itr), 1)
         except BaseException:
             launch.abort()
             raise

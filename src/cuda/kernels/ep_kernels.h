@@ -297,6 +297,7 @@ typedef struct {
   const int32_t *host_of; /* [R] device, or NULL: every rank on host 0 */
   int32_t *per_host;      /* [nhosts] or NULL */
   uint8_t *in_host;       /* [num_tokens][nhosts] or NULL */
+  int report;             /* a bad id goes to the host words (the host waits for them) */
 } epk_layout_t;
 
 typedef struct {

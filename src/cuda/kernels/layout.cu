@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(LT, 1) epk_layout_kernel(epk_buf_t b, epk_layo
   int *per_host = per_rank + R;
   long long bad = epk_first_bad(a.topk_idx, n, topk, a.num_experts);
   if (bad != INT64_MAX) {
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && a.report) { /* else the host is not waiting: nobody would read it */
       b.host->bad_value = a.topk_idx[bad];
       b.host->layout_bad = (int32_t)(bad + 1);
       __threadfence_system();
