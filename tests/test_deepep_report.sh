@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/deepep_time.py report (the side-by-side table of issue 15) on recorded figures: one
 # size of a real H200 run (tests/fixtures/deepep_report: epcomm's bench JSON, the Python
-# bench's JSON, DeepEP's lines). Checks ratios, the full - cached line, the copy-ceiling line,
-# that a clean run has no notes, and that a failed epcomm self-check is reported.
+# bench's JSON, DeepEP's lines; 2026-12-04, tenth session). Checks ratios (the layer step's
+# too), the full - cached line, the copy-ceiling line, that a clean run has no notes, and that
+# a failed epcomm self-check is reported.
 # Usage: test_deepep_report.sh SRC
 set -u -o pipefail
 src=${1:?usage: test_deepep_report.sh SRC}
@@ -13,12 +14,13 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 out=$(python3 "$src/tools/deepep_time.py" report "$fix") || fail "report exited $?"
 want=(
-  'fp8 dispatch, full \(views\) +98\.9 +322\.0 +3\.26$'
-  'bf16 dispatch, cached, caller tensors +269\.0 +387\.6 +1\.44$'
-  'combine, x = dispatch view +214\.9 +471\.4 +2\.19$'
-  'Python: write \+ combine \(mem_pool tensor\) +341\.4 +577\.2 +1\.69$'
-  'paired in one loop, medians: fp8 11\.3, bf16 13\.9$'
-  'copy ceiling .*: fp8 0\.598, bf16 0\.791$'
+  'fp8 dispatch, full \(views\) +96\.9 +695\.7 +7\.18$'
+  'bf16 dispatch, cached, caller tensors +270\.8 +426\.9 +1\.58$'
+  'combine, x = dispatch view +217\.9 +477\.4 +2\.19$'
+  'Python: write \+ combine \(mem_pool tensor\) +335\.2 +585\.3 +1\.75$'
+  'Python: layout \+ dispatch \+ combine +845\.4 +922\.4 +1\.09$'
+  'paired in one loop, medians: fp8 11\.5, bf16 9\.8$'
+  'copy ceiling .*: fp8 0\.611, bf16 0\.799$'
 )
 for w in "${want[@]}"; do
   grep -Eq "$w" <<<"$out" || fail "no line matching '$w' in:
