@@ -94,10 +94,10 @@ void *t_dalloc(size_t n);                   /* device memory (host on cpu), fill
 void *t_to_dev(const void *host, size_t n); /* new device copy of host bytes (NULL -> NULL) */
 void *t_to_host(const void *dev, size_t n); /* new malloc'd host copy of device bytes */
 void t_copy_to_dev(void *dev, const void *host, size_t n);
-void t_dfree(void *dev); /* NULL-safe */
+void t_dfree(void *dev);        /* NULL-safe */
 void *t_pinned_alloc(size_t n); /* host memory the device writes (page-locked on cuda) */
-void t_pinned_free(void *p);  /* NULL-safe */
-void t_dsync(void);      /* wait for the device (no-op on cpu) */
+void t_pinned_free(void *p);    /* NULL-safe */
+void t_dsync(void);             /* wait for the device (no-op on cpu) */
 
 /* Group from `epcomm launch`, and a buffer on it (cfg NULL: defaults). */
 void t_init(ep_group_t *g, int *rank, int *nranks);

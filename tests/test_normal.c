@@ -260,10 +260,10 @@ typedef struct {
   int nr;
   ep_handle_t h;
   alloc_ctx_t ac;
-  void *dev[7]; /* what this test allocated on the device (freed at the end) */
+  void *dev[7];    /* what this test allocated on the device (freed at the end) */
   int32_t *pinned; /* recv_tokens_per_expert of a synchronous dispatch: page-locked host memory */
-  void *dev_x;  /* recv_x as the backend returned it (a view on the view paths) */
-  float *dev_w; /* recv_topk_weights likewise (combine's topk_weights) */
+  void *dev_x;     /* recv_x as the backend returned it (a view on the view paths) */
+  float *dev_w;    /* recv_topk_weights likewise (combine's topk_weights) */
 } got_t;
 
 static void fetch_outputs(ctx_t *x, const tcase_t *c, int E, int rows, const ep_dispatch_out_t *a,

@@ -18,7 +18,7 @@ ep_status_t cuda_layout(void *state, const ep_layout_args_t *a) {
       a->topk_idx,          a->num_tokens,          a->topk,
       a->num_experts,       s->net ? s->net->H : 1, a->tokens_per_rank,
       a->tokens_per_expert, a->is_token_in_rank,    s->net ? s->net->host_of_dev : NULL,
-      a->tokens_per_host,   a->is_token_in_host,        !a->no_wait && !cuda_capturing(st)};
+      a->tokens_per_host,   a->is_token_in_host,    !a->no_wait && !cuda_capturing(st)};
   __atomic_store_n(&s->host->layout_bad, 0, __ATOMIC_RELEASE);
   rc = cuda_check(s, epk_launch_layout(&s->kb, &k, st), OP, "launch");
   if (!rc && k.report) rc = cuda_check(s, cudaStreamSynchronize(st), OP, "layout");
