@@ -363,9 +363,11 @@ typedef struct {
   uint8_t *is_token_in_host; /* [num_tokens][nhosts] 0/1 */
   /* Added after API 0.2: non-zero on a device backend: the call returns once its kernel is
    * queued, without waiting for it (as DeepEP's). A bad id then leaves the outputs untouched and
-   * is not reported here: the dispatch that takes these ids reports it (EP_ERR_OUT_OF_RANGE
-   * naming the slot). The wait costs a whole drain of the stream: ~60-200 us of host time per
-   * MoE layer step at small batches on the H200. Ignored on the CPU (always checked). */
+   * is not reported here: a synchronous dispatch that takes these ids returns
+   * EP_ERR_OUT_OF_RANGE naming the slot; a worst-case one, which does not wait, moves nothing
+   * and the buffer's next call logs the error as a warning. The wait costs a whole drain of
+   * the stream: ~60-200 us of host time per MoE layer step at small batches on the H200.
+   * Ignored on the CPU (always checked). */
   int no_wait;
 } ep_layout_args_t;
 #define EP_LAYOUT_ARGS_INIT EP_ARGS_INIT_(ep_layout_args_t)

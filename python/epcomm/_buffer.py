@@ -129,6 +129,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         self.enable_shrink = False
         self._cuda = self.device.type == "cuda"
         self._comm_stream = torch.cuda.Stream(self.device) if self._cuda else None
+        self._direct = True  # synchronous calls may run on the current stream (_events)
         # the waits between the compute and the communication stream (_events._follow)
         self._order = (torch.cuda.Event(), torch.cuda.Event()) if self._cuda else None
         self._opts = dict(queue_bytes=queue_bytes, num_channels=num_channels,
@@ -195,6 +196,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     def get_comm_stream(self):
         if not self._cuda:
             raise UnsupportedError("Buffer.get_comm_stream: a CPU buffer has no stream")
+        self._direct = False  # the caller may queue work there: every call goes there (_events)
         return self._comm_stream
 
     def get_local_buffer_tensor(self, dtype, size=None, offset=0, use_rdma_buffer=False):
@@ -220,7 +222,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                 after_compute=False):
         if self._cuda:
             return CudaLaunch(self._comm_stream, self._order, self.device, previous_event,
-                              async_finish, allocate_on_comm_stream, on_compute, after_compute)
+                              async_finish, allocate_on_comm_stream, on_compute, after_compute,
+                              self._direct)
         return CpuLaunch(previous_event, async_finish)
 
     def _empty(self, shape, dtype):

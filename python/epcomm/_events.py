@@ -6,8 +6,8 @@ makes the current stream wait for it, or, with ``async_finish``, returns an even
 after it (the tensors it used are recorded on the communication stream, so the caching
 allocator does not reuse them early). A call that would wait on the current stream and make it
 wait in turn (the default: no ``previous_event``, no ``async_finish``) runs on the current
-stream itself, which orders the caller's work the same way for less (CudaLaunch). ``allocate_on_comm_stream`` allocates the outputs while
-the communication stream is current. On CPU tensors every call is complete when it returns:
+stream itself, which orders the caller's work the same way for less (CudaLaunch).
+``allocate_on_comm_stream`` allocates the outputs while the communication stream is current. On CPU tensors every call is complete when it returns:
 the events it hands out are already complete, and waiting on them does nothing.
 """
 
@@ -118,21 +118,34 @@ class CudaLaunch:
     compute stream exactly as running on it does, for two event records, two waits and two hops
     between streams more. At 128 tokens a call is host-bound and those are a third of its host
     time. The library itself orders its calls on different streams (src/cuda/cuda_sync.c), so
-    mixing direct and asynchronous calls stays in call order. ``DIRECT = False`` restores the
-    communication stream for every call (bench/py_host_cost.py times both)."""
+    mixing direct and asynchronous calls stays in call order. Not direct (DeepEP's way): while the
+    stream is being captured into a graph (the library's ordering between streams does not apply
+    there: calls on two streams would become independent branches), and on a Buffer whose
+    communication stream was handed out (``direct=False``: get_comm_stream's users may queue
+    work there that must follow the call). ``DIRECT = False`` restores the communication stream
+    for every call (bench/py_host_cost.py times both)."""
 
     DIRECT = True
 
     def __init__(self, comm, order, device, previous_event, async_finish,
-                 allocate_on_comm_stream, on_compute=False, after_compute=False):
+                 allocate_on_comm_stream, on_compute=False, after_compute=False, direct=True):
         self.async_finish = async_finish
         self.switched = False
+        self.direct = True
         waits = previous_event is not None and previous_event.event is not None
-        if on_compute or (self.DIRECT and not (waits or async_finish or allocate_on_comm_stream)):
+        if on_compute:
+            # A receive hook's call: the stream current now is the launch stream, and what the
+            # hook queues later (the statistics) goes on it too, wherever the hook is called.
+            self.launch = self.compute = torch.cuda.current_stream(device)
+            self.stream = self.launch.cuda_stream
+            return
+        if (direct and self.DIRECT and not (waits or async_finish or allocate_on_comm_stream)
+                and not torch.cuda.is_current_stream_capturing()):
             # The current stream is the launch stream: nothing to order, nothing to record.
             self.launch = self.compute = None
             self.stream = _current_raw_stream(device)
             return
+        self.direct = False
         self.compute = torch.cuda.current_stream(device)
         self.launch = comm
         self.order = order
@@ -156,11 +169,11 @@ class CudaLaunch:
 
     def finish(self, tensors=(), extra=False):
         self.abort()
-        if self.launch is None:  # ran on the current stream
+        if self.direct:  # ran on the stream that is current (or was, for a hook's call)
             if not self.async_finish:
                 return EventOverlap(None)
             event = torch.cuda.Event()
-            event.record()
+            event.record(self.launch)  # None: the current stream
             return EventOverlap(EventHandle(event), tuple(tensors) if extra else None)
         if self.async_finish:
             event = torch.cuda.Event()

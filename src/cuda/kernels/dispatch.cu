@@ -365,7 +365,11 @@ __device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
 }
 
 /* The count for a host that waits (synchronous call): the notify's outcome is complete here,
- * failures included (their error word went out with a system fence). */
+ * failures included (their error word went out with a system fence). So are notify's writes
+ * of recv_tokens_per_expert, which may be page-locked host memory the host reads once it sees
+ * the ticket: that grid has completed (griddepcontrol.wait), its stores to host memory were
+ * issued before it did, and the GPU's posted writes to host memory reach it in order; the fence
+ * below keeps the ticket after them from this thread's side. */
 __device__ void publish_count(const epk_buf_t &b, const epk_dispatch_t &a) {
   *reinterpret_cast<volatile int32_t *>(&b.host->nr) = a.plan[EPK_PLAN_NR];
   __threadfence_system();
