@@ -7,8 +7,9 @@ after it (the tensors it used are recorded on the communication stream, so the c
 allocator does not reuse them early). A call that would wait on the current stream and make it
 wait in turn (the default: no ``previous_event``, no ``async_finish``) runs on the current
 stream itself, which orders the caller's work the same way for less (CudaLaunch).
-``allocate_on_comm_stream`` allocates the outputs while the communication stream is current. On CPU tensors every call is complete when it returns:
-the events it hands out are already complete, and waiting on them does nothing.
+``allocate_on_comm_stream`` allocates the outputs while the communication stream is current.
+On CPU tensors every call is complete when it returns: the events it hands out are already
+complete, and waiting on them does nothing.
 """
 
 import contextlib
