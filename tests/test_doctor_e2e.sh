@@ -13,7 +13,7 @@ fail=0
 say() { echo "test_doctor_e2e.sh: $*" >&2; fail=1; }
 
 "$e" doctor run --json -- "$e" launch -n 2 "$b/tests/leaky" leak >"$tmp/before.json" 2>"$tmp/before.err"
-python3 - "$tmp/before.json" <<'PY' || say "doctor run on the leaky program: wrong diagnosis"
+python3 - "$tmp/before.json" 2>"$tmp/diag.err" <<'PY' ||
 import json, sys
 r = json.load(open(sys.argv[1]))
 s = json.dumps(r)
@@ -23,9 +23,12 @@ assert "ep_buffer_destroy" in s, "fix does not name ep_buffer_destroy"
 phases = {g["cause_id"]: g["phase"] for g in r["groups"]}
 for cause in ("epcomm-buffer-not-destroyed", "epcomm-group-not-destroyed"):
     assert phases.get(cause) == "exit", cause + " phased " + str(phases.get(cause))
-assert r["warnings_exit"] == 4 and r["warnings_run"] == 0, "counts by phase"
+assert r["warnings_exit"] == 4 and r["warnings_run"] == 0, "counts by phase: %d init, %d run, %d exit" % (
+    r["warnings_init"], r["warnings_run"], r["warnings_exit"])
 assert r["end_of_work"]["kind"] == "test result", "end of work not found"
 PY
+  say "doctor run on the leaky program: wrong diagnosis: $(tail -1 "$tmp/diag.err"); the run:
+$(cat "$tmp/before.err")"
 "$e" doctor verify --baseline "$tmp/before.json" -- "$e" launch -n 2 "$b/tests/leaky" \
   >"$tmp/verify.out" 2>&1 || say "verify of the fixed program did not say clean: $(cat "$tmp/verify.out")"
 grep -q "clean" "$tmp/verify.out" || say "verify output lacks the verdict: $(cat "$tmp/verify.out")"

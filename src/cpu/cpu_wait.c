@@ -109,6 +109,10 @@ static ep_status_t check_world(cpu_waiter_t *w) {
   int dead;
   const char *how;
   if (ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK) {
+    /* A peer that gave up on this call may leave before this rank looks: its exit follows its
+     * verdict, which names the rank really at fault (the verdict is written before it exits). */
+    ab = atomic_load(cpu_abort_word(s, s->rank));
+    if (ab && (int)((ab >> 24) & 0xffffff) - 1 == dead) return peer_aborted(w, ab);
     note_culprit(s, dead);
     return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, w->op, w->phase, "rank %d %s", dead, how);
   }
