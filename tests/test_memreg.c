@@ -12,7 +12,9 @@
  *                          an EP_OUTPUT_CALLER dispatch whose recv_x is, on some ranks, inside a
  *                          registration (cuda: the senders write x rows there) and on the others
  *                          a plain tensor, then a cached dispatch with new rows and the choices
- *                          swapped; every output against the reference, bit for bit. Then rank 0
+ *                          swapped; on some ranks in some rounds the same arrays come from an
+ *                          EP_OUTPUT_ALLOC callback (cuda: the late hello says where recv_x is);
+ *                          every output against the reference, bit for bit. Then rank 0
  *                          with too small a capacity (EP_ERR_TOO_LARGE, its registered recv_x
  *                          untouched) and a round after it; then all again with a receive area
  *                          small enough that dispatches go in windows
@@ -283,8 +285,38 @@ static void check_recv(const ctx_t *c, const ref_recv_t *rr, const void *recv_x,
   free(g.x), free(g.s), free(g.w), free(g.idx), free(g.src);
 }
 
-/* Round `round`: the shape of the routing, the format and who has recv_x registered follow from
- * it. */
+/* The allocator path's callback: the arrays the caller mode would have passed. */
+typedef struct {
+  void *x;
+  const outs_t *o;
+  int fp8, with_w, calls;
+} alloc_ctx_t;
+
+static int give_outs(void *ctx, const ep_dispatch_args_t *args, int nr, ep_dispatch_out_t *out) {
+  alloc_ctx_t *a = ctx;
+  (void)args, (void)nr;
+  a->calls++;
+  out->recv_x = a->x;
+  out->recv_x_scales = a->fp8 ? a->o->s : NULL;
+  out->recv_topk_idx = args->cached ? NULL : a->o->idx;
+  out->recv_topk_weights = a->with_w && !args->cached ? a->o->w : NULL;
+  out->recv_src_idx = a->o->src;
+  return 0;
+}
+
+/* The caller's arrays (EP_OUTPUT_CALLER), or the same ones from the callback (EP_OUTPUT_ALLOC). */
+static void set_outs(ep_dispatch_out_t *out, int alloc, alloc_ctx_t *ac, int cap) {
+  if (!alloc) {
+    out->mode = EP_OUTPUT_CALLER, out->capacity = cap;
+    return;
+  }
+  out->recv_x = NULL, out->recv_x_scales = NULL, out->recv_topk_idx = NULL; /* the callback's */
+  out->recv_topk_weights = NULL, out->recv_src_idx = NULL;
+  out->mode = EP_OUTPUT_ALLOC, out->alloc = give_outs, out->alloc_ctx = ac;
+}
+
+/* Round `round`: the shape of the routing, the format, who has recv_x registered and who takes
+ * the allocator path follow from it. */
 static void dispatch_round(const ctx_t *c, int round, const outs_t *o) {
   const int R = c->R, me = c->me, fp8 = round & 1, with_w = (round >> 1) & 1;
   const int row = fp8 ? H : H * 2, shape = round % 5;
@@ -300,6 +332,7 @@ static void dispatch_round(const ctx_t *c, int round, const outs_t *o) {
       if (d.idx[s][i] / 2 == round % R) d.idx[s][i] = -1;
   }
   const int mine = (round + me) % 3 != 0; /* registered here; R > 1: some peers differ */
+  const int alloc = ((round >> 2) + me) & 1; /* likewise, the allocator path */
   void *x = t_to_dev(d.x[me], (size_t)NMAX * H * 2), *x2 = t_to_dev(d.bias[me], NMAX * H * 2);
   void *idx = t_to_dev(d.idx[me], NMAX * TOPK * 8), *w = t_to_dev(d.w[me], NMAX * TOPK * 4);
   void *s = t_to_dev(sc[me], NMAX * NS * 4);
@@ -324,7 +357,10 @@ static void dispatch_round(const ctx_t *c, int round, const outs_t *o) {
                            .recv_topk_idx = o->idx,
                            .recv_topk_weights = with_w ? o->w : NULL,
                            .recv_src_idx = o->src};
+  alloc_ctx_t ac = {rx, o, fp8, with_w, 0};
+  set_outs(&out, alloc, &ac, R * NMAX);
   T_OK(ep_dispatch(c->b, &a, &out));
+  T_CHECK(ac.calls == alloc, "round %d: the callback was called %d times", round, ac.calls);
   ref_rank_input_t ri[64];
   ref_recv_t rr[64];
   for (int q = 0; q < R; q++)
@@ -346,6 +382,8 @@ static void dispatch_round(const ctx_t *c, int round, const outs_t *o) {
                           .recv_x = rx,
                           .recv_x_scales = fp8 ? o->s : NULL,
                           .recv_src_idx = o->src};
+  ac.x = rx;
+  set_outs(&oc, alloc, &ac, R * NMAX);
   T_OK(ep_dispatch(c->b, &a, &oc));
   for (int q = 0; q < R; q++) ref_free_recv(&rr[q]), ri[q].x = d.bias[q];
   T_CHECK(ref_dispatch(R, c->E, TOPK, (size_t)row, fp8 ? NS : 0, 1, ri, rr) == 0,

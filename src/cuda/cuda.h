@@ -115,6 +115,8 @@ void cuda_reg_teardown(cuda_state_t *s);
 /* The registration of this rank that holds [p, p + bytes): its slot (*off: the byte offset of p
  * in it), or -1. */
 int cuda_reg_find(const cuda_state_t *s, const void *p, uint64_t bytes, int64_t *off);
+/* Whether this rank has any registration (an allocator may hand out registered memory). */
+bool cuda_reg_any(const cuda_state_t *s);
 
 /* ---- operations */
 ep_status_t cuda_layout(void *state, const ep_layout_args_t *a);

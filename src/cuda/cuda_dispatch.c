@@ -9,7 +9,10 @@
  * this buffer; otherwise a receiver-side copy fills the caller's (or allocator's) arrays. When
  * the caller's recv_x (EP_OUTPUT_CALLER) lies in one of this rank's registrations of caller
  * memory (ep_register_memory), the hello says where, and the senders write x rows straight
- * there through their mapping of it; only the other arrays are copied out. */
+ * there through their mapping of it; only the other arrays are copied out. An allocator's
+ * outputs exist only after the hello: when this rank has registrations at all, its hello
+ * promises a late one, which the data kernel posts first (where the allocator's recv_x lies, if
+ * in a registration), and the senders wait for it before choosing where x rows go. */
 #include <stdint.h>
 #include <string.h>
 
@@ -27,6 +30,7 @@ typedef struct {
   epk_recv_layout_t lay;
   bool reg_ok;   /* outputs are the caller's, copied out: recv_x may be written in place */
   bool in_place; /* the hello asked the senders to write recv_x there */
+  bool late;     /* allocator path: the hello promises a late one (post_late in dispatch.cu) */
 } call_t;
 
 static bool aligned16(const void *p) {
@@ -89,6 +93,7 @@ static void fill_notify(const cuda_state_t *s, const call_t *c, epk_notify_t *n)
   n->recv_per_expert = d->cached ? NULL : c->o->recv_tokens_per_expert;
   n->align = a->expert_alignment;
   n->out_arrays = !d->views;
+  n->late = c->late ? EPK_LATE_PROMISED : EPK_LATE_NONE;
   fill_reg(s, c, n);
 }
 
@@ -123,7 +128,12 @@ static void fill_data(cuda_state_t *s, const call_t *c, int64_t cap, epk_dispatc
                         o->recv_topk_weights,
                         o->recv_topk_idx,
                         o->recv_src_idx,
-                        c->lay};
+                        c->lay,
+                        0,
+                        0,
+                        0,
+                        0,
+                        0};
   if (c->mode != EPK_MODE_VIEW) return;
   uint8_t *ad = s->pool + s->kb.off_area_d;
   k->recv_x = ad + c->lay.off_x;
@@ -171,6 +181,20 @@ static void alloc_src(call_t *c, int64_t cap) {
   if (!c->plan->src && !cuda_plan_src(c->plan, cap)) c->mode = EPK_MODE_DRAIN;
 }
 
+/* The late hello's content: the allocator's recv_x, when all its rows lie in a registration. */
+static void fill_late(const cuda_state_t *s, call_t *c, int64_t cap, epk_dispatch_t *k) {
+  k->late = 1;
+  int64_t off = 0;
+  const int slot = c->mode != EPK_MODE_COPY || cap <= 0 || cap > INT32_MAX
+                       ? -1
+                       : cuda_reg_find(s, c->o->recv_x, (uint64_t)cap * c->c->row_bytes, &off);
+  if (slot < 0) return;
+  k->lreg1 = slot + 1;
+  k->lcap = (int32_t)cap;
+  k->loff = off;
+  c->in_place = true;
+}
+
 /* ticket != 0: the data kernel publishes the count, as soon as the notify before it ended. */
 static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int64_t cap,
                                uint32_t ticket) {
@@ -178,6 +202,7 @@ static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int6
   epk_dispatch_t k;
   fill_data(s, c, cap, &k);
   k.ticket = ticket;
+  if (c->late) fill_late(s, c, cap, &k);
   ep_status_t rc = cuda_check(s, epk_launch_dispatch(&s->kb, &k, st), OP, "launch");
   if (!rc && c->mode == EPK_MODE_VIEW) publish_views(&k, c->o);
   if (!rc && c->mode == EPK_MODE_DRAIN && !c->plan->src)
@@ -190,6 +215,7 @@ static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int6
 static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   const bool wait = c->plan->nr < 0;
   const uint32_t t = wait ? next_ticket(s) : 0;
+  c->late = cuda_reg_any(s);
   ep_status_t rc = launch_notify(s, c, st, t);
   *nr = c->plan->nr;
   if (!rc && wait) rc = wait_count(s, c, t, nr);
@@ -228,7 +254,7 @@ ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *d, ep_handle_info_t *
   cuda_state_t *s = state;
   if (s->net) return cuda_net_dispatch(s, d, out);
   const ep_dispatch_args_t *a = &d->in;
-  call_t c = {d, a, &d->out, d->cached ? d->cached->priv : NULL, 0, {0}, false, false};
+  call_t c = {d, a, &d->out, d->cached ? d->cached->priv : NULL, 0, {0}, false, false, false};
   c.lay = epk_recv_layout(s->kb.area_bytes, d->row_bytes,
                           a->dtype == EP_DTYPE_FP8_E4M3 ? a->num_scales : 0,
                           d->cached ? 0 : d->topk, d->has_w);

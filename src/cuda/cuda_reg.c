@@ -314,6 +314,12 @@ void cuda_reg_teardown(cuda_state_t *s) {
   s->regs = NULL, s->maps = NULL, s->nmaps = s->capmaps = 0;
 }
 
+bool cuda_reg_any(const cuda_state_t *s) {
+  for (int i = 0; s->regs && i < EP_MAX_MEM_REGS; i++)
+    if (s->regs[i].live) return true;
+  return false;
+}
+
 int cuda_reg_find(const cuda_state_t *s, const void *p, uint64_t bytes, int64_t *off) {
   const uint8_t *x = p;
   for (int i = 0; s->regs && x && i < EP_MAX_MEM_REGS; i++) {

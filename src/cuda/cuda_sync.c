@@ -51,6 +51,8 @@ static const char *phase_name(unsigned p) {
     case EPK_PH_LL_COMB:
     case EPK_PH_LL_ZDONE:
       return "recv";
+    case EPK_PH_LATE:
+      return "late hello";
     default:
       return "check";
   }
@@ -76,6 +78,8 @@ static const char *waited_for(unsigned p) {
       return "its rows of this low-latency combine";
     case EPK_PH_LL_ZDONE:
       return "it to finish reading this rank's zero-copy combine input";
+    case EPK_PH_LATE:
+      return "its late hello (where its allocator put the outputs)";
     default:
       return "it to finish reading our rows";
   }

@@ -286,10 +286,40 @@ __device__ void finish(const epk_buf_t &b) {
   __threadfence_system();
 }
 
-__device__ void setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int64_t *nr) {
+/* The late hello (allocator path): where this rank's outputs are, now that they exist, into this
+ * call's hello slot of every rank, then the flag. Block 0, before anything waits for it. */
+__device__ void post_late(const epk_buf_t &b, const epk_dispatch_t &a) {
+  const int R = b.nranks, par = (int)(b.priv->seq & 1);
+  for (int d = threadIdx.x; d < R; d += DT) {
+    epk_hello_t *h = epk_hello(b, d, par, b.rank);
+    h->xreg1 = a.lreg1;
+    h->xcap = a.lcap;
+    h->xoff = a.loff;
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence_system();
+  for (int d = 0; d < R; d++) epk_st_rlx(&epk_hello(b, d, par, b.rank)->late, EPK_LATE_POSTED);
+}
+
+/* d's hello promised a late one: wait for it (bounded like every wait); false: give up. */
+__device__ bool await_late(const epk_buf_t &b, const epk_hello_t *h, int d) {
+  uint32_t v = epk_ld_acq(&h->late); /* acquire: the fields after it are read next */
+  epk_waiter w;
+  w.reset();
+  while (v == EPK_LATE_PROMISED) {
+    if (w.tick(b, d, EPK_PH_LATE)) return false;
+    v = epk_ld_acq(&h->late);
+  }
+  return true;
+}
+
+/* false: a late hello did not come (failure recorded; the caller stops). */
+__device__ bool setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int64_t *nr) {
   const int R = b.nranks;
   const int32_t *cnt = epk_plan_cnt(const_cast<int32_t *>(a.plan));
   const int par = (int)(b.priv->seq & 1); /* this call's hellos (notify has gathered them) */
+  bool ok = true;
   for (int d = threadIdx.x; d < R; d += DT) {
     int64_t n = 0, base = 0;
     for (int s = 0; s < R; s++) {
@@ -299,6 +329,10 @@ __device__ void setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate 
     /* d's registered recv_x: every rank decides alike from d's hello and the counts (rows
      * beyond its capacity: d drains, so they go to area D as without a registration). */
     const epk_hello_t *h = epk_hello(b, b.rank, par, d);
+    if (!await_late(b, h, d)) {
+      ok = false;
+      continue;
+    }
     const int reg1 = __ldcg(&h->xreg1);
     uint8_t *xd = nullptr;
     if (reg1 > 0 && n <= (int64_t)__ldcg(&h->xcap)) {
@@ -311,7 +345,7 @@ __device__ void setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate 
     st.wcur[d] = 0;
     if (d == b.rank) *nr = n;
   }
-  __syncthreads();
+  return !__syncthreads_or(!ok);
 }
 
 /* Sends whatever windows are open; true if anything was sent. */
@@ -383,12 +417,14 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   const int R = b.nranks;
   epk_grid_wait(); /* for the notify kernel before it (epk_launch_dependent) */
   if (a.ticket && blockIdx.x == 0 && threadIdx.x == 0) publish_count(b, a);
+  /* Promised in this call's hello: posted even when the call stopped, so no peer waits for it. */
+  if (a.late && blockIdx.x == 0) post_late(b, a);
   if (epk_stopped(b)) return; /* the count exchange failed: nothing moves */
   epk_tr_min(b, EPK_TR_D_START);
   int *ints = reinterpret_cast<int *>(dsm + 2 * R);
   dstate st = {dsm, ints, ints + R, ints + 2 * R, reinterpret_cast<uint8_t **>(dsm + R)};
   if (threadIdx.x == 0) s_rw = 0;
-  setup(b, a, st, &s_nr);
+  if (!setup(b, a, st, &s_nr)) return;
   const int64_t nr = s_nr;
   const int my_rounds = st.rounds[b.rank];
   const bool xdirect = st.xdst[b.rank] != nullptr;

@@ -49,6 +49,7 @@ enum {
 };
 enum { EPK_HELLO_OK = 0, EPK_HELLO_REJECTED = 1 };
 enum { EPK_MODE_COPY = 0, EPK_MODE_VIEW = 1, EPK_MODE_DRAIN = 2 };
+enum { EPK_LATE_NONE = 0, EPK_LATE_PROMISED = 1, EPK_LATE_POSTED = 2 };
 /* Phases named in the error word (cuda_sync.c turns them into words). */
 enum {
   EPK_PH_NONE = 0,
@@ -65,6 +66,7 @@ enum {
   EPK_PH_LL_ZDONE = 11, /* low latency: waiting for a peer to finish reading our zero-copy
                            combine input */
   EPK_PH_LL_CHECK = 12, /* low latency: the combine's topk_idx against the dispatch's */
+  EPK_PH_LATE = 13,     /* dispatch: waiting for a peer's late hello (where its outputs are) */
 };
 
 /* Error word: status code (8 bits) | phase (8) | peer + 1 (16, 0 = none) | detail (32). */
@@ -78,13 +80,16 @@ typedef struct {
   uint32_t seq;      /* the call's sequence number; stored last, with release semantics */
   ep_call_key_t key; /* what the call is; compared field by field (detail of a mismatch) */
   int32_t num_tokens, direct, recv_rows;
-  int32_t wgap256;   /* combine: bytes of area C before its staged weights / 256 (x in area C) */
-  int32_t xreg1;     /* dispatch: 1 + the slot of the writer's registration of caller memory that
-                        holds its recv_x for xcap rows (senders write x rows there); 0: none.
-                        combine, x read in place (direct): 1 + the registration holding x, 0: x
-                        is in the writer's pool; xoff: x's byte offset there */
-  int32_t xcap, pad; /* dispatch: rows of that recv_x (more arriving: drained, not written) */
-  int64_t xoff;      /* dispatch: byte offset of recv_x in that registration */
+  int32_t wgap256; /* combine: bytes of area C before its staged weights / 256 (x in area C) */
+  int32_t xreg1;   /* dispatch: 1 + the slot of the writer's registration of caller memory that
+                      holds its recv_x for xcap rows (senders write x rows there); 0: none.
+                      combine, x read in place (direct): 1 + the registration holding x, 0: x
+                      is in the writer's pool; xoff: x's byte offset there */
+  int32_t xcap;    /* dispatch: rows of that recv_x (more arriving: drained, not written) */
+  uint32_t late;   /* dispatch: EPK_LATE_*. An allocator's outputs exist only once the count
+                      is known, after this hello: the writer's data kernel posts xreg1, xcap
+                      and xoff again (its late hello), then late = POSTED; senders wait */
+  int64_t xoff;    /* dispatch: byte offset of recv_x in that registration */
   /* then int32 to_rank[R] (tokens this source sends to each rank) and
    *      int32 experts[E/R] (its selections of the slot owner's local experts) */
 } epk_hello_t;
@@ -313,6 +318,8 @@ typedef struct {
   uint64_t xrow, wrow; /* COMBINE: staging bytes per row of this call */
   int64_t xoff;        /* DISPATCH, CACHED: recv_x in a registration (epk_hello_t.xreg1) */
   int32_t xreg1, xcap;
+  uint32_t late; /* DISPATCH, CACHED: the data kernel posts a late hello (EPK_LATE_PROMISED) */
+  int32_t pad;
 } epk_notify_t;
 
 typedef struct {
@@ -337,6 +344,10 @@ typedef struct {
   int64_t *recv_idx;
   int32_t *recv_src;
   epk_recv_layout_t lay;
+  /* late != 0: the hello promised a late one; it says recv_x lies in registration lreg1 - 1 at
+   * byte offset loff for lcap rows (lreg1 = 0: not registered, send to area D) */
+  int32_t late, lreg1, lcap, pad;
+  int64_t loff;
 } epk_dispatch_t;
 
 typedef struct {

@@ -32,7 +32,7 @@ __device__ void fill_header(epk_hello_t *h, const epk_notify_t &a, int status) {
   h->wgap256 = a.wgap256;
   h->xreg1 = a.xreg1;
   h->xcap = a.xcap;
-  h->pad = 0;
+  h->late = a.late;
   h->xoff = a.xoff;
 }
 
