@@ -24,7 +24,10 @@ tensors of the pool (made under `use_mem_pool`: the senders write recv_x in plac
 
 Last, a MoE layer's step: get_dispatch_layout + dispatch with default outputs (the host waits
 for the count, the outputs are allocated then) + the combine of its rows (tools/deepep_time.py
-times DeepEP's the same way: "layer").
+times DeepEP's the same way: "layer"); default outputs come from the Buffer's registered pool
+(``out_pool_bytes``: the senders write recv_x there, the combine reads it in place), and the
+same step is timed again with that pool switched off (plain tensors: the receiver copies the
+rows out, the combine stages them), the baseline of the same run.
 
 Rank 0 prints the times in us, the ratio to the baseline and the fraction of the limit reached,
 and the in-place counters (`Buffer.in_place_counts`), which say which path each form took;
@@ -139,7 +142,12 @@ def main():
             d0 = buf.in_place_counts()[1]
             us, mean = timed(group, fn, o.iters)
             dres.append((name, us, buf.in_place_counts()[1] - d0, mean))
+        d0, c0 = buf.in_place_counts()[1], buf.in_place_counts()[0]
         lres = timed(group, layer, o.iters)
+        linpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
+        pool_, buf._out_pool = buf._out_pool, None  # the baseline: plain default outputs
+        lplain = timed(group, layer, o.iters)
+        buf._out_pool = pool_
         calls = o.iters + 10
         if me == 0:
             print(f"R={R}, {o.sms} SMs per rank, {o.tokens} tokens per rank, H {H}, topk {TOPK}, "
@@ -161,14 +169,19 @@ def main():
                   "buffer (no copy), is not offered in Python: `epcomm bench --backend cuda` "
                   "times it")
             print(f"layer step (get_dispatch_layout + dispatch with default outputs + combine "
-                  f"of its rows): {lres[0]:.1f} us (median), {lres[1]:.1f} us (mean)")
+                  f"of its rows): {lres[0]:.1f} us (median), {lres[1]:.1f} us (mean); "
+                  f"in place: {linpl[0]}/{calls} dispatches, {linpl[1]}/{calls} combines")
+            print(f"the same, default outputs plain (out pool off, baseline): {lplain[0]:.1f} us "
+                  f"(median), {lplain[1]:.1f} us (mean); x plain: {lplain[0] / lres[0]:.2f}")
             if o.json:
                 fig = {f"{what}_{name.replace(' ', '_')}": {"median_us": us, "mean_us": mean,
                                                            "in_place": inpl, "calls": calls}
                        for what, rows_ in (("write_combine", res), ("dispatch_worst", dres))
                        for name, us, inpl, mean in rows_}
                 fig["layer_dispatch_combine"] = {"median_us": lres[0], "mean_us": lres[1],
-                                                 "calls": calls}
+                                                 "calls": calls, "in_place": list(linpl)}
+                fig["layer_dispatch_combine_plain"] = {"median_us": lplain[0],
+                                                       "mean_us": lplain[1], "calls": calls}
                 with open(o.json, "w") as f:
                     json.dump({"ranks": R, "sms": o.sms, "tokens": o.tokens, "hidden": H,
                                "weights": o.weights, "figures": fig}, f, indent=1)

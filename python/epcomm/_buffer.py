@@ -22,7 +22,7 @@ from ._events import CpuLaunch, CudaLaunch, EventHandle, EventOverlap
 from ._group import Group
 from ._handles import DispatchHandle, Info, Ref
 from ._ll import LowLatency
-from ._mempool import collect as _collect_arenas, mem_pool as _mem_pool
+from ._mempool import OutPool as _OutPool, collect as _collect_arenas, mem_pool as _mem_pool
 from ._registration import register as _register
 from ._tensors import need_rows, need_shape, need_tensor, over, ptr
 
@@ -70,16 +70,20 @@ class _Rows:
     """The row outputs of one dispatch, allocated by the C library's callback once the receive
     count is known (or up front for num_worst_tokens); returns their addresses."""
 
-    __slots__ = ("device", "H", "dtype", "S", "topk", "weights", "x", "scales", "idx", "w", "src")
+    __slots__ = ("device", "H", "dtype", "S", "topk", "weights", "x", "scales", "idx", "w", "src",
+                 "pool")
 
-    def __init__(self, device, H, dtype, S, topk, weights):
+    def __init__(self, device, H, dtype, S, topk, weights, pool=None):
         self.device, self.H, self.dtype, self.S = device, H, dtype, S
-        self.topk, self.weights = topk, weights
+        self.topk, self.weights, self.pool = topk, weights, pool
         self.x = self.scales = self.idx = self.w = self.src = None
 
     def __call__(self, rows):
         dev = self.device
-        self.x = torch.empty((rows, self.H), dtype=self.dtype, device=dev)
+        # recv_x from the Buffer's registered pool when it has room (_mempool.OutPool)
+        self.x = self.pool.empty((rows, self.H), self.dtype, dev) if self.pool else None
+        if self.x is None:
+            self.x = torch.empty((rows, self.H), dtype=self.dtype, device=dev)
         if self.S:
             self.scales = torch.empty((rows, self.S), dtype=_F32, device=dev)
         if self.topk:
@@ -101,7 +105,11 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     (one host, no RDMA). epcomm's own keywords: ``device`` ("cpu", "cuda", "cuda:N"; default:
     EP_BACKEND, else CUDA when available), ``queue_bytes``, ``num_channels``, ``timeout_s``, and
     the low-latency sizes ``ll_max_tokens``, ``ll_hidden``, ``ll_num_experts``,
-    ``ll_max_topk`` to create the low-latency side now instead of at its first call.
+    ``ll_max_topk`` to create the low-latency side now instead of at its first call, and
+    ``out_pool_bytes`` (CUDA): a registered arena of that many bytes where dispatch makes its
+    recv_x (the senders write the rows there, a combine of them reads them in place; a recv_x
+    that does not fit is a plain tensor). Default num_nvl_bytes / 2, 0: none; collective, so
+    the same on every rank.
     """
 
     num_sms = 20
@@ -112,10 +120,16 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
                  use_fabric=False, explicitly_destroy=False, enable_shrink=False, comm=None, *,
                  device=None, queue_bytes=0, num_channels=0, timeout_s=0.0, ll_max_tokens=0,
-                 ll_hidden=0, ll_num_experts=0, ll_max_topk=0):
+                 ll_hidden=0, ll_num_experts=0, ll_max_topk=0, out_pool_bytes=None):
         self._normal = self._llbuf = self._group = None
         self._registrations = {}  # registration id -> Registration (Buffer.register)
         self._pools = []  # MemPool (Buffer.mem_pool): their arenas close with the buffer
+        self._out_pool = None  # where dispatch puts recv_x by default (_mempool.OutPool)
+        if out_pool_bytes is not None and (isinstance(out_pool_bytes, bool) or
+                                           not isinstance(out_pool_bytes, int) or
+                                           out_pool_bytes < 0):
+            raise InvalidArgumentError(f"Buffer: out_pool_bytes is {out_pool_bytes!r}, must be an "
+                                       f"int >= 0 (0: none) or None (the default)")
         if enable_shrink:
             raise UnsupportedError("Buffer: enable_shrink=True (masking failed ranks) is not "
                                    "supported by epcomm: a rank that dies makes its peers' calls "
@@ -140,6 +154,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         try:
             if num_nvl_bytes > 0 or not low_latency_mode:
                 self._normal = self._create(self._normal_queue_bytes(queue_bytes, num_channels))
+                self._out_pool = self._make_out_pool(out_pool_bytes)
             if ll_max_tokens or ll_hidden or ll_num_experts:
                 self._ll_create((ll_max_tokens, ll_hidden, ll_num_experts, ll_max_topk))
         except BaseException:
@@ -154,6 +169,24 @@ class Buffer(LowLatency, _lifecycle.Scoped):
             return queue_bytes
         per = self.num_nvl_bytes // (2 * self.group_size * max(num_channels, 1))
         return min(per, _MAX_QUEUE) // 4096 * 4096
+
+    def _make_out_pool(self, nbytes):
+        """CUDA: the registered arena of dispatch's default recv_x (collective: the same
+        decision on every rank). None: the default (the receive area's size, num_nvl_bytes / 2),
+        0: none. An arena IPC cannot export (expandable segments) or a PyTorch without
+        MemPool: none, and recv_x is a plain tensor as before."""
+        if not self._cuda:
+            return None
+        if nbytes is None:
+            nbytes = max(int(self.num_nvl_bytes), 0) // 2
+        if nbytes == 0:
+            return None
+        try:
+            p = _mem_pool(self, self.register, nbytes, "Buffer(out_pool_bytes)")
+        except UnsupportedError:
+            return None
+        self._pools.append(p)
+        return _OutPool(p)
 
     def _config(self, queue_bytes, ll=(0, 0, 0, 0)):
         backend = _C.BACKEND_CUDA if self._cuda else _C.BACKEND_CPU
@@ -348,7 +381,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
             raise InvalidArgumentError(f"{op}: num_worst_tokens is {W}, must be >= 0")
         R, L = self.group_size, max(E // self.group_size, 1)
         rows = _Rows(self.device, H, x.dtype, 0 if scales is None else scales.size(1),
-                     0 if synthetic else topk, w is not None)
+                     0 if synthetic else topk, w is not None, self._out_pool)
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream,
                               after_compute=synthetic)
         try:
@@ -417,7 +450,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         # count is known only on the device.
         nrows = info.num_recv_tokens if info.num_recv_tokens >= 0 else info.capacity
         worst = info.num_recv_tokens < 0
-        rows = _Rows(self.device, H, x.dtype, 0 if scales is None else scales.size(1), 0, False)
+        rows = _Rows(self.device, H, x.dtype, 0 if scales is None else scales.size(1), 0, False,
+                     self._out_pool)
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         # DeepEP resends a handle's layout in any format; epcomm's cached dispatch keeps the
         # format of the dispatch that made the handle, so another one is a new dispatch along
@@ -522,6 +556,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         return _C.buffer_in_place(self._buf("Buffer.in_place_counts"))
 
     def _forget_registrations(self):
+        self._out_pool = None
         regs, self._registrations = self._registrations, {}
         for r in regs.values():
             r._forget()

@@ -86,6 +86,10 @@ class _Arena:
             self.free = merged
             self._maybe_drop()
 
+    def largest_free(self):
+        with self.lock:
+            return max((n for _, n in self.free), default=0)
+
     def close(self):
         with self.lock:
             self.closed = True
@@ -145,3 +149,64 @@ def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
     addr = [ctypes.cast(t, ctypes.c_void_p).value for t in thunks]
     allocator = torch._C._cuda_customAllocator(addr[0], addr[1])
     return MemPool(torch.cuda.MemPool(allocator), reg, arena)
+
+
+_MIB = 1 << 20
+
+
+def _segment_bytes(nbytes):
+    """What PyTorch's caching allocator asks a pool's allocator for, to hold one block of
+    nbytes (its large-block rules: 20 MiB segments below 10 MiB, else whole 2 MiB units)."""
+    need = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    return 20 * _MIB if need < 10 * _MIB else (need + 2 * _MIB - 1) // (2 * _MIB) * (2 * _MIB)
+
+
+class OutPool:
+    """Where a CUDA Buffer's dispatch puts its recv_x by default (Buffer's ``out_pool_bytes``):
+    a registered arena like ``Buffer.mem_pool``'s, so that the senders write the rows straight
+    there (the data kernel's late hello says where) and a combine of recv_x reads them in place.
+
+    A tensor is made under the pool only when the pool can certainly hold it, otherwise with a
+    plain torch.empty: when a pool's allocator says no, PyTorch frees every cached block of the
+    process and retries before raising out of memory, a cost no fallback should have. Certain
+    means a block of PyTorch's cache in this pool, free and on this stream, that is large enough,
+    or room in the arena for the segment PyTorch would ask for."""
+
+    MIN_BYTES = 1 * _MIB  # below: a plain tensor (the copy saved is worth less than the check)
+
+    __slots__ = ("mem", "used")
+
+    def __init__(self, mem):
+        self.mem = mem
+        self.used = 0  # tensors made here (in_place statistics come from the library)
+
+    def empty(self, shape, dtype, device):
+        """A tensor in the pool, or None (the caller makes a plain one)."""
+        nbytes = dtype.itemsize
+        for d in shape:
+            nbytes *= d
+        if nbytes < self.MIN_BYTES or not self._room(nbytes):
+            return None
+        try:
+            with torch.cuda.use_mem_pool(self.mem.pool):
+                t = torch.empty(shape, dtype=dtype, device=device)
+        except torch.cuda.OutOfMemoryError:
+            return None  # the check above was wrong; a plain tensor still works
+        self.used += 1
+        return t
+
+    def _room(self, nbytes):
+        if self.mem._arena.largest_free() >= _segment_bytes(nbytes):
+            return True
+        snapshot = getattr(self.mem.pool, "snapshot", None)
+        if snapshot is None:
+            return False
+        need = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        stream = torch.cuda.current_stream().cuda_stream
+        for seg in snapshot():
+            if seg.get("stream") not in (None, stream):
+                continue
+            for b in seg.get("blocks", ()):
+                if b.get("state") == "inactive" and b.get("size", 0) >= need:
+                    return True
+        return False

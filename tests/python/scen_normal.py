@@ -311,6 +311,74 @@ def mem_pool_combine(ctx, seed, sizes, H, E, topk):
     ck.done()
 
 
+def out_pool_dispatch(ctx, seed, sizes, H, E, topk, fp8):
+    """Buffer(out_pool_bytes): a dispatch's default recv_x comes from the Buffer's registered
+    arena and the senders write its rows there (CUDA: the data kernel's late hello, counted by
+    in_place_counts), a cached dispatch's too; a combine of that recv_x reads it in place; every
+    output with the reference's bits. A pool too small for a recv_x gives a plain tensor with
+    the same bits; a bad out_pool_bytes is refused before anything collective."""
+    from epcomm._mempool import OutPool
+    R, me, dev = ctx.nranks, ctx.rank, ctx.device
+    cuda = torch.device(dev).type == "cuda"
+    xs, scs, idxs, ws, x2s = _world(R, seed, sizes, H, E, topk, fp8)
+    want, st = ref.dispatch(xs, idxs, ws, E, 1, scs)
+    want2, st2 = ref.dispatch(x2s, idxs, ws, E, 1, scs)
+    ck = Check(me, f"out_pool_dispatch(fp8={fp8}, R={R})")
+    for bad in (-1, 1.5, True):
+        try:
+            deep_ep.Buffer(ctx.pg, int(1e8), 0, device=dev, out_pool_bytes=bad)
+            ck.true(False, f"out_pool_bytes={bad!r} raises InvalidArgumentError")
+        except epcomm.InvalidArgumentError as e:
+            ck.true("out_pool_bytes" in str(e), f"the error names out_pool_bytes: {e}")
+    saved, OutPool.MIN_BYTES = OutPool.MIN_BYTES, 0  # this test's rows are small
+    nr = [w_["nr"] for w_ in want][me]
+    try:
+        for pool_bytes, pooled in ((64 << 20, cuda), (1 << 20, False)):
+            what = f"out_pool_bytes={pool_bytes}"
+            buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev,
+                                 out_pool_bytes=pool_bytes)
+            try:
+                pool = buf._out_pool
+                ck.true((pool is not None) == cuda, f"{what}: a pool on CUDA only: {pool}")
+                d0 = buf.in_place_counts()[1]
+                x, r_idx, r_w, _, handle, _ = buf.dispatch(
+                    _x_arg(xs, scs, me, dev), **_routing_args(buf, idxs, ws, me, E, dev))
+                rx = x[0] if fp8 else x
+                inside = pool is not None and nr > 0 and pool.mem.contains(rx)
+                ck.true(inside == (pooled and nr > 0), f"{what}: recv_x in the arena: {inside}")
+                d1 = buf.in_place_counts()[1]
+                ck.true(d1 == d0 + inside, f"{what}: dispatches in place {d0} -> {d1}")
+                ck.bits(rx, want[me]["x"], f"{what}: recv_x")
+                ck.bits(r_idx, want[me]["topk_idx"], f"{what}: recv_topk_idx")
+                ck.bits(r_w, want[me]["topk_weights"], f"{what}: recv_topk_weights")
+                if fp8:
+                    ck.bits(x[1], want[me]["scales"], f"{what}: recv_x scales")
+                x2, _, _, _, _, _ = buf.dispatch(_x_arg(x2s, scs, me, dev), handle=handle)
+                rx2 = x2[0] if fp8 else x2
+                in2 = pool is not None and nr > 0 and pool.mem.contains(rx2)
+                ck.true(in2 == (pooled and nr > 0), f"{what}: cached recv_x in the arena: {in2}")
+                ck.true(buf.in_place_counts()[1] == d1 + in2, f"{what}: cached in place")
+                ck.bits(rx2, want2[me]["x"], f"{what}: cached recv_x")
+                if not fp8:  # the combine of recv_x itself, as DeepEP's test does
+                    ys = [w_["x"] for w_ in want]
+                    out_want, outw_want = ref.combine(st, H, topk, ys,
+                                                      [w_["topk_weights"] for w_ in want],
+                                                      None, None)
+                    c0 = buf.in_place_counts()[0]
+                    out, out_w, _ = buf.combine(rx, handle, topk_weights=r_w)
+                    if inside:
+                        _check_in_place(ck, buf, c0, dev, f"{what}: recv_x of the pool")
+                    ck.bits(out, out_want[me], f"{what}: combined_x of recv_x")
+                    ck.bits(out_w, outw_want[me], f"{what}: combined_topk_weights")
+            finally:
+                buf.destroy()
+    finally:
+        OutPool.MIN_BYTES = saved
+    ref.free_dispatch(st)
+    ref.free_dispatch(st2)
+    ck.done()
+
+
 def registered_combine(ctx, seed, sizes, H, E, topk):
     """Buffer.register: a combine whose x is a slice of a registered tensor gives the same bits
     as the reference; the registration as a context manager, its end, and its going with the

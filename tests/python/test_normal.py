@@ -72,6 +72,13 @@ def test_registered_combine(worlds, device, R):
 
 
 @pytest.mark.parametrize("R", RANKS)
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_out_pool_dispatch(worlds, device, R, fp8):
+    worlds.get(R, device).run("scen_normal.out_pool_dispatch", seed=13, sizes=sizes(R), H=H,
+                              E=E, topk=TOPK, fp8=fp8)
+
+
+@pytest.mark.parametrize("R", RANKS)
 def test_mem_pool_combine(worlds, device, R):
     worlds.get(R, device).run("scen_normal.mem_pool_combine", seed=12, sizes=sizes(R), H=H, E=E,
                               topk=TOPK)
