@@ -36,6 +36,7 @@ and the in-place counters (`Buffer.in_place_counts`), which say which path each 
 
 import argparse
 import json
+import os
 import statistics
 import struct
 
@@ -84,7 +85,11 @@ def main():
     torch.cuda.set_device(0)
     deep_ep.Buffer.set_num_sms(o.sms)
     gen = torch.Generator().manual_seed(1234 + me)
-    buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda")
+    # The default outputs' registered pool, with the late hello that lets the senders write
+    # into it (both off by default until measured: this bench is that measurement).
+    os.environ.setdefault("EP_CUDA_LATE_HELLO", "1")
+    buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
+                         out_pool_bytes=int(1.5e9))
     try:
         x = torch.randn((o.tokens, H), generator=gen).to(torch.bfloat16).cuda()
         idx = torch.rand((o.tokens, E), generator=gen).topk(TOPK).indices.cuda()

@@ -522,7 +522,9 @@ EP_API ep_status_t ep_get_combine_buffer(ep_buffer_t buf, ep_handle_t handle, vo
  * the same bits with or without a registration: only where the rows are read changes.
  * Likewise a normal-mode dispatch into caller arrays (EP_OUTPUT_CALLER) whose recv_x lies, for
  * all `capacity` rows, inside a registration of the receiving rank has its rows written there by
- * the senders (CUDA: no copy-out pass for x; the other arrays are copied as before).
+ * the senders (CUDA: no copy-out pass for x; the other arrays are copied as before). With
+ * EP_CUDA_LATE_HELLO=1 the same holds for the recv_x an allocator (EP_OUTPUT_ALLOC) returns: its
+ * data kernel tells the senders where it lies before they write (off by default for now).
  *
  * Collective: every rank of the buffer's group registers (and deregisters) in the same order,
  * each its own range (sizes may differ). A rank whose call is rejected (bad arguments) still

@@ -331,7 +331,7 @@ static void dispatch_round(const ctx_t *c, int round, const outs_t *o) {
     for (int i = 0; shape == 2 && i < NMAX * TOPK; i++) /* nobody sends to rank round % R */
       if (d.idx[s][i] / 2 == round % R) d.idx[s][i] = -1;
   }
-  const int mine = (round + me) % 3 != 0; /* registered here; R > 1: some peers differ */
+  const int mine = (round + me) % 3 != 0;    /* registered here; R > 1: some peers differ */
   const int alloc = ((round >> 2) + me) & 1; /* likewise, the allocator path */
   void *x = t_to_dev(d.x[me], (size_t)NMAX * H * 2), *x2 = t_to_dev(d.bias[me], NMAX * H * 2);
   void *idx = t_to_dev(d.idx[me], NMAX * TOPK * 8), *w = t_to_dev(d.w[me], NMAX * TOPK * 4);

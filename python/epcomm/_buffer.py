@@ -107,9 +107,9 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     the low-latency sizes ``ll_max_tokens``, ``ll_hidden``, ``ll_num_experts``,
     ``ll_max_topk`` to create the low-latency side now instead of at its first call, and
     ``out_pool_bytes`` (CUDA): a registered arena of that many bytes where dispatch makes its
-    recv_x (the senders write the rows there, a combine of them reads them in place; a recv_x
-    that does not fit is a plain tensor). Default num_nvl_bytes / 2, 0: none; collective, so
-    the same on every rank.
+    recv_x (a combine of it reads it in place; with EP_CUDA_LATE_HELLO=1 the senders also
+    write the rows straight there; a recv_x that does not fit is a plain tensor). 0 (default):
+    none; None: num_nvl_bytes / 2. Collective, so the same on every rank.
     """
 
     num_sms = 20
@@ -120,7 +120,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
                  use_fabric=False, explicitly_destroy=False, enable_shrink=False, comm=None, *,
                  device=None, queue_bytes=0, num_channels=0, timeout_s=0.0, ll_max_tokens=0,
-                 ll_hidden=0, ll_num_experts=0, ll_max_topk=0, out_pool_bytes=None):
+                 ll_hidden=0, ll_num_experts=0, ll_max_topk=0, out_pool_bytes=0):
         self._normal = self._llbuf = self._group = None
         self._registrations = {}  # registration id -> Registration (Buffer.register)
         self._pools = []  # MemPool (Buffer.mem_pool): their arenas close with the buffer
@@ -172,9 +172,10 @@ class Buffer(LowLatency, _lifecycle.Scoped):
 
     def _make_out_pool(self, nbytes):
         """CUDA: the registered arena of dispatch's default recv_x (collective: the same
-        decision on every rank). None: the default (the receive area's size, num_nvl_bytes / 2),
-        0: none. An arena IPC cannot export (expandable segments) or a PyTorch without
-        MemPool: none, and recv_x is a plain tensor as before."""
+        decision on every rank). None: the receive area's size (num_nvl_bytes / 2), 0: none
+        (the default until the late hello it pairs with is measured on a GPU). An arena IPC
+        cannot export (expandable segments) or a PyTorch without MemPool: none, and recv_x is
+        a plain tensor as before."""
         if not self._cuda:
             return None
         if nbytes is None:

@@ -58,6 +58,7 @@ typedef struct {
   uint64_t *reg_bytes;  /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
   struct cuda_net *net; /* across hosts (cuda_net.h), NULL on one host */
   uint64_t in_place[2]; /* combines read in place, dispatches written in place (one host) */
+  bool late_hello;      /* EP_CUDA_LATE_HELLO: the allocator path may post a late hello */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */

@@ -10,7 +10,8 @@
  * the caller's recv_x (EP_OUTPUT_CALLER) lies in one of this rank's registrations of caller
  * memory (ep_register_memory), the hello says where, and the senders write x rows straight
  * there through their mapping of it; only the other arrays are copied out. An allocator's
- * outputs exist only after the hello: when this rank has registrations at all, its hello
+ * outputs exist only after the hello: with EP_CUDA_LATE_HELLO=1 (off by default until it is
+ * measured on a GPU) and when this rank has registrations at all, its hello
  * promises a late one, which the data kernel posts first (where the allocator's recv_x lies, if
  * in a registration), and the senders wait for it before choosing where x rows go. */
 #include <stdint.h>
@@ -215,7 +216,7 @@ static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int6
 static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   const bool wait = c->plan->nr < 0;
   const uint32_t t = wait ? next_ticket(s) : 0;
-  c->late = cuda_reg_any(s);
+  c->late = s->late_hello && cuda_reg_any(s);
   ep_status_t rc = launch_notify(s, c, st, t);
   *nr = c->plan->nr;
   if (!rc && wait) rc = wait_count(s, c, t, nr);

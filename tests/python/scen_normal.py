@@ -3,6 +3,8 @@ dispatch in bf16 and fp8 (column-major scales), with and without top-k (routing 
 is_token_in_rank), cached dispatch, worst-case tokens, combine with weights and biases, the
 stream flags; every output compared bit for bit with the reference (tools/ref/ref.c)."""
 
+import os
+
 import torch
 
 import epcomm
@@ -331,6 +333,8 @@ def out_pool_dispatch(ctx, seed, sizes, H, E, topk, fp8):
         except epcomm.InvalidArgumentError as e:
             ck.true("out_pool_bytes" in str(e), f"the error names out_pool_bytes: {e}")
     saved, OutPool.MIN_BYTES = OutPool.MIN_BYTES, 0  # this test's rows are small
+    late = os.environ.get("EP_CUDA_LATE_HELLO")
+    os.environ["EP_CUDA_LATE_HELLO"] = "1"  # read at the buffer's creation
     nr = [w_["nr"] for w_ in want][me]
     try:
         for pool_bytes, pooled in ((64 << 20, cuda), (1 << 20, False)):
@@ -374,6 +378,10 @@ def out_pool_dispatch(ctx, seed, sizes, H, E, topk, fp8):
                 buf.destroy()
     finally:
         OutPool.MIN_BYTES = saved
+        if late is None:
+            os.environ.pop("EP_CUDA_LATE_HELLO")
+        else:
+            os.environ["EP_CUDA_LATE_HELLO"] = late
     ref.free_dispatch(st)
     ref.free_dispatch(st2)
     ck.done()
