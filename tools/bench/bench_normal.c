@@ -12,7 +12,7 @@
 
 /* The allocator callback: outputs grown once and touched, so no iteration pays for page
  * faults (device memory on the GPU). */
-static int grow(normal_t *u, int n) {
+int bench_normal_grow(normal_t *u, int n) {
   if (n <= u->alloc.cap) return 0;
   bench_ctx_t *c = u->c;
   size_t rows = (size_t)n;
@@ -31,7 +31,7 @@ static int grow(normal_t *u, int n) {
 
 static int alloc_cb(void *ctx, const ep_dispatch_args_t *a, int n, ep_dispatch_out_t *out) {
   normal_t *u = ctx;
-  if (grow(u, n)) return -1;
+  if (bench_normal_grow(u, n)) return -1;
   out->recv_x = u->alloc.x;
   out->recv_x_scales = u->ns ? u->alloc.scales : NULL;
   out->recv_topk_idx = a->topk_idx ? u->alloc.idx : NULL; /* a cached dispatch returns no ids */

@@ -34,6 +34,8 @@ typedef struct {
  * recv_x / recv_scales); u->last, u->nr and (full) u->h set. 0, or 1 after saying why. */
 int bench_normal_dispatch(normal_t *u, ep_handle_t cached, ep_output_mode_t mode, void *recv_x,
                           float *recv_scales);
+/* The allocator callback's outputs grown to hold n rows; 0, or -1 when out of memory. */
+int bench_normal_grow(normal_t *u, int n);
 /* Destroys u->h (the last full dispatch's handle) and clears it, even when the destroy fails:
  * never destroyed twice. 0, or 1 after saying why. */
 int bench_normal_drop(normal_t *u);

@@ -7,7 +7,10 @@
  * ep_get_combine_buffer's memory, alone and with the experts' write, beside the same write into
  * a separate tensor (backends with a combine buffer); a combine whose input is a separate tensor
  * registered with the buffer (ep_register_memory), alone and with the experts' write (backends
- * that read registered memory in place). Each is its own loop; its last outputs must be
+ * that read registered memory in place); where the main dispatch returns views, a full
+ * dispatch whose allocator gives plain memory and one whose allocator gives registered memory
+ * (with EP_CUDA_LATE_HELLO=1 the senders write its recv_x in place: run the bench with 0 and 1
+ * to time the late hello against the copy-out). Each is its own loop; its last outputs must be
  * identical to the main rows' checked ones (digests). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,6 +217,38 @@ static int full_cached_pair(normal_t *u, ep_output_mode_t mode) {
   return bench_run(u->c, &v, s, 4, "full and cached dispatch, paired");
 }
 
+/* Full dispatches into the allocator's outputs (bench_normal.c), the handle dropped each time. */
+static int full_alloc(bench_ctx_t *c, void *state, int it) {
+  var_t *v = state;
+  return bench_normal_dispatch(v->u, NULL, EP_OUTPUT_ALLOC, NULL, NULL);
+}
+
+static int alloc_rows(normal_t *u, const char *key, const char *label) {
+  var_t v = {u, NULL, EP_OUTPUT_ALLOC, NULL, NULL, NULL, label};
+  bench_step_t s[] = {{full_alloc, bench_row(u->c, key, label, BENCH_K_DISPATCH), 0},
+                      {check_rows, -1, 0},
+                      {pair_drop, -1, 0}};
+  return bench_run(u->c, &v, s, 3, label);
+}
+
+/* The allocator path, where the main rows time views: its outputs plain, then registered. */
+static int full_allocator(normal_t *u) {
+  bench_ctx_t *c = u->c;
+  int rc = alloc_rows(u, "dispatch_alloc", "epcomm dispatch, allocator");
+  if (rc || !(c->caps & EP_CAP_REGISTER_MEMORY)) return rc;
+  if (bench_normal_grow(u, u->nr > 0 ? u->nr : 1)) /* a rank that receives nothing registers too */
+    return fprintf(stderr, "epcomm bench: out of memory for the allocator's outputs\n"), 1;
+  ep_mem_t mem = NULL;
+  ep_status_t st = ep_register_memory(c->buf, u->alloc.x, (size_t)u->alloc.cap * u->row, &mem);
+  if (st) {
+    fprintf(stderr, "epcomm bench: no registered allocator row: %s\n", ep_last_error());
+    return st != EP_ERR_UNSUPPORTED;
+  }
+  rc = alloc_rows(u, "dispatch_alloc_reg", "epcomm dispatch, allocator, reg.");
+  if (bench_said(ep_deregister_memory(c->buf, mem), "ep_deregister_memory")) rc = 1;
+  return rc;
+}
+
 int bench_normal_variants(normal_t *u) {
   bench_ctx_t *c = u->c;
   ep_output_mode_t main_mode = u->views ? EP_OUTPUT_VIEWS : EP_OUTPUT_ALLOC;
@@ -231,6 +266,7 @@ int bench_normal_variants(normal_t *u) {
   if (!rc && u->views && c->o->dtype == BENCH_BF16) rc = combine_view(u);
   if (!rc && (c->caps & EP_CAP_COMBINE_BUFFER)) rc = combine_buffer(u, main_mode);
   if (!rc && (c->caps & EP_CAP_REGISTER_MEMORY)) rc = combine_registered(u, main_mode);
+  if (!rc && u->views) rc = full_allocator(u);
   ep_handle_destroy(v.h);
   return rc;
 }

@@ -107,6 +107,12 @@ static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, s
                " pair: a full dispatch and a cached one along its handle in each iteration, "
                "timed apart (full - cached from calls that see the same GPU state)."},
               {"dispatch_cached_caller", " caller: the rows copied into the caller's tensors."},
+              {"dispatch_alloc",
+               " allocator: a full dispatch whose outputs come from an allocator callback "
+               "(the rows copied out of the buffer)."},
+              {"dispatch_alloc_reg",
+               " allocator, reg.: the same with the allocator's recv_x registered; "
+               "EP_CUDA_LATE_HELLO=1: written in place by the senders."},
               {"dispatch_cached_reg",
                " reg. caller: caller tensors registered with the buffer (ep_register_memory), "
                "recv_x written in place by the senders."},
