@@ -101,6 +101,10 @@ ep_status_t ep_bio_wait(ep_boot_t *b, int fd, short events, double deadline, int
      * closes: EOF). A leaf must not judge others itself: in the last exchange of a destroy, a
      * released leaf may exit before rank 0 has written this leaf's release. */
     ep_status_t st = b->rank != 0 && peer == 0 ? watch_center(b) : ep_bio_watch(b);
+    /* A peer that wrote its verdict and then exited: its bytes are read first (an EOF alone
+     * keeps the watch's better message: how the peer died). */
+    char c;
+    if (st && (events & POLLIN) && recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 1) return EP_OK;
     if (st) return st;
     if (ep_now() >= deadline)
       return ep_bio_fail(EP_ERR_TIMEOUT, peer,

@@ -47,8 +47,9 @@ ep_status_t ep_group_fail(ep_group *g, ep_status_t st, const char *op);
 /* Zero-timeout check; EP_ERR_PEER_FAILED with a message naming the rank and what happened. */
 ep_status_t ep_group_check(ep_group *g, int *dead, const char **how);
 bool ep_group_same_host(const ep_group *g);
-/* After a failed exchange: if a peer is (about to be seen) dead, say so instead. */
-ep_status_t ep_group_explain(ep_group *g, ep_status_t st);
+/* After a failed exchange: if a peer is (about to be seen) dead, say so instead; after a
+ * timeout only when it is `peer`, the rank the call failed on (-1: unknown, any). */
+ep_status_t ep_group_explain(ep_group *g, ep_status_t st, int peer);
 ep_status_t ep_group_add_buffer(ep_group *g, ep_id_t buf);
 void ep_group_remove_buffer(ep_group *g, ep_id_t buf);
 

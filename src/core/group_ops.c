@@ -62,7 +62,7 @@ ep_status_t ep_group_check(ep_group *g, int *dead, const char **how) {
   return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, g->remote_how);
 }
 
-ep_status_t ep_group_explain(ep_group *g, ep_status_t st) {
+ep_status_t ep_group_explain(ep_group *g, ep_status_t st, int peer) {
   if (st != EP_ERR_PEER_FAILED && st != EP_ERR_TIMEOUT) return st;
   /* A closed socket can be seen a moment before the process is reaped and the launcher says how
    * it died: give the better explanation 200 ms to show up. */
@@ -70,7 +70,11 @@ ep_status_t ep_group_explain(ep_group *g, ep_status_t st) {
   snprintf(saved, sizeof saved, "%s", ep_last_error());
   for (int i = 0; i < 40; i++) {
     int dead;
-    if (ep_group_check(g, &dead, NULL) == EP_ERR_PEER_FAILED) return EP_ERR_PEER_FAILED;
+    /* After a timeout, a bystander that has exited since (the rank that gave up first and
+     * told us, say) explains nothing: only the rank the call waited for does. */
+    if (ep_group_check(g, &dead, NULL) == EP_ERR_PEER_FAILED &&
+        (st != EP_ERR_TIMEOUT || peer < 0 || dead == peer))
+      return EP_ERR_PEER_FAILED;
     if (st == EP_ERR_TIMEOUT) break;
     nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL);
   }
@@ -161,7 +165,8 @@ ep_status_t ep_group_xchg(ep_group *g, int kind, const void *send, void *recv, s
                                : ep_boot_barrier(&g->boot, mine, deadline);
   if (st == mine || st == EP_ERR_PEER_INVALID) return st; /* the channel is in step */
   /* A verdict that this rank came too late stands, though the peers may have left since. */
-  if (g->world ? peer != g->rank : ep_boot_failed_peer() != g->rank) st = ep_group_explain(g, st);
+  if (!g->world) peer = ep_boot_failed_peer();
+  if (peer != g->rank) st = ep_group_explain(g, st, peer);
   g->broken = true; /* a peer may be gone, or in another call: no collective call is safe now */
   if (st != EP_ERR_MISMATCH) g->peer_lost = true;
   return st;
