@@ -294,7 +294,7 @@ typedef struct {
 
 static int give_outs(void *ctx, const ep_dispatch_args_t *args, int nr, ep_dispatch_out_t *out) {
   alloc_ctx_t *a = ctx;
-  (void)args, (void)nr;
+  (void)nr;
   a->calls++;
   out->recv_x = a->x;
   out->recv_x_scales = a->fp8 ? a->o->s : NULL;
@@ -313,6 +313,19 @@ static void set_outs(ep_dispatch_out_t *out, int alloc, alloc_ctx_t *ac, int cap
   out->recv_x = NULL, out->recv_x_scales = NULL, out->recv_topk_idx = NULL; /* the callback's */
   out->recv_topk_weights = NULL, out->recv_src_idx = NULL;
   out->mode = EP_OUTPUT_ALLOC, out->alloc = give_outs, out->alloc_ctx = ac;
+}
+
+/* Whether the allocator's recv_x of nr rows was written in place: cuda with the late hello
+ * (EP_CUDA_LATE_HELLO=1), registered here, rows to write. Checked by the in-place counter. */
+static void check_alloc_in_place(const ctx_t *c, uint64_t before, int alloc, int mine, int nr,
+                                 const char *what, int round) {
+  uint64_t cc, after;
+  in_place(c, &cc, &after);
+  const char *late = getenv("EP_CUDA_LATE_HELLO");
+  const int want = t_cuda() && late && !strcmp(late, "1") && mine && nr > 0;
+  T_CHECK(!alloc || after - before == (uint64_t)want,
+          "%s, round %d: allocator path, %d rows, %sregistered: %llu dispatches in place, want %d",
+          what, round, nr, mine ? "" : "not ", (unsigned long long)(after - before), want);
 }
 
 /* Round `round`: the shape of the routing, the format, who has recv_x registered and who takes
@@ -359,8 +372,11 @@ static void dispatch_round(const ctx_t *c, int round, const outs_t *o) {
                            .recv_src_idx = o->src};
   alloc_ctx_t ac = {rx, o, fp8, with_w, 0};
   set_outs(&out, alloc, &ac, R * NMAX);
+  uint64_t cc, d0;
+  in_place(c, &cc, &d0);
   T_OK(ep_dispatch(c->b, &a, &out));
   T_CHECK(ac.calls == alloc, "round %d: the callback was called %d times", round, ac.calls);
+  check_alloc_in_place(c, d0, alloc, mine, out.num_recv_tokens, "full", round);
   ref_rank_input_t ri[64];
   ref_recv_t rr[64];
   for (int q = 0; q < R; q++)
@@ -384,7 +400,11 @@ static void dispatch_round(const ctx_t *c, int round, const outs_t *o) {
                           .recv_src_idx = o->src};
   ac.x = rx;
   set_outs(&oc, alloc, &ac, R * NMAX);
+  in_place(c, &cc, &d0);
   T_OK(ep_dispatch(c->b, &a, &oc));
+  T_CHECK(ac.calls == 2 * alloc, "cached, round %d: the callback was called %d times in all", round,
+          ac.calls);
+  check_alloc_in_place(c, d0, alloc, !mine, oc.num_recv_tokens, "cached", round);
   for (int q = 0; q < R; q++) ref_free_recv(&rr[q]), ri[q].x = d.bias[q];
   T_CHECK(ref_dispatch(R, c->E, TOPK, (size_t)row, fp8 ? NS : 0, 1, ri, rr) == 0,
           "reference dispatch");

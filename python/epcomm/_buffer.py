@@ -16,8 +16,8 @@ import torch
 
 from . import _C, _lifecycle
 from ._config import Config
-from ._errors import (ArgumentTypeError, DestroyedError, InvalidArgumentError, LifecycleWarning,
-                      UnsupportedError)
+from ._errors import (ArgumentTypeError, DestroyedError, EpcommError, InvalidArgumentError,
+                      LifecycleWarning, PeerInvalidError, UnsupportedError)
 from ._events import CpuLaunch, CudaLaunch, EventHandle, EventOverlap
 from ._group import Group
 from ._handles import DispatchHandle, Info, Ref
@@ -129,7 +129,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                                            not isinstance(out_pool_bytes, int) or
                                            out_pool_bytes < 0):
             raise InvalidArgumentError(f"Buffer: out_pool_bytes is {out_pool_bytes!r}, must be an "
-                                       f"int >= 0 (0: none) or None (the default)")
+                                       f"int >= 0 (0, the default: none) or None (the receive "
+                                       f"area's size)")
         if enable_shrink:
             raise UnsupportedError("Buffer: enable_shrink=True (masking failed ranks) is not "
                                    "supported by epcomm: a rank that dies makes its peers' calls "
@@ -184,7 +185,15 @@ class Buffer(LowLatency, _lifecycle.Scoped):
             return None
         try:
             p = _mem_pool(self, self.register, nbytes, "Buffer(out_pool_bytes)")
-        except UnsupportedError:
+        except torch.cuda.OutOfMemoryError:
+            # No arena here: still take part in the registration, refused, so that the peers
+            # give up on theirs at once (PeerInvalidError below) and no rank has a pool.
+            try:
+                self.register(torch.empty(0, dtype=torch.uint8, device=self.device))
+            except EpcommError:
+                pass
+            return None
+        except (UnsupportedError, PeerInvalidError):  # every rank alike: no pool anywhere
             return None
         self._pools.append(p)
         return _OutPool(p)

@@ -137,9 +137,11 @@ def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
         raise UnsupportedError(f"{op}: a memory pool is for CUDA buffers (this one is on "
                                f"{buffer.device}); on the cpu backend a combine reads any tensor "
                                f"in place already")
-    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch._C, "_cuda_customAllocator"):
+    # Older MemPools route every thread's allocations to the pool while one thread uses it.
+    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch._C, "_cuda_customAllocator") or \
+            not hasattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool"):
         raise UnsupportedError(f"{op}: this PyTorch ({torch.__version__}) has no "
-                               f"torch.cuda.MemPool with custom allocators")
+                               f"torch.cuda.MemPool with custom allocators for one thread")
     collect()
     size = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN + _ALIGN  # + the unused head
     arena = _Arena(torch.empty(size, dtype=torch.uint8, device=buffer.device))
@@ -148,7 +150,8 @@ def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
     _THUNKS.append(thunks)
     addr = [ctypes.cast(t, ctypes.c_void_p).value for t in thunks]
     allocator = torch._C._cuda_customAllocator(addr[0], addr[1])
-    return MemPool(torch.cuda.MemPool(allocator), reg, arena)
+    with torch.cuda.device(buffer.device):  # a MemPool belongs to the current device
+        return MemPool(torch.cuda.MemPool(allocator), reg, arena)
 
 
 _MIB = 1 << 20
@@ -156,7 +159,8 @@ _MIB = 1 << 20
 
 def _segment_bytes(nbytes):
     """What PyTorch's caching allocator asks a pool's allocator for, to hold one block of
-    nbytes (its large-block rules: 20 MiB segments below 10 MiB, else whole 2 MiB units)."""
+    nbytes over 1 MiB (its large blocks, default settings: a 20 MiB segment below 10 MiB, else
+    whole 2 MiB units; 1 MiB and less come from 2 MiB small segments, never asked for here)."""
     need = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
     return 20 * _MIB if need < 10 * _MIB else (need + 2 * _MIB - 1) // (2 * _MIB) * (2 * _MIB)
 
@@ -169,42 +173,51 @@ class OutPool:
     A tensor is made under the pool only when the pool can certainly hold it, otherwise with a
     plain torch.empty: when a pool's allocator says no, PyTorch frees every cached block of the
     process and retries before raising out of memory, a cost no fallback should have. Certain
-    means a block of PyTorch's cache in this pool, free and on this stream, that is large enough,
-    or room in the arena for the segment PyTorch would ask for."""
+    means a large block of PyTorch's cache in this pool, free and on this stream, that is large
+    enough, or room in the arena for the segment PyTorch would ask for (its default rules: a
+    PYTORCH_CUDA_ALLOC_CONF that changes them can defeat the check; the first out of memory
+    then turns the pool off for good)."""
 
-    MIN_BYTES = 1 * _MIB  # below: a plain tensor (the copy saved is worth less than the check)
+    MIN_BYTES = 1 * _MIB + 1  # below: a plain tensor (the copy saved is worth less than the
+    # check, and PyTorch's small blocks, 1 MiB and less, follow other rules)
 
     __slots__ = ("mem", "used")
 
     def __init__(self, mem):
-        self.mem = mem
-        self.used = 0  # tensors made here (in_place statistics come from the library)
+        self.mem = mem  # None once turned off
+        self.used = 0  # tensors made in the arena (in_place statistics come from the library)
 
     def empty(self, shape, dtype, device):
         """A tensor in the pool, or None (the caller makes a plain one)."""
         nbytes = dtype.itemsize
         for d in shape:
             nbytes *= d
-        if nbytes < self.MIN_BYTES or not self._room(nbytes):
+        mem = self.mem
+        if mem is None or nbytes < self.MIN_BYTES or not self._room(nbytes, device):
             return None
         try:
-            with torch.cuda.use_mem_pool(self.mem.pool):
+            with torch.cuda.use_mem_pool(mem.pool, device=device):
                 t = torch.empty(shape, dtype=dtype, device=device)
         except torch.cuda.OutOfMemoryError:
-            return None  # the check above was wrong; a plain tensor still works
-        self.used += 1
+            self.mem = None  # the check was wrong here: never pay PyTorch's OOM path twice
+            return None
+        self.used += mem.contains(t)
         return t
 
-    def _room(self, nbytes):
+    def _room(self, nbytes, device):
         if self.mem._arena.largest_free() >= _segment_bytes(nbytes):
             return True
         snapshot = getattr(self.mem.pool, "snapshot", None)
         if snapshot is None:
             return False
+        try:
+            segments = snapshot(include_traces=False)  # the trace ring can be large
+        except TypeError:
+            segments = snapshot()
         need = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-        stream = torch.cuda.current_stream().cuda_stream
-        for seg in snapshot():
-            if seg.get("stream") not in (None, stream):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        for seg in segments:
+            if seg.get("stream") != stream or seg.get("segment_type") != "large":
                 continue
             for b in seg.get("blocks", ()):
                 if b.get("state") == "inactive" and b.get("size", 0) >= need:

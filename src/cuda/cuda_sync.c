@@ -79,7 +79,8 @@ static const char *waited_for(unsigned p) {
     case EPK_PH_LL_ZDONE:
       return "it to finish reading this rank's zero-copy combine input";
     case EPK_PH_LATE:
-      return "its late hello (where its allocator put the outputs)";
+      return "its late hello (where its allocator put the outputs; a rank whose count exchange "
+             "failed never posts it)";
     default:
       return "it to finish reading our rows";
   }

@@ -328,7 +328,7 @@ def out_pool_dispatch(ctx, seed, sizes, H, E, topk, fp8):
     ck = Check(me, f"out_pool_dispatch(fp8={fp8}, R={R})")
     for bad in (-1, 1.5, True):
         try:
-            deep_ep.Buffer(ctx.pg, int(1e8), 0, device=dev, out_pool_bytes=bad)
+            deep_ep.Buffer(ctx.pg, int(1e8), 0, device=dev, out_pool_bytes=bad).destroy()
             ck.true(False, f"out_pool_bytes={bad!r} raises InvalidArgumentError")
         except epcomm.InvalidArgumentError as e:
             ck.true("out_pool_bytes" in str(e), f"the error names out_pool_bytes: {e}")
@@ -374,8 +374,11 @@ def out_pool_dispatch(ctx, seed, sizes, H, E, topk, fp8):
                         _check_in_place(ck, buf, c0, dev, f"{what}: recv_x of the pool")
                     ck.bits(out, out_want[me], f"{what}: combined_x of recv_x")
                     ck.bits(out_w, outw_want[me], f"{what}: combined_topk_weights")
+                del x, rx, x2, rx2  # the arena goes once its tensors are gone (reused worker)
             finally:
                 buf.destroy()
+            if cuda:
+                torch.cuda.empty_cache()
     finally:
         OutPool.MIN_BYTES = saved
         if late is None:

@@ -297,12 +297,17 @@ __device__ void post_late(const epk_buf_t &b, const epk_dispatch_t &a) {
     h->xoff = a.loff;
   }
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  __threadfence_system();
-  for (int d = 0; d < R; d++) epk_st_rlx(&epk_hello(b, d, par, b.rank)->late, EPK_LATE_POSTED);
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int d = 0; d < R; d++) epk_st_rlx(&epk_hello(b, d, par, b.rank)->late, EPK_LATE_POSTED);
+  }
+  __syncthreads(); /* the block goes on together (its stop check below) */
 }
 
-/* d's hello promised a late one: wait for it (bounded like every wait); false: give up. */
+/* d's hello promised a late one: wait for it (bounded like every wait); false: give up. Only
+ * for this rank and the destinations it sends rows to (xd of the others is never used); every
+ * sender waits for all of them before it sends anything, so the slowest sets the start (to be
+ * measured). */
 __device__ bool await_late(const epk_buf_t &b, const epk_hello_t *h, int d) {
   uint32_t v = epk_ld_acq(&h->late); /* acquire: the fields after it are read next */
   epk_waiter w;
@@ -329,11 +334,13 @@ __device__ bool setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate 
     /* d's registered recv_x: every rank decides alike from d's hello and the counts (rows
      * beyond its capacity: d drains, so they go to area D as without a registration). */
     const epk_hello_t *h = epk_hello(b, b.rank, par, d);
-    if (!await_late(b, h, d)) {
+    /* Its own always: every block must agree on xdirect (whether x rows came in place). */
+    const bool needed = d == b.rank || cnt[b.rank * R + d] > 0;
+    if (needed && !await_late(b, h, d)) {
       ok = false;
       continue;
     }
-    const int reg1 = __ldcg(&h->xreg1);
+    const int reg1 = needed ? __ldcg(&h->xreg1) : 0; /* else maybe still being written */
     uint8_t *xd = nullptr;
     if (reg1 > 0 && n <= (int64_t)__ldcg(&h->xcap)) {
       uint8_t *rb = b.regs[(int64_t)(reg1 - 1) * R + d];
@@ -417,7 +424,9 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   const int R = b.nranks;
   epk_grid_wait(); /* for the notify kernel before it (epk_launch_dependent) */
   if (a.ticket && blockIdx.x == 0 && threadIdx.x == 0) publish_count(b, a);
-  /* Promised in this call's hello: posted even when the call stopped, so no peer waits for it. */
+  /* Promised in this call's hello: posted even when the call stopped, so no peer waits for it
+   * (a host whose count wait failed never launches this kernel: its peers then time out in the
+   * late-hello phase, naming it). */
   if (a.late && blockIdx.x == 0) post_late(b, a);
   if (epk_stopped(b)) return; /* the count exchange failed: nothing moves */
   epk_tr_min(b, EPK_TR_D_START);
