@@ -2,6 +2,7 @@
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
 #   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
+#   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
 #   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode, dtypes in $NCUDT: per-kernel time, DRAM bytes,
 #   occupancy, then the SpeedOfLight/Occupancy/WarpStateStats sections)
 #   cudanet (the cuda.net.* tests: the CUDA data path across pretend hosts through NCCL)
@@ -85,6 +86,24 @@ for s in $steps; do
           echo "epcomm bench --backend cuda, R=$R, $dt: exit $?"
           grep -v '^\[[1-9]' "$out/bench-r$R-$dt.log" | sed 's/^\[0\] //' |
             grep -E '^(epcomm|copy ceiling|cudaMemcpy|ratio|check|first)'
+        done
+      done ;;
+    late)
+      # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
+      # the allocator-path rows of `epcomm bench` (plain outputs, then registered ones), bf16,
+      # at R:SMs in $LATER (default "2:24 4:24 8:16") and tokens in $LATET (default "4096 128").
+      for rs in ${LATER:-2:24 4:24 8:16}; do
+        R=${rs%%:*} S=${rs#*:}
+        for N in ${LATET:-4096 128}; do
+          for late in 0 1; do
+            log="$out/late-r$R-t$N-l$late.log"
+            timeout 150 "$mps" env EP_CUDA_LATE_HELLO=$late $b/bin/epcomm launch \
+              -n $R $b/bin/epcomm bench --backend cuda --dtype bf16 --tokens $N --sms $S \
+              --json "$out/late-r$R-t$N-l$late.json" >"$log" 2>&1
+            echo "R=$R, $S SMs, $N tokens, EP_CUDA_LATE_HELLO=$late: exit $?"
+            grep -v '^\[[1-9]' "$log" | sed 's/^\[0\] //' |
+              grep -E '^(epcomm dispatch, allocator|epcomm dispatch  |check)'
+          done
         done
       done ;;
     net)
