@@ -7,7 +7,10 @@
  *                         call; the context stays usable (a fresh buffer then works)
  *   test_cuda cycles N    N x (group, buffer, dispatch + combine, destroy): device memory flat
  *   test_cuda overflow    outputs too small on one rank: EP_ERR_TOO_LARGE there, the rows are
- *                         drained, the other ranks complete, the buffer stays usable
+ *                         drained, the other ranks complete, the buffer stays usable; then a
+ *                         worst-case (asynchronous) dispatch too small on rank 0, followed at
+ *                         once by a synchronous allocator-path dispatch: EP_OK on every rank,
+ *                         the earlier failure logged on rank 0 (EP_LOG_FILE), not returned
  *   test_cuda cbuf N      N rounds of dispatch (bf16 or fp8 alternately, views) + combine whose x
  *                         is ep_get_combine_buffer's memory, written by the "experts" (with and
  *                         without weights, with a bias), each checked against the reference;
@@ -314,6 +317,50 @@ static int timeout(void) {
 
 /* Rank 0's outputs hold no row: it gets EP_ERR_TOO_LARGE, its rows are drained, every other rank
  * completes, and the buffer stays consistent (a round trip afterwards works). */
+static int alloc_x(void *ctx, const ep_dispatch_args_t *a, int nr, ep_dispatch_out_t *o) {
+  void **p = ctx;
+  (void)a;
+  *p = t_dalloc((size_t)(nr > 0 ? nr : 1) * H * 2);
+  o->recv_x = *p;
+  return *p ? 0 : -1;
+}
+
+/* Whether this process's log file (EP_LOG_FILE) has `needle`. */
+static bool logged(const char *needle) {
+  FILE *f = fopen(getenv("EP_LOG_FILE"), "r");
+  char line[1024];
+  bool hit = false;
+  while (f && !hit && fgets(line, sizeof line, f)) hit = strstr(line, needle) != NULL;
+  if (f) fclose(f);
+  return hit;
+}
+
+/* The worst-case dispatch returns before its kernels run; the one too small on rank 0 records
+ * its failure on the GPU meanwhile, while the synchronous dispatch after it waits for its count.
+ * That failure moved no data and belongs to the earlier call: the synchronous one must go through
+ * on every rank (rank 0 launching its data kernel, which the peers wait for). */
+static void deferred_overflow(ep_buffer_t b, const ep_dispatch_args_t *a, void *rx, int R, int me) {
+  ep_dispatch_out_t w = {.size = sizeof w,
+                         .mode = EP_OUTPUT_CALLER,
+                         .worst_case = 1,
+                         .recv_x = rx,
+                         .capacity = me == 0 ? 1 : NMAX * R}; /* rank 0 receives R rows or more */
+  T_OK(ep_dispatch(b, a, &w));
+  void *ax = NULL;
+  ep_dispatch_out_t s = {
+      .size = sizeof s, .mode = EP_OUTPUT_ALLOC, .alloc = alloc_x, .alloc_ctx = &ax};
+  ep_status_t st = ep_dispatch(b, a, &s);
+  T_CHECK(st == EP_OK, "the synchronous dispatch after an asynchronous overflow: %s (%s)",
+          ep_status_name(st), ep_last_error());
+  T_OK(cudaDeviceSynchronize() == cudaSuccess ? EP_OK : EP_ERR_CUDA);
+  if (me == 0)
+    T_CHECK(logged("moved no data"), "rank 0: the earlier call's overflow was not logged (%s)",
+            getenv("EP_LOG_FILE"));
+  T_OK(ep_handle_destroy(w.handle));
+  T_OK(ep_handle_destroy(s.handle));
+  t_dfree(ax);
+}
+
 static int overflow(void) {
   ep_group_t g;
   ep_buffer_t b;
@@ -356,10 +403,13 @@ static int overflow(void) {
     T_OK(ep_handle_destroy(o.handle));
   }
   round_trip(b, R, me);
+  if (R > 1) deferred_overflow(b, &a, rx, R, me);
+  round_trip(b, R, me);
   T_OK(ep_buffer_destroy(b));
   t_dfree(x), t_dfree(idx), t_dfree(rx);
   free_inputs(&in);
   t_fini(g);
+  unlink(getenv("EP_LOG_FILE"));
   return T_PASS;
 }
 
@@ -551,6 +601,9 @@ static int cycles(int n) {
 
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "graph";
+  char log[64]; /* overflow reads the library's warnings from here (before anything logs) */
+  snprintf(log, sizeof log, "/tmp/epcomm-test-cuda-%d.log", (int)getpid());
+  if (!strcmp(mode, "overflow")) setenv("EP_LOG_FILE", log, 1);
   if (!t_cuda()) setenv("EP_BACKEND", "cuda", 1);
   t_require_backend();
   if (!strcmp(mode, "graph")) return graph(argc > 2 ? atoi(argv[2]) : 5);

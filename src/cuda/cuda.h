@@ -95,7 +95,8 @@ ep_status_t cuda_enter(cuda_state_t *s, void *stream, const char *op, cudaStream
 void cuda_leave(cuda_state_t *s, cudaStream_t st, bool record); /* record: it enqueued work */
 bool cuda_capturing(cudaStream_t st);
 ep_status_t cuda_check(cuda_state_t *s, cudaError_t e, const char *op, const char *what);
-/* Waits for the notify kernel of a synchronous call (ticket), with the deadline and liveness. */
+/* Waits for the ticket of a synchronous call (published by notify or the data kernel whether the
+ * call fails or not), with the deadline and liveness; not ended by an error word. */
 ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op);
 /* The same for any word of the mapped host block that a kernel sets to `want`; `phase` names the
  * wait in a failure. Returns EP_OK also when a kernel recorded a failure (cuda_take_error). */
@@ -103,6 +104,9 @@ ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want,
                            const char *phase);
 /* Turns the host error word into a status and message (and clears it); EP_OK if none. */
 ep_status_t cuda_take_error(cuda_state_t *s, const char *op);
+/* The same for an error of an earlier asynchronous call: logged when it moved no data (EP_OK),
+ * else the buffer breaks and it is returned. */
+ep_status_t cuda_deferred(cuda_state_t *s, const char *op);
 /* Waits for this buffer's own work; false on deadline (then kernels were told to stop). */
 bool cuda_quiesce(cuda_state_t *s, double seconds);
 void cuda_reject(void *state);

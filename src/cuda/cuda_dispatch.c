@@ -168,11 +168,21 @@ static ep_status_t launch_notify(cuda_state_t *s, call_t *c, cudaStream_t st, ui
   return cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
 }
 
-/* The receive count of a synchronous call, once notify has published it. */
-static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, int *nr) {
+/* The receive count of a synchronous call, once it is published. An error word seen then may be
+ * an earlier asynchronous call's (its kernels end before this call's notify starts, but after
+ * this call's cuda_enter looked). On the allocator path the count tells: notify writes it only
+ * when this call's exchange went through (the host set it to -1 before), and then the peers
+ * expect this rank's data kernel, so an error beside it is an earlier call's (cuda_deferred).
+ * Elsewhere the data kernel is on its way already and the error is returned. */
+static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, bool alloc, int *nr) {
   ep_status_t rc = cuda_wait_ticket(s, ticket, OP);
-  if (!rc) rc = cuda_take_error(s, OP);
-  if (!rc) *nr = c->plan->nr = __atomic_load_n(&s->host->nr, __ATOMIC_ACQUIRE);
+  if (rc) return rc;
+  const int32_t got = __atomic_load_n(&s->host->nr, __ATOMIC_ACQUIRE);
+  rc = alloc && got >= 0 ? cuda_deferred(s, OP) : cuda_take_error(s, OP);
+  if (!rc && got < 0)
+    rc = ep_ctx_fail(s->ctx, EP_ERR_INTERNAL, -1, OP, "notify",
+                     "the count exchange ended with neither a count nor an error");
+  if (!rc) *nr = c->plan->nr = got;
   return rc;
 }
 
@@ -217,9 +227,10 @@ static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *n
   const bool wait = c->plan->nr < 0;
   const uint32_t t = wait ? next_ticket(s) : 0;
   c->late = s->late_hello && cuda_reg_any(s);
+  if (wait) __atomic_store_n(&s->host->nr, -1, __ATOMIC_RELEASE); /* wait_count: whose error */
   ep_status_t rc = launch_notify(s, c, st, t);
   *nr = c->plan->nr;
-  if (!rc && wait) rc = wait_count(s, c, t, nr);
+  if (!rc && wait) rc = wait_count(s, c, t, true, nr);
   if (rc) return rc;
   ep_status_t out_rc = ep_call_outputs_ready(s->ctx, c->c, *nr, c->lay.rows);
   if (!out_rc && !aligned16(c->o->recv_x))
@@ -246,7 +257,7 @@ static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   ep_status_t rc = launch_notify(s, c, st, 0);
   if (!rc) rc = launch_data(s, c, st, cap, t);
   *nr = c->c->sync ? c->plan->nr : -1;
-  if (!rc && wait) rc = wait_count(s, c, t, nr);
+  if (!rc && wait) rc = wait_count(s, c, t, false, nr);
   if (!rc && c->c->sync) rc = ep_call_outputs_ready(s->ctx, c->c, *nr, c->lay.rows);
   return rc;
 }

@@ -131,7 +131,7 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
  * and that moved no data (a rank rejected its arguments, the ranks disagree, the outputs were too
  * small) leave the buffer consistent: they are logged, and this call goes on (failing it would
  * leave the peers waiting). The others (a deadline, a dead peer) break the buffer. */
-static ep_status_t deferred(cuda_state_t *s, const char *op) {
+ep_status_t cuda_deferred(cuda_state_t *s, const char *op) {
   ep_status_t st = cuda_take_error(s, op);
   if (!st) return EP_OK;
   if (st == EP_ERR_PEER_INVALID || st == EP_ERR_MISMATCH || st == EP_ERR_OUT_OF_RANGE ||
@@ -150,7 +150,7 @@ ep_status_t cuda_enter(cuda_state_t *s, void *stream, const char *op, cudaStream
   *out = (cudaStream_t)stream;
   if (cuda_set_device(s->device, &s->prev_device))
     return cuda_check(s, cudaGetLastError(), op, "device");
-  ep_status_t st = deferred(s, op);
+  ep_status_t st = cuda_deferred(s, op);
   if (st) {
     cuda_leave(s, *out, false);
     return st;
@@ -171,16 +171,13 @@ void cuda_leave(cuda_state_t *s, cudaStream_t st, bool record) {
   if (s->prev_device >= 0 && s->prev_device != s->device) cudaSetDevice(s->prev_device);
 }
 
-ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op) {
-  return cuda_wait_word(s, &s->host->ticket, ticket, op, "notify");
-}
-
-ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
-                           const char *phase) {
+/* early: an error word ends the wait too (the kernel may never set `word` after a failure). */
+static ep_status_t wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
+                             const char *phase, bool early) {
   double start = ep_now(), deadline = start + ep_ctx_timeout(s->ctx) + 10.0, next = start + 0.05;
   for (unsigned spins = 0;; spins++) {
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == want) return EP_OK;
-    if (__atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE)) return EP_OK; /* caller reports it */
+    if (early && __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE)) return EP_OK; /* reported */
     if (spins % 256) continue;
     double now = ep_now();
     if (now < next) {
@@ -201,6 +198,17 @@ ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want,
                          "the kernel did not report within %.3g s (it never ran?)", now - start);
     }
   }
+}
+
+/* The ticket comes whether the call fails or not (notify's last step, or the data kernel's first
+ * thread): no early end on an error word, which an earlier asynchronous call may set meanwhile. */
+ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op) {
+  return wait_word(s, &s->host->ticket, ticket, op, "notify", false);
+}
+
+ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
+                           const char *phase) {
+  return wait_word(s, word, want, op, phase, true);
 }
 
 bool cuda_quiesce(cuda_state_t *s, double seconds) {
