@@ -54,11 +54,12 @@ typedef struct {
   cuda_reg_t *regs;                 /* [EP_MAX_MEM_REGS] registrations of caller memory */
   cuda_map_t *maps;                 /* peers' allocations opened for them */
   int nmaps, capmaps;
-  uint8_t **reg_table;  /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
-  uint64_t *reg_bytes;  /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
-  struct cuda_net *net; /* across hosts (cuda_net.h), NULL on one host */
-  uint64_t in_place[2]; /* combines read in place, dispatches written in place (one host) */
-  bool late_hello;      /* EP_CUDA_LATE_HELLO: the allocator path may post a late hello */
+  uint8_t **reg_table;    /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
+  uint64_t *reg_bytes;    /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
+  struct cuda_net *net;   /* across hosts (cuda_net.h), NULL on one host */
+  uint64_t in_place[2];   /* combines read in place, dispatches written in place (one host) */
+  bool late_hello;        /* EP_CUDA_LATE_HELLO: the allocator path may post a late hello */
+  ep_call_key_t prev_key; /* err_key of the call before, for its error seen during this one */
 } cuda_state_t;
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */

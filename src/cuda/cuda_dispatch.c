@@ -163,22 +163,33 @@ static ep_status_t launch_notify(cuda_state_t *s, call_t *c, cudaStream_t st, ui
   epk_notify_t n;
   fill_notify(s, c, &n);
   n.ticket = ticket;
+  s->prev_key = s->err_key;
   s->err_key = c->c->key;
   c->in_place = n.xreg1 != 0;
   return cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
 }
 
+/* An earlier call's error, reported with that call's key (it names its slot or field). */
+static ep_status_t earlier(cuda_state_t *s) {
+  const ep_call_key_t mine = s->err_key;
+  s->err_key = s->prev_key;
+  ep_status_t rc = cuda_deferred(s, OP);
+  s->err_key = mine;
+  return rc;
+}
+
 /* The receive count of a synchronous call, once it is published. An error word seen then may be
  * an earlier asynchronous call's (its kernels end before this call's notify starts, but after
- * this call's cuda_enter looked). On the allocator path the count tells: notify writes it only
- * when this call's exchange went through (the host set it to -1 before), and then the peers
- * expect this rank's data kernel, so an error beside it is an earlier call's (cuda_deferred).
- * Elsewhere the data kernel is on its way already and the error is returned. */
-static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, bool alloc, int *nr) {
+ * this call's cuda_enter looked). The count tells: it is published only when this call's count
+ * exchange went through (the host set it to -1 before; notify, or the data kernel, writes -1 or
+ * nothing when it failed), and then the peers expect this rank's data kernel, so an error
+ * beside it is an earlier call's (logged when it moved no data, as cuda_enter does). */
+static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, int *nr) {
   ep_status_t rc = cuda_wait_ticket(s, ticket, OP);
   if (rc) return rc;
-  const int32_t got = __atomic_load_n(&s->host->nr, __ATOMIC_ACQUIRE);
-  rc = alloc && got >= 0 ? cuda_deferred(s, OP) : cuda_take_error(s, OP);
+  const bool in = __atomic_load_n(&s->host->ticket, __ATOMIC_ACQUIRE) == ticket;
+  const int32_t got = in ? __atomic_load_n(&s->host->nr, __ATOMIC_ACQUIRE) : -1;
+  rc = got >= 0 ? earlier(s) : cuda_take_error(s, OP);
   if (!rc && got < 0)
     rc = ep_ctx_fail(s->ctx, EP_ERR_INTERNAL, -1, OP, "notify",
                      "the count exchange ended with neither a count nor an error");
@@ -230,7 +241,7 @@ static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *n
   if (wait) __atomic_store_n(&s->host->nr, -1, __ATOMIC_RELEASE); /* wait_count: whose error */
   ep_status_t rc = launch_notify(s, c, st, t);
   *nr = c->plan->nr;
-  if (!rc && wait) rc = wait_count(s, c, t, true, nr);
+  if (!rc && wait) rc = wait_count(s, c, t, nr);
   if (rc) return rc;
   ep_status_t out_rc = ep_call_outputs_ready(s->ctx, c->c, *nr, c->lay.rows);
   if (!out_rc && !aligned16(c->o->recv_x))
@@ -254,10 +265,11 @@ static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   if (c->c->sync && c->plan->nr > cap) c->mode = EPK_MODE_DRAIN; /* cached, count known */
   alloc_src(c, cap); /* before the hello: a rank that drains must not have x written in place */
   c->reg_ok = c->mode == EPK_MODE_COPY && c->o->mode == EP_OUTPUT_CALLER;
+  if (wait) __atomic_store_n(&s->host->nr, -1, __ATOMIC_RELEASE); /* wait_count: whose error */
   ep_status_t rc = launch_notify(s, c, st, 0);
   if (!rc) rc = launch_data(s, c, st, cap, t);
   *nr = c->c->sync ? c->plan->nr : -1;
-  if (!rc && wait) rc = wait_count(s, c, t, false, nr);
+  if (!rc && wait) rc = wait_count(s, c, t, nr);
   if (!rc && c->c->sync) rc = ep_call_outputs_ready(s->ctx, c->c, *nr, c->lay.rows);
   return rc;
 }

@@ -127,6 +127,12 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
   }
 }
 
+/* Failures that move no data and leave the buffer usable (an asynchronous call's are logged). */
+static bool no_data(ep_status_t st) {
+  return st == EP_ERR_PEER_INVALID || st == EP_ERR_MISMATCH || st == EP_ERR_OUT_OF_RANGE ||
+         st == EP_ERR_TOO_LARGE || st == EP_ERR_INVALID_ARG;
+}
+
 /* A failure recorded by a kernel of an earlier asynchronous call. Failures every rank saw alike
  * and that moved no data (a rank rejected its arguments, the ranks disagree, the outputs were too
  * small) leave the buffer consistent: they are logged, and this call goes on (failing it would
@@ -134,8 +140,7 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
 ep_status_t cuda_deferred(cuda_state_t *s, const char *op) {
   ep_status_t st = cuda_take_error(s, op);
   if (!st) return EP_OK;
-  if (st == EP_ERR_PEER_INVALID || st == EP_ERR_MISMATCH || st == EP_ERR_OUT_OF_RANGE ||
-      st == EP_ERR_TOO_LARGE || st == EP_ERR_INVALID_ARG) {
+  if (no_data(st)) {
     ep_log_at(EP_LOG_WARN, s->rank, "run",
               "an earlier asynchronous call failed and moved no "
               "data: %s",
@@ -171,13 +176,19 @@ void cuda_leave(cuda_state_t *s, cudaStream_t st, bool record) {
   if (s->prev_device >= 0 && s->prev_device != s->device) cudaSetDevice(s->prev_device);
 }
 
-/* early: an error word ends the wait too (the kernel may never set `word` after a failure). */
+/* Whether an error word ends the wait (the caller reports it): any (`any`: the kernel may never
+ * set `word` after a failure), else only one that breaks the buffer, whoever recorded it. */
+static bool ends_wait(const cuda_state_t *s, bool any) {
+  const uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
+  return v && (any || !no_data((ep_status_t)(v >> 56)));
+}
+
 static ep_status_t wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
-                             const char *phase, bool early) {
+                             const char *phase, bool any) {
   double start = ep_now(), deadline = start + ep_ctx_timeout(s->ctx) + 10.0, next = start + 0.05;
   for (unsigned spins = 0;; spins++) {
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == want) return EP_OK;
-    if (early && __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE)) return EP_OK; /* reported */
+    if (ends_wait(s, any)) return EP_OK; /* the caller reports it */
     if (spins % 256) continue;
     double now = ep_now();
     if (now < next) {
@@ -201,7 +212,8 @@ static ep_status_t wait_word(cuda_state_t *s, const uint32_t *word, uint32_t wan
 }
 
 /* The ticket comes whether the call fails or not (notify's last step, or the data kernel's first
- * thread): no early end on an error word, which an earlier asynchronous call may set meanwhile. */
+ * thread): no early end on an error word that an earlier asynchronous call may have set
+ * meanwhile without harm (no data moved); one that breaks the buffer ends it at once. */
 ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op) {
   return wait_word(s, &s->host->ticket, ticket, op, "notify", false);
 }

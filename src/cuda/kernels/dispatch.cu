@@ -412,7 +412,9 @@ __device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
  * issued before it did, and the GPU's posted writes to host memory reach it in order; the fence
  * below keeps the ticket after them from this thread's side. */
 __device__ void publish_count(const epk_buf_t &b, const epk_dispatch_t &a) {
-  *reinterpret_cast<volatile int32_t *>(&b.host->nr) = a.plan[EPK_PLAN_NR];
+  /* -1: this call's count exchange failed (notify, which cleared call_status at its start, is
+   * over): the host then takes the error word as this call's, not an earlier call's. */
+  *reinterpret_cast<volatile int32_t *>(&b.host->nr) = epk_stopped(b) ? -1 : a.plan[EPK_PLAN_NR];
   __threadfence_system();
   *reinterpret_cast<volatile uint32_t *>(&b.host->ticket) = a.ticket;
 }

@@ -125,7 +125,8 @@ typedef struct {
   unsigned long long err; /* copy of the first failure (written once per failure) */
   uint32_t ticket;        /* sequence number of the synchronous call whose count is in: from notify
                              (allocator path) or the dispatch kernel's start (every other path) */
-  int32_t nr;             /* rows this rank receives */
+  int32_t nr;             /* rows this rank receives; the host sets -1 before a synchronous call,
+                             and -1 stays when its count exchange failed (whose error is it) */
   int64_t bad_value;      /* notify/layout: the offending expert id */
   int32_t layout_bad;     /* layout: first bad slot + 1, 0 if none */
   uint32_t abort;         /* written by the host: every kernel stops waiting */
