@@ -552,6 +552,20 @@ static int phase_in(const span_t *sp, long i) {
   return i < sp->first ? DR_INIT : i > sp->last ? DR_EXIT : DR_RUN;
 }
 
+/* Two pipes keep no order between them: a line written to stdout and then one to stderr may be
+ * read the other way round when both are ready at once (seen under load in CI). A warning that
+ * its rule says comes at exit, read on the other stream than the end of the work and no more
+ * than CROSS_STREAM_S before it, came with it: it is an exit line. */
+#define CROSS_STREAM_S 0.25
+static int exit_across_streams(const dr_log_t *log, const dr_line_t *l, long last,
+                               const dr_rulebook_t *rb) {
+  if (!l->warn || l->phase == DR_EXIT || last < 0 || l->rule < 0 || l->rule >= rb->n) return 0;
+  const dr_line_t *end = &log->v[last];
+  if (end->stream == l->stream || end->stream == '?' || l->stream == '?') return 0;
+  if (l->t < 0 || end->t < 0 || end->t - l->t > CROSS_STREAM_S) return 0;
+  return rb->rules[l->rule].phase_hint == DR_EXIT;
+}
+
 void dr_classify(dr_log_t *log, const dr_rulebook_t *rb) {
   matchers_t m;
   matchers_init(&m);
@@ -570,7 +584,9 @@ void dr_classify(dr_log_t *log, const dr_rulebook_t *rb) {
   for (size_t i = 0; i < log->n; i++) {
     dr_line_t *l = &log->v[i];
     int own = sp && l->rank >= 0 && l->rank < nranks && sp[l->rank + 1].last >= 0;
-    l->phase = phase_in(own ? &sp[l->rank + 1] : &all, (long)i);
+    const span_t *span = own ? &sp[l->rank + 1] : &all;
+    l->phase = phase_in(span, (long)i);
+    if (exit_across_streams(log, l, span->last, rb)) l->phase = DR_EXIT;
     if (l->warn) log->count[l->phase]++;
   }
   free(sp);
