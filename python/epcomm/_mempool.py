@@ -21,6 +21,7 @@ allocator): it is retired to _GRAVE and freed at the next safe point (collect():
 destroy or release, the next mem_pool, or the interpreter's exit).
 """
 
+import contextlib
 import ctypes
 import threading
 
@@ -157,6 +158,19 @@ def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
 _MIB = 1 << 20
 
 
+@contextlib.contextmanager
+def _use_pool(pool, device):
+    """torch.cuda.use_mem_pool on the buffer's device (the keyword is newer than MemPool)."""
+    try:
+        cm = torch.cuda.use_mem_pool(pool, device=device)
+    except TypeError:
+        with torch.cuda.device(device), torch.cuda.use_mem_pool(pool):
+            yield
+        return
+    with cm:
+        yield
+
+
 def _segment_bytes(nbytes):
     """What PyTorch's caching allocator asks a pool's allocator for, to hold one block of
     nbytes over 1 MiB (its large blocks, default settings: a 20 MiB segment below 10 MiB, else
@@ -196,7 +210,7 @@ class OutPool:
         if mem is None or nbytes < self.MIN_BYTES or not self._room(nbytes, device):
             return None
         try:
-            with torch.cuda.use_mem_pool(mem.pool, device=device):
+            with _use_pool(mem.pool, device):
                 t = torch.empty(shape, dtype=dtype, device=device)
         except torch.cuda.OutOfMemoryError:
             self.mem = None  # the check was wrong here: never pay PyTorch's OOM path twice

@@ -73,3 +73,58 @@ def test_segments_given_back_from_other_threads():
     for t in ts:
         t.join()
     assert a.free == [(_ALIGN, 1024 * _ALIGN)] and a.used == {}
+
+
+# ---- OutPool (Buffer's out_pool_bytes): when a recv_x may be made under the pool
+
+MIB = 1 << 20
+
+
+class _Pool:
+    """Stands for the torch.cuda.MemPool: its snapshot (the segments of PyTorch's cache)."""
+
+    def __init__(self, segments):
+        self.segments = segments
+
+    def snapshot(self, include_traces=True):
+        return self.segments
+
+
+class _MemPool:
+    def __init__(self, arena_bytes, segments=()):
+        self._arena = _Arena(_Mem(arena_bytes))
+        self.pool = _Pool(list(segments))
+
+
+def _seg(stream, blocks, kind="large"):
+    return {"stream": stream, "segment_type": kind,
+            "blocks": [{"state": st, "size": n} for st, n in blocks]}
+
+
+def test_segment_bytes_follow_the_caching_allocator():
+    assert _mempool._segment_bytes(MIB + 1) == 20 * MIB  # below 10 MiB: a 20 MiB segment
+    assert _mempool._segment_bytes(10 * MIB - 512) == 20 * MIB
+    assert _mempool._segment_bytes(10 * MIB) == 10 * MIB  # from 10 MiB: whole 2 MiB units
+    assert _mempool._segment_bytes(11 * MIB + 1) == 12 * MIB
+
+
+def test_out_pool_room(monkeypatch):
+    monkeypatch.setattr(_mempool.torch.cuda, "current_stream",
+                        lambda device=None: type("S", (), {"cuda_stream": 7})())
+    # the arena has room for the segment PyTorch would ask for
+    assert _mempool.OutPool(_MemPool(21 * MIB))._room(2 * MIB, "cuda:0")
+    assert not _mempool.OutPool(_MemPool(20 * MIB))._room(2 * MIB, "cuda:0")  # + the head
+    # no room: only a free large block of PyTorch's cache in the pool, on this stream, will do
+    full = [_seg(7, [("active_allocated", 8 * MIB), ("inactive", 3 * MIB)])]
+    assert _mempool.OutPool(_MemPool(4 * MIB, full))._room(3 * MIB, "cuda:0")
+    assert not _mempool.OutPool(_MemPool(4 * MIB, full))._room(3 * MIB + 1, "cuda:0")
+    other = [_seg(9, [("inactive", 8 * MIB)]), _seg(7, [("inactive", 8 * MIB)], "small"),
+             _seg(7, [("active_pending_free", 8 * MIB)])]
+    assert not _mempool.OutPool(_MemPool(4 * MIB, other))._room(2 * MIB, "cuda:0")
+
+
+def test_out_pool_declines_small_rows_and_after_it_is_off():
+    p = _mempool.OutPool(_MemPool(64 * MIB))
+    assert p.empty((16, 1024), _mempool.torch.bfloat16, "cuda:0") is None  # 32 KiB: plain
+    p.mem = None  # turned off (an out of memory in the pool)
+    assert p.empty((4096, 7168), _mempool.torch.bfloat16, "cuda:0") is None
