@@ -5,6 +5,9 @@
  *   test_failure kill-create FILE     ... while the others create a buffer (it never arrives)
  *   test_failure kill-root FILE       rank 0 dies while the others create a buffer
  *   test_failure timeout              the last rank arrives late; the others time out
+ *   test_failure timeout-gone         the same, rank 0 stopped (SIGSTOP) from 0.3 s to 2 s: rank 1
+ *                                     gives up first, tells it and exits; rank 0 still names the
+ *                                     late rank (the verdict, not rank 1's exit, explains it)
  *   test_failure stop                 the last rank SIGSTOPs itself between a dispatch and its
  *                                     combine and is resumed 4 s later (EP_TIMEOUT_S ~1.5 s):
  *                                     the others fail within one deadline, naming it
@@ -200,9 +203,22 @@ static int kill_in_create(int victim) {
   return T_PASS;
 }
 
+/* Rank 0 stopped from 0.3 s to 2 s by a forked helper (which touches nothing of epcomm's). */
+static void pause_me(void) {
+  pid_t self = getpid();
+  if (fork() == 0) {
+    nanosleep(&(struct timespec){0, 300 * 1000 * 1000}, NULL);
+    kill(self, SIGSTOP);
+    nanosleep(&(struct timespec){1, 700 * 1000 * 1000}, NULL);
+    kill(self, SIGCONT);
+    _exit(0);
+  }
+}
+
 /* The last rank enters the dispatch 3 s late; with a 1 s deadline the others give up, naming it,
- * the phase and the operation; the late rank then finds the call abandoned. */
-static int timeout(void) {
+ * the phase and the operation; the late rank then finds the call abandoned. gone: rank 0 is
+ * stopped meanwhile, so that rank 1 gives up first and has exited when rank 0 looks again. */
+static int timeout(bool gone) {
   int R, me;
   ep_group_t g;
   ep_buffer_t buf;
@@ -215,6 +231,7 @@ static int timeout(void) {
   b.n = 8;
   int late = R - 1;
   if (me == late) nanosleep(&(struct timespec){3, 0}, NULL);
+  if (gone && me == 0) pause_me();
   double t0 = tk_now_s();
   ep_status_t st = big_dispatch(buf, &b, R);
   double dt = tk_now_s() - t0;
@@ -374,14 +391,16 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(mode, "kill-root")) return kill_in_create(0);
   if (!strcmp(mode, "kill-ll")) return kill_in_ll();
-  if (!strcmp(mode, "timeout")) return timeout();
+  if (!strcmp(mode, "timeout")) return timeout(false);
+  if (!strcmp(mode, "timeout-gone")) return timeout(true);
   if (!strcmp(mode, "stop")) return stopped_rank(false);
   if (!strcmp(mode, "stop-barrier")) return stopped_rank(true);
   if (!strncmp(mode, "early-", 6)) return early_death(mode + 6);
   if (!strcmp(mode, "loop")) return loop(death_file);
   fprintf(stderr,
           "usage: test_failure kill-dispatch|kill-combine|kill-create|kill-root FILE | "
-          "timeout | stop | stop-barrier | early-exit1|early-kill|early-exit0|early-during FILE | "
+          "timeout | timeout-gone | stop | stop-barrier | "
+          "early-exit1|early-kill|early-exit0|early-during FILE | "
           "loop DIR\n");
   return T_FAIL;
 }

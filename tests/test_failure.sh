@@ -43,10 +43,12 @@ scenario kill-create 3 2
 scenario kill-root 3 0
 scenario kill-ll 3 2
 
-timeout 60 "$epcomm" launch -n 3 "$prog" timeout >"$tmp/timeout.out" 2>"$tmp/timeout.err" ||
-  say "timeout: exit status $? ($(cat "$tmp/timeout.err"))"
-[ -s "$tmp/timeout.err" ] && say "timeout: stderr: $(cat "$tmp/timeout.err")"
-grep "EP_ERR" "$tmp/timeout.out"
+for mode in timeout timeout-gone; do
+  timeout 60 "$epcomm" launch -n 3 "$prog" $mode >"$tmp/$mode.out" 2>"$tmp/$mode.err" ||
+    say "$mode: exit status $? ($(cat "$tmp/$mode.err"))"
+  [ -s "$tmp/$mode.err" ] && say "$mode: stderr: $(cat "$tmp/$mode.err")"
+  grep "EP_ERR" "$tmp/$mode.out"
+done
 
 left=$(ls /dev/shm 2>/dev/null | grep -i epcomm)
 [ -z "$left" ] || say "/dev/shm not clean: $left"
