@@ -4,7 +4,8 @@
 # one deadline naming rank 2, and their buffer and group destroys skip the collective work, so
 # combine + destroys take less than 2 deadlines (test_failure checks, per rank); the resumed rank
 # says that it came too late. Then the same in an ep_group_barrier (the bootstrap's channel), with
-# rank 0 entering it 0.3 s after rank 1: rank 1 must still name rank 2, not rank 0.
+# rank 0 entering it 0.3 s after rank 1: rank 1 must still name rank 2, not rank 0; and once more
+# with rank 1 stopped while rank 0 gives up, tells it and exits (rank 1 still names rank 2).
 # Usage: tests/test_stopped.sh BUILD_DIR
 set -u
 b=${1:?usage: test_stopped.sh BUILD_DIR}
@@ -24,4 +25,5 @@ run() { # mode what
 }
 run stop combine
 run stop-barrier barrier
+run stop-barrier-gone barrier
 exit 0
