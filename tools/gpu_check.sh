@@ -3,6 +3,7 @@
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
 #   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
 #   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
+#   python (the Python package's CUDA tests, the package installed from this tree first)
 #   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode, dtypes in $NCUDT: per-kernel time, DRAM bytes,
 #   occupancy, then the SpeedOfLight/Occupancy/WarpStateStats sections)
 #   cudanet (the cuda.net.* tests: the CUDA data path across pretend hosts through NCCL)
@@ -88,6 +89,14 @@ for s in $steps; do
             grep -E '^(epcomm|copy ceiling|cudaMemcpy|ratio|check|first)'
         done
       done ;;
+    python)
+      # The Python package's CUDA tests (tests/python, `-k cuda`), the package built from this tree
+      # into the machine's Python (PyTorch's own; no build isolation: nothing can be fetched).
+      "${PYTHON:-python3}" -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1 ||
+        { echo "python: pip install FAILED"; tail -20 "$out/pip.log"; }
+      timeout 400 "$mps" "${PYTHON:-python3}" -m pytest tests/python -q -k cuda >"$out/pytest.log" 2>&1
+      echo "python: pytest -k cuda: exit $?"
+      tail -n 3 "$out/pytest.log" ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
       # the allocator-path rows of `epcomm bench` (plain outputs, then registered ones), bf16,
