@@ -120,6 +120,12 @@ static inline _Atomic uint64_t *cpu_abort_word(cpu_state_t *s, int rank) {
 static inline uint64_t cpu_abort_pack(int culprit, int reporter, ep_status_t why) {
   return (uint64_t)(culprit + 1) | ((uint64_t)(reporter + 1) << 24) | ((uint64_t)why << 48);
 }
+static inline int cpu_abort_culprit(uint64_t ab) {
+  return (int)(ab & 0xffffff) - 1;
+}
+static inline int cpu_abort_reporter(uint64_t ab) {
+  return (int)((ab >> 24) & 0xffffff) - 1;
+}
 /* Slot in `owner`'s segment written by `writer` for parity p. */
 static inline cpu_hello_t *cpu_hello(cpu_state_t *s, int owner, int parity, int writer) {
   return (cpu_hello_t *)(s->segs[owner].base + s->layout.off_hello +

@@ -74,7 +74,7 @@ void cpu_waiter_init(cpu_waiter_t *w, cpu_state_t *s, int channel, const char *o
  * that noticed first), so every rank's message points at the same culprit. */
 static ep_status_t peer_aborted(cpu_waiter_t *w, uint64_t ab) {
   cpu_state_t *s = w->s;
-  int culprit = (int)(ab & 0xffffff) - 1, reporter = (int)((ab >> 24) & 0xffffff) - 1;
+  int culprit = cpu_abort_culprit(ab), reporter = cpu_abort_reporter(ab);
   ep_status_t why = (ep_status_t)(ab >> 48);
   ep_status_t st = why == EP_ERR_TIMEOUT ? EP_ERR_TIMEOUT : EP_ERR_PEER_FAILED;
   note_culprit(s, culprit >= 0 ? culprit : reporter);
@@ -105,14 +105,14 @@ static ep_status_t check_world(cpu_waiter_t *w) {
   /* Except when the peers' verdict is that this rank came too late (it was stopped, say): they
    * may have left since, and their exit is the consequence, not the cause. */
   uint64_t ab = atomic_load(cpu_abort_word(s, s->rank));
-  if (ab && (int)(ab & 0xffffff) - 1 == s->rank) return peer_aborted(w, ab);
+  if (ab && cpu_abort_culprit(ab) == s->rank) return peer_aborted(w, ab);
   int dead;
   const char *how;
   if (ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK) {
     /* A peer that gave up on this call may leave before this rank looks: its exit follows its
      * verdict, which names the rank really at fault (the verdict is written before it exits). */
     ab = atomic_load(cpu_abort_word(s, s->rank));
-    if (ab && (int)((ab >> 24) & 0xffffff) - 1 == dead) return peer_aborted(w, ab);
+    if (ab && cpu_abort_reporter(ab) == dead) return peer_aborted(w, ab);
     note_culprit(s, dead);
     return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, w->op, w->phase, "rank %d %s", dead, how);
   }
