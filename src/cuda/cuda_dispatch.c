@@ -153,8 +153,12 @@ static void publish_views(const epk_dispatch_t *k, ep_dispatch_out_t *o) {
   o->recv_src_idx = k->recv_src;
 }
 
-/* The number a host waits for (never 0: 0 means nobody waits). */
-static uint32_t next_ticket(cuda_state_t *s) {
+/* The number a host waits for (never 0: 0 means nobody waits; so when `wait` is false), with
+ * the count cleared: a count published beside it says the call's exchange went through
+ * (wait_count: whose error an error word is). */
+static uint32_t arm_wait(cuda_state_t *s, bool wait) {
+  if (!wait) return 0;
+  __atomic_store_n(&s->host->nr, -1, __ATOMIC_RELEASE);
   return ++s->ticket ? s->ticket : ++s->ticket;
 }
 
@@ -236,9 +240,8 @@ static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int6
 /* Allocator path: the host needs Nr before any output exists, so it waits in between. */
 static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   const bool wait = c->plan->nr < 0;
-  const uint32_t t = wait ? next_ticket(s) : 0;
+  const uint32_t t = arm_wait(s, wait);
   c->late = s->late_hello && cuda_reg_any(s);
-  if (wait) __atomic_store_n(&s->host->nr, -1, __ATOMIC_RELEASE); /* wait_count: whose error */
   ep_status_t rc = launch_notify(s, c, st, t);
   *nr = c->plan->nr;
   if (!rc && wait) rc = wait_count(s, c, t, nr);
@@ -260,12 +263,11 @@ static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   if (c->c->sync && c->o->mode == EP_OUTPUT_ALLOC) return run_alloc(s, c, st, nr);
   const int64_t cap = ep_call_out_rows(c->c, c->lay.rows);
   const bool wait = c->c->sync && c->plan->nr < 0;
-  const uint32_t t = wait ? next_ticket(s) : 0;
+  const uint32_t t = arm_wait(s, wait);
   c->mode = c->c->views ? EPK_MODE_VIEW : EPK_MODE_COPY;
   if (c->c->sync && c->plan->nr > cap) c->mode = EPK_MODE_DRAIN; /* cached, count known */
   alloc_src(c, cap); /* before the hello: a rank that drains must not have x written in place */
   c->reg_ok = c->mode == EPK_MODE_COPY && c->o->mode == EP_OUTPUT_CALLER;
-  if (wait) __atomic_store_n(&s->host->nr, -1, __ATOMIC_RELEASE); /* wait_count: whose error */
   ep_status_t rc = launch_notify(s, c, st, 0);
   if (!rc) rc = launch_data(s, c, st, cap, t);
   *nr = c->c->sync ? c->plan->nr : -1;
