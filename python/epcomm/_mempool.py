@@ -195,11 +195,10 @@ class OutPool:
     MIN_BYTES = 1 * _MIB + 1  # below: a plain tensor (the copy saved is worth less than the
     # check, and PyTorch's small blocks, 1 MiB and less, follow other rules)
 
-    __slots__ = ("mem", "used")
+    __slots__ = ("mem",)
 
     def __init__(self, mem):
-        self.mem = mem  # None once turned off
-        self.used = 0  # tensors made in the arena (in_place statistics come from the library)
+        self.mem = mem  # None once turned off (Buffer.in_place_counts says what was in place)
 
     def empty(self, shape, dtype, device):
         """A tensor in the pool, or None (the caller makes a plain one)."""
@@ -215,7 +214,6 @@ class OutPool:
         except torch.cuda.OutOfMemoryError:
             self.mem = None  # the check was wrong here: never pay PyTorch's OOM path twice
             return None
-        self.used += mem.contains(t)
         return t
 
     def _room(self, nbytes, device):
