@@ -1,5 +1,8 @@
 #include "common.h"
 
+#include <errno.h>
+#include <unistd.h>
+
 #include "tk_dev.h"
 #include "tk_num.h"
 
@@ -98,4 +101,30 @@ void t_pinned_free(void *p) {
 
 void t_dsync(void) {
   T_DEV(tk_dev_sync(t_cuda(), NULL));
+}
+
+void t_log_to_file(void) {
+  char log[64];
+  snprintf(log, sizeof log, "/tmp/epcomm-test-log-%d.log", (int)getpid());
+  setenv("EP_LOG_FILE", log, 1);
+}
+
+bool t_logged(const char *needle) {
+  const char *path = getenv("EP_LOG_FILE");
+  FILE *f = path ? fopen(path, "r") : NULL;
+  char line[1024];
+  bool hit = false;
+  while (f && fgets(line, sizeof line, f)) {
+    bool this = strstr(line, needle) != NULL;
+    if (!this) fputs(line, stderr);
+    hit |= this;
+  }
+  if (f) fclose(f);
+  if (path && truncate(path, 0) != 0 && errno != ENOENT)
+    T_FAILF("truncate %s: %s", path, strerror(errno));
+  return hit;
+}
+
+void t_log_remove(void) {
+  if (getenv("EP_LOG_FILE")) unlink(getenv("EP_LOG_FILE"));
 }

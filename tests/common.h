@@ -99,6 +99,13 @@ void *t_pinned_alloc(size_t n); /* host memory the device writes (page-locked on
 void t_pinned_free(void *p);    /* NULL-safe */
 void t_dsync(void);             /* wait for the device (no-op on cpu) */
 
+/* The library's warnings of this process, for tests that expect one: t_log_to_file sets
+ * EP_LOG_FILE (call before anything logs); t_logged says whether the file has `needle` (its
+ * other lines go to stderr, so that an unexpected warning shows), then empties it. */
+void t_log_to_file(void);
+bool t_logged(const char *needle);
+void t_log_remove(void);
+
 /* Group from `epcomm launch`, and a buffer on it (cfg NULL: defaults). */
 void t_init(ep_group_t *g, int *rank, int *nranks);
 void t_fini(ep_group_t g);

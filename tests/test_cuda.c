@@ -15,7 +15,6 @@
  *                         is ep_get_combine_buffer's memory, written by the "experts" (with and
  *                         without weights, with a bias), each checked against the reference;
  *                         a buffer too small for the rows refuses with EP_ERR_TOO_LARGE */
-#include <errno.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -326,21 +325,6 @@ static int alloc_x(void *ctx, const ep_dispatch_args_t *a, int nr, ep_dispatch_o
   return *p ? 0 : -1;
 }
 
-/* Whether this process's log file (EP_LOG_FILE) has `needle`; its other lines go to stderr, so
- * that the runner still fails a test that warns of anything else. */
-static bool logged(const char *needle) {
-  FILE *f = fopen(getenv("EP_LOG_FILE"), "r");
-  char line[1024];
-  bool hit = false;
-  while (f && fgets(line, sizeof line, f)) {
-    bool this = strstr(line, needle) != NULL;
-    if (!this) fputs(line, stderr);
-    hit |= this;
-  }
-  if (f) fclose(f);
-  return hit;
-}
-
 /* The worst-case dispatch returns before its kernels run; the one too small on rank 0 records
  * its failure on the GPU meanwhile, while the synchronous dispatch after it waits for its count
  * (the peers enter 100 ms late, so rank 0's kernels cannot have ended before it waits). That
@@ -361,11 +345,9 @@ static void deferred_overflow(ep_buffer_t b, const ep_dispatch_args_t *a, void *
   T_CHECK(st == EP_OK, "the synchronous dispatch (mode %d) after an asynchronous overflow: %s (%s)",
           (int)mode, ep_status_name(st), ep_last_error());
   T_OK(cudaDeviceSynchronize() == cudaSuccess ? EP_OK : EP_ERR_CUDA);
-  const bool hit = logged("moved no data");
+  const bool hit = t_logged("moved no data");
   T_CHECK(me != 0 || hit, "rank 0: the earlier call's overflow was not logged (%s)",
           getenv("EP_LOG_FILE"));
-  if (truncate(getenv("EP_LOG_FILE"), 0) != 0 && errno != ENOENT)
-    T_FAILF("truncate %s: %s", getenv("EP_LOG_FILE"), strerror(errno));
   T_OK(ep_handle_destroy(w.handle));
   T_OK(ep_handle_destroy(s.handle));
   t_dfree(ax);
@@ -420,7 +402,7 @@ static int overflow(void) {
   t_dfree(x), t_dfree(idx), t_dfree(rx);
   free_inputs(&in);
   t_fini(g);
-  unlink(getenv("EP_LOG_FILE"));
+  t_log_remove();
   return T_PASS;
 }
 
@@ -612,9 +594,7 @@ static int cycles(int n) {
 
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "graph";
-  char log[64]; /* overflow reads the library's warnings from here (before anything logs) */
-  snprintf(log, sizeof log, "/tmp/epcomm-test-cuda-%d.log", (int)getpid());
-  if (!strcmp(mode, "overflow")) setenv("EP_LOG_FILE", log, 1);
+  if (!strcmp(mode, "overflow")) t_log_to_file(); /* it reads the library's warnings */
   if (!t_cuda()) setenv("EP_BACKEND", "cuda", 1);
   t_require_backend();
   if (!strcmp(mode, "graph")) return graph(argc > 2 ? atoi(argv[2]) : 5);

@@ -8,10 +8,16 @@
  *                             replay checked against the reference; then eager calls on the same
  *                             buffer (counters advance on the device alike)
  *   test_cuda_ll hooks        two-phase calls with the device busy between send and receive
+ *   test_cuda_ll deferred     a replayed graph's dispatch fails (rank 0's expert out of range;
+ *                             nobody waits on the host) while rank 0 already waits for the eager
+ *                             dispatch behind it: that failure moved no data and is logged, the
+ *                             eager dispatch and combine go through on every rank
  *   test_cuda_ll timeout      a peer that never calls: the dispatch returns EP_ERR_TIMEOUT naming
  *                             it; the context stays usable (a fresh buffer then works)
  *   test_cuda_ll cycles N     N x (group, buffer, dispatch + combine, destroy): device memory flat
  */
+#include <unistd.h>
+
 #include "ll_world.h"
 
 #ifndef EP_HAVE_CUDA
@@ -244,6 +250,71 @@ static int hooks(void) {
   return T_PASS;
 }
 
+/* ------------------------------------------------------------------ deferred failures */
+
+/* A dispatch captured with rank 0's topk_idx naming an expert out of range; replayed with the
+ * peers 100 ms late, so its gate fails (recorded for a later call: nobody waits for a replay)
+ * while rank 0's host already waits for the eager dispatch queued behind it. */
+static void failing_replay(ep_buffer_t buf, int me, llw_round_t *bad, cudaStream_t st) {
+  if (me == 0) bad->idx[0][1] = bad->c.E + 3;
+  llw_upload(bad);
+  ep_ll_dispatch_args_t a;
+  llw_args(bad, &a);
+  a.stream = st;
+  cudaGraph_t gr;
+  cudaGraphExec_t ge;
+  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  T_OK(ep_ll_dispatch(buf, &a, &bad->h));
+  CU(cudaStreamEndCapture(st, &gr));
+  CU(cudaGraphInstantiate(&ge, gr, 0));
+  CU(cudaGraphDestroy(gr));
+  if (me != 0) usleep(100 * 1000);
+  CU(cudaGraphLaunch(ge, st));
+  cudaEvent_t ev; /* the eager calls (legacy stream) follow the replay */
+  CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  CU(cudaEventRecord(ev, st));
+  CU(cudaStreamWaitEvent(0, ev, 0));
+  CU(cudaEventDestroy(ev));
+  CU(cudaGraphExecDestroy(ge)); /* the replay in flight completes */
+}
+
+static int deferred(void) {
+  ep_group_t g;
+  int R, me;
+  t_init(&g, &me, &R);
+  if (R < 2) {
+    printf("skipped: needs 2 ranks\n");
+    t_fini(g);
+    return T_SKIP;
+  }
+  llw_cfg_t c = gcfg;
+  c.E = 4 * R;
+  ep_buffer_t buf;
+  llw_buffer(g, &c, &buf);
+  cudaStream_t st;
+  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (int i = 0; i < 3; i++) {
+    llw_case_t kb = {.topk = 4, .routing = RT_SKEW, .nmode = NM_FULL};
+    llw_round_t bad, rd;
+    llw_gen(&bad, R, me, &c, &kb, 0xdef0ull + (uint64_t)i);
+    failing_replay(buf, me, &bad, st);
+    llw_case_t k = {.topk = 6, .routing = RT_MASKED, .nmode = NM_RANDOM, .fmt = i % 2};
+    llw_gen(&rd, R, me, &c, &k, 0xdef1ull + (uint64_t)i);
+    llw_dispatch(&rd, buf, NULL, NULL); /* fails the test unless EP_OK with the reference rows */
+    llw_combine(&rd, buf, 0xdef9ull + (uint64_t)i, NULL, NULL);
+    llw_free(&rd);
+    llw_free(&bad); /* the captured handle too, once its replay is behind us */
+    T_CHECK(t_logged("moved no data"), "round %d: the replay's failure was not logged (%s)", i,
+            getenv("EP_LOG_FILE"));
+  }
+  CU(cudaStreamDestroy(st));
+  T_OK(ep_buffer_destroy(buf));
+  t_fini(g);
+  t_log_remove();
+  if (me == 0) printf("test_cuda_ll deferred: R=%d, 3 rounds passed\n", R);
+  return T_PASS;
+}
+
 /* ------------------------------------------------------------------ timeouts */
 
 static int timeout(void) {
@@ -334,9 +405,11 @@ static int cycles(int n) {
 
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "graph";
+  if (!strcmp(mode, "deferred")) t_log_to_file(); /* it reads the library's warnings */
   if (!t_cuda()) setenv("EP_BACKEND", "cuda", 1);
   t_require_backend();
   if (!strcmp(mode, "graph")) return graph(argc > 2 ? atoi(argv[2]) : 4);
+  if (!strcmp(mode, "deferred")) return deferred();
   if (!strcmp(mode, "hooks")) return hooks();
   if (!strcmp(mode, "timeout")) return timeout();
   if (!strcmp(mode, "cycles")) return cycles(argc > 2 ? atoi(argv[2]) : 50);

@@ -96,13 +96,13 @@ ep_status_t cuda_enter(cuda_state_t *s, void *stream, const char *op, cudaStream
 void cuda_leave(cuda_state_t *s, cudaStream_t st, bool record); /* record: it enqueued work */
 bool cuda_capturing(cudaStream_t st);
 ep_status_t cuda_check(cuda_state_t *s, cudaError_t e, const char *op, const char *what);
-/* Waits for the ticket of a synchronous call (published by notify or the data kernel whether the
- * call fails or not), with the deadline and liveness; not ended by an error word. */
-ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op);
-/* The same for any word of the mapped host block that a kernel sets to `want`; `phase` names the
- * wait in a failure. Returns EP_OK also when a kernel recorded a failure (cuda_take_error). */
+/* Waits for a word of the mapped host block that a kernel sets to `want` whether its call fails
+ * or not (a ticket), with the deadline and liveness; `phase` names the wait in a failure. Ended
+ * early only by an error word that breaks the buffer; returns EP_OK then too (cuda_take_error or
+ * cuda_deferred report it). cuda_wait_ticket: the normal mode's ticket (notify or data kernel). */
 ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
                            const char *phase);
+ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op);
 /* Turns the host error word into a status and message (and clears it); EP_OK if none. */
 ep_status_t cuda_take_error(cuda_state_t *s, const char *op);
 /* The same for an error of an earlier asynchronous call: logged when it moved no data (EP_OK),

@@ -67,8 +67,9 @@ bool cuda_ll_eager(cuda_state_t *s, cudaStream_t st, uint32_t *ticket);
 /* Waits for a low-latency report, then turns it into a status and message. */
 ep_status_t cuda_ll_wait(cuda_state_t *s, const epk_ll_report_t *r, uint32_t ticket, const char *op,
                          const char *phase);
-/* The message of a report that failed (also for a failure deferred from a graph). */
-ep_status_t cuda_ll_explain(cuda_state_t *s, const epk_ll_report_t *r, const char *op,
+/* The message of a report that failed (also for a failure deferred from a graph); `comb`: the
+ * report is a combine's. */
+ep_status_t cuda_ll_explain(cuda_state_t *s, const epk_ll_report_t *r, const char *op, bool comb,
                             const char *phase);
 
 /* The stream the send part of a call runs on: the hook stream for a two-phase call outside a

@@ -97,11 +97,10 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
   cudaStreamSynchronize(s->side);
   const char *ph = phase_name(phase);
   /* A low-latency failure that moved no data, in a call nobody waited for: its kernel left the
-   * details in the report of its kind (the gate's, the combine check's, the receive's). */
+   * details in the deferred report (the gate's, the combine check's or the receive's verdict). */
   if (code != EP_ERR_TIMEOUT && code != EP_ERR_PEER_FAILED &&
       (phase == EPK_PH_LL_GATE || phase == EPK_PH_LL_CHECK || phase == EPK_PH_LL_COMB))
-    return cuda_ll_explain(s, phase == EPK_PH_LL_COMB ? &s->host->ll_recv : &s->host->ll_send, op,
-                           ph);
+    return cuda_ll_explain(s, &s->host->ll_defer, op, phase != EPK_PH_LL_GATE, ph);
   switch (code) {
     case EP_ERR_TIMEOUT:
       return ep_ctx_fail(s->ctx, EP_ERR_TIMEOUT, peer, op, ph,
@@ -176,19 +175,20 @@ void cuda_leave(cuda_state_t *s, cudaStream_t st, bool record) {
   if (s->prev_device >= 0 && s->prev_device != s->device) cudaSetDevice(s->prev_device);
 }
 
-/* Whether an error word ends the wait (the caller reports it): any (`any`: the kernel may never
- * set `word` after a failure), else only one that breaks the buffer, whoever recorded it. */
-static bool ends_wait(const cuda_state_t *s, bool any) {
+/* Whether the error word ends a wait: only a failure that breaks the buffer (a deadline, a dead
+ * peer: the kernel may never set the word then), whoever recorded it. One that moved no data may
+ * come from an earlier asynchronous call meanwhile, without harm: the word still comes. */
+static bool ends_wait(const cuda_state_t *s) {
   const uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
-  return v && (any || !no_data((ep_status_t)(v >> 56)));
+  return v && !no_data((ep_status_t)(v >> 56));
 }
 
-static ep_status_t wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
-                             const char *phase, bool any) {
+ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
+                           const char *phase) {
   double start = ep_now(), deadline = start + ep_ctx_timeout(s->ctx) + 10.0, next = start + 0.05;
   for (unsigned spins = 0;; spins++) {
     if (__atomic_load_n(word, __ATOMIC_ACQUIRE) == want) return EP_OK;
-    if (ends_wait(s, any)) return EP_OK; /* the caller reports it */
+    if (ends_wait(s)) return EP_OK; /* the caller reports it */
     if (spins % 256) continue;
     double now = ep_now();
     if (now < next) {
@@ -211,16 +211,8 @@ static ep_status_t wait_word(cuda_state_t *s, const uint32_t *word, uint32_t wan
   }
 }
 
-/* The ticket comes whether the call fails or not (notify's last step, or the data kernel's first
- * thread): no early end on an error word that an earlier asynchronous call may have set
- * meanwhile without harm (no data moved); one that breaks the buffer ends it at once. */
 ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op) {
-  return wait_word(s, &s->host->ticket, ticket, op, "notify", false);
-}
-
-ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
-                           const char *phase) {
-  return wait_word(s, word, want, op, phase, true);
+  return cuda_wait_word(s, &s->host->ticket, ticket, op, "notify");
 }
 
 bool cuda_quiesce(cuda_state_t *s, double seconds) {

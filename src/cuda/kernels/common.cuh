@@ -60,15 +60,22 @@ static __device__ __forceinline__ bool epk_stopped(const epk_buf_t &b) {
   return *reinterpret_cast<volatile uint32_t *>(&b.priv->call_status) != 0;
 }
 
+/* The buffer's first failure wins the device word (epk_err_claim); only the winner mirrors it to
+ * the host (epk_err_post), after whatever explains it. */
+static __device__ __forceinline__ bool epk_err_claim(const epk_buf_t &b, unsigned long long v) {
+  return atomicCAS(&b.priv->err, 0ull, v) == 0ull;
+}
+static __device__ __forceinline__ void epk_err_post(const epk_buf_t &b, unsigned long long v) {
+  *reinterpret_cast<volatile unsigned long long *>(&b.host->err) = v;
+  __threadfence_system();
+}
+
 /* Records the first failure of the buffer (device word, mirrored to the host) and, when `stop`,
  * makes every block of this rank's current call give up. */
 static __device__ __noinline__ void epk_fail(const epk_buf_t &b, uint32_t code, uint32_t phase,
                                              int peer, uint32_t detail, bool stop) {
   unsigned long long v = epk_err_pack(code, phase, peer, detail);
-  if (atomicCAS(&b.priv->err, 0ull, v) == 0ull) {
-    *reinterpret_cast<volatile unsigned long long *>(&b.host->err) = v;
-    __threadfence_system();
-  }
+  if (epk_err_claim(b, v)) epk_err_post(b, v);
   if (stop) atomicExch(&b.priv->call_status, code);
 }
 

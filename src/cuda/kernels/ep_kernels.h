@@ -133,6 +133,7 @@ typedef struct {
   int32_t pad[8];
   epk_ll_report_t ll_send; /* low-latency send kernels: the gate's or the combine check's verdict */
   epk_ll_report_t ll_recv; /* low-latency combine receive: the peers' flags */
+  epk_ll_report_t ll_defer; /* the verdict behind a deferred low-latency failure (err) */
 } epk_host_t;
 
 /* EP_CUDA_TRACE=1: %globaltimer at the phase boundaries of every normal-mode call, summed per

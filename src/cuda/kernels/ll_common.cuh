@@ -105,10 +105,14 @@ __device__ __forceinline__ void report(epk_ll_report_t *to, const epk_ll_report_
 }
 
 /* A failure that moved no data, seen by a call nobody waits for on the host (graph capture):
- * the next call on the buffer reports it (cuda_sync.c). */
+ * the next call on the buffer reports it (cuda_sync.c) from its own copy of the verdict, which
+ * no later call's report overwrites (one a host waits for may land before the host reads it). */
 __device__ __forceinline__ void defer(const epk_buf_t &b, const epk_ll_report_t &v,
                                       uint32_t phase) {
-  epk_fail(b, (uint32_t)v.status, phase, v.peer, (uint32_t)v.item, false);
+  const unsigned long long w = epk_err_pack((uint32_t)v.status, phase, v.peer, (uint32_t)v.item);
+  if (!epk_err_claim(b, w)) return; /* an earlier failure is reported first */
+  report(&b.host->ll_defer, v, 0);
+  epk_err_post(b, w);
 }
 
 __device__ __forceinline__ epk_ll_report_t no_report() {
