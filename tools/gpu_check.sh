@@ -2,6 +2,7 @@
 # The CUDA backend's checks on a GPU machine, in one bounded sequence (device time is scarce):
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
 #   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
+#   (suite: the normal-mode tests, or those matching $SUITEF)
 #   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
 #   python (the Python package's CUDA tests, the package installed from this tree first)
 #   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode, dtypes in $NCUDT: per-kernel time, DRAM bytes,
@@ -60,7 +61,7 @@ for s in $steps; do
         2>&1 | tee "$out/quick.log" | tail -8 || ok=0
       [ $ok = 1 ] || break ;;
     suite)
-      timeout 300 "$mps" tests/run.sh --filter '^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg)' $b 2>&1 |
+      timeout 300 "$mps" tests/run.sh --filter "${SUITEF:-^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg)}" $b 2>&1 |
         tee "$out/suite.log" |
         grep -v '^PASS' || true ;;
     sanitize)
