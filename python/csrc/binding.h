@@ -25,6 +25,8 @@
 
 /* Raises the exception of status st with the calling thread's last epcomm error. Returns NULL. */
 PyObject *epb_raise(ep_status_t st);
+/* The same with a message of the binding's own (no epcomm call failed). */
+PyObject *epb_raise_msg(ep_status_t st, const char *msg);
 /* Opaque id or address -> Python int, and back (0 is NULL). */
 PyObject *epb_from_ptr(const void *p);
 static inline void *epb_ptr(unsigned long long v) {
@@ -45,5 +47,6 @@ extern PyMethodDef epb_buffer_methods[];
 extern PyMethodDef epb_normal_methods[];
 extern PyMethodDef epb_ll_methods[];
 extern PyMethodDef epb_dlpack_methods[];
+extern PyMethodDef epb_arena_methods[];
 
 #endif

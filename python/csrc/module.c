@@ -1,6 +1,6 @@
 /* Module epcomm._C: definition, error classes, versions. The parts: group.c (bootstrap),
  * buffer.c (buffers), normal.c (layout, dispatch, combine), ll.c (low-latency mode), dlpack.c
- * (tensors over the library's memory). */
+ * (tensors over the library's memory), arena.c (the memory pools' allocators). */
 #include "binding.h"
 
 /* Exception classes by status code (a tuple, set once by epcomm/_errors.py at import). */
@@ -23,14 +23,18 @@ static PyObject *make_error(ep_status_t st, const char *msg) {
   return PyObject_CallFunction(error_class(st), "si", msg, (int)st);
 }
 
-PyObject *epb_raise(ep_status_t st) {
-  const char *msg = ep_last_error();
-  PyObject *exc = make_error(st, msg && *msg ? msg : ep_status_string(st));
+PyObject *epb_raise_msg(ep_status_t st, const char *msg) {
+  PyObject *exc = make_error(st, msg);
   if (exc) {
     PyErr_SetObject(error_class(st), exc);
     Py_DECREF(exc);
   }
   return NULL;
+}
+
+PyObject *epb_raise(ep_status_t st) {
+  const char *msg = ep_last_error();
+  return epb_raise_msg(st, msg && *msg ? msg : ep_status_string(st));
 }
 
 void epb_stash_take(epb_stash_t *s) {
@@ -149,8 +153,8 @@ static int add_constants(PyObject *m) {
 PyMODINIT_FUNC PyInit__C(void) {
   PyObject *m = PyModule_Create(&module_def);
   if (!m) return NULL;
-  PyMethodDef *parts[] = {epb_group_methods, epb_buffer_methods, epb_normal_methods, epb_ll_methods,
-                          epb_dlpack_methods};
+  PyMethodDef *parts[] = {epb_group_methods, epb_buffer_methods, epb_normal_methods,
+                          epb_ll_methods,    epb_dlpack_methods, epb_arena_methods};
   for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
     if (PyModule_AddFunctions(m, parts[i])) goto fail;
   if (add_constants(m)) goto fail;

@@ -16,8 +16,8 @@ import torch
 
 from . import _C, _lifecycle
 from ._config import Config
-from ._errors import (ArgumentTypeError, DestroyedError, EpcommError, InvalidArgumentError,
-                      LifecycleWarning, PeerInvalidError, UnsupportedError)
+from ._errors import (ArgumentTypeError, DestroyedError, InvalidArgumentError,
+                      LifecycleWarning, OutOfMemoryError, PeerInvalidError, UnsupportedError)
 from ._events import CpuLaunch, CudaLaunch, EventHandle, EventOverlap
 from ._group import Group
 from ._handles import DispatchHandle, Info, Ref
@@ -185,14 +185,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
             return None
         try:
             p = _mem_pool(self, self.register, nbytes, "Buffer(out_pool_bytes)")
-        except torch.cuda.OutOfMemoryError:
-            # No arena here: still take part in the registration, refused, so that the peers
-            # give up on theirs at once (PeerInvalidError below) and no rank has a pool.
-            try:
-                self.register(torch.empty(0, dtype=torch.uint8, device=self.device))
-            except EpcommError:
-                pass
-            return None
+        except (torch.cuda.OutOfMemoryError, OutOfMemoryError):
+            return None  # no arena here: this rank refused its registration, the peers too
         except (UnsupportedError, PeerInvalidError):  # every rank alike: no pool anywhere
             return None
         self._pools.append(p)

@@ -8,98 +8,70 @@ tensor of its choosing (``Buffer.register`` needs the tensor first, ``get_combin
 the experts to write into it).
 
 PyTorch's caching allocator asks the pool's allocator for whole segments, rarely; the arena is
-cut into them first-fit here. The arena stays allocated until the buffer is gone *and* PyTorch
-has given back every segment (a tensor of the pool may outlive the buffer: its memory must stay
-valid; it is then simply not registered any more).
+cut into them first-fit by the extension (python/csrc/arena.c), in C: PyTorch calls a pool's
+allocator under its own lock, where a Python callback would need the GIL, which a thread freeing
+a tensor may hold while it waits for that lock. The arena stays allocated until the buffer is
+gone *and* PyTorch has given back every segment (a tensor of the pool may outlive the buffer: its
+memory must stay valid; it is then simply not registered any more).
 
-The arena is itself a PyTorch tensor (no CUDA runtime of our own to load), so two rules keep
-PyTorch's allocator consistent: its first bytes are never handed out (PyTorch files allocated
-blocks by address: a segment starting where the arena starts would share the arena's key, and
-freeing one would lose the other: "invalid device pointer" at exit), and the arena is never freed
-inside one of the allocator's calls (a segment's return may come from inside PyTorch's
-allocator): it is retired to _GRAVE and freed at the next safe point (collect(): a Buffer's
-destroy or release, the next mem_pool, or the interpreter's exit).
+The arena is itself a PyTorch tensor (no CUDA runtime of our own to load); its first bytes are
+never handed out (PyTorch files allocated blocks by address: a segment starting where the arena
+starts would share the arena's key, and freeing one would lose the other). A closed arena is
+freed at the next safe point once every segment is back (collect(): a Buffer's destroy or
+release, the next mem_pool), never from inside the allocator.
 """
 
 import contextlib
-import ctypes
-import threading
+import weakref
 
 import torch
 
-from ._errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
+from . import _C
+from ._errors import ArgumentTypeError, EpcommError, InvalidArgumentError, UnsupportedError
+from ._errors import OutOfMemoryError
 
-_ALIGN = 512  # PyTorch's blocks are 512-byte aligned inside a segment
-_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
-_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+_ALIGN = 512  # PyTorch's blocks are 512-byte aligned inside a segment (arena.c: the same)
 
-# PyTorch keeps the allocator's two C function pointers for the life of the process (a pool's
-# segments can be given back after the pool object is gone), so the ctypes thunks behind them
-# must live as long: they are kept here, a few hundred bytes per pool.
-_THUNKS = []
-# Arenas done with (buffer gone, every segment back), waiting for a safe point to be freed.
-_GRAVE = []
+# Arenas closed (buffer gone or pool dropped) whose memory waits for every segment to come back.
+_CLOSED = []
 
 
 def collect():
-    """Frees retired arenas. Only from plain Python code, never from the allocator's calls."""
-    _GRAVE.clear()
+    """Frees the memory of closed arenas whose segments are all back. Only from plain Python
+    code, never from the allocator's calls."""
+    _CLOSED[:] = [a for a in _CLOSED if not a.drop_if_drained()]
 
 
 class _Arena:
-    """First-fit over [base, base + size): the segments PyTorch takes from the pool."""
+    """The arena's memory (a uint8 tensor, kept here) and its slot in the extension's allocator
+    (``alloc_fn`` / ``free_fn``: the addresses of the two C functions PyTorch calls)."""
 
     def __init__(self, tensor):
         self.tensor = tensor  # the memory; dropped once closed and every segment is back
         self.base, self.size = tensor.data_ptr(), tensor.numel()
-        self.free = [(_ALIGN, self.size - _ALIGN)]  # (offset, bytes), sorted, coalesced; the
-        # first _ALIGN bytes stay unused: no segment starts at the arena's own address
-        self.used = {}  # offset -> bytes
-        self.closed = False
-        self.lock = threading.Lock()  # PyTorch may give segments back from any thread
+        self.slot, self.gen, self.alloc_fn, self.free_fn = _C.arena_open(self.base, self.size)
 
-    def alloc(self, size, device, stream):
-        want = max(_ALIGN, (int(size) + _ALIGN - 1) // _ALIGN * _ALIGN)
-        with self.lock:
-            if self.closed:
-                return None
-            for i, (off, n) in enumerate(self.free):
-                if n >= want:
-                    self.free[i:i + 1] = [(off + want, n - want)] if n > want else []
-                    self.used[off] = want
-                    return self.base + off
-        return None  # PyTorch reports it as out of memory
-
-    def release(self, ptr, size, device, stream):
-        with self.lock:
-            off = (ptr or 0) - self.base
-            n = self.used.pop(off, None)
-            if n is None:
-                return  # not ours: nothing to do (PyTorch never does this)
-            self.free.append((off, n))
-            self.free.sort()
-            merged = []
-            for o, m in self.free:
-                if merged and merged[-1][0] + merged[-1][1] == o:
-                    merged[-1] = (merged[-1][0], merged[-1][1] + m)
-                else:
-                    merged.append((o, m))
-            self.free = merged
-            self._maybe_drop()
+    def state(self):
+        """(free spans, segments out, closed), spans as (offset, bytes); None once drained and
+        its slot serves another arena."""
+        return _C.arena_state(self.slot, self.gen)
 
     def largest_free(self):
-        with self.lock:
-            return max((n for _, n in self.free), default=0)
+        st = self.state()
+        return max((n for _, n in st[0]), default=0) if st else 0
 
-    def close(self):
-        with self.lock:
-            self.closed = True
-            self._maybe_drop()
+    def close(self, pool_gone=False):
+        """No new segment; pool_gone: the MemPool is gone too (the slot may then serve another
+        arena once every segment is back)."""
+        _C.arena_close(self.slot, self.gen, pool_gone)
+        if self.tensor is not None and self not in _CLOSED:
+            _CLOSED.append(self)
 
-    def _maybe_drop(self):
-        if self.closed and not self.used and self.tensor is not None:
-            _GRAVE.append(self.tensor)  # freed by collect(), outside the allocator
+    def drop_if_drained(self):
+        st = self.state()
+        if st is None or (st[2] and not st[1]):
             self.tensor = None
+        return self.tensor is None
 
 
 class MemPool:
@@ -128,6 +100,15 @@ class MemPool:
         return f"<epcomm.MemPool {self.nbytes} bytes at {self._arena.base:#x}, {state}>"
 
 
+def _refuse(register, device):
+    """This rank has no arena: it still takes part in the (collective) registration, refused,
+    so that the peers give up on theirs at once (PeerInvalidError) instead of waiting."""
+    try:
+        register(torch.empty(0, dtype=torch.uint8, device=device))
+    except EpcommError:
+        pass
+
+
 def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
     """The arena (nbytes on the buffer's device), registered (collective), behind a MemPool."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
@@ -145,14 +126,22 @@ def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
                                f"torch.cuda.MemPool with custom allocators for one thread")
     collect()
     size = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN + _ALIGN  # + the unused head
-    arena = _Arena(torch.empty(size, dtype=torch.uint8, device=buffer.device))
-    reg = register(arena.tensor)  # collective; raises (on every rank) if it cannot be exported
-    thunks = (_ALLOC(arena.alloc), _FREE(arena.release))
-    _THUNKS.append(thunks)
-    addr = [ctypes.cast(t, ctypes.c_void_p).value for t in thunks]
-    allocator = torch._C._cuda_customAllocator(addr[0], addr[1])
-    with torch.cuda.device(buffer.device):  # a MemPool belongs to the current device
-        return MemPool(torch.cuda.MemPool(allocator), reg, arena)
+    try:
+        arena = _Arena(torch.empty(size, dtype=torch.uint8, device=buffer.device))
+    except (torch.cuda.OutOfMemoryError, OutOfMemoryError):
+        _refuse(register, buffer.device)
+        raise
+    try:
+        reg = register(arena.tensor)  # collective; raises (on every rank) if it cannot be exported
+        allocator = torch._C._cuda_customAllocator(arena.alloc_fn, arena.free_fn)
+        with torch.cuda.device(buffer.device):  # a MemPool belongs to the current device
+            pool = torch.cuda.MemPool(allocator)
+    except BaseException:
+        arena.close(pool_gone=True)  # no pool allocates from it: its slot is free again
+        raise
+    # Once PyTorch's pool object is gone nothing can allocate from the arena any more.
+    weakref.finalize(pool, _C.arena_close, arena.slot, arena.gen, True)
+    return MemPool(pool, reg, arena)
 
 
 _MIB = 1 << 20

@@ -1,78 +1,154 @@
-"""Buffer.mem_pool's arena (epcomm._mempool._Arena) alone, on any machine: the segments PyTorch
-asks the pool for are cut first-fit from the registered arena, aligned, given back and merged;
-the memory is held until the buffer is gone and every segment is back. (The pool end to end,
-on the GPU: test_normal.py::test_mem_pool_combine.)"""
+"""Buffer.mem_pool's arena (epcomm._mempool._Arena over python/csrc/arena.c) alone, on any
+machine: the segments PyTorch asks the pool for are cut first-fit from the registered arena,
+aligned, given back and merged, through the two C functions PyTorch is given (called here
+through ctypes, as PyTorch calls them: no Python in between); the memory is held until the
+buffer is gone and every segment is back; a slot serves a new arena only once the old one is
+drained and its pool gone. (The pool end to end, on the GPU: test_normal.py::test_mem_pool_combine.)"""
 
+import ctypes
 import threading
 
-from epcomm import _mempool
+import pytest
+
+from epcomm import _C, _mempool
+from epcomm._errors import OutOfMemoryError
 from epcomm._mempool import _ALIGN, _Arena
 
 BASE = 1 << 40
+SLOTS = 64  # arena.c's EPB_ARENA_SLOTS
+_ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+_FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
 
 
 class _Mem:
-    """Stands for the arena's uint8 tensor."""
+    """Stands for the arena's uint8 tensor (the C arena only does address arithmetic)."""
 
-    def __init__(self, n):
-        self.n = n
+    def __init__(self, n, base=BASE):
+        self.n, self.base = n, base
 
     def data_ptr(self):
-        return BASE
+        return self.base
 
     def numel(self):
         return self.n
 
 
-def test_first_fit_aligned_and_merged():
-    a = _Arena(_Mem(64 * _ALIGN))
-    p1 = a.alloc(1, 0, None)
-    p2 = a.alloc(3 * _ALIGN - 7, 0, None)
-    p3 = a.alloc(4 * _ALIGN, 0, None)
+class _Torch:
+    """What PyTorch holds of a pool's allocator: the two C functions."""
+
+    def __init__(self, arena):
+        self.alloc_fn, self.free_fn = _ALLOC(arena.alloc_fn), _FREE(arena.free_fn)
+
+    def alloc(self, n):
+        return self.alloc_fn(n, 0, None)
+
+    def free(self, p):
+        self.free_fn(p, 0, 0, None)
+
+
+@pytest.fixture
+def arenas():
+    """Opens arenas; every one is closed with its pool gone at the end (slots are per process)."""
+    made = []
+
+    def make(n, base=BASE):
+        a = _Arena(_Mem(n, base))
+        made.append(a)
+        return a
+
+    yield make
+    for a in made:
+        a.close(pool_gone=True)
+    _mempool.collect()
+
+
+def _free_spans(a):
+    return [tuple(x) for x in a.state()[0]]
+
+
+def test_first_fit_aligned_and_merged(arenas):
+    a = arenas(64 * _ALIGN)
+    t = _Torch(a)
+    p1 = t.alloc(1)
+    p2 = t.alloc(3 * _ALIGN - 7)
+    p3 = t.alloc(4 * _ALIGN)
     # the head is never handed out: no segment shares the arena's own address
     assert (p1, p2, p3) == (BASE + _ALIGN, BASE + 2 * _ALIGN, BASE + 5 * _ALIGN)
     assert all(p % _ALIGN == 0 for p in (p1, p2, p3))
-    a.release(p2, 0, 0, None)
-    assert a.alloc(2 * _ALIGN, 0, None) == p2  # first fit: the hole p2 left
-    a.release(p2, 0, 0, None)
-    a.release(p1, 0, 0, None)
-    a.release(p3, 0, 0, None)
-    assert a.free == [(_ALIGN, 63 * _ALIGN)]  # every hole merged back into one
-    assert a.used == {}
+    t.free(p2)
+    assert t.alloc(2 * _ALIGN) == p2  # first fit: the hole p2 left
+    t.free(p2)
+    t.free(p1)
+    t.free(p3)
+    assert _free_spans(a) == [(_ALIGN, 63 * _ALIGN)]  # every hole merged back into one
+    assert a.state()[1] == []
 
 
-def test_full_arena_says_out_of_memory():
-    a = _Arena(_Mem(9 * _ALIGN))
-    assert a.alloc(8 * _ALIGN, 0, None) == BASE + _ALIGN
-    assert a.alloc(1, 0, None) is None  # PyTorch turns it into an out-of-memory error
-    a.release(BASE + 5 * _ALIGN, 0, 0, None)  # not a segment start: ignored
-    assert a.used == {_ALIGN: 8 * _ALIGN}
+def test_full_arena_says_out_of_memory(arenas):
+    a = arenas(9 * _ALIGN)
+    t = _Torch(a)
+    assert t.alloc(8 * _ALIGN) == BASE + _ALIGN
+    assert t.alloc(1) is None  # PyTorch turns it into an out-of-memory error
+    t.free(BASE + 5 * _ALIGN)  # not a segment start: ignored
+    assert [tuple(x) for x in a.state()[1]] == [(_ALIGN, 8 * _ALIGN)]
 
 
-def test_memory_held_until_closed_and_every_segment_back():
-    mem = _Mem(16 * _ALIGN)
-    a = _Arena(mem)
-    p = a.alloc(_ALIGN, 0, None)
+def test_memory_held_until_closed_and_every_segment_back(arenas):
+    a = arenas(16 * _ALIGN)
+    mem, t = a.tensor, _Torch(a)
+    p = t.alloc(_ALIGN)
     a.close()
+    _mempool.collect()
     assert a.tensor is mem  # a tensor of the pool is alive: its memory stays
-    assert a.alloc(_ALIGN, 0, None) is None  # nothing new once the buffer is gone
-    a.release(p, 0, 0, None)  # may run inside PyTorch's allocator: nothing is freed here
-    assert a.tensor is None and _mempool._GRAVE[-1] is mem
+    assert t.alloc(_ALIGN) is None  # nothing new once the buffer is gone
+    t.free(p)  # may run inside PyTorch's allocator: nothing is freed there
+    assert a.tensor is mem and a in _mempool._CLOSED
     _mempool.collect()  # a safe point: now it goes
-    assert mem not in _mempool._GRAVE
+    assert a.tensor is None and a not in _mempool._CLOSED
 
 
-def test_segments_given_back_from_other_threads():
-    a = _Arena(_Mem(1025 * _ALIGN))
-    ptrs = [a.alloc(_ALIGN, 0, None) for _ in range(1024)]
+def test_segments_given_back_from_other_threads(arenas):
+    a = arenas(1025 * _ALIGN)
+    t = _Torch(a)
+    ptrs = [t.alloc(_ALIGN) for _ in range(1024)]
     assert len(set(ptrs)) == 1024 and None not in ptrs
-    ts = [threading.Thread(target=lambda s=s: [a.release(p, 0, 0, None) for p in ptrs[s::4]])
-          for s in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert a.free == [(_ALIGN, 1024 * _ALIGN)] and a.used == {}
+    # ctypes lets go of the GIL around a foreign call: the four threads free at the same time
+    ts = [threading.Thread(target=lambda s=s: [t.free(p) for p in ptrs[s::4]]) for s in range(4)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+    assert _free_spans(a) == [(_ALIGN, 1024 * _ALIGN)] and a.state()[1] == []
+
+
+def test_a_slot_serves_a_new_arena_only_when_the_old_is_drained_and_its_pool_gone(arenas):
+    old = arenas(8 * _ALIGN)
+    t = _Torch(old)
+    p = t.alloc(_ALIGN)
+    old.close()  # the buffer is gone; the pool and one segment are not
+    others = []
+    with pytest.raises(OutOfMemoryError, match="all 64 pool slots are in use"):
+        for i in range(SLOTS):  # every free slot (other tests' pools may hold some)
+            others.append(arenas(8 * _ALIGN, BASE + (i + 1) * (1 << 20)))
+    assert others and old.slot not in {a.slot for a in others}
+    old.close(pool_gone=True)  # the pool went: the slot waits for its segment
+    with pytest.raises(OutOfMemoryError):
+        _Arena(_Mem(8 * _ALIGN))
+    t.free(p)
+    new = arenas(8 * _ALIGN, BASE + (1 << 30))
+    assert new.slot == old.slot and new.gen != old.gen
+    assert old.state() is None  # the old handle sees nothing of the new arena
+    old.close()  # and cannot close it
+    assert new.state()[2] is False
+    assert _Torch(new).alloc(1) == BASE + (1 << 30) + _ALIGN
+
+
+def test_bad_arena_arguments():
+    for base, size in ((0, 4096), (BASE + 8, 4096), (BASE, _ALIGN)):
+        with pytest.raises(ValueError, match="arena_open"):
+            _C.arena_open(base, size)
+    with pytest.raises(ValueError, match="out of range"):
+        _C.arena_state(SLOTS, 1)
 
 
 # ---- OutPool (Buffer's out_pool_bytes): when a recv_x may be made under the pool
@@ -91,8 +167,8 @@ class _Pool:
 
 
 class _MemPool:
-    def __init__(self, arena_bytes, segments=()):
-        self._arena = _Arena(_Mem(arena_bytes))
+    def __init__(self, arena, segments=()):
+        self._arena = arena
         self.pool = _Pool(list(segments))
 
 
@@ -108,23 +184,23 @@ def test_segment_bytes_follow_the_caching_allocator():
     assert _mempool._segment_bytes(11 * MIB + 1) == 12 * MIB
 
 
-def test_out_pool_room(monkeypatch):
+def test_out_pool_room(monkeypatch, arenas):
     monkeypatch.setattr(_mempool.torch.cuda, "current_stream",
                         lambda device=None: type("S", (), {"cuda_stream": 7})())
     # the arena has room for the segment PyTorch would ask for
-    assert _mempool.OutPool(_MemPool(21 * MIB))._room(2 * MIB, "cuda:0")
-    assert not _mempool.OutPool(_MemPool(20 * MIB))._room(2 * MIB, "cuda:0")  # + the head
+    assert _mempool.OutPool(_MemPool(arenas(21 * MIB)))._room(2 * MIB, "cuda:0")
+    assert not _mempool.OutPool(_MemPool(arenas(20 * MIB)))._room(2 * MIB, "cuda:0")  # + the head
     # no room: only a free large block of PyTorch's cache in the pool, on this stream, will do
     full = [_seg(7, [("active_allocated", 8 * MIB), ("inactive", 3 * MIB)])]
-    assert _mempool.OutPool(_MemPool(4 * MIB, full))._room(3 * MIB, "cuda:0")
-    assert not _mempool.OutPool(_MemPool(4 * MIB, full))._room(3 * MIB + 1, "cuda:0")
+    assert _mempool.OutPool(_MemPool(arenas(4 * MIB), full))._room(3 * MIB, "cuda:0")
+    assert not _mempool.OutPool(_MemPool(arenas(4 * MIB), full))._room(3 * MIB + 1, "cuda:0")
     other = [_seg(9, [("inactive", 8 * MIB)]), _seg(7, [("inactive", 8 * MIB)], "small"),
              _seg(7, [("active_pending_free", 8 * MIB)])]
-    assert not _mempool.OutPool(_MemPool(4 * MIB, other))._room(2 * MIB, "cuda:0")
+    assert not _mempool.OutPool(_MemPool(arenas(4 * MIB), other))._room(2 * MIB, "cuda:0")
 
 
-def test_out_pool_declines_small_rows_and_after_it_is_off():
-    p = _mempool.OutPool(_MemPool(64 * MIB))
+def test_out_pool_declines_small_rows_and_after_it_is_off(arenas):
+    p = _mempool.OutPool(_MemPool(arenas(64 * MIB)))
     assert p.empty((16, 1024), _mempool.torch.bfloat16, "cuda:0") is None  # 32 KiB: plain
     p.mem = None  # turned off (an out of memory in the pool)
     assert p.empty((4096, 7168), _mempool.torch.bfloat16, "cuda:0") is None
