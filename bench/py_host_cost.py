@@ -14,10 +14,15 @@ Then the same calls both ways a synchronous call can be ordered (_events.CudaLau
 through the communication stream as DeepEP does (the baseline) and on the current stream
 itself; for each, the host time of a combine and the event-timed medians (slowest rank) of the
 experts' write + combine from the combine buffer, and of a whole layer's dispatch (default
-outputs: the host waits for the count) + combine, with the ratio to the baseline."""
+outputs: the host waits for the count) + combine, with the ratio to the baseline.
+
+The layer step's phases come twice: default outputs as plain tensors (the baseline), then from
+the Buffer's out pool (``out_pool_bytes``, with EP_CUDA_LATE_HELLO=1 unless set), with the host
+time of the pool's room check alone (``OutPool._room``: it may take a snapshot of the pool)."""
 
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import struct
@@ -130,7 +135,10 @@ def main():
     torch.cuda.set_device(0)
     deep_ep.Buffer.set_num_sms(24)
     gen = torch.Generator().manual_seed(1234 + group.rank)
-    buf = deep_ep.Buffer(group, int(1e9), 0, explicitly_destroy=True, device="cuda")
+    os.environ.setdefault("EP_CUDA_LATE_HELLO", "1")
+    buf = deep_ep.Buffer(group, int(1e9), 0, explicitly_destroy=True, device="cuda",
+                         out_pool_bytes=int(1e9))
+    pool, buf._out_pool = buf._out_pool, None  # plain default outputs until the pool's phases
     try:
         x = torch.randn((n, H), generator=gen).to(torch.bfloat16).cuda()
         idx = torch.rand((n, E), generator=gen).topk(TOPK).indices.cuda()
@@ -158,6 +166,11 @@ def main():
         res = [(name, host_us(fn)) for name, fn in parts]
         ways = both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y)
         phases = layer_phases(buf, x, idx, w, E)
+        buf._out_pool = pool
+        pool_phases = layer_phases(buf, x, idx, w, E) if pool else None
+        rx_bytes = recv_x.numel() * recv_x.element_size()
+        room = host_us(lambda: pool._room(rx_bytes, buf.device)) if pool else None
+        buf._out_pool = None
         lprof = cProfile.Profile()
         lprof.enable()
         for _ in range(100):
@@ -181,9 +194,12 @@ def main():
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
             print(out.getvalue())
             print("layer step (layout + dispatch, default outputs + combine): host us, "
-                  "medians of 100")
-            for nm, us in phases:
-                print(f"  {nm:<28}{us:8.1f}")
+                  "medians of 100; default outputs plain (baseline) / from the out pool")
+            for i, (nm, us) in enumerate(phases):
+                pu = f"{pool_phases[i][1]:10.1f}" if pool_phases else "   no pool"
+                print(f"  {nm:<28}{us:8.1f}{pu}")
+            if room is not None:
+                print(f"  out pool room check ({rx_bytes} bytes): {room:.1f} us")
             out = io.StringIO()
             pstats.Stats(lprof, stream=out).sort_stats("tottime").print_stats(25)
             print(out.getvalue())

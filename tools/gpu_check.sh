@@ -5,6 +5,8 @@
 #   (suite: the normal-mode tests, or those matching $SUITEF)
 #   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
 #   python (the Python package's CUDA tests, the package installed from this tree first)
+#   hostcost (bench/py_host_cost.py at R in $HCR, default "2 8", 128 tokens: host time of the
+#   Python layer step's phases, default outputs plain and from the out pool; after `python`)
 #   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode, dtypes in $NCUDT: per-kernel time, DRAM bytes,
 #   occupancy, then the SpeedOfLight/Occupancy/WarpStateStats sections)
 #   cudanet (the cuda.net.* tests: the CUDA data path across pretend hosts through NCCL)
@@ -98,6 +100,13 @@ for s in $steps; do
       timeout 400 "$mps" "${PYTHON:-python3}" -m pytest tests/python -q -k cuda >"$out/pytest.log" 2>&1
       echo "python: pytest -k cuda: exit $?"
       tail -n 3 "$out/pytest.log" ;;
+    hostcost)
+      for R in ${HCR:-2 8}; do
+        timeout 200 "$mps" $b/bin/epcomm launch -n $R "${PYTHON:-python3}" bench/py_host_cost.py 128 \
+          >"$out/hostcost-r$R.log" 2>&1
+        echo "py_host_cost, R=$R, 128 tokens: exit $?"
+        grep -A8 '^layer step' "$out/hostcost-r$R.log" | sed 's/^\[0\] //'
+      done ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
       # the allocator-path rows of `epcomm bench` (plain outputs, then registered ones), bf16,
