@@ -111,7 +111,8 @@ void t_log_to_file(void) {
 
 bool t_logged(const char *needle) {
   const char *path = getenv("EP_LOG_FILE");
-  FILE *f = path ? fopen(path, "r") : NULL;
+  if (!path) T_FAILF("t_logged: EP_LOG_FILE is not set (call t_log_to_file first)");
+  FILE *f = fopen(path, "r");
   char line[1024];
   bool hit = false;
   while (f && fgets(line, sizeof line, f)) {
@@ -120,8 +121,7 @@ bool t_logged(const char *needle) {
     hit |= this;
   }
   if (f) fclose(f);
-  if (path && truncate(path, 0) != 0 && errno != ENOENT)
-    T_FAILF("truncate %s: %s", path, strerror(errno));
+  if (truncate(path, 0) != 0 && errno != ENOENT) T_FAILF("truncate %s: %s", path, strerror(errno));
   return hit;
 }
 

@@ -8,10 +8,11 @@
  *                             replay checked against the reference; then eager calls on the same
  *                             buffer (counters advance on the device alike)
  *   test_cuda_ll hooks        two-phase calls with the device busy between send and receive
- *   test_cuda_ll deferred     a replayed graph's dispatch fails (rank 0's expert out of range;
- *                             nobody waits on the host) while rank 0 already waits for the eager
- *                             dispatch behind it: that failure moved no data and is logged, the
- *                             eager dispatch and combine go through on every rank
+ *   test_cuda_ll deferred     a replayed graph's dispatch fails (the last rank's expert out of
+ *                             range; nobody waits on the host) while the other ranks' hosts
+ *                             already wait for the eager dispatch behind it: that failure moved
+ *                             no data and is logged naming the replay's call, the eager dispatch
+ *                             and combine go through on every rank
  *   test_cuda_ll timeout      a peer that never calls: the dispatch returns EP_ERR_TIMEOUT naming
  *                             it; the context stays usable (a fresh buffer then works)
  *   test_cuda_ll cycles N     N x (group, buffer, dispatch + combine, destroy): device memory flat
@@ -252,11 +253,14 @@ static int hooks(void) {
 
 /* ------------------------------------------------------------------ deferred failures */
 
-/* A dispatch captured with rank 0's topk_idx naming an expert out of range; replayed with the
- * peers 100 ms late, so its gate fails (recorded for a later call: nobody waits for a replay)
- * while rank 0's host already waits for the eager dispatch queued behind it. */
-static void failing_replay(ep_buffer_t buf, int me, llw_round_t *bad, cudaStream_t st) {
-  if (me == 0) bad->idx[0][1] = bad->c.E + 3;
+/* The late rank (the last) names expert E + 3 at topk_idx[1][1] of a dispatch with topk 4. The
+ * dispatch is captured, and replayed with that rank 100 ms late: the other ranks' gates wait for
+ * its entry, find it rejected and record the failure for a later call (nobody waits for a
+ * replay), while their hosts already wait for the eager dispatch queued behind it. Nothing that
+ * synchronises with the device may run between the replay and the eager dispatch. */
+static cudaGraphExec_t failing_replay(ep_buffer_t buf, int R, int me, llw_round_t *bad,
+                                      cudaStream_t st, cudaEvent_t ev) {
+  if (me == R - 1) bad->idx[me][1 * 4 + 1] = bad->c.E + 3;
   llw_upload(bad);
   ep_ll_dispatch_args_t a;
   llw_args(bad, &a);
@@ -268,14 +272,12 @@ static void failing_replay(ep_buffer_t buf, int me, llw_round_t *bad, cudaStream
   CU(cudaStreamEndCapture(st, &gr));
   CU(cudaGraphInstantiate(&ge, gr, 0));
   CU(cudaGraphDestroy(gr));
-  if (me != 0) usleep(100 * 1000);
+  t_dsync(); /* the previous round's calls are behind us: the replay follows them */
+  if (me == R - 1) usleep(100 * 1000);
   CU(cudaGraphLaunch(ge, st));
-  cudaEvent_t ev; /* the eager calls (legacy stream) follow the replay */
-  CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  CU(cudaEventRecord(ev, st));
+  CU(cudaEventRecord(ev, st)); /* the eager calls (legacy stream) follow the replay */
   CU(cudaStreamWaitEvent(0, ev, 0));
-  CU(cudaEventDestroy(ev));
-  CU(cudaGraphExecDestroy(ge)); /* the replay in flight completes */
+  return ge;
 }
 
 static int deferred(void) {
@@ -292,21 +294,32 @@ static int deferred(void) {
   ep_buffer_t buf;
   llw_buffer(g, &c, &buf);
   cudaStream_t st;
+  cudaEvent_t ev;
   CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  /* The failure names the replay's call, its entry decoded with its topk (4: [1][1]; the eager
+   * dispatch's topk 6 would make it [0][5]). */
+  char want[96];
+  if (me == R - 1)
+    snprintf(want, sizeof want, "moved no data: ep_ll_dispatch: topk_idx[1][1] is %d", c.E + 3);
+  else
+    snprintf(want, sizeof want, "moved no data: ep_ll_dispatch: gate: rank %d rejected", R - 1);
   for (int i = 0; i < 3; i++) {
     llw_case_t kb = {.topk = 4, .routing = RT_SKEW, .nmode = NM_FULL};
+    llw_case_t k = {.topk = 6, .routing = RT_MASKED, .nmode = NM_RANDOM, .fmt = i % 2};
     llw_round_t bad, rd;
     llw_gen(&bad, R, me, &c, &kb, 0xdef0ull + (uint64_t)i);
-    failing_replay(buf, me, &bad, st);
-    llw_case_t k = {.topk = 6, .routing = RT_MASKED, .nmode = NM_RANDOM, .fmt = i % 2};
     llw_gen(&rd, R, me, &c, &k, 0xdef1ull + (uint64_t)i);
+    cudaGraphExec_t ge = failing_replay(buf, R, me, &bad, st, ev);
     llw_dispatch(&rd, buf, NULL, NULL); /* fails the test unless EP_OK with the reference rows */
     llw_combine(&rd, buf, 0xdef9ull + (uint64_t)i, NULL, NULL);
+    CU(cudaGraphExecDestroy(ge));
     llw_free(&rd);
     llw_free(&bad); /* the captured handle too, once its replay is behind us */
-    T_CHECK(t_logged("moved no data"), "round %d: the replay's failure was not logged (%s)", i,
+    T_CHECK(t_logged(want), "round %d: no warning \"%s...\" in %s (the replay's failure)", i, want,
             getenv("EP_LOG_FILE"));
   }
+  CU(cudaEventDestroy(ev));
   CU(cudaStreamDestroy(st));
   T_OK(ep_buffer_destroy(buf));
   t_fini(g);

@@ -105,8 +105,9 @@ ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want,
 ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op);
 /* Turns the host error word into a status and message (and clears it); EP_OK if none. */
 ep_status_t cuda_take_error(cuda_state_t *s, const char *op);
-/* The same for an error of an earlier asynchronous call: logged when it moved no data (EP_OK),
- * else the buffer breaks and it is returned. */
+/* The same at a point where a no-data failure can only be an earlier asynchronous call's (a
+ * call's entry, or after its own ticket): logged (EP_OK); any other breaks the buffer and is
+ * returned (whichever call it was: a deadline or a dead peer ends this one too). */
 ep_status_t cuda_deferred(cuda_state_t *s, const char *op);
 /* Waits for this buffer's own work; false on deadline (then kernels were told to stop). */
 bool cuda_quiesce(cuda_state_t *s, double seconds);

@@ -278,23 +278,26 @@ bool cuda_ll_eager(cuda_state_t *s, cudaStream_t st, uint32_t *ticket) {
   return true;
 }
 
-/* The kernel reports the ticket with its verdict unless it gave up on a peer (a deadline, an
- * abort), which it records in the error word, ending the wait. An error word that moves no data
- * comes from an earlier call nobody waited for (a replayed graph): a kernel with a ticket never
- * defers its own; it is logged as at a call's entry, and this call's verdict stands. */
+/* The kernel reports the ticket with its verdict unless it gave up waiting for a peer: a
+ * deadline, recorded in the error word (which ends the wait), or the host's abort (after the
+ * host gave up itself). An error word that moved no data comes from an earlier call nobody
+ * waited for (a replayed graph; a kernel with a ticket never defers its own): it is logged as at
+ * a call's entry, and this call's verdict stands. */
 ep_status_t cuda_ll_wait(cuda_state_t *s, const epk_ll_report_t *r, uint32_t ticket, const char *op,
-                         const char *phase) {
+                         bool comb, const char *phase) {
   ep_status_t st = cuda_wait_word(s, &r->ticket, ticket, op, phase);
   if (!st) st = cuda_deferred(s, op);
   if (!st && __atomic_load_n(&r->status, __ATOMIC_ACQUIRE) != EP_OK)
-    st = cuda_ll_explain(s, r, op, !strcmp(op, "ep_ll_combine") || r == &s->host->ll_recv, phase);
+    st = cuda_ll_explain(s, r, op, comb, phase);
   return st;
 }
 
 /* The same words as the CPU backend's (cpu_ll_sync.c, cpu_ll_dispatch.c, cpu_ll_combine.c). */
 ep_status_t cuda_ll_explain(cuda_state_t *s, const epk_ll_report_t *r, const char *op, bool comb,
                             const char *phase) {
-  const int topk = s->err_key.f[EP_CF_TOPK] > 0 ? s->err_key.f[EP_CF_TOPK] : 1;
+  const int topk = r->topk > 0                    ? r->topk /* a deferred verdict's own call */
+                   : s->err_key.f[EP_CF_TOPK] > 0 ? s->err_key.f[EP_CF_TOPK]
+                                                  : 1;
   const int t = r->item / topk, k = r->item % topk;
   switch (r->status) {
     case EP_ERR_OUT_OF_RANGE: /* this rank's own argument: no phase, as the CPU says it */

@@ -66,7 +66,7 @@ ep_status_t cuda_ll_recv(void *state, ep_handle_info_t *h);
 bool cuda_ll_eager(cuda_state_t *s, cudaStream_t st, uint32_t *ticket);
 /* Waits for a low-latency report, then turns it into a status and message. */
 ep_status_t cuda_ll_wait(cuda_state_t *s, const epk_ll_report_t *r, uint32_t ticket, const char *op,
-                         const char *phase);
+                         bool comb, const char *phase);
 /* The message of a report that failed (also for a failure deferred from a graph); `comb`: the
  * report is a combine's. */
 ep_status_t cuda_ll_explain(cuda_state_t *s, const epk_ll_report_t *r, const char *op, bool comb,

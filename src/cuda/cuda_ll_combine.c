@@ -90,8 +90,8 @@ ep_status_t cuda_ll_combine(void *state, const ep_ll_combine_args_t *a, ep_handl
   rc = cuda_ll_send_stream(s, st, a->two_phase, OP, &run);
   if (!rc) rc = cuda_check(s, epk_ll_launch_combine(&s->kb, &s->ll->k, &k, run), OP, "launch");
   if (!rc && !a->two_phase && !fused) rc = receive(s, sl, st, rticket, OP);
-  if (!rc && eager) rc = cuda_ll_wait(s, &s->host->ll_send, ticket, OP, "check");
-  if (!rc && rticket) rc = cuda_ll_wait(s, &s->host->ll_recv, rticket, OP, "recv");
+  if (!rc && eager) rc = cuda_ll_wait(s, &s->host->ll_send, ticket, OP, true, "check");
+  if (!rc && rticket) rc = cuda_ll_wait(s, &s->host->ll_recv, rticket, OP, true, "recv");
   cuda_leave(s, run, true);
   sl->stream = st;
   if (rc == EP_ERR_MISMATCH) return rc; /* this rank's own topk_idx: the handle stays received */
@@ -111,7 +111,7 @@ ep_status_t cuda_ll_recv_combine(cuda_state_t *s, cuda_ll_slot_t *sl, const char
     uint32_t ticket;
     const bool eager = cuda_ll_eager(s, st, &ticket);
     rc = receive(s, sl, st, ticket, op);
-    if (!rc && eager) rc = cuda_ll_wait(s, &s->host->ll_recv, ticket, op, "recv");
+    if (!rc && eager) rc = cuda_ll_wait(s, &s->host->ll_recv, ticket, op, true, "recv");
     cuda_leave(s, st, true);
   }
   sl->state = rc ? EP_LLS_FAILED : EP_LLS_COMBINED;

@@ -83,7 +83,7 @@ ep_status_t cuda_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_han
   cudaStream_t run;
   rc = cuda_ll_send_stream(s, st, a->two_phase, OP, &run);
   if (!rc) rc = cuda_check(s, epk_ll_launch_dispatch(&s->kb, &ll->k, &k, run), OP, "launch");
-  if (!rc && eager) rc = cuda_ll_wait(s, &s->host->ll_send, ticket, OP, "gate");
+  if (!rc && eager) rc = cuda_ll_wait(s, &s->host->ll_send, ticket, OP, false, "gate");
   cuda_leave(s, run, true);
   if (rc) return rc; /* the slot stays free; every rank failed alike at the gate */
   sl->state = a->two_phase ? EP_LLS_SENT : EP_LLS_RECEIVED;

@@ -86,21 +86,38 @@ static const char *waited_for(unsigned p) {
   }
 }
 
-ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
+/* Takes the host's error word (0 if none) and clears both words. A kernel still running may
+ * replace a word that moved no data with one that breaks the buffer (epk_err_claim) until the
+ * host's is cleared: then the latter is the one taken. The deferred low-latency verdict is copied
+ * first: once the words are clear, a kernel may claim them again and write its own. */
+static uint64_t take_word(cuda_state_t *s, epk_ll_report_t *deferred) {
   uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
+  if (!v) return 0;
+  memcpy(deferred, (const void *)&s->host->ll_defer, sizeof *deferred);
+  while (!__atomic_compare_exchange_n(&s->host->err, &v, 0ull, false, __ATOMIC_ACQ_REL,
+                                      __ATOMIC_ACQUIRE)) {
+  }
+  cudaMemsetAsync(&s->kb.priv->err, 0, sizeof s->kb.priv->err, s->side);
+  cudaStreamSynchronize(s->side);
+  return v;
+}
+
+ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
+  epk_ll_report_t d;
+  const uint64_t v = take_word(s, &d);
   if (!v) return EP_OK;
   unsigned code = (unsigned)(v >> 56), phase = (unsigned)(v >> 48) & 0xff;
   int peer = (int)((v >> 32) & 0xffff) - 1;
   unsigned detail = (unsigned)v;
-  __atomic_store_n(&s->host->err, 0ull, __ATOMIC_RELEASE);
-  cudaMemsetAsync(&s->kb.priv->err, 0, sizeof s->kb.priv->err, s->side);
-  cudaStreamSynchronize(s->side);
   const char *ph = phase_name(phase);
   /* A low-latency failure that moved no data, in a call nobody waited for: its kernel left the
-   * details in the deferred report (the gate's, the combine check's or the receive's verdict). */
-  if (code != EP_ERR_TIMEOUT && code != EP_ERR_PEER_FAILED &&
-      (phase == EPK_PH_LL_GATE || phase == EPK_PH_LL_CHECK || phase == EPK_PH_LL_COMB))
-    return cuda_ll_explain(s, &s->host->ll_defer, op, phase != EPK_PH_LL_GATE, ph);
+   * details in the deferred report (the gate's, the combine check's or the receive's verdict),
+   * which names that call, not the one that finds it. */
+  if (epk_code_no_data(code) &&
+      (phase == EPK_PH_LL_GATE || phase == EPK_PH_LL_CHECK || phase == EPK_PH_LL_COMB)) {
+    const bool comb = phase != EPK_PH_LL_GATE;
+    return cuda_ll_explain(s, &d, comb ? "ep_ll_combine" : "ep_ll_dispatch", comb, ph);
+  }
   switch (code) {
     case EP_ERR_TIMEOUT:
       return ep_ctx_fail(s->ctx, EP_ERR_TIMEOUT, peer, op, ph,
@@ -126,12 +143,6 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
   }
 }
 
-/* Failures that move no data and leave the buffer usable (an asynchronous call's are logged). */
-static bool no_data(ep_status_t st) {
-  return st == EP_ERR_PEER_INVALID || st == EP_ERR_MISMATCH || st == EP_ERR_OUT_OF_RANGE ||
-         st == EP_ERR_TOO_LARGE || st == EP_ERR_INVALID_ARG;
-}
-
 /* A failure recorded by a kernel of an earlier asynchronous call. Failures every rank saw alike
  * and that moved no data (a rank rejected its arguments, the ranks disagree, the outputs were too
  * small) leave the buffer consistent: they are logged, and this call goes on (failing it would
@@ -139,7 +150,7 @@ static bool no_data(ep_status_t st) {
 ep_status_t cuda_deferred(cuda_state_t *s, const char *op) {
   ep_status_t st = cuda_take_error(s, op);
   if (!st) return EP_OK;
-  if (no_data(st)) {
+  if (epk_code_no_data((uint32_t)st)) {
     ep_log_at(EP_LOG_WARN, s->rank, "run",
               "an earlier asynchronous call failed and moved no "
               "data: %s",
@@ -180,7 +191,7 @@ void cuda_leave(cuda_state_t *s, cudaStream_t st, bool record) {
  * come from an earlier asynchronous call meanwhile, without harm: the word still comes. */
 static bool ends_wait(const cuda_state_t *s) {
   const uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
-  return v && !no_data((ep_status_t)(v >> 56));
+  return v && !epk_code_no_data((uint32_t)(v >> 56));
 }
 
 ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,

@@ -60,10 +60,18 @@ static __device__ __forceinline__ bool epk_stopped(const epk_buf_t &b) {
   return *reinterpret_cast<volatile uint32_t *>(&b.priv->call_status) != 0;
 }
 
-/* The buffer's first failure wins the device word (epk_err_claim); only the winner mirrors it to
- * the host (epk_err_post), after whatever explains it. */
+/* The buffer's first failure wins the device word (epk_err_claim), except that one breaking the
+ * buffer replaces one that moved no data: the latter may sit there, left by a call nobody waited
+ * for, while a host waits (cuda_sync.c), and the host must see the former at once. Only the winner
+ * mirrors it to the host (epk_err_post), after whatever explains it. */
 static __device__ __forceinline__ bool epk_err_claim(const epk_buf_t &b, unsigned long long v) {
-  return atomicCAS(&b.priv->err, 0ull, v) == 0ull;
+  const bool mild = epk_code_no_data((uint32_t)(v >> 56));
+  for (unsigned long long old = 0ull;;) {
+    const unsigned long long seen = atomicCAS(&b.priv->err, old, v);
+    if (seen == old) return true;
+    if (seen && (mild || !epk_code_no_data((uint32_t)(seen >> 56)))) return false;
+    old = seen; /* 0: the host cleared the word meanwhile */
+  }
 }
 static __device__ __forceinline__ void epk_err_post(const epk_buf_t &b, unsigned long long v) {
   *reinterpret_cast<volatile unsigned long long *>(&b.host->err) = v;

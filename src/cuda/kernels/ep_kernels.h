@@ -26,10 +26,12 @@
 #define EP_CUDA_KERNELS_H
 
 #include <cuda_runtime_api.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/call_key.h"
+#include "epcomm.h" /* the status codes of the error word */
 
 #ifdef __CUDACC__
 #define EPK_HD __host__ __device__ __forceinline__
@@ -75,6 +77,13 @@ EPK_HD uint64_t epk_err_pack(uint32_t code, uint32_t phase, int peer, uint32_t d
          ((uint64_t)(uint16_t)(peer + 1) << 32) | detail;
 }
 
+/* Failures that move no data and leave the buffer usable: every rank saw them alike (a rejected
+ * argument, a disagreement, outputs too small). The others (a deadline, a dead peer) break it. */
+EPK_HD bool epk_code_no_data(uint32_t code) {
+  return code == EP_ERR_PEER_INVALID || code == EP_ERR_MISMATCH || code == EP_ERR_OUT_OF_RANGE ||
+         code == EP_ERR_TOO_LARGE || code == EP_ERR_INVALID_ARG;
+}
+
 /* What a source rank tells every destination at the start of a call. */
 typedef struct {
   uint32_t seq;      /* the call's sequence number; stored last, with release semantics */
@@ -116,7 +125,8 @@ typedef struct {
   int32_t item, dup_k;  /* a bad topk_idx entry (t * topk + k) and, for a duplicate, the k of
                            its first occurrence */
   int32_t mine, theirs; /* a mismatch: rank 0's value and the peer's (field: 0 topk, 1 format) */
-  int32_t field, pad;
+  int32_t field;
+  int32_t topk;        /* a deferred report (ll_defer): its call's topk, which decodes item */
   int64_t value, want; /* the bad expert id; combine: the dispatch's id at that entry */
 } epk_ll_report_t;
 

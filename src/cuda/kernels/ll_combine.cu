@@ -45,8 +45,8 @@ __device__ void check(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_combi
     v.status = EP_ERR_MISMATCH, v.item = (int32_t)s_bad;
     v.value = __ldg(a.topk_idx + s_bad), v.want = ids[s_bad];
   }
-  report(&b.host->ll_send, v, a.ticket);
-  if (!ok && !a.ticket) defer(b, v, EPK_PH_LL_CHECK);
+  if (a.ticket) report(&b.host->ll_send, v, a.ticket);
+  if (!ok && !a.ticket) defer(b, v, EPK_PH_LL_CHECK, a.topk);
   slot_state(ll, a.slot)->c = ok ? c : 0;
   priv(ll)->comb_ok = ok;
 }
@@ -208,8 +208,8 @@ __device__ void combine_receive(const epk_buf_t &b, const epk_ll_t &ll, const ep
   if (blockIdx.x == 0 && threadIdx.x == 0 && rej >= 0) {
     epk_ll_report_t v = no_report();
     if (rej != INT_MAX) v.status = EP_ERR_PEER_INVALID, v.peer = rej;
-    report(&b.host->ll_recv, v, ticket);
-    if (rej != INT_MAX && rej != b.rank && !ticket) defer(b, v, EPK_PH_LL_COMB);
+    if (ticket) report(&b.host->ll_recv, v, ticket);
+    if (rej != INT_MAX && rej != b.rank && !ticket) defer(b, v, EPK_PH_LL_COMB, a.topk);
   }
   if (rej == INT_MAX) {
     const int chunks = (ll.lay.H + 255) / 256, lane = threadIdx.x & 31;

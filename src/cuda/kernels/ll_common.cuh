@@ -90,13 +90,13 @@ struct waiter {
   }
 };
 
-/* The verdict for the host: fields first, then (a host waits: ticket != 0) the ticket, each
- * behind a system fence. Without a ticket the fields still explain a deferred failure. */
+/* The verdict for a host waiting with `ticket`: fields first, then the ticket, each behind a
+ * system fence. Ticket 0: the fields alone (a deferred failure's copy in ll_defer). */
 __device__ __forceinline__ void report(epk_ll_report_t *to, const epk_ll_report_t &v,
                                        uint32_t ticket) {
   volatile epk_ll_report_t *r = to;
   r->status = v.status, r->peer = v.peer, r->nrecv = v.nrecv, r->item = v.item;
-  r->dup_k = v.dup_k, r->mine = v.mine, r->theirs = v.theirs, r->field = v.field;
+  r->dup_k = v.dup_k, r->mine = v.mine, r->theirs = v.theirs, r->field = v.field, r->topk = v.topk;
   r->value = v.value, r->want = v.want;
   __threadfence_system();
   if (!ticket) return;
@@ -106,11 +106,13 @@ __device__ __forceinline__ void report(epk_ll_report_t *to, const epk_ll_report_
 
 /* A failure that moved no data, seen by a call nobody waits for on the host (graph capture):
  * the next call on the buffer reports it (cuda_sync.c) from its own copy of the verdict, which
- * no later call's report overwrites (one a host waits for may land before the host reads it). */
-__device__ __forceinline__ void defer(const epk_buf_t &b, const epk_ll_report_t &v,
-                                      uint32_t phase) {
+ * no later call's report overwrites (one a host waits for may land before the host reads it),
+ * with the call's topk to decode the entry. */
+__device__ __forceinline__ void defer(const epk_buf_t &b, epk_ll_report_t v, uint32_t phase,
+                                      int topk) {
   const unsigned long long w = epk_err_pack((uint32_t)v.status, phase, v.peer, (uint32_t)v.item);
   if (!epk_err_claim(b, w)) return; /* an earlier failure is reported first */
+  v.topk = topk;
   report(&b.host->ll_defer, v, 0);
   epk_err_post(b, w);
 }
@@ -118,7 +120,7 @@ __device__ __forceinline__ void defer(const epk_buf_t &b, const epk_ll_report_t 
 __device__ __forceinline__ epk_ll_report_t no_report() {
   epk_ll_report_t v;
   v.ticket = 0, v.status = EP_OK, v.peer = -1, v.nrecv = 0, v.item = -1, v.dup_k = -1;
-  v.mine = v.theirs = v.field = v.pad = 0;
+  v.mine = v.theirs = v.field = v.topk = 0;
   v.value = v.want = 0;
   return v;
 }

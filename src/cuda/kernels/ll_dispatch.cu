@@ -289,8 +289,8 @@ __device__ bool gate(const epk_buf_t &b, const epk_ll_t &ll, const epk_ll_dispat
     st->n = a.n, st->topk = a.topk, st->fmt = a.fmt;
     /* A failure that moved nothing is reported (a timeout is already recorded); a call that
      * nobody waits for leaves it to the next call. */
-    if (v.status != EP_OK || ok) report(&b.host->ll_send, v, a.ticket);
-    if (v.status != EP_OK && !a.ticket) defer(b, v, EPK_PH_LL_GATE);
+    if (a.ticket && (v.status != EP_OK || ok)) report(&b.host->ll_send, v, a.ticket);
+    if (v.status != EP_OK && !a.ticket) defer(b, v, EPK_PH_LL_GATE, a.topk);
     priv(ll)->gate_ok = ok;
     __threadfence();
     st_rel_gpu(&priv(ll)->gate, q);
