@@ -132,11 +132,13 @@ static void arena_release(arena_t *a, void *ptr) {
     (void)size, (void)device, (void)stream;                                   \
     arena_release(&slots[b * 8 + k], ptr);                                    \
   }
+/* (clang-format does not settle on one layout of these lines) */
+/* clang-format off */
 #define EPB_SLOTS_8(X, b) X(b, 0) X(b, 1) X(b, 2) X(b, 3) X(b, 4) X(b, 5) X(b, 6) X(b, 7)
-#define EPB_SLOTS(X)                                                                        \
-  EPB_SLOTS_8(X, 0)                                                                         \
-  EPB_SLOTS_8(X, 1) EPB_SLOTS_8(X, 2) EPB_SLOTS_8(X, 3) EPB_SLOTS_8(X, 4) EPB_SLOTS_8(X, 5) \
-      EPB_SLOTS_8(X, 6) EPB_SLOTS_8(X, 7)
+#define EPB_SLOTS(X) \
+  EPB_SLOTS_8(X, 0) EPB_SLOTS_8(X, 1) EPB_SLOTS_8(X, 2) EPB_SLOTS_8(X, 3) \
+  EPB_SLOTS_8(X, 4) EPB_SLOTS_8(X, 5) EPB_SLOTS_8(X, 6) EPB_SLOTS_8(X, 7)
+/* clang-format on */
 EPB_SLOTS(EPB_SLOT_FNS)
 
 #define EPB_SLOT_ENTRY(b, k) {alloc_##b##k, free_##b##k},
