@@ -2,6 +2,9 @@
  * `epcomm launch`.
  *   test_failure kill-dispatch FILE   the last rank SIGKILLs itself in the middle of a dispatch
  *   test_failure kill-combine FILE    ... of a combine
+ *   test_failure kill-alloc FILE      ... inside its dispatch's allocator callback
+ * (EP_OUTPUT_ALLOC): its count went out, its rows never do; on CUDA with EP_CUDA_LATE_HELLO=1 (a
+ * registration on every rank) its hello promised a late one, which the others' kernels wait for
  *   test_failure kill-create FILE     ... while the others create a buffer (it never arrives)
  *   test_failure kill-root FILE       rank 0 dies while the others create a buffer
  *   test_failure timeout              the last rank arrives late; the others time out
@@ -141,6 +144,55 @@ static int kill_in_op(const char *op) {
   T_OK(ep_buffer_destroy(buf)); /* still destroyable, without waiting for the dead */
   T_OK(ep_group_destroy(g));
   free(b.x), free(b.rx), free(b.out), free(b.idx);
+  return T_PASS;
+}
+
+/* Outputs of the allocator path: rows from the start of the registered region (on CUDA with
+ * EP_CUDA_LATE_HELLO=1 the senders then write recv_x there); the victim dies instead. */
+typedef struct {
+  void *rx, *idx, *w, *src;
+  bool victim;
+} alloc_ctx_t;
+
+static int alloc_or_die(void *ctx, const ep_dispatch_args_t *a, int nr, ep_dispatch_out_t *o) {
+  alloc_ctx_t *c = ctx;
+  (void)a, (void)nr;
+  if (c->victim) die_now(); /* its count is out, its data kernel never comes */
+  o->recv_x = c->rx, o->recv_topk_idx = c->idx, o->recv_topk_weights = c->w;
+  o->recv_src_idx = c->src;
+  return 0;
+}
+
+static int kill_in_alloc(void) {
+  int R, me;
+  ep_group_t g;
+  ep_buffer_t buf;
+  t_init(&g, &me, &R);
+  T_OK(ep_buffer_create(g, NULL, &buf));
+  enum { N = 64, H = 1024, K = 4 };
+  int64_t hidx[N * K];
+  for (int i = 0; i < N * K; i++) hidx[i] = (i / K * 3 + i % K + me) % (4 * R);
+  void *x = t_dalloc((size_t)N * H * 2), *idx = t_to_dev(hidx, sizeof hidx);
+  const size_t rows = (size_t)N * R;
+  alloc_ctx_t c = {t_dalloc(rows * H * 2), t_dalloc(rows * K * 8), t_dalloc(rows * K * 4),
+                   t_dalloc(rows * 4), me == R - 1};
+  ep_mem_t mem;
+  T_OK(ep_register_memory(buf, c.rx, rows * H * 2, &mem));
+  ep_status_t st = EP_OK;
+  for (int i = 0; i < 50 && st == EP_OK; i++) { /* the dispatch after the death fails */
+    ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
+    a.x = x, a.dtype = EP_DTYPE_BF16, a.num_tokens = N, a.hidden = H, a.topk_idx = idx;
+    a.topk = K, a.num_experts = 4 * R;
+    ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
+    o.mode = EP_OUTPUT_ALLOC, o.alloc = alloc_or_die, o.alloc_ctx = &c;
+    st = ep_dispatch(buf, &a, &o);
+    if (!st) T_OK(ep_handle_destroy(o.handle));
+  }
+  if (me == R - 1) pause(); /* not reached: it died in its first callback */
+  survivor_report(st, "dispatch (allocator)", R - 1);
+  T_OK(ep_buffer_destroy(buf)); /* undoes the registration, without waiting for the dead */
+  T_OK(ep_group_destroy(g));
+  t_dfree(x), t_dfree(idx), t_dfree(c.rx), t_dfree(c.idx), t_dfree(c.w), t_dfree(c.src);
   return T_PASS;
 }
 
@@ -391,6 +443,7 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "probe")) return T_PASS; /* tests/test_failure.sh: can this backend run? */
   if (!strcmp(mode, "kill-dispatch")) return kill_in_op("dispatch");
   if (!strcmp(mode, "kill-combine")) return kill_in_op("combine");
+  if (!strcmp(mode, "kill-alloc")) return kill_in_alloc();
   if (!strcmp(mode, "kill-create")) {
     const char *n = getenv("EP_NRANKS");
     return kill_in_create(n ? atoi(n) - 1 : 0);
@@ -405,7 +458,7 @@ int main(int argc, char **argv) {
   if (!strncmp(mode, "early-", 6)) return early_death(mode + 6);
   if (!strcmp(mode, "loop")) return loop(death_file);
   fprintf(stderr,
-          "usage: test_failure kill-dispatch|kill-combine|kill-create|kill-root FILE | "
+          "usage: test_failure kill-dispatch|kill-combine|kill-alloc|kill-create|kill-root FILE | "
           "timeout | timeout-gone | stop | stop-barrier | stop-barrier-gone | "
           "early-exit1|early-kill|early-exit0|early-during FILE | "
           "loop DIR\n");
