@@ -13,6 +13,8 @@
  *                             already wait for the eager dispatch behind it: that failure moved
  *                             no data and is logged naming the replay's call, the eager dispatch
  *                             and combine go through on every rank
+ *   test_cuda_ll deferred-timeout  the same replay, then the late rank skips the eager dispatch:
+ *                             the others return EP_ERR_TIMEOUT naming it within the deadline
  *   test_cuda_ll timeout      a peer that never calls: the dispatch returns EP_ERR_TIMEOUT naming
  *                             it; the context stays usable (a fresh buffer then works)
  *   test_cuda_ll cycles N     N x (group, buffer, dispatch + combine, destroy): device memory flat
@@ -20,6 +22,7 @@
 #include <unistd.h>
 
 #include "ll_world.h"
+#include "tk_clock.h"
 
 #ifndef EP_HAVE_CUDA
 int main(void) {
@@ -253,13 +256,11 @@ static int hooks(void) {
 
 /* ------------------------------------------------------------------ deferred failures */
 
-/* The late rank (the last) names expert E + 3 at topk_idx[1][1] of a dispatch with topk 4. The
- * dispatch is captured, and replayed with that rank 100 ms late: the other ranks' gates wait for
- * its entry, find it rejected and record the failure for a later call (nobody waits for a
- * replay), while their hosts already wait for the eager dispatch queued behind it. Nothing that
- * synchronises with the device may run between the replay and the eager dispatch. */
-static cudaGraphExec_t failing_replay(ep_buffer_t buf, int R, int me, llw_round_t *bad,
-                                      cudaStream_t st, cudaEvent_t ev) {
+/* The late rank (the last) names expert E + 3 at topk_idx[1][1] of a dispatch with topk 4,
+ * captured in a graph before any eager call (the buffer's last call key is then the eager
+ * calls' topk 6, which would decode the entry as [0][5]). */
+static cudaGraphExec_t capture_failing(ep_buffer_t buf, int R, int me, llw_round_t *bad,
+                                       cudaStream_t st) {
   if (me == R - 1) bad->idx[me][1 * 4 + 1] = bad->c.E + 3;
   llw_upload(bad);
   ep_ll_dispatch_args_t a;
@@ -272,59 +273,123 @@ static cudaGraphExec_t failing_replay(ep_buffer_t buf, int R, int me, llw_round_
   CU(cudaStreamEndCapture(st, &gr));
   CU(cudaGraphInstantiate(&ge, gr, 0));
   CU(cudaGraphDestroy(gr));
-  t_dsync(); /* the previous round's calls are behind us: the replay follows them */
+  return ge;
+}
+
+/* The replay, with the late rank 100 ms late: the other ranks' gates wait for its entry, find it
+ * rejected and record the failure for a later call (nobody waits for a replay), while their
+ * hosts already wait for the eager dispatch queued behind it. Nothing that synchronises with the
+ * device may run between this and the eager dispatch. */
+static void replay_late(int R, int me, cudaGraphExec_t ge, cudaStream_t st, cudaEvent_t ev) {
+  t_dsync(); /* the previous calls are behind us: the replay follows them */
   if (me == R - 1) usleep(100 * 1000);
   CU(cudaGraphLaunch(ge, st));
   CU(cudaEventRecord(ev, st)); /* the eager calls (legacy stream) follow the replay */
   CU(cudaStreamWaitEvent(0, ev, 0));
-  return ge;
+}
+
+typedef struct {
+  ep_group_t g;
+  int R, me;
+  llw_cfg_t c;
+  ep_buffer_t buf;
+  cudaStream_t st;
+  cudaEvent_t ev;
+  llw_round_t bad;
+  cudaGraphExec_t ge;
+} deferred_t;
+
+static bool deferred_init(deferred_t *d, double timeout_s) {
+  t_init(&d->g, &d->me, &d->R);
+  if (d->R < 2) {
+    printf("skipped: needs 2 ranks\n");
+    t_fini(d->g);
+    return false;
+  }
+  d->c = gcfg;
+  d->c.E = 4 * d->R;
+  ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
+  cfg.ll_max_tokens = d->c.T, cfg.ll_hidden = d->c.H, cfg.ll_num_experts = d->c.E;
+  cfg.ll_max_topk = d->c.K, cfg.timeout_s = timeout_s;
+  T_OK(ep_buffer_create(d->g, &cfg, &d->buf));
+  CU(cudaStreamCreateWithFlags(&d->st, cudaStreamNonBlocking));
+  CU(cudaEventCreateWithFlags(&d->ev, cudaEventDisableTiming));
+  llw_case_t kb = {.topk = 4, .routing = RT_SKEW, .nmode = NM_FULL};
+  llw_gen(&d->bad, d->R, d->me, &d->c, &kb, 0xdef0ull);
+  d->ge = capture_failing(d->buf, d->R, d->me, &d->bad, d->st);
+  return true;
+}
+
+static void deferred_fini(deferred_t *d) {
+  CU(cudaGraphExecDestroy(d->ge));
+  llw_free(&d->bad); /* the captured handle too */
+  CU(cudaEventDestroy(d->ev));
+  CU(cudaStreamDestroy(d->st));
 }
 
 static int deferred(void) {
-  ep_group_t g;
-  int R, me;
-  t_init(&g, &me, &R);
-  if (R < 2) {
-    printf("skipped: needs 2 ranks\n");
-    t_fini(g);
-    return T_SKIP;
-  }
-  llw_cfg_t c = gcfg;
-  c.E = 4 * R;
-  ep_buffer_t buf;
-  llw_buffer(g, &c, &buf);
-  cudaStream_t st;
-  cudaEvent_t ev;
-  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  /* The failure names the replay's call, its entry decoded with its topk (4: [1][1]; the eager
-   * dispatch's topk 6 would make it [0][5]). */
+  deferred_t d;
+  if (!deferred_init(&d, 0)) return T_SKIP;
+  const int R = d.R, me = d.me;
+  /* The failure names the replay's call, its entry decoded with its own topk. */
   char want[96];
   if (me == R - 1)
-    snprintf(want, sizeof want, "moved no data: ep_ll_dispatch: topk_idx[1][1] is %d", c.E + 3);
+    snprintf(want, sizeof want, "moved no data: ep_ll_dispatch: topk_idx[1][1] is %d", d.c.E + 3);
   else
     snprintf(want, sizeof want, "moved no data: ep_ll_dispatch: gate: rank %d rejected", R - 1);
   for (int i = 0; i < 3; i++) {
-    llw_case_t kb = {.topk = 4, .routing = RT_SKEW, .nmode = NM_FULL};
     llw_case_t k = {.topk = 6, .routing = RT_MASKED, .nmode = NM_RANDOM, .fmt = i % 2};
-    llw_round_t bad, rd;
-    llw_gen(&bad, R, me, &c, &kb, 0xdef0ull + (uint64_t)i);
-    llw_gen(&rd, R, me, &c, &k, 0xdef1ull + (uint64_t)i);
-    cudaGraphExec_t ge = failing_replay(buf, R, me, &bad, st, ev);
-    llw_dispatch(&rd, buf, NULL, NULL); /* fails the test unless EP_OK with the reference rows */
-    llw_combine(&rd, buf, 0xdef9ull + (uint64_t)i, NULL, NULL);
-    CU(cudaGraphExecDestroy(ge));
+    llw_round_t rd;
+    llw_gen(&rd, R, me, &d.c, &k, 0xdef1ull + (uint64_t)i);
+    replay_late(R, me, d.ge, d.st, d.ev);
+    llw_dispatch(&rd, d.buf, NULL, NULL); /* fails the test unless EP_OK with the reference rows */
+    llw_combine(&rd, d.buf, 0xdef9ull + (uint64_t)i, NULL, NULL);
     llw_free(&rd);
-    llw_free(&bad); /* the captured handle too, once its replay is behind us */
     T_CHECK(t_logged(want), "round %d: no warning \"%s...\" in %s (the replay's failure)", i, want,
             getenv("EP_LOG_FILE"));
   }
-  CU(cudaEventDestroy(ev));
-  CU(cudaStreamDestroy(st));
-  T_OK(ep_buffer_destroy(buf));
-  t_fini(g);
+  deferred_fini(&d);
+  T_OK(ep_buffer_destroy(d.buf));
+  t_fini(d.g);
   t_log_remove();
   if (me == 0) printf("test_cuda_ll deferred: R=%d, 3 rounds passed\n", R);
+  return T_PASS;
+}
+
+/* The same replay, then the late rank never makes the eager dispatch: the others' gates give up
+ * on it after the deadline (2 s) and that timeout replaces the replay's no-data failure in the
+ * error word, so their hosts, waiting past that word, return it at once, naming the late rank,
+ * instead of their own deadline (10 s later: "the kernel did not report"). */
+static int deferred_timeout(void) {
+  deferred_t d;
+  if (!deferred_init(&d, 2.0)) return T_SKIP;
+  const int R = d.R, me = d.me;
+  llw_case_t k = {.topk = 6, .routing = RT_MASKED, .nmode = NM_FULL};
+  llw_round_t rd;
+  llw_gen(&rd, R, me, &d.c, &k, 0xdefaull);
+  replay_late(R, me, d.ge, d.st, d.ev);
+  if (me != R - 1) {
+    ep_ll_dispatch_args_t a;
+    llw_args(&rd, &a);
+    const double t0 = tk_now_s();
+    ep_status_t st = ep_ll_dispatch(d.buf, &a, &rd.h);
+    const double dt = tk_now_s() - t0;
+    char name[32];
+    snprintf(name, sizeof name, "rank %d", R - 1);
+    T_CHECK(st == EP_ERR_TIMEOUT, "dispatch returned %s (%s), expected EP_ERR_TIMEOUT",
+            ep_status_name(st), ep_last_error());
+    T_CHECK(strstr(ep_last_error(), name) && !strstr(ep_last_error(), "did not report"),
+            "the timeout does not come from the gate naming %s: %s", name, ep_last_error());
+    T_CHECK(dt < 6.0, "the dispatch returned after %.1f s (deadline 2 s)", dt);
+    printf("rank %d: %s after %.2f s: %s\n", me, ep_status_name(st), dt, ep_last_error());
+  }
+  t_dsync();
+  llw_free(&rd);
+  deferred_fini(&d);
+  /* The timeout broke the others' buffer: every rank lets its objects go locally. */
+  T_OK(ep_buffer_release(d.buf));
+  T_OK(ep_group_release(d.g));
+  t_log_remove();
   return T_PASS;
 }
 
@@ -418,11 +483,12 @@ static int cycles(int n) {
 
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "graph";
-  if (!strcmp(mode, "deferred")) t_log_to_file(); /* it reads the library's warnings */
+  if (!strncmp(mode, "deferred", 8)) t_log_to_file(); /* it reads the library's warnings */
   if (!t_cuda()) setenv("EP_BACKEND", "cuda", 1);
   t_require_backend();
   if (!strcmp(mode, "graph")) return graph(argc > 2 ? atoi(argv[2]) : 4);
   if (!strcmp(mode, "deferred")) return deferred();
+  if (!strcmp(mode, "deferred-timeout")) return deferred_timeout();
   if (!strcmp(mode, "hooks")) return hooks();
   if (!strcmp(mode, "timeout")) return timeout();
   if (!strcmp(mode, "cycles")) return cycles(argc > 2 ? atoi(argv[2]) : 50);

@@ -301,7 +301,7 @@ ep_status_t cuda_ll_explain(cuda_state_t *s, const epk_ll_report_t *r, const cha
   const int t = r->item / topk, k = r->item % topk;
   switch (r->status) {
     case EP_ERR_OUT_OF_RANGE: /* this rank's own argument: no phase, as the CPU says it */
-      return ep_call_bad_expert(NULL, op, t, k, r->value, s->err_key.f[EP_CF_EXPERTS]);
+      return ep_call_bad_expert(NULL, op, t, k, r->value, s->ll->k.lay.E); /* the buffer's */
     case EP_ERR_INVALID_ARG:
       return ep_err(EP_ERR_INVALID_ARG,
                     "%s: topk_idx[%d] selects expert %lld twice (slots %d "

@@ -87,18 +87,19 @@ static const char *waited_for(unsigned p) {
 }
 
 /* Takes the host's error word (0 if none) and clears both words. A kernel still running may
- * replace a word that moved no data with one that breaks the buffer (epk_err_claim) until the
- * host's is cleared: then the latter is the one taken. The deferred low-latency verdict is copied
- * first: once the words are clear, a kernel may claim them again and write its own. */
+ * replace a word that moved no data with one that breaks the buffer (epk_err_claim) and post it
+ * at any time: the host word is taken by CAS (a replacement posted meanwhile is the one taken),
+ * and the device word cleared only if it still holds what was taken (a replacement stays, and is
+ * posted, for the next look). The deferred low-latency verdict is copied before the device word
+ * is cleared: after that a kernel may claim it again and write its own. */
 static uint64_t take_word(cuda_state_t *s, epk_ll_report_t *deferred) {
   uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
   if (!v) return 0;
-  memcpy(deferred, (const void *)&s->host->ll_defer, sizeof *deferred);
   while (!__atomic_compare_exchange_n(&s->host->err, &v, 0ull, false, __ATOMIC_ACQ_REL,
                                       __ATOMIC_ACQUIRE)) {
   }
-  cudaMemsetAsync(&s->kb.priv->err, 0, sizeof s->kb.priv->err, s->side);
-  cudaStreamSynchronize(s->side);
+  memcpy(deferred, (const void *)&s->host->ll_defer, sizeof *deferred);
+  if (epk_launch_clear_err(&s->kb, v, s->side) == cudaSuccess) cudaStreamSynchronize(s->side);
   return v;
 }
 

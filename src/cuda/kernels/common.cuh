@@ -62,8 +62,7 @@ static __device__ __forceinline__ bool epk_stopped(const epk_buf_t &b) {
 
 /* The buffer's first failure wins the device word (epk_err_claim), except that one breaking the
  * buffer replaces one that moved no data: the latter may sit there, left by a call nobody waited
- * for, while a host waits (cuda_sync.c), and the host must see the former at once. Only the winner
- * mirrors it to the host (epk_err_post), after whatever explains it. */
+ * for, while a host waits (cuda_sync.c), and the host must see the former at once. */
 static __device__ __forceinline__ bool epk_err_claim(const epk_buf_t &b, unsigned long long v) {
   const bool mild = epk_code_no_data((uint32_t)(v >> 56));
   for (unsigned long long old = 0ull;;) {
@@ -73,13 +72,24 @@ static __device__ __forceinline__ bool epk_err_claim(const epk_buf_t &b, unsigne
     old = seen; /* 0: the host cleared the word meanwhile */
   }
 }
-static __device__ __forceinline__ void epk_err_post(const epk_buf_t &b, unsigned long long v) {
-  *reinterpret_cast<volatile unsigned long long *>(&b.host->err) = v;
-  __threadfence_system();
+
+/* A winner mirrors its word to the host, after whatever explains it. Two winners (a no-data word,
+ * then the breaking one that replaced it) post in no set order: the no-data one looks at the
+ * device word after its post and, if it was replaced, posts the replacement, so that the host
+ * ends with the breaking word whichever post came last. */
+static __device__ __noinline__ void epk_err_post(const epk_buf_t &b, unsigned long long v) {
+  for (;;) {
+    *reinterpret_cast<volatile unsigned long long *>(&b.host->err) = v;
+    __threadfence_system();
+    if (!epk_code_no_data((uint32_t)(v >> 56))) return;
+    const unsigned long long now = atomicOr(&b.priv->err, 0ull);
+    if (now == v || now == 0ull) return; /* 0: the host took it meanwhile */
+    v = now;
+  }
 }
 
-/* Records the first failure of the buffer (device word, mirrored to the host) and, when `stop`,
- * makes every block of this rank's current call give up. */
+/* Records a failure of the buffer (device word, mirrored to the host; see epk_err_claim) and,
+ * when `stop`, makes every block of this rank's current call give up. */
 static __device__ __noinline__ void epk_fail(const epk_buf_t &b, uint32_t code, uint32_t phase,
                                              int peer, uint32_t detail, bool stop) {
   unsigned long long v = epk_err_pack(code, phase, peer, detail);

@@ -107,7 +107,8 @@ typedef struct {
 typedef struct {
   uint32_t seq;           /* calls made on this buffer (device side, so graph replays count) */
   uint32_t call_status;   /* 0, or why the current call stopped (every block checks it) */
-  unsigned long long err; /* first failure, packed; mirrored to the host word */
+  unsigned long long err; /* the failure to report, packed (the first, or a breaking one that
+                             replaced a no-data one: epk_err_claim); mirrored to the host word */
   uint32_t wdone, finished, cnt_a, cnt_b; /* block counters of the current call */
   int32_t comb_k, comb_tc;                /* combine rounds and tokens per round (from notify) */
   int32_t comb_hello; /* 1: every holder's x is read in place and nothing is staged: the
@@ -132,7 +133,7 @@ typedef struct {
 
 /* Page-locked host memory mapped into the device: what the host waits on. */
 typedef struct {
-  unsigned long long err; /* copy of the first failure (written once per failure) */
+  unsigned long long err; /* copy of the device word (common.cuh epk_err_post) */
   uint32_t ticket;        /* sequence number of the synchronous call whose count is in: from notify
                              (allocator path) or the dispatch kernel's start (every other path) */
   int32_t nr;             /* rows this rank receives; the host sets -1 before a synchronous call,
@@ -384,6 +385,8 @@ cudaError_t epk_launch_layout(const epk_buf_t *b, const epk_layout_t *a, cudaStr
 cudaError_t epk_launch_notify(const epk_buf_t *b, const epk_notify_t *a, cudaStream_t s);
 cudaError_t epk_launch_dispatch(const epk_buf_t *b, const epk_dispatch_t *a, cudaStream_t s);
 cudaError_t epk_launch_combine(const epk_buf_t *b, const epk_combine_t *a, cudaStream_t s);
+/* Clears the device error word if it still holds `taken` (error.cu). */
+cudaError_t epk_launch_clear_err(const epk_buf_t *b, uint64_t taken, cudaStream_t s);
 
 #ifdef __cplusplus
 }
