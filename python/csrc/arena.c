@@ -10,6 +10,9 @@
  * keeps a pool's function pointers for the life of the process. A slot serves a new arena only
  * once its last one is closed, every segment is back and its pool is gone (PyTorch can no longer
  * allocate through it); a generation number tells a stale Python handle from the new arena.
+ * (A CUDA graph captured into a pool can outlive the pool object and allocate through its slot
+ * later: it then gets memory of the slot's new arena, counted there; memory-safe, but that
+ * memory belongs to another Buffer's registration.)
  *
  * An arena is [base, base + size) of memory its Python owner keeps (a uint8 tensor), cut first-fit
  * into the segments PyTorch asks for. Its first EPB_ARENA_ALIGN bytes are never handed out:
@@ -17,12 +20,22 @@
  * starts would share its key. */
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "binding.h"
 
 #define EPB_ARENA_SLOTS 64
 #define EPB_ARENA_ALIGN 512 /* PyTorch's blocks are 512-byte aligned inside a segment */
+
+/* X(b, k) for every slot b * 8 + k of the table. */
+/* (clang-format does not settle on one layout of these lines) */
+/* clang-format off */
+#define EPB_SLOTS_8(X, b) X(b, 0) X(b, 1) X(b, 2) X(b, 3) X(b, 4) X(b, 5) X(b, 6) X(b, 7)
+#define EPB_SLOTS(X) \
+  EPB_SLOTS_8(X, 0) EPB_SLOTS_8(X, 1) EPB_SLOTS_8(X, 2) EPB_SLOTS_8(X, 3) \
+  EPB_SLOTS_8(X, 4) EPB_SLOTS_8(X, 5) EPB_SLOTS_8(X, 6) EPB_SLOTS_8(X, 7)
+/* clang-format on */
 
 typedef struct {
   uint64_t off, len;
@@ -35,7 +48,7 @@ typedef struct {
 
 typedef struct {
   pthread_mutex_t mu;
-  uint64_t gen;   /* 0: never used; odd numbers are never reused (one per arena) */
+  uint64_t gen;   /* the slot's arenas so far: each arena has its own number */
   uintptr_t base; /* 0: the slot holds no arena */
   uint64_t size;
   spans_t free;   /* sorted by offset, coalesced */
@@ -44,14 +57,11 @@ typedef struct {
   bool pool_gone; /* the torch.cuda.MemPool is gone: PyTorch allocates no more through it */
 } arena_t;
 
-static arena_t slots[EPB_ARENA_SLOTS];
-static pthread_once_t slots_once = PTHREAD_ONCE_INIT;
+#define EPB_SLOT_INIT(b, k) {.mu = PTHREAD_MUTEX_INITIALIZER},
+static arena_t slots[EPB_ARENA_SLOTS] = {EPB_SLOTS(EPB_SLOT_INIT)};
 
-static void slots_init(void) {
-  for (int i = 0; i < EPB_ARENA_SLOTS; i++) pthread_mutex_init(&slots[i].mu, NULL);
-}
-
-/* Room for n spans: the free list keeps room for one more span than there are segments out, so
+/* Room for n spans. The free list keeps room for one more span than there are segments out (two
+ * free spans, being coalesced, have a segment between them: at most segments + 1 of them), so
  * that giving a segment back (inside PyTorch's allocator, maybe on its way to freeing memory)
  * never needs to allocate. */
 static bool spans_reserve(spans_t *s, size_t n) {
@@ -78,11 +88,13 @@ static void spans_remove(spans_t *s, size_t at) {
 /* ------------------------------------------------------------------ what PyTorch calls */
 
 static void *arena_alloc(arena_t *a, size_t size) {
-  const uint64_t want =
-      size ? (size + EPB_ARENA_ALIGN - 1) / EPB_ARENA_ALIGN * EPB_ARENA_ALIGN : EPB_ARENA_ALIGN;
   void *p = NULL;
   pthread_mutex_lock(&a->mu);
-  const bool room = !a->closed && a->base && spans_reserve(&a->used, a->used.n + 1) &&
+  /* (size checked first: rounding a size near SIZE_MAX up would wrap to 0) */
+  const uint64_t want = size > a->size ? 0
+                        : size ? (size + EPB_ARENA_ALIGN - 1) / EPB_ARENA_ALIGN * EPB_ARENA_ALIGN
+                               : EPB_ARENA_ALIGN;
+  const bool room = want && !a->closed && a->base && spans_reserve(&a->used, a->used.n + 1) &&
                     spans_reserve(&a->free, a->used.n + 2);
   for (size_t i = 0; room && i < a->free.n; i++) {
     span_t *f = &a->free.v[i];
@@ -132,13 +144,6 @@ static void arena_release(arena_t *a, void *ptr) {
     (void)size, (void)device, (void)stream;                                   \
     arena_release(&slots[b * 8 + k], ptr);                                    \
   }
-/* (clang-format does not settle on one layout of these lines) */
-/* clang-format off */
-#define EPB_SLOTS_8(X, b) X(b, 0) X(b, 1) X(b, 2) X(b, 3) X(b, 4) X(b, 5) X(b, 6) X(b, 7)
-#define EPB_SLOTS(X) \
-  EPB_SLOTS_8(X, 0) EPB_SLOTS_8(X, 1) EPB_SLOTS_8(X, 2) EPB_SLOTS_8(X, 3) \
-  EPB_SLOTS_8(X, 4) EPB_SLOTS_8(X, 5) EPB_SLOTS_8(X, 6) EPB_SLOTS_8(X, 7)
-/* clang-format on */
 EPB_SLOTS(EPB_SLOT_FNS)
 
 #define EPB_SLOT_ENTRY(b, k) {alloc_##b##k, free_##b##k},
@@ -182,13 +187,14 @@ static PyObject *arena_open(PyObject *self, PyObject *args) {
   unsigned long long base, size;
   if (!PyArg_ParseTuple(args, "KK", &base, &size)) return NULL;
   if (!base || size <= EPB_ARENA_ALIGN || base % EPB_ARENA_ALIGN) {
-    PyErr_Format(PyExc_ValueError,
-                 "arena_open: base %llx, size %llu: needs a %d-byte aligned base and more "
-                 "than %d bytes",
-                 base, size, EPB_ARENA_ALIGN, EPB_ARENA_ALIGN);
+    char msg[160]; /* (PyErr_Format has no %llx before Python 3.12) */
+    snprintf(msg, sizeof msg,
+             "arena_open: base %#llx, size %llu: needs a %d-byte aligned base and more than %d "
+             "bytes",
+             base, size, EPB_ARENA_ALIGN, EPB_ARENA_ALIGN);
+    PyErr_SetString(PyExc_ValueError, msg);
     return NULL;
   }
-  pthread_once(&slots_once, slots_init);
   for (int i = 0; i < EPB_ARENA_SLOTS; i++) {
     arena_t *a = &slots[i];
     pthread_mutex_lock(&a->mu);
@@ -208,10 +214,13 @@ static PyObject *arena_open(PyObject *self, PyObject *args) {
     return Py_BuildValue("(iKKK)", i, gen, (unsigned long long)(uintptr_t)slot_fns[i].alloc,
                          (unsigned long long)(uintptr_t)slot_fns[i].release);
   }
-  return epb_raise_msg(EP_ERR_NO_MEMORY,
-                       "Buffer.mem_pool: all 64 pool slots are in use (a pool's slot is free "
-                       "again once its Buffer is gone, every tensor of the pool freed and the "
-                       "torch.cuda.MemPool itself dropped)");
+  char msg[320];
+  snprintf(msg, sizeof msg,
+           "Buffer.mem_pool: all %d pool slots are in use (a pool's slot is free again once its "
+           "Buffer is gone, its torch.cuda.MemPool dropped and every segment given back to the "
+           "arena: every tensor of the pool freed and PyTorch's cache of it emptied)",
+           EPB_ARENA_SLOTS);
+  return epb_raise_msg(EP_ERR_NO_MEMORY, msg);
 }
 
 static PyObject *spans_list(const span_t *v, size_t n) {
@@ -254,6 +263,17 @@ static PyObject *arena_state(PyObject *self, PyObject *args) {
   return Py_BuildValue("(NNO)", f, u, closed ? Py_True : Py_False);
 }
 
+/* arena_largest(slot, gen) -> the largest free span's bytes (0 once the slot serves another
+ * arena): the out pool's room check, on every dispatch. */
+static PyObject *arena_largest(PyObject *self, PyObject *args) {
+  arena_t *a = slot_lock(args, NULL, NULL);
+  if (!a) return PyErr_Occurred() ? NULL : PyLong_FromLong(0);
+  uint64_t most = 0;
+  for (size_t i = 0; i < a->free.n; i++) most = a->free.v[i].len > most ? a->free.v[i].len : most;
+  pthread_mutex_unlock(&a->mu);
+  return PyLong_FromUnsignedLongLong((unsigned long long)most);
+}
+
 /* arena_close(slot, gen, pool_gone): no new segment (the buffer is gone); pool_gone: nor can
  * PyTorch ask for one (its MemPool was dropped), so the slot may serve another arena once every
  * segment is back. */
@@ -273,6 +293,7 @@ static PyObject *arena_close(PyObject *self, PyObject *args) {
 PyMethodDef epb_arena_methods[] = {
     {"arena_open", arena_open, METH_VARARGS, "a pool arena's slot and allocator functions"},
     {"arena_state", arena_state, METH_VARARGS, "(free spans, segments out, closed) of an arena"},
+    {"arena_largest", arena_largest, METH_VARARGS, "bytes of an arena's largest free span"},
     {"arena_close", arena_close, METH_VARARGS, "close an arena; say whether its pool is gone"},
     {NULL, NULL, 0, NULL},
 };

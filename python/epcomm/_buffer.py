@@ -17,7 +17,7 @@ import torch
 from . import _C, _lifecycle
 from ._config import Config
 from ._errors import (ArgumentTypeError, DestroyedError, InvalidArgumentError,
-                      LifecycleWarning, OutOfMemoryError, PeerInvalidError, UnsupportedError)
+                      LifecycleWarning, PeerInvalidError, UnsupportedError)
 from ._events import CpuLaunch, CudaLaunch, EventHandle, EventOverlap
 from ._group import Group
 from ._handles import DispatchHandle, Info, Ref
@@ -185,7 +185,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
             return None
         try:
             p = _mem_pool(self, self.register, nbytes, "Buffer(out_pool_bytes)")
-        except (torch.cuda.OutOfMemoryError, OutOfMemoryError):
+        except (torch.cuda.OutOfMemoryError, MemoryError):
             return None  # no arena here: this rank refused its registration, the peers too
         except (UnsupportedError, PeerInvalidError):  # every rank alike: no pool anywhere
             return None

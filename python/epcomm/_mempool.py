@@ -22,6 +22,7 @@ release, the next mem_pool), never from inside the allocator.
 """
 
 import contextlib
+import gc
 import weakref
 
 import torch
@@ -32,8 +33,12 @@ from ._errors import OutOfMemoryError
 
 _ALIGN = 512  # PyTorch's blocks are 512-byte aligned inside a segment (arena.c: the same)
 
-# Arenas closed (buffer gone or pool dropped) whose memory waits for every segment to come back.
+# Arenas closed (their buffer gone) whose memory waits for every segment to come back.
 _CLOSED = []
+# PyTorch's allocator object of each slot: the slot's two functions never change, and before
+# PyTorch 2.11 (pytorch#171962) a MemPool kept only a raw pointer to its allocator, which must
+# therefore outlive every pool made with it. Made on first use, never dropped.
+_ALLOCATORS = {}
 
 
 def collect():
@@ -57,8 +62,15 @@ class _Arena:
         return _C.arena_state(self.slot, self.gen)
 
     def largest_free(self):
-        st = self.state()
-        return max((n for _, n in st[0]), default=0) if st else 0
+        return _C.arena_largest(self.slot, self.gen)
+
+    def allocator(self):
+        """PyTorch's allocator object of this arena's slot."""
+        a = _ALLOCATORS.get(self.slot)
+        if a is None:
+            a = _ALLOCATORS[self.slot] = torch._C._cuda_customAllocator(self.alloc_fn,
+                                                                         self.free_fn)
+        return a
 
     def close(self, pool_gone=False):
         """No new segment; pool_gone: the MemPool is gone too (the slot may then serve another
@@ -100,6 +112,19 @@ class MemPool:
         return f"<epcomm.MemPool {self.nbytes} bytes at {self._arena.base:#x}, {state}>"
 
 
+def _open(tensor):
+    """The arena over tensor. When every slot is taken, the slots of dropped pools may only wait
+    for their segments, which PyTorch keeps cached: one more try after a collection (the pools'
+    finalizers) and emptying PyTorch's cache (safe here: plain Python code)."""
+    try:
+        return _Arena(tensor)
+    except OutOfMemoryError:
+        gc.collect()
+        torch.cuda.empty_cache()
+        collect()
+        return _Arena(tensor)
+
+
 def _refuse(register, device):
     """This rank has no arena: it still takes part in the (collective) registration, refused,
     so that the peers give up on theirs at once (PeerInvalidError) instead of waiting."""
@@ -127,15 +152,14 @@ def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
     collect()
     size = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN + _ALIGN  # + the unused head
     try:
-        arena = _Arena(torch.empty(size, dtype=torch.uint8, device=buffer.device))
-    except (torch.cuda.OutOfMemoryError, OutOfMemoryError):
+        arena = _open(torch.empty(size, dtype=torch.uint8, device=buffer.device))
+    except (torch.cuda.OutOfMemoryError, MemoryError):  # MemoryError: epcomm's, a full table
         _refuse(register, buffer.device)
         raise
     try:
         reg = register(arena.tensor)  # collective; raises (on every rank) if it cannot be exported
-        allocator = torch._C._cuda_customAllocator(arena.alloc_fn, arena.free_fn)
         with torch.cuda.device(buffer.device):  # a MemPool belongs to the current device
-            pool = torch.cuda.MemPool(allocator)
+            pool = torch.cuda.MemPool(arena.allocator())
     except BaseException:
         arena.close(pool_gone=True)  # no pool allocates from it: its slot is free again
         raise

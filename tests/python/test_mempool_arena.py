@@ -57,7 +57,10 @@ def arenas():
         return a
 
     yield make
-    for a in made:
+    for a in made:  # as PyTorch at the end: every segment back, the pool gone
+        st = a.state()
+        for off, _ in st[1] if st else ():
+            _Torch(a).free(a.base + off)
         a.close(pool_gone=True)
     _mempool.collect()
 
@@ -69,6 +72,7 @@ def _free_spans(a):
 def test_first_fit_aligned_and_merged(arenas):
     a = arenas(64 * _ALIGN)
     t = _Torch(a)
+    assert a.largest_free() == 63 * _ALIGN  # all but the head
     p1 = t.alloc(1)
     p2 = t.alloc(3 * _ALIGN - 7)
     p3 = t.alloc(4 * _ALIGN)
@@ -82,6 +86,7 @@ def test_first_fit_aligned_and_merged(arenas):
     t.free(p3)
     assert _free_spans(a) == [(_ALIGN, 63 * _ALIGN)]  # every hole merged back into one
     assert a.state()[1] == []
+    assert t.alloc(0) == BASE + _ALIGN and t.alloc(1) == BASE + 2 * _ALIGN  # 0 bytes: a block
 
 
 def test_full_arena_says_out_of_memory(arenas):
@@ -91,6 +96,11 @@ def test_full_arena_says_out_of_memory(arenas):
     assert t.alloc(1) is None  # PyTorch turns it into an out-of-memory error
     t.free(BASE + 5 * _ALIGN)  # not a segment start: ignored
     assert [tuple(x) for x in a.state()[1]] == [(_ALIGN, 8 * _ALIGN)]
+    assert a.largest_free() == 0
+    assert t.alloc(2**64 - 1) is None  # rounding up must not wrap to a 0-byte segment
+    t.free(BASE + _ALIGN)
+    t.free(BASE + _ALIGN)  # twice: the second is ignored
+    assert _free_spans(a) == [(_ALIGN, 8 * _ALIGN)] and a.largest_free() == 8 * _ALIGN
 
 
 def test_memory_held_until_closed_and_every_segment_back(arenas):
@@ -126,25 +136,31 @@ def test_a_slot_serves_a_new_arena_only_when_the_old_is_drained_and_its_pool_gon
     t = _Torch(old)
     p = t.alloc(_ALIGN)
     old.close()  # the buffer is gone; the pool and one segment are not
+    alive = arenas(8 * _ALIGN, BASE + (1 << 31))
+    alive.close()  # drained, but its pool may still allocate (to no avail) through the slot
     others = []
     with pytest.raises(OutOfMemoryError, match="all 64 pool slots are in use"):
         for i in range(SLOTS):  # every free slot (other tests' pools may hold some)
             others.append(arenas(8 * _ALIGN, BASE + (i + 1) * (1 << 20)))
-    assert others and old.slot not in {a.slot for a in others}
+    assert others and not {old.slot, alive.slot} & {a.slot for a in others}
     old.close(pool_gone=True)  # the pool went: the slot waits for its segment
+    old.close()  # (a later close without the pool's word does not bring the pool back)
     with pytest.raises(OutOfMemoryError):
         _Arena(_Mem(8 * _ALIGN))
     t.free(p)
     new = arenas(8 * _ALIGN, BASE + (1 << 30))
     assert new.slot == old.slot and new.gen != old.gen
-    assert old.state() is None  # the old handle sees nothing of the new arena
+    assert old.state() is None and old.largest_free() == 0  # nothing of the new arena
     old.close()  # and cannot close it
     assert new.state()[2] is False
     assert _Torch(new).alloc(1) == BASE + (1 << 30) + _ALIGN
 
 
 def test_bad_arena_arguments():
-    for base, size in ((0, 4096), (BASE + 8, 4096), (BASE, _ALIGN)):
+    with pytest.raises(ValueError, match=r"arena_open: base 0x10000000008, size 4096: needs a "
+                                         r"512-byte aligned base"):
+        _C.arena_open(BASE + 8, 4096)
+    for base, size in ((0, 4096), (BASE, _ALIGN)):
         with pytest.raises(ValueError, match="arena_open"):
             _C.arena_open(base, size)
     with pytest.raises(ValueError, match="out of range"):
