@@ -5,13 +5,15 @@ through ctypes, as PyTorch calls them: no Python in between); the memory is held
 buffer is gone and every segment is back; a slot serves a new arena only once the old one is
 drained and its pool gone. (The pool end to end, on the GPU: test_normal.py::test_mem_pool_combine.)"""
 
+import contextlib
 import ctypes
+import gc
 import threading
 
 import pytest
 
 from epcomm import _C, _mempool
-from epcomm._errors import OutOfMemoryError
+from epcomm._errors import InvalidArgumentError, OutOfMemoryError, UnsupportedError
 from epcomm._mempool import _ALIGN, _Arena
 
 BASE = 1 << 40
@@ -140,7 +142,7 @@ def test_a_slot_serves_a_new_arena_only_when_the_old_is_drained_and_its_pool_gon
     alive.close()  # drained, but its pool may still allocate (to no avail) through the slot
     others = []
     with pytest.raises(OutOfMemoryError, match="all 64 pool slots are in use"):
-        for i in range(SLOTS):  # every free slot (other tests' pools may hold some)
+        for i in range(SLOTS + 1):  # every free slot (other tests' pools may hold some)
             others.append(arenas(8 * _ALIGN, BASE + (i + 1) * (1 << 20)))
     assert others and not {old.slot, alive.slot} & {a.slot for a in others}
     old.close(pool_gone=True)  # the pool went: the slot waits for its segment
@@ -220,3 +222,99 @@ def test_out_pool_declines_small_rows_and_after_it_is_off(arenas):
     assert p.empty((16, 1024), _mempool.torch.bfloat16, "cuda:0") is None  # 32 KiB: plain
     p.mem = None  # turned off (an out of memory in the pool)
     assert p.empty((4096, 7168), _mempool.torch.bfloat16, "cuda:0") is None
+
+
+# ---- mem_pool() itself with a stand-in torch (its CUDA calls), on any machine: the paths that
+# keep the ranks together when one of them cannot make its arena, and the slot's way back.
+
+class _Device:
+    type = "cuda"
+
+
+class _FakeMemPool:
+    """Stands for torch.cuda.MemPool (weakref-able, as the real one)."""
+
+    def __init__(self, allocator):
+        self.allocator = allocator
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """torch's CUDA calls that mem_pool makes, on stand-ins; returns what they saw."""
+    seen = {"empty_cache": 0, "opened": []}
+    bases = iter(range(BASE + (1 << 34), BASE + (1 << 35), 1 << 24))
+
+    def empty(size, dtype=None, device=None):
+        if seen.get("oom") and size:  # (0 bytes never fail)
+            raise _mempool.torch.cuda.OutOfMemoryError("stand-in: out of memory")
+        return _Mem(size, next(bases))
+
+    class Recording(_Arena):
+        def __init__(self, tensor):
+            super().__init__(tensor)
+            seen["opened"].append(self)
+
+    monkeypatch.setattr(_mempool.torch, "empty", empty)
+    monkeypatch.setattr(_mempool.torch.cuda, "MemPool", _FakeMemPool, raising=False)
+    monkeypatch.setattr(_mempool.torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(_mempool.torch.cuda, "empty_cache",
+                        lambda: seen.__setitem__("empty_cache", seen["empty_cache"] + 1))
+    monkeypatch.setattr(_mempool.torch._C, "_cuda_customAllocator", lambda a, f: ("alloc", a, f),
+                        raising=False)
+    monkeypatch.setattr(_mempool.torch._C, "_cuda_beginAllocateCurrentThreadToPool", None,
+                        raising=False)
+    monkeypatch.setattr(_mempool, "_Arena", Recording)
+    monkeypatch.setattr(_mempool, "_ALLOCATORS", {})  # stand-ins must not outlive the test
+    yield seen
+    for a in seen["opened"]:
+        a.close(pool_gone=True)
+    _mempool.collect()
+
+
+class _Buffer:
+    device = _Device()
+
+
+def _register(calls, fail=None):
+    def register(t):
+        calls.append(t.numel())
+        if fail:
+            raise fail
+        return "registration"
+    return register
+
+
+def test_mem_pool_keeps_one_allocator_per_slot_and_frees_the_slot_with_its_pool(fake_cuda):
+    calls = []
+    p = _mempool.mem_pool(_Buffer(), _register(calls), 4096)
+    arena = fake_cuda["opened"][-1]
+    assert calls == [4096 + _ALIGN] and p.registration == "registration" and p.nbytes == 4096
+    assert p.pool.allocator is _mempool._ALLOCATORS[arena.slot]
+    assert p.pool.allocator == ("alloc", arena.alloc_fn, arena.free_fn)
+    assert arena.state()[2] is False
+    pool = p.pool
+    del p, pool  # the MemPool is gone: nothing can allocate through the slot any more
+    gc.collect()
+    assert arena.state()[2] is True
+
+
+def test_mem_pool_frees_the_slot_when_the_registration_fails(fake_cuda):
+    with pytest.raises(UnsupportedError):
+        _mempool.mem_pool(_Buffer(), _register([], UnsupportedError("stand-in")), 4096)
+    assert fake_cuda["opened"][-1].state()[2] is True  # closed, its pool never made
+
+
+def test_a_rank_without_an_arena_refuses_the_registration(fake_cuda, arenas):
+    fake_cuda["oom"] = True
+    calls = []
+    with pytest.raises(_mempool.torch.cuda.OutOfMemoryError):
+        _mempool.mem_pool(_Buffer(), _register(calls, InvalidArgumentError("empty")), 4096)
+    assert calls == [0]  # it took part, with nothing: the peers fail at once
+    fake_cuda["oom"] = False
+    with pytest.raises(OutOfMemoryError, match="pool slots are in use"):
+        for i in range(SLOTS + 1):  # every slot taken
+            arenas(8 * _ALIGN, BASE + (i + 1) * (1 << 20))
+    calls.clear()
+    with pytest.raises(OutOfMemoryError, match="pool slots are in use"):
+        _mempool.mem_pool(_Buffer(), _register(calls, InvalidArgumentError("empty")), 4096)
+    assert calls == [0] and fake_cuda["empty_cache"] == 1  # retried once after emptying caches
