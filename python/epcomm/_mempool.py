@@ -36,7 +36,7 @@ _ALIGN = 512  # PyTorch's blocks are 512-byte aligned inside a segment (arena.c:
 # Arenas closed (their buffer gone) whose memory waits for every segment to come back.
 _CLOSED = []
 # PyTorch's allocator object of each slot: the slot's two functions never change, and before
-# PyTorch 2.11 (pytorch#171962) a MemPool kept only a raw pointer to its allocator, which must
+# pytorch#171962 (January 2026) a MemPool kept only a raw pointer to its allocator, which must
 # therefore outlive every pool made with it. Made on first use, never dropped.
 _ALLOCATORS = {}
 
