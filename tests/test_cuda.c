@@ -10,7 +10,9 @@
  *                         drained, the other ranks complete, the buffer stays usable; then a
  *                         worst-case (asynchronous) dispatch too small on rank 0, followed at
  *                         once by a synchronous allocator-path dispatch: EP_OK on every rank,
- *                         the earlier failure logged on rank 0 (EP_LOG_FILE), not returned
+ *                         the earlier failure logged on rank 0 (EP_LOG_FILE), not returned;
+ *                         and the same before a synchronous dispatch that fails on its own
+ *                         (num_experts differs): rank 0 returns its own EP_ERR_MISMATCH
  *   test_cuda cbuf N      N rounds of dispatch (bf16 or fp8 alternately, views) + combine whose x
  *                         is ep_get_combine_buffer's memory, written by the "experts" (with and
  *                         without weights, with a bias), each checked against the reference;
@@ -353,6 +355,38 @@ static void deferred_overflow(ep_buffer_t b, const ep_dispatch_args_t *a, void *
   t_dfree(ax);
 }
 
+/* The same overflow, then a synchronous dispatch that fails on its own: the last rank says
+ * num_experts 4R where the others say 2R, a disagreement every rank finds in its count
+ * exchange. Rank 0's own failure cannot take the error word, which holds the overflow (no-data
+ * failures do not replace each other): it must still return its own EP_ERR_MISMATCH naming
+ * num_experts, and log the overflow as the earlier call's. */
+static void deferred_own_failure(ep_buffer_t b, const ep_dispatch_args_t *a, void *rx, int R,
+                                 int me, ep_output_mode_t mode) {
+  ep_dispatch_out_t w = {.size = sizeof w,
+                         .mode = EP_OUTPUT_CALLER,
+                         .worst_case = 1,
+                         .recv_x = rx,
+                         .capacity = me == 0 ? 1 : NMAX * R};
+  if (me != 0) usleep(100 * 1000);
+  T_OK(ep_dispatch(b, a, &w));
+  ep_dispatch_args_t odd = *a;
+  if (me == R - 1) odd.num_experts = 2 * a->num_experts;
+  void *ax = NULL;
+  ep_dispatch_out_t s = {.size = sizeof s, .mode = mode, .alloc = alloc_x, .alloc_ctx = &ax};
+  ep_status_t st = ep_dispatch(b, &odd, &s);
+  T_CHECK(st == EP_ERR_MISMATCH && strstr(ep_last_error(), "num_experts"),
+          "the failing synchronous dispatch (mode %d): %s (%s), expected EP_ERR_MISMATCH naming "
+          "num_experts",
+          (int)mode, ep_status_name(st), ep_last_error());
+  T_CHECK(s.handle == NULL, "a failed dispatch returned a handle");
+  T_OK(cudaDeviceSynchronize() == cudaSuccess ? EP_OK : EP_ERR_CUDA);
+  const bool hit = t_logged("moved no data");
+  T_CHECK(me != 0 || hit, "rank 0: the earlier call's overflow was not logged (%s)",
+          getenv("EP_LOG_FILE"));
+  T_OK(ep_handle_destroy(w.handle));
+  t_dfree(ax);
+}
+
 static int overflow(void) {
   ep_group_t g;
   ep_buffer_t b;
@@ -397,6 +431,9 @@ static int overflow(void) {
   round_trip(b, R, me);
   if (R > 1) deferred_overflow(b, &a, rx, R, me, EP_OUTPUT_ALLOC);
   if (R > 1) deferred_overflow(b, &a, rx, R, me, EP_OUTPUT_VIEWS);
+  round_trip(b, R, me);
+  if (R > 1) deferred_own_failure(b, &a, rx, R, me, EP_OUTPUT_ALLOC);
+  if (R > 1) deferred_own_failure(b, &a, rx, R, me, EP_OUTPUT_VIEWS);
   round_trip(b, R, me);
   T_OK(ep_buffer_destroy(b));
   t_dfree(x), t_dfree(idx), t_dfree(rx);

@@ -105,6 +105,8 @@ ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want,
 ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op);
 /* Turns the host error word into a status and message (and clears it); EP_OK if none. */
 ep_status_t cuda_take_error(cuda_state_t *s, const char *op);
+/* The status and message of an error word that is not taken (a call's own, epk_host_t call_err). */
+ep_status_t cuda_explain_word(cuda_state_t *s, uint64_t v, const char *op);
 /* The same at a point where a no-data failure can only be an earlier asynchronous call's (a
  * call's entry, or after its own ticket): logged (EP_OK); any other breaks the buffer and is
  * returned (whichever call it was: a deadline or a dead peer ends this one too). */

@@ -159,6 +159,7 @@ static void publish_views(const epk_dispatch_t *k, ep_dispatch_out_t *o) {
 static uint32_t arm_wait(cuda_state_t *s, bool wait) {
   if (!wait) return 0;
   __atomic_store_n(&s->host->nr, -1, __ATOMIC_RELEASE);
+  __atomic_store_n(&s->host->call_err, 0ull, __ATOMIC_RELEASE);
   return ++s->ticket ? s->ticket : ++s->ticket;
 }
 
@@ -182,6 +183,17 @@ static ep_status_t earlier(cuda_state_t *s) {
   return rc;
 }
 
+/* This call's count exchange failed: its own word (published with the ticket) says why, also when
+ * an earlier call's failure that moved no data holds the error word (a second such failure cannot
+ * replace it there): that one is then logged with its call's key, as cuda_enter would have. */
+static ep_status_t own_failure(cuda_state_t *s) {
+  const uint64_t own = __atomic_load_n(&s->host->call_err, __ATOMIC_ACQUIRE);
+  const uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
+  if (!own || v == own || !epk_code_no_data((uint32_t)(v >> 56))) return cuda_take_error(s, OP);
+  ep_status_t rc = earlier(s);
+  return rc ? rc : cuda_explain_word(s, own, OP);
+}
+
 /* The receive count of a synchronous call, once it is published. An error word seen then may be
  * an earlier asynchronous call's (its kernels end before this call's notify starts, but after
  * this call's cuda_enter looked). The count tells: it is published only when this call's count
@@ -193,7 +205,7 @@ static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, int *
   if (rc) return rc;
   const bool in = __atomic_load_n(&s->host->ticket, __ATOMIC_ACQUIRE) == ticket;
   const int32_t got = in ? __atomic_load_n(&s->host->nr, __ATOMIC_ACQUIRE) : -1;
-  rc = got >= 0 ? earlier(s) : cuda_take_error(s, OP);
+  rc = got >= 0 ? earlier(s) : own_failure(s);
   if (!rc && got < 0)
     rc = ep_ctx_fail(s->ctx, EP_ERR_INTERNAL, -1, OP, "notify",
                      "the count exchange ended with neither a count nor an error");

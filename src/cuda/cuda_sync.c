@@ -103,10 +103,10 @@ static uint64_t take_word(cuda_state_t *s, epk_ll_report_t *deferred) {
   return v;
 }
 
-ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
-  epk_ll_report_t d;
-  const uint64_t v = take_word(s, &d);
-  if (!v) return EP_OK;
+/* The status and message of error word v; d: the deferred low-latency verdict behind it (NULL
+ * for a word that is not a deferred one). */
+static ep_status_t explain_word(cuda_state_t *s, uint64_t v, const epk_ll_report_t *d,
+                                const char *op) {
   unsigned code = (unsigned)(v >> 56), phase = (unsigned)(v >> 48) & 0xff;
   int peer = (int)((v >> 32) & 0xffff) - 1;
   unsigned detail = (unsigned)v;
@@ -114,10 +114,10 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
   /* A low-latency failure that moved no data, in a call nobody waited for: its kernel left the
    * details in the deferred report (the gate's, the combine check's or the receive's verdict),
    * which names that call, not the one that finds it. */
-  if (epk_code_no_data(code) &&
+  if (d && epk_code_no_data(code) &&
       (phase == EPK_PH_LL_GATE || phase == EPK_PH_LL_CHECK || phase == EPK_PH_LL_COMB)) {
     const bool comb = phase != EPK_PH_LL_GATE;
-    return cuda_ll_explain(s, &d, comb ? "ep_ll_combine" : "ep_ll_dispatch", comb, ph);
+    return cuda_ll_explain(s, d, comb ? "ep_ll_combine" : "ep_ll_dispatch", comb, ph);
   }
   switch (code) {
     case EP_ERR_TIMEOUT:
@@ -142,6 +142,16 @@ ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
     default:
       return ep_ctx_fail(s->ctx, (ep_status_t)code, peer, op, ph, "a kernel failed");
   }
+}
+
+ep_status_t cuda_take_error(cuda_state_t *s, const char *op) {
+  epk_ll_report_t d;
+  const uint64_t v = take_word(s, &d);
+  return v ? explain_word(s, v, &d, op) : EP_OK;
+}
+
+ep_status_t cuda_explain_word(cuda_state_t *s, uint64_t v, const char *op) {
+  return explain_word(s, v, NULL, op);
 }
 
 /* A failure recorded by a kernel of an earlier asynchronous call. Failures every rank saw alike

@@ -93,6 +93,10 @@ static __device__ __noinline__ void epk_err_post(const epk_buf_t &b, unsigned lo
 static __device__ __noinline__ void epk_fail(const epk_buf_t &b, uint32_t code, uint32_t phase,
                                              int peer, uint32_t detail, bool stop) {
   unsigned long long v = epk_err_pack(code, phase, peer, detail);
+  if (stop) { /* before the word and call_status: whoever sees either finds it */
+    atomicCAS(&b.priv->call_err, 0ull, v);
+    __threadfence();
+  }
   if (epk_err_claim(b, v)) epk_err_post(b, v);
   if (stop) atomicExch(&b.priv->call_status, code);
 }

@@ -414,7 +414,10 @@ __device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
 __device__ void publish_count(const epk_buf_t &b, const epk_dispatch_t &a) {
   /* -1: this call's count exchange failed (notify, which cleared call_status at its start, is
    * over): the host then takes the error word as this call's, not an earlier call's. */
-  *reinterpret_cast<volatile int32_t *>(&b.host->nr) = epk_stopped(b) ? -1 : a.plan[EPK_PLAN_NR];
+  const bool stopped = epk_stopped(b);
+  *reinterpret_cast<volatile int32_t *>(&b.host->nr) = stopped ? -1 : a.plan[EPK_PLAN_NR];
+  *reinterpret_cast<volatile unsigned long long *>(&b.host->call_err) =
+      stopped ? *reinterpret_cast<volatile unsigned long long *>(&b.priv->call_err) : 0ull;
   __threadfence_system();
   *reinterpret_cast<volatile uint32_t *>(&b.host->ticket) = a.ticket;
 }

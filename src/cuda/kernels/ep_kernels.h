@@ -105,10 +105,13 @@ typedef struct {
 
 /* Private per-buffer device state (not exported). */
 typedef struct {
-  uint32_t seq;           /* calls made on this buffer (device side, so graph replays count) */
-  uint32_t call_status;   /* 0, or why the current call stopped (every block checks it) */
-  unsigned long long err; /* the failure to report, packed (the first, or a breaking one that
-                             replaced a no-data one: epk_err_claim); mirrored to the host word */
+  uint32_t seq;                /* calls made on this buffer (device side, so graph replays count) */
+  uint32_t call_status;        /* 0, or why the current call stopped (every block checks it) */
+  unsigned long long err;      /* the failure to report, packed (the first, or a breaking one that
+                                  replaced a no-data one: epk_err_claim); mirrored to the host word */
+  unsigned long long call_err; /* the current call's own first failure that stopped it (cleared
+                                  with call_status): a synchronous call reports it even when an
+                                  earlier call's failure holds `err` */
   uint32_t wdone, finished, cnt_a, cnt_b; /* block counters of the current call */
   int32_t comb_k, comb_tc;                /* combine rounds and tokens per round (from notify) */
   int32_t comb_hello; /* 1: every holder's x is read in place and nothing is staged: the
@@ -138,9 +141,11 @@ typedef struct {
                              (allocator path) or the dispatch kernel's start (every other path) */
   int32_t nr;             /* rows this rank receives; the host sets -1 before a synchronous call,
                              and -1 stays when its count exchange failed (whose error is it) */
-  int64_t bad_value;      /* notify/layout: the offending expert id */
-  int32_t layout_bad;     /* layout: first bad slot + 1, 0 if none */
-  uint32_t abort;         /* written by the host: every kernel stops waiting */
+  unsigned long long call_err; /* with the ticket: the call's own failure (priv call_err), 0 if
+                                  none; the host sets 0 before a synchronous call */
+  int64_t bad_value;           /* notify/layout: the offending expert id */
+  int32_t layout_bad;          /* layout: first bad slot + 1, 0 if none */
+  uint32_t abort;              /* written by the host: every kernel stops waiting */
   int32_t pad[8];
   epk_ll_report_t ll_send; /* low-latency send kernels: the gate's or the combine check's verdict */
   epk_ll_report_t ll_recv; /* low-latency combine receive: the peers' flags */

@@ -207,7 +207,9 @@ __device__ void finish_combine(const epk_buf_t &b, const epk_notify_t &a, uint32
 
 __device__ void publish(const epk_buf_t &b, const epk_notify_t &a) {
   __syncthreads();
-  if (threadIdx.x == 0 && a.ticket) { /* the fence orders nr and the error word before it */
+  if (threadIdx.x == 0 && a.ticket) { /* the fence orders nr and the error words before it */
+    *reinterpret_cast<volatile unsigned long long *>(&b.host->call_err) =
+        *reinterpret_cast<volatile unsigned long long *>(&b.priv->call_err);
     __threadfence_system();
     *reinterpret_cast<volatile uint32_t *>(&b.host->ticket) = a.ticket;
   } /* no fence after: it would only hold the kernel's end (and the data kernel) back ~1-2 us */
@@ -248,7 +250,7 @@ __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_
   /* One block from here on (plan_tiles cleared call_status before it read `stuck`). */
   if (threadIdx.x == 0) {
     b.priv->seq = seq;
-    if (!tiled) b.priv->call_status = 0;
+    if (!tiled) b.priv->call_status = 0, b.priv->call_err = 0ull;
   }
   __syncthreads();
   if (stuck) { /* the plan is not usable: nothing moves, the peers are told so */
