@@ -189,8 +189,9 @@ static ep_status_t earlier(cuda_state_t *s) {
 static ep_status_t own_failure(cuda_state_t *s) {
   const uint64_t own = __atomic_load_n(&s->host->call_err, __ATOMIC_ACQUIRE);
   const uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
-  if (!own || v == own || !epk_code_no_data((uint32_t)(v >> 56))) return cuda_take_error(s, OP);
-  ep_status_t rc = earlier(s);
+  if (!own || v == own || (v && !epk_code_no_data((uint32_t)(v >> 56))))
+    return cuda_take_error(s, OP);
+  ep_status_t rc = v ? earlier(s) : EP_OK; /* 0: the other word is not posted yet (a replay) */
   return rc ? rc : cuda_explain_word(s, own, OP);
 }
 
@@ -199,7 +200,8 @@ static ep_status_t own_failure(cuda_state_t *s) {
  * this call's cuda_enter looked). The count tells: it is published only when this call's count
  * exchange went through (the host set it to -1 before; notify, or the data kernel, writes -1 or
  * nothing when it failed), and then the peers expect this rank's data kernel, so an error
- * beside it is an earlier call's (logged when it moved no data, as cuda_enter does). */
+ * beside it is an earlier call's (logged when it moved no data, as cuda_enter does); a failed
+ * exchange comes with its own word (own_failure). */
 static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, int *nr) {
   ep_status_t rc = cuda_wait_ticket(s, ticket, OP);
   if (rc) return rc;

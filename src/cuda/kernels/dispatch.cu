@@ -413,11 +413,15 @@ __device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
  * below keeps the ticket after them from this thread's side. */
 __device__ void publish_count(const epk_buf_t &b, const epk_dispatch_t &a) {
   /* -1: this call's count exchange failed (notify, which cleared call_status at its start, is
-   * over): the host then takes the error word as this call's, not an earlier call's. */
+   * over), and call_err says why (the host preset 0): the host then reports that failure as this
+   * call's, whatever earlier call's the error word holds. */
   const bool stopped = epk_stopped(b);
   *reinterpret_cast<volatile int32_t *>(&b.host->nr) = stopped ? -1 : a.plan[EPK_PLAN_NR];
-  *reinterpret_cast<volatile unsigned long long *>(&b.host->call_err) =
-      stopped ? *reinterpret_cast<volatile unsigned long long *>(&b.priv->call_err) : 0ull;
+  if (stopped) {
+    __threadfence(); /* call_err was set before call_status (epk_fail) */
+    *reinterpret_cast<volatile unsigned long long *>(&b.host->call_err) =
+        *reinterpret_cast<volatile unsigned long long *>(&b.priv->call_err);
+  }
   __threadfence_system();
   *reinterpret_cast<volatile uint32_t *>(&b.host->ticket) = a.ticket;
 }

@@ -116,7 +116,7 @@ typedef struct {
   int32_t comb_k, comb_tc;                /* combine rounds and tokens per round (from notify) */
   int32_t comb_hello; /* 1: every holder's x is read in place and nothing is staged: the
                          combine finds the rows from the hellos (xreg1, xoff), no "staged" round */
-  int32_t pad[5];
+  int32_t pad[3];
 } epk_priv_t;
 
 /* What a low-latency kernel tells a host that waits for it (a call outside a graph capture):

@@ -205,11 +205,14 @@ __device__ void finish_combine(const epk_buf_t &b, const epk_notify_t &a, uint32
   b.priv->comb_hello = s_direct && b.priv->comb_k == 1;
 }
 
-__device__ void publish(const epk_buf_t &b, const epk_notify_t &a) {
+/* failed: the count exchange failed here (its own word goes with the ticket: the host preset 0,
+ * so a call that went through spends no load on it). */
+__device__ void publish(const epk_buf_t &b, const epk_notify_t &a, bool failed) {
   __syncthreads();
   if (threadIdx.x == 0 && a.ticket) { /* the fence orders nr and the error words before it */
-    *reinterpret_cast<volatile unsigned long long *>(&b.host->call_err) =
-        *reinterpret_cast<volatile unsigned long long *>(&b.priv->call_err);
+    if (failed)
+      *reinterpret_cast<volatile unsigned long long *>(&b.host->call_err) =
+          *reinterpret_cast<volatile unsigned long long *>(&b.priv->call_err);
     __threadfence_system();
     *reinterpret_cast<volatile uint32_t *>(&b.host->ticket) = a.ticket;
   } /* no fence after: it would only hold the kernel's end (and the data kernel) back ~1-2 us */
@@ -268,7 +271,7 @@ __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_
   epk_tr_set(b, EPK_TR_N_POST);
   if (tiled) plan_done_poster(b);
   if (status != EPK_HELLO_OK || !gather(b, seq) || !compare(b, a, seq)) {
-    publish(b, a);
+    publish(b, a, true);
     return;
   }
   epk_tr_set(b, EPK_TR_N_GATHER);
@@ -277,8 +280,8 @@ __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_
   if (a.kind != EPK_NOTIFY_COMBINE)
     write_prefix(b, a, a.kind == EPK_NOTIFY_DISPATCH);
   else
-    finish_combine(b, a, seq);
-  publish(b, a);
+    finish_combine(b, a, seq); /* (a combine: no ticket) */
+  publish(b, a, false);
   epk_tr_set(b, EPK_TR_N_END);
 }
 
