@@ -17,8 +17,11 @@ experts' write + combine from the combine buffer, and of a whole layer's dispatc
 outputs: the host waits for the count) + combine, with the ratio to the baseline.
 
 The layer step's phases come twice: default outputs as plain tensors (the baseline), then from
-the Buffer's out pool (``out_pool_bytes``, with EP_CUDA_LATE_HELLO=1 unless set), with the host
-time of the pool's room check alone (``OutPool._room``: it may take a snapshot of the pool)."""
+the Buffer's out pool (``out_pool_bytes``), with the host time of the pool's room check alone
+(``OutPool._room``: it may take a snapshot of the pool). EP_CUDA_LATE_HELLO is 1 unless set, for
+the whole run: the buffer has registrations (the pools), so every figure here, the baseline's
+and the other sections' too, is taken with the late hello (not today's default protocol; run
+with EP_CUDA_LATE_HELLO=0 for that)."""
 
 import cProfile
 import io
@@ -194,7 +197,8 @@ def main():
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
             print(out.getvalue())
             print("layer step (layout + dispatch, default outputs + combine): host us, "
-                  "medians of 100; default outputs plain (baseline) / from the out pool")
+                  "medians of 100; default outputs plain (baseline) / from the out pool; "
+                  f"EP_CUDA_LATE_HELLO={os.environ.get('EP_CUDA_LATE_HELLO')}")
             for i, (nm, us) in enumerate(phases):
                 pu = f"{pool_phases[i][1]:10.1f}" if pool_phases else "   no pool"
                 print(f"  {nm:<28}{us:8.1f}{pu}")

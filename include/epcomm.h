@@ -598,7 +598,9 @@ EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
  * peer's rejection or a bad id is returned by this call and the receive count is known;
  * combine: its own check and, when it receives, the peers' flags). In a capture, or with
  * EP_CUDA_LL_ASYNC=1, it never waits: ep_ll_handle_num_recv_tokens says -1 (recv_count on the
- * device has the counts) and a failure is returned by the next call. Dispatch and combine, one-
+ * device has the counts) and the next call finds a failure: one that moved no data (a rejection,
+ * a disagreement, a bad id) is logged as a warning naming that call and the next call goes on;
+ * a deadline or a dead peer breaks the buffer and is returned. Dispatch and combine, one-
  * or two-phase, can be captured in a CUDA graph and replayed with new inputs of the same shapes
  * (counters advance on the device); the captured handle keeps its result slot while the graph
  * may be replayed. */

@@ -129,6 +129,7 @@ static int kill_in_op(const char *op) {
   int victim = R - 1;
   bool in_combine = !strcmp(op, "combine");
   if (in_combine) T_OK(big_dispatch(buf, &b, R));
+  if (in_combine) T_OK(ep_group_barrier(g)); /* the victim dies only after everyone's dispatch */
   pthread_t th;
   if (me == victim) pthread_create(&th, NULL, killer, (void *)(uintptr_t)30);
   ep_status_t st = EP_OK;

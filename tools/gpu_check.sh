@@ -63,7 +63,7 @@ for s in $steps; do
         2>&1 | tee "$out/quick.log" | tail -8 || ok=0
       [ $ok = 1 ] || break ;;
     suite)
-      timeout 300 "$mps" tests/run.sh --filter "${SUITEF:-^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg)}" $b 2>&1 |
+      timeout 450 "$mps" tests/run.sh --filter "${SUITEF:-^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg)}" $b 2>&1 |
         tee "$out/suite.log" |
         grep -v '^PASS' || true ;;
     sanitize)
@@ -105,7 +105,7 @@ for s in $steps; do
         timeout 200 "$mps" $b/bin/epcomm launch -n $R "${PYTHON:-python3}" bench/py_host_cost.py 128 \
           >"$out/hostcost-r$R.log" 2>&1
         echo "py_host_cost, R=$R, 128 tokens: exit $?"
-        grep -A8 '^layer step' "$out/hostcost-r$R.log" | sed 's/^\[0\] //'
+        sed 's/^\[0\] //' "$out/hostcost-r$R.log" | grep -A8 '^layer step'
       done ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
