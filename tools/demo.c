@@ -131,14 +131,13 @@ static int parse_one(demo_opts_t *o, const char *k, const char *v) {
 
 static int parse(int argc, char **argv, demo_opts_t *o) {
   *o = (demo_opts_t){512, 7168, 8, 256, 5};
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc; i += 2) { /* "--name value" pairs */
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       if (speaks()) usage(stdout);
       return 1 << 8; /* caller: exit 0 */
     }
     int rc = parse_one(o, argv[i], i + 1 < argc ? argv[i + 1] : NULL);
     if (rc >= 0) return rc;
-    i++;
   }
   if (o->hidden % 8) {
     if (speaks())
