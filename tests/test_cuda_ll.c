@@ -13,6 +13,8 @@
  *                             already wait for the eager dispatch behind it: that failure moved
  *                             no data and is logged naming the replay's call, the eager dispatch
  *                             and combine go through on every rank
+ *   test_cuda_ll deferred-combine  the same with a replayed combine that fails (the late rank's
+ *                             topk_idx differs from its dispatch's), found by the eager dispatch
  *   test_cuda_ll deferred-timeout  the same replay, then the late rank skips the eager dispatch:
  *                             the others return EP_ERR_TIMEOUT naming it within the deadline
  *   test_cuda_ll timeout      a peer that never calls: the dispatch returns EP_ERR_TIMEOUT naming
@@ -276,6 +278,37 @@ static cudaGraphExec_t capture_failing(ep_buffer_t buf, int R, int me, llw_round
   return ge;
 }
 
+/* The combine form: a good dispatch and its combine (y = the view), captured, whose topk_idx on
+ * the late rank has entry [1][1] changed to another expert: its combine check fails (recorded
+ * for a later call), its peers' receives find it rejected (the same). *cidx, *out: the
+ * combine's tensors, freed by the caller. */
+static cudaGraphExec_t capture_failing_combine(ep_buffer_t buf, int R, int me, llw_round_t *rd,
+                                               cudaStream_t st, void **cidx, void **out) {
+  const size_t n = (size_t)rd->in[me].n, nk = n * (size_t)rd->k.topk;
+  int64_t *h = t_xmalloc(nk * 8);
+  memcpy(h, rd->idx[me], nk * 8);
+  if (me == R - 1) h[1 * 4 + 1] = (h[1 * 4 + 1] + 1) % rd->c.E;
+  *cidx = t_to_dev(h, nk * 8), *out = t_dalloc(n * (size_t)rd->c.H * 2);
+  free(h);
+  ep_ll_dispatch_args_t a;
+  llw_args(rd, &a);
+  a.stream = st;
+  cudaGraph_t gr;
+  cudaGraphExec_t ge;
+  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  T_OK(ep_ll_dispatch(buf, &a, &rd->h));
+  ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
+  T_OK(ep_ll_get_recv_view(rd->h, &v));
+  ep_ll_combine_args_t c = EP_LL_COMBINE_ARGS_INIT;
+  c.handle = rd->h, c.y = v.recv_x, c.topk_idx = *cidx, c.topk_weights = rd->dw, c.out = *out;
+  c.stream = st;
+  T_OK(ep_ll_combine(buf, &c));
+  CU(cudaStreamEndCapture(st, &gr));
+  CU(cudaGraphInstantiate(&ge, gr, 0));
+  CU(cudaGraphDestroy(gr));
+  return ge;
+}
+
 /* The replay, with the late rank 100 ms late: the other ranks' gates wait for its entry, find it
  * rejected and record the failure for a later call (nobody waits for a replay), while their
  * hosts already wait for the eager dispatch queued behind it. Nothing that synchronises with the
@@ -297,9 +330,10 @@ typedef struct {
   cudaEvent_t ev;
   llw_round_t bad;
   cudaGraphExec_t ge;
+  void *cidx, *out; /* the combine form's */
 } deferred_t;
 
-static bool deferred_init(deferred_t *d, double timeout_s) {
+static bool deferred_init(deferred_t *d, double timeout_s, bool comb) {
   t_init(&d->g, &d->me, &d->R);
   if (d->R < 2) {
     printf("skipped: needs 2 ranks\n");
@@ -316,24 +350,33 @@ static bool deferred_init(deferred_t *d, double timeout_s) {
   CU(cudaEventCreateWithFlags(&d->ev, cudaEventDisableTiming));
   llw_case_t kb = {.topk = 4, .routing = RT_SKEW, .nmode = NM_FULL};
   llw_gen(&d->bad, d->R, d->me, &d->c, &kb, 0xdef0ull);
-  d->ge = capture_failing(d->buf, d->R, d->me, &d->bad, d->st);
+  d->cidx = d->out = NULL;
+  d->ge = comb ? capture_failing_combine(d->buf, d->R, d->me, &d->bad, d->st, &d->cidx, &d->out)
+               : capture_failing(d->buf, d->R, d->me, &d->bad, d->st);
   return true;
 }
 
 static void deferred_fini(deferred_t *d) {
   CU(cudaGraphExecDestroy(d->ge));
   llw_free(&d->bad); /* the captured handle too */
+  t_dfree(d->cidx), t_dfree(d->out);
   CU(cudaEventDestroy(d->ev));
   CU(cudaStreamDestroy(d->st));
 }
 
-static int deferred(void) {
+/* comb: the replayed failure is a combine's, found by the eager dispatch after it (the warning
+ * must name the combine, not the call that finds it). */
+static int deferred(bool comb) {
   deferred_t d;
-  if (!deferred_init(&d, 0)) return T_SKIP;
+  if (!deferred_init(&d, 0, comb)) return T_SKIP;
   const int R = d.R, me = d.me;
   /* The failure names the replay's call, its entry decoded with its own topk. */
   char want[96];
-  if (me == R - 1)
+  if (comb && me == R - 1)
+    snprintf(want, sizeof want, "moved no data: ep_ll_combine: check: topk_idx[1][1] is ");
+  else if (comb)
+    snprintf(want, sizeof want, "moved no data: ep_ll_combine: recv: rank %d rejected", R - 1);
+  else if (me == R - 1)
     snprintf(want, sizeof want, "moved no data: ep_ll_dispatch: topk_idx[1][1] is %d", d.c.E + 3);
   else
     snprintf(want, sizeof want, "moved no data: ep_ll_dispatch: gate: rank %d rejected", R - 1);
@@ -352,7 +395,8 @@ static int deferred(void) {
   T_OK(ep_buffer_destroy(d.buf));
   t_fini(d.g);
   t_log_remove();
-  if (me == 0) printf("test_cuda_ll deferred: R=%d, 3 rounds passed\n", R);
+  if (me == 0)
+    printf("test_cuda_ll deferred%s: R=%d, 3 rounds passed\n", comb ? "-combine" : "", R);
   return T_PASS;
 }
 
@@ -362,7 +406,7 @@ static int deferred(void) {
  * instead of their own deadline (10 s later: "the kernel did not report"). */
 static int deferred_timeout(void) {
   deferred_t d;
-  if (!deferred_init(&d, 2.0)) return T_SKIP;
+  if (!deferred_init(&d, 2.0, false)) return T_SKIP;
   const int R = d.R, me = d.me;
   llw_case_t k = {.topk = 6, .routing = RT_MASKED, .nmode = NM_FULL};
   llw_round_t rd;
@@ -493,7 +537,8 @@ int main(int argc, char **argv) {
   if (!t_cuda()) setenv("EP_BACKEND", "cuda", 1);
   t_require_backend();
   if (!strcmp(mode, "graph")) return graph(argc > 2 ? atoi(argv[2]) : 4);
-  if (!strcmp(mode, "deferred")) return deferred();
+  if (!strcmp(mode, "deferred")) return deferred(false);
+  if (!strcmp(mode, "deferred-combine")) return deferred(true);
   if (!strcmp(mode, "deferred-timeout")) return deferred_timeout();
   if (!strcmp(mode, "hooks")) return hooks();
   if (!strcmp(mode, "timeout")) return timeout();
