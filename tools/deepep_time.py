@@ -6,7 +6,8 @@ Our own harness: it imports the built deep_ep and times its public calls with CU
 copies nothing of DeepEP's tests. Used by tools/deepep_side_by_side.sh; by hand (GPU machine, with
 the ranks under MPS when they share a GPU):
 
-  PYTHONPATH=DEEPEP_BUILD python3 tools/deepep_time.py normal --ranks 2 --sms 24 --tokens 4096,512,128
+  PYTHONPATH=DEEPEP_BUILD python3 tools/deepep_time.py normal --ranks 2 --sms 24 \
+      --tokens 4096,512,128
   PYTHONPATH=DEEPEP_BUILD python3 tools/deepep_time.py ll --ranks 2 --tokens 128 --experts 288
   python3 tools/deepep_time.py report OUT_DIR      # the table: DeepEP's logs, epcomm's JSON
 
@@ -29,7 +30,6 @@ Each run prints `DEEPEP {json}` lines (rank 0) that `report` reads."""
 import argparse
 import json
 import os
-import re
 import sys
 import time
 
@@ -186,7 +186,8 @@ def normal_worker(rank, args, port):
             return f
         t, cname, ccfg = tune(combine, c_cfgs)
         res["combine"] = (t, cname)
-        # The experts' write (a copy of their output rows into the tensor DeepEP combines) + combine.
+        # The experts' write (a copy of their output rows into the tensor DeepEP combines)
+        # + combine.
         ybuf = torch.empty_like(recv_x)
 
         def write_combine(mark):
@@ -465,13 +466,14 @@ def report(d):
                                  f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={r['mps_pct']} (it saw "
                                  f"{r.get('sms_seen')} SMs); epcomm without")
                 if r.get("mismatches"):
-                    notes.append(f"DeepEP {r['mode']} R={r['R']} tokens {r['tokens']}: combine check "
-                                 f"{r['mismatches']} mismatches")
+                    notes.append(f"DeepEP {r['mode']} R={r['R']} tokens {r['tokens']}: "
+                                 f"combine check {r['mismatches']} mismatches")
                 continue
             if r["mode"] == "normal":
                 dp[("normal", r["R"], r["sms"], r["tokens"], r["op"])] = r["us"]
             else:  # DeepEP's one-kernel form (no receive hook) apart
-                dp[("ll", r["R"], 0, r["tokens"], r["op"] + ("" if r.get("hook", 1) else "_1k"))] = r["us"]
+                op = r["op"] + ("" if r.get("hook", 1) else "_1k")
+                dp[("ll", r["R"], 0, r["tokens"], op)] = r["us"]
         if not rows:
             tail = open(p, errors="replace").read().strip().splitlines()[-3:]
             notes.append(f"{os.path.basename(p)}: no DeepEP figures ({' | '.join(tail)[:300]})")

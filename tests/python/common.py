@@ -5,7 +5,8 @@ sequence of collective calls before the scenario fails."""
 
 import torch
 
-BF16, FP8, F32, I32, I64 = torch.bfloat16, torch.float8_e4m3fn, torch.float32, torch.int32, torch.int64
+BF16, FP8, F32 = torch.bfloat16, torch.float8_e4m3fn, torch.float32
+I32, I64 = torch.int32, torch.int64
 
 
 def gen(seed, r):

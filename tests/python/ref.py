@@ -142,5 +142,6 @@ def ll_combine(T, E, xs, idxs, ws, ys):
     ins = _inputs(xs, None, idxs, ws)
     out = [torch.zeros((idxs[r].size(0), H), dtype=torch.bfloat16) for r in range(R)]
     ys_arr = (_P * R)(*[_p(y) for y in ys])
-    assert _lib.ref_ll_combine(R, T, E, H, topk, ins, ys_arr, 1, (_P * R)(*[_p(o) for o in out])) == 0
+    outs = (_P * R)(*[_p(o) for o in out])
+    assert _lib.ref_ll_combine(R, T, E, H, topk, ins, ys_arr, 1, outs) == 0
     return out

@@ -3,7 +3,8 @@ machine: the segments PyTorch asks the pool for are cut first-fit from the regis
 aligned, given back and merged, through the two C functions PyTorch is given (called here
 through ctypes, as PyTorch calls them: no Python in between); the memory is held until the
 buffer is gone and every segment is back; a slot serves a new arena only once the old one is
-drained and its pool gone. (The pool end to end, on the GPU: test_normal.py::test_mem_pool_combine.)"""
+drained and its pool gone. (The pool end to end, on the GPU:
+test_normal.py::test_mem_pool_combine.)"""
 
 import contextlib
 import ctypes
