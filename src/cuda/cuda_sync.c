@@ -93,7 +93,7 @@ static const char *waited_for(unsigned p) {
  * posted, for the next look). The deferred low-latency verdict is copied before the device word
  * is cleared: after that a kernel may claim it again and write its own. */
 static uint64_t take_word(cuda_state_t *s, epk_ll_report_t *deferred) {
-  uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
+  unsigned long long v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE); /* (its type) */
   if (!v) return 0;
   while (!__atomic_compare_exchange_n(&s->host->err, &v, 0ull, false, __ATOMIC_ACQ_REL,
                                       __ATOMIC_ACQUIRE)) {
