@@ -48,6 +48,16 @@ us() {
 summary() {
   sed -n "s/^  \"$1\": \([^,]*\),*$/\1/p" "$2" 2>/dev/null | awk 'END { printf "%s", NR ? $1 : "-" }'
 }
+# late_gain PREFIX: the allocator rows' medians with EP_CUDA_LATE_HELLO=0 and 1 (PREFIX-l0.json,
+# PREFIX-l1.json) and their ratio: the late hello's verdict at one size.
+late_gain() {
+  local k a b
+  for k in dispatch_alloc_reg dispatch_alloc; do
+    a=$(us $k "$1-l0.json") b=$(us $k "$1-l1.json")
+    echo "  $k: late hello off $a us, on $b us ($(awk -v a="$a" -v b="$b" \
+      'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'))"
+  done
+}
 for s in $steps; do
   t0=$SECONDS
   case $s in
@@ -123,6 +133,7 @@ for s in $steps; do
             grep -v '^\[[1-9]' "$log" | sed 's/^\[0\] //' |
               grep -E '^(epcomm dispatch, allocator|epcomm dispatch  |check)'
           done
+          late_gain "$out/late-r$R-t$N"
         done
       done ;;
     net)
