@@ -287,7 +287,15 @@ static cudaGraphExec_t capture_failing_combine(ep_buffer_t buf, int R, int me, l
   const size_t n = (size_t)rd->in[me].n, nk = n * (size_t)rd->k.topk;
   int64_t *h = t_xmalloc(nk * 8);
   memcpy(h, rd->idx[me], nk * 8);
-  if (me == R - 1) h[1 * 4 + 1] = (h[1 * 4 + 1] + 1) % rd->c.E;
+  const int k = rd->k.topk, at = 1 * k + 1; /* entry [1][1] */
+  for (int64_t e = (h[at] + 1) % rd->c.E; me == R - 1; e = (e + 1) % rd->c.E) {
+    bool used = false; /* another expert, one the token does not already name */
+    for (int j = 0; j < k; j++) used |= h[1 * k + j] == e;
+    if (!used) {
+      h[at] = e;
+      break;
+    }
+  }
   *cidx = t_to_dev(h, nk * 8), *out = t_dalloc(n * (size_t)rd->c.H * 2);
   free(h);
   ep_ll_dispatch_args_t a;

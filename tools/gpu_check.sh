@@ -51,10 +51,10 @@ summary() {
 # late_gain PREFIX: the allocator rows' medians with EP_CUDA_LATE_HELLO=0 and 1 (PREFIX-l0.json,
 # PREFIX-l1.json) and their ratio: the late hello's verdict at one size.
 late_gain() {
-  local k a b
+  local k off on
   for k in dispatch_alloc_reg dispatch_alloc; do
-    a=$(us $k "$1-l0.json") b=$(us $k "$1-l1.json")
-    echo "  $k: late hello off $a us, on $b us ($(awk -v a="$a" -v b="$b" \
+    off=$(us $k "$1-l0.json") on=$(us $k "$1-l1.json")
+    echo "  $k: late hello off $off us, on $on us (off/on $(awk -v a="$off" -v b="$on" \
       'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'))"
   done
 }
@@ -67,7 +67,8 @@ for s in $steps; do
           ${nccl_inc:+-DEP_NCCL_INCLUDE=$(dirname "$nccl_inc")} &&
           ninja -C $b; } >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem \
-        --format=csv >"$out/gpu.txt" 2>&1 ;;
+        --format=csv >"$out/gpu.txt" 2>&1
+      bash tests/test_clang.sh $b 2>&1 | tail -3 ;; # the CUDA host code under clang too
     quick)
       timeout 240 "$mps" tests/run.sh --filter '^cuda\.(normal\.r[12]|graph\.r2|timeout\.r2)$' $b \
         2>&1 | tee "$out/quick.log" | tail -8 || ok=0
