@@ -258,46 +258,43 @@ static int hooks(void) {
 
 /* ------------------------------------------------------------------ deferred failures */
 
-/* The late rank (the last) names expert E + 3 at topk_idx[1][1] of a dispatch with topk 4,
- * captured in a graph before any eager call (the buffer's last call key is then the eager
- * calls' topk 6, which would decode the entry as [0][5]). */
-static cudaGraphExec_t capture_failing(ep_buffer_t buf, int R, int me, llw_round_t *bad,
-                                       cudaStream_t st) {
-  if (me == R - 1) bad->idx[me][1 * 4 + 1] = bad->c.E + 3;
-  llw_upload(bad);
-  ep_ll_dispatch_args_t a;
-  llw_args(bad, &a);
-  a.stream = st;
-  cudaGraph_t gr;
-  cudaGraphExec_t ge;
-  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  T_OK(ep_ll_dispatch(buf, &a, &bad->h));
-  CU(cudaStreamEndCapture(st, &gr));
-  CU(cudaGraphInstantiate(&ge, gr, 0));
-  CU(cudaGraphDestroy(gr));
-  return ge;
+/* The late rank's (the last's) failing entry is [1][1] of a call with topk 4, captured in a
+ * graph before any eager call (the buffer's last call key is then the eager calls' topk 6, which
+ * would decode the entry as [0][5]). */
+static int failing_entry(const llw_round_t *rd) {
+  return 1 * rd->k.topk + 1;
 }
 
-/* The combine form: a good dispatch and its combine (y = the view), captured, whose topk_idx on
- * the late rank has entry [1][1] changed to another expert: its combine check fails (recorded
- * for a later call), its peers' receives find it rejected (the same). *cidx, *out: the
- * combine's tensors, freed by the caller. */
-static cudaGraphExec_t capture_failing_combine(ep_buffer_t buf, int R, int me, llw_round_t *rd,
-                                               cudaStream_t st, void **cidx, void **out) {
-  const size_t n = (size_t)rd->in[me].n, nk = n * (size_t)rd->k.topk;
+/* The combine form's topk_idx: the dispatch's, but on the late rank entry [1][1] names another
+ * expert, one the token does not already name. */
+static void *failing_combine_idx(const llw_round_t *rd, int R, int me) {
+  const size_t nk = (size_t)rd->in[me].n * (size_t)rd->k.topk;
   int64_t *h = t_xmalloc(nk * 8);
   memcpy(h, rd->idx[me], nk * 8);
-  const int k = rd->k.topk, at = 1 * k + 1; /* entry [1][1] */
+  const int k = rd->k.topk, at = failing_entry(rd);
   for (int64_t e = (h[at] + 1) % rd->c.E; me == R - 1; e = (e + 1) % rd->c.E) {
-    bool used = false; /* another expert, one the token does not already name */
+    bool used = false;
     for (int j = 0; j < k; j++) used |= h[1 * k + j] == e;
     if (!used) {
       h[at] = e;
       break;
     }
   }
-  *cidx = t_to_dev(h, nk * 8), *out = t_dalloc(n * (size_t)rd->c.H * 2);
+  void *d = t_to_dev(h, nk * 8);
   free(h);
+  return d;
+}
+
+/* The dispatch form (cidx NULL): the late rank names expert E + 3 in its dispatch. The combine
+ * form: a good dispatch and its combine (y = the view) whose topk_idx differs on the late rank:
+ * its combine check fails (recorded for a later call), its peers' receives find it rejected
+ * (the same); *cidx, *out: the combine's tensors, freed by the caller. */
+static cudaGraphExec_t capture_failing(ep_buffer_t buf, int R, int me, llw_round_t *rd,
+                                       cudaStream_t st, void **cidx, void **out) {
+  if (!cidx && me == R - 1) rd->idx[me][failing_entry(rd)] = rd->c.E + 3;
+  llw_upload(rd);
+  if (cidx) *cidx = failing_combine_idx(rd, R, me);
+  if (cidx) *out = t_dalloc((size_t)rd->in[me].n * (size_t)rd->c.H * 2);
   ep_ll_dispatch_args_t a;
   llw_args(rd, &a);
   a.stream = st;
@@ -305,12 +302,14 @@ static cudaGraphExec_t capture_failing_combine(ep_buffer_t buf, int R, int me, l
   cudaGraphExec_t ge;
   CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
   T_OK(ep_ll_dispatch(buf, &a, &rd->h));
-  ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
-  T_OK(ep_ll_get_recv_view(rd->h, &v));
-  ep_ll_combine_args_t c = EP_LL_COMBINE_ARGS_INIT;
-  c.handle = rd->h, c.y = v.recv_x, c.topk_idx = *cidx, c.topk_weights = rd->dw, c.out = *out;
-  c.stream = st;
-  T_OK(ep_ll_combine(buf, &c));
+  if (cidx) {
+    ep_ll_recv_view_t v = EP_LL_RECV_VIEW_INIT;
+    T_OK(ep_ll_get_recv_view(rd->h, &v));
+    ep_ll_combine_args_t c = EP_LL_COMBINE_ARGS_INIT;
+    c.handle = rd->h, c.y = v.recv_x, c.topk_idx = *cidx, c.topk_weights = rd->dw;
+    c.out = *out, c.stream = st;
+    T_OK(ep_ll_combine(buf, &c));
+  }
   CU(cudaStreamEndCapture(st, &gr));
   CU(cudaGraphInstantiate(&ge, gr, 0));
   CU(cudaGraphDestroy(gr));
@@ -359,8 +358,7 @@ static bool deferred_init(deferred_t *d, double timeout_s, bool comb) {
   llw_case_t kb = {.topk = 4, .routing = RT_SKEW, .nmode = NM_FULL};
   llw_gen(&d->bad, d->R, d->me, &d->c, &kb, 0xdef0ull);
   d->cidx = d->out = NULL;
-  d->ge = comb ? capture_failing_combine(d->buf, d->R, d->me, &d->bad, d->st, &d->cidx, &d->out)
-               : capture_failing(d->buf, d->R, d->me, &d->bad, d->st);
+  d->ge = capture_failing(d->buf, d->R, d->me, &d->bad, d->st, comb ? &d->cidx : NULL, &d->out);
   return true;
 }
 
