@@ -60,6 +60,18 @@ static __device__ __forceinline__ bool epk_stopped(const epk_buf_t &b) {
   return *reinterpret_cast<volatile uint32_t *>(&b.priv->call_status) != 0;
 }
 
+/* A call's start: no failure of its own yet (call_status, and call_err, the word behind it). */
+static __device__ __forceinline__ void epk_call_reset(const epk_buf_t &b) {
+  b.priv->call_status = 0, b.priv->call_err = 0ull;
+}
+
+/* A failed synchronous call's own word, for the host waiting with its ticket (fence after it:
+ * the caller's, before the ticket). The host preset 0. */
+static __device__ __forceinline__ void epk_call_err_post(const epk_buf_t &b) {
+  *reinterpret_cast<volatile unsigned long long *>(&b.host->call_err) =
+      *reinterpret_cast<volatile unsigned long long *>(&b.priv->call_err);
+}
+
 /* The buffer's first failure wins the device word (epk_err_claim), except that one breaking the
  * buffer replaces one that moved no data: the latter may sit there, left by a call nobody waited
  * for, while a host waits (cuda_sync.c), and the host must see the former at once. */

@@ -419,8 +419,7 @@ __device__ void publish_count(const epk_buf_t &b, const epk_dispatch_t &a) {
   *reinterpret_cast<volatile int32_t *>(&b.host->nr) = stopped ? -1 : a.plan[EPK_PLAN_NR];
   if (stopped) {
     __threadfence(); /* call_err was set before call_status (epk_fail) */
-    *reinterpret_cast<volatile unsigned long long *>(&b.host->call_err) =
-        *reinterpret_cast<volatile unsigned long long *>(&b.priv->call_err);
+    epk_call_err_post(b);
   }
   __threadfence_system();
   *reinterpret_cast<volatile uint32_t *>(&b.host->ticket) = a.ticket;

@@ -210,9 +210,7 @@ __device__ void finish_combine(const epk_buf_t &b, const epk_notify_t &a, uint32
 __device__ void publish(const epk_buf_t &b, const epk_notify_t &a, bool failed) {
   __syncthreads();
   if (threadIdx.x == 0 && a.ticket) { /* the fence orders nr and the error words before it */
-    if (failed)
-      *reinterpret_cast<volatile unsigned long long *>(&b.host->call_err) =
-          *reinterpret_cast<volatile unsigned long long *>(&b.priv->call_err);
+    if (failed) epk_call_err_post(b);
     __threadfence_system();
     *reinterpret_cast<volatile uint32_t *>(&b.host->ticket) = a.ticket;
   } /* no fence after: it would only hold the kernel's end (and the data kernel) back ~1-2 us */
@@ -253,7 +251,7 @@ __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_
   /* One block from here on (plan_tiles cleared call_status before it read `stuck`). */
   if (threadIdx.x == 0) {
     b.priv->seq = seq;
-    if (!tiled) b.priv->call_status = 0, b.priv->call_err = 0ull;
+    if (!tiled) epk_call_reset(b);
   }
   __syncthreads();
   if (stuck) { /* the plan is not usable: nothing moves, the peers are told so */

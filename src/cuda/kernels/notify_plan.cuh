@@ -290,9 +290,8 @@ __device__ bool plan_tiles(const epk_buf_t &b, const epk_notify_t &a, uint32_t s
     tile_positions(b, a, tile, tile_count(b, a, tile, seq));
   }
   if (poster) {
-    if (threadIdx.x == 0) /* before `stuck` is read (tile_base) */
-      b.priv->call_status = 0, b.priv->call_err = 0ull;
-    tile_base(b, ntiles, seq); /* every tile's rows: the totals */
+    if (threadIdx.x == 0) epk_call_reset(b); /* before `stuck` is read (tile_base) */
+    tile_base(b, ntiles, seq);               /* every tile's rows: the totals */
     if (threadIdx.x < R) cnt_me[threadIdx.x] = s_base[threadIdx.x];
     __syncthreads();
     /* One read for the whole block: a tile still waiting may set `stuck` meanwhile, and threads
