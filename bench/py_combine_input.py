@@ -24,10 +24,12 @@ tensors of the pool (made under `use_mem_pool`: the senders write recv_x in plac
 
 Last, a MoE layer's step: get_dispatch_layout + dispatch with default outputs (the host waits
 for the count, the outputs are allocated then) + the combine of its rows (tools/deepep_time.py
-times DeepEP's the same way: "layer"); default outputs come from the Buffer's registered pool
-(``out_pool_bytes``: the senders write recv_x there, the combine reads it in place), and the
-same step is timed again with that pool switched off (plain tensors: the receiver copies the
-rows out, the combine stages them), the baseline of the same run.
+times DeepEP's the same way: "layer"), three ways: default outputs from the Buffer's registered
+pool (``out_pool_bytes``, with the late hello: the senders write recv_x there, the combine reads
+it in place); the same buffer with that pool switched off (plain tensors while the late hello is
+still promised: what the promise costs when the outputs are not registered); and, the baseline
+of the same run, a fresh buffer as the package makes it today (``EP_CUDA_LATE_HELLO=0``, no out
+pool, no registration: the receiver copies the rows out, the combine stages them).
 
 Rank 0 prints the times in us, the ratio to the baseline and the fraction of the limit reached,
 and the in-place counters (`Buffer.in_place_counts`), which say which path each form took;
@@ -86,8 +88,10 @@ def main():
     deep_ep.Buffer.set_num_sms(o.sms)
     gen = torch.Generator().manual_seed(1234 + me)
     # The default outputs' registered pool, with the late hello that lets the senders write
-    # into it (both off by default until measured: this bench is that measurement).
-    os.environ.setdefault("EP_CUDA_LATE_HELLO", "1")
+    # into it (both off by default until measured: this bench is that measurement). The buffer
+    # reads EP_CUDA_LATE_HELLO when it is created.
+    late_env = os.environ.get("EP_CUDA_LATE_HELLO")
+    os.environ["EP_CUDA_LATE_HELLO"] = late_env or "1"
     buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
                          out_pool_bytes=int(1.5e9))
     try:
@@ -150,10 +154,22 @@ def main():
         d0, c0 = buf.in_place_counts()[1], buf.in_place_counts()[0]
         lres = timed(group, layer, o.iters)
         linpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
-        pool_, buf._out_pool = buf._out_pool, None  # the baseline: plain default outputs
-        lplain = timed(group, layer, o.iters)
+        pool_, buf._out_pool = buf._out_pool, None  # plain outputs, the late hello promised
+        lpromise = timed(group, layer, o.iters)
         buf._out_pool = pool_
         calls = o.iters + 10
+        mp = cbuf = recv_x = recv_w = handle = expert_out = plain = pool_ = None  # freed now
+        buf.destroy()
+        # The baseline: a buffer as the package makes one today (late hello off, no out pool).
+        os.environ["EP_CUDA_LATE_HELLO"] = "0"
+        buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda")
+        if late_env is None:
+            del os.environ["EP_CUDA_LATE_HELLO"]
+        else:
+            os.environ["EP_CUDA_LATE_HELLO"] = late_env
+        d0, c0 = buf.in_place_counts()[1], buf.in_place_counts()[0]
+        lplain = timed(group, layer, o.iters)
+        pinpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
         if me == 0:
             print(f"R={R}, {o.sms} SMs per rank, {o.tokens} tokens per rank, H {H}, topk {TOPK}, "
                   f"E {E}, bf16; rank 0 receives {rows} rows; experts' write + combine "
@@ -176,8 +192,13 @@ def main():
             print(f"layer step (get_dispatch_layout + dispatch with default outputs + combine "
                   f"of its rows): {lres[0]:.1f} us (median), {lres[1]:.1f} us (mean); "
                   f"in place: {linpl[0]}/{calls} dispatches, {linpl[1]}/{calls} combines")
-            print(f"the same, default outputs plain (out pool off, baseline): {lplain[0]:.1f} us "
-                  f"(median), {lplain[1]:.1f} us (mean); x plain: {lplain[0] / lres[0]:.2f}")
+            print(f"the same, out pool off (plain outputs, late hello still promised): "
+                  f"{lpromise[0]:.1f} us (median), {lpromise[1]:.1f} us (mean)")
+            print(f"the same, a fresh buffer with today's defaults (late hello off, no out pool; "
+                  f"baseline): {lplain[0]:.1f} us (median), {lplain[1]:.1f} us (mean); in place: "
+                  f"{pinpl[0]}/{calls} dispatches, {pinpl[1]}/{calls} combines")
+            print(f"x baseline: out pool + late hello {lplain[0] / lres[0]:.2f}, promise alone "
+                  f"{lplain[0] / lpromise[0]:.2f} (medians)")
             if o.json:
                 fig = {f"{what}_{name.replace(' ', '_')}": {"median_us": us, "mean_us": mean,
                                                            "in_place": inpl, "calls": calls}
@@ -185,8 +206,11 @@ def main():
                        for name, us, inpl, mean in rows_}
                 fig["layer_dispatch_combine"] = {"median_us": lres[0], "mean_us": lres[1],
                                                  "calls": calls, "in_place": list(linpl)}
+                fig["layer_dispatch_combine_promise"] = {"median_us": lpromise[0],
+                                                         "mean_us": lpromise[1], "calls": calls}
                 fig["layer_dispatch_combine_plain"] = {"median_us": lplain[0],
-                                                       "mean_us": lplain[1], "calls": calls}
+                                                       "mean_us": lplain[1], "calls": calls,
+                                                       "in_place": list(pinpl)}
                 with open(o.json, "w") as f:
                     json.dump({"ranks": R, "sms": o.sms, "tokens": o.tokens, "hidden": H,
                                "weights": o.weights, "figures": fig}, f, indent=1)

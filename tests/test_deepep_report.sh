@@ -18,7 +18,7 @@ want=(
   'bf16 dispatch, cached, caller tensors +270\.8 +426\.9 +1\.58$'
   'combine, x = dispatch view +217\.9 +477\.4 +2\.19$'
   'Python: write \+ combine \(mem_pool tensor\) +335\.2 +585\.3 +1\.75$'
-  'Python: layout \+ dispatch \+ combine +845\.4 +922\.4 +1\.09$'
+  'Python: layer step, out pool \+ late hello +845\.4 +922\.4 +1\.09$'
   'paired in one loop, medians: fp8 11\.5, bf16 9\.8$'
   'copy ceiling .*: fp8 0\.611, bf16 0\.799$'
 )
