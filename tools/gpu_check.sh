@@ -57,6 +57,11 @@ late_gain() {
     echo "  $k: late hello off $off us, on $on us (off/on $(awk -v a="$off" -v b="$on" \
       'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'))"
   done
+  # dispatch_alloc runs with nothing registered (a control: about 1.00x); the registered row
+  # must have written in place with the late hello on, or its ratio means a silent fallback.
+  echo "  dispatch_alloc_reg in place (fewest on a receiving rank): off" \
+    "$(summary alloc_reg_in_place_min "$1-l0.json")/$(summary alloc_reg_calls "$1-l0.json"), on" \
+    "$(summary alloc_reg_in_place_min "$1-l1.json")/$(summary alloc_reg_calls "$1-l1.json")"
 }
 for s in $steps; do
   t0=$SECONDS

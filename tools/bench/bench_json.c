@@ -34,6 +34,19 @@ static void summary_hosts(FILE *f, const bench_opts_t *o, const phases_t *ph,
           o->nhosts, m.net_d, m.net_c, m.local_d, m.local_c, m.flat_net_d, m.flat_net_c, m.pairs);
 }
 
+/* The registered allocator row: the fewest dispatches written in place on any rank that
+ * receives rows (a rank that receives none writes nothing in place), of how many calls. */
+static void summary_in_place(FILE *f, int R, bench_rank_t *const *rk) {
+  int32_t least = -1, calls = -1;
+  for (int r = 0; r < R; r++) {
+    if (rk[r]->alloc_reg_calls < 0 || rk[r]->recv_rows <= 0) continue;
+    calls = rk[r]->alloc_reg_calls;
+    if (least < 0 || rk[r]->alloc_reg_in_place < least) least = rk[r]->alloc_reg_in_place;
+  }
+  if (calls >= 0)
+    fprintf(f, "  \"alloc_reg_calls\": %d,\n  \"alloc_reg_in_place_min\": %d,\n", calls, least);
+}
+
 static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ratios_t *q,
                     const verdict_t *v, bench_rank_t *const *rk) {
   fprintf(f, "\"summary\": {\n");
@@ -55,6 +68,7 @@ static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ra
   for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
     if (r[i].v > 0) fprintf(f, "  \"%s\": %.4f,\n", r[i].name, r[i].v);
   summary_hosts(f, o, ph, rk);
+  summary_in_place(f, ph->R, rk);
   fprintf(f, "  \"check\": \"%s\"\n},\n", bench_passed(v) ? "pass" : "fail");
 }
 

@@ -54,6 +54,9 @@ typedef struct {
    * ranks of other hosts and to other ranks of this host. */
   double net_d, net_c, local_d, local_c;
   double host_pairs, remote_rank_rows, local_rank_rows;
+  /* The allocator row with registered outputs (dispatch_alloc_reg, CUDA): its calls, and of
+   * those the dispatches whose recv_x the senders wrote in place (the late hello); -1: not run. */
+  int32_t alloc_reg_calls, alloc_reg_in_place;
   bench_row_t row[BENCH_MAX_ROWS];
   double *t; /* [nrows][iters] seconds; not part of the packed form */
 } bench_rank_t;
