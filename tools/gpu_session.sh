@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The planned GPU runs of issue 15, one device call each, shaped for the device tool: each call
+# ends well inside its 10 minutes (an outer deadline, so that the packing below still runs), and
+# everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
+# two folders deep; the runs below write dozens). Run from the repository root:
+#
+#   tools/gpu_session.sh N OUT      N = 1, 2 or 3; OUT = $OUT on the device machine
+#
+#   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
+#      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
+#      defaults), then the normal-mode CUDA tests with the new low-latency deferred-failure ones
+#   2  gpu_check build python hostcost: the Python package's CUDA tests, then the layer step's host
+#      phases with the default outputs plain and from the out pool
+#   3  deepep_side_by_side build normal python report at 4096 and 128 tokens: DeepEP V1 and epcomm
+#      (C bench and Python) in one call, the table in OUT/c3/table.txt
+#
+# Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3, .deepep (DeepEP V1's source);
+# both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu", ".deepep"].
+# GPU_SESSION_S bounds the run (default 540 s); the machine's start and the transfers come on top.
+set -u -o pipefail
+n=${1:?usage: gpu_session.sh N OUT}
+out=${2:?usage: gpu_session.sh N OUT}
+limit=${GPU_SESSION_S:-540}
+d=$out/c$n
+mkdir -p "$d"
+[ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
+t0=$SECONDS
+case $n in
+  1)
+    SUITEF='^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg|ll_deferred|ll_graph|ll_failure)' \
+      timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build late suite ;;
+  2)
+    timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build python hostcost ;;
+  3)
+    [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; }
+    DS_TOKENS="4096 128" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
+      .deepep build normal python report ;;
+  *)
+    echo "usage: gpu_session.sh N OUT (N = 1, 2 or 3)" >&2
+    exit 2 ;;
+esac
+rc=$?
+[ $rc = 124 ] && echo "gpu_session: call $n stopped at its deadline ($limit s); what it wrote is packed"
+echo "gpu_session: call $n, exit $rc after $((SECONDS - t0)) s"
+tar czf "$out/c$n.tgz" -C "$out" "c$n" && rm -rf "$d"
+exit $rc
