@@ -5,6 +5,9 @@
  *   test_failure kill-alloc FILE      ... inside its dispatch's allocator callback
  * (EP_OUTPUT_ALLOC): its count went out, its rows never do; on CUDA with EP_CUDA_LATE_HELLO=1 (a
  * registration on every rank) its hello promised a late one, which the others' kernels wait for
+ *   test_failure slow-alloc           the last rank sleeps 3 s in its first allocator callback
+ *                                     (deadline 1 s): the others time out naming it (on CUDA
+ *                                     with EP_CUDA_LATE_HELLO=1: waiting for its late hello)
  *   test_failure kill-create FILE     ... while the others create a buffer (it never arrives)
  *   test_failure kill-root FILE       rank 0 dies while the others create a buffer
  *   test_failure timeout              the last rank arrives late; the others time out
@@ -149,51 +152,117 @@ static int kill_in_op(const char *op) {
 }
 
 /* Outputs of the allocator path: rows from the start of the registered region (on CUDA with
- * EP_CUDA_LATE_HELLO=1 the senders then write recv_x there); the victim dies instead. */
+ * EP_CUDA_LATE_HELLO=1 the senders then write recv_x there); the victim dies instead, a slow
+ * rank sleeps in its first callback. */
 typedef struct {
   void *rx, *idx, *w, *src;
   bool victim;
+  int stall_s;
 } alloc_ctx_t;
 
 static int alloc_or_die(void *ctx, const ep_dispatch_args_t *a, int nr, ep_dispatch_out_t *o) {
   alloc_ctx_t *c = ctx;
   (void)a, (void)nr;
   if (c->victim) die_now(); /* its count is out, its data kernel never comes */
+  if (c->stall_s) nanosleep(&(struct timespec){c->stall_s, 0}, NULL), c->stall_s = 0;
   o->recv_x = c->rx, o->recv_topk_idx = c->idx, o->recv_topk_weights = c->w;
   o->recv_src_idx = c->src;
   return 0;
 }
 
-static int kill_in_alloc(void) {
+/* Ranks dispatching through the allocator callback into a registered region. */
+typedef struct {
   int R, me;
   ep_group_t g;
   ep_buffer_t buf;
-  t_init(&g, &me, &R);
-  T_OK(ep_buffer_create(g, NULL, &buf));
-  enum { N = 64, H = 1024, K = 4 };
-  int64_t hidx[N * K];
-  for (int i = 0; i < N * K; i++) hidx[i] = (i / K * 3 + i % K + me) % (4 * R);
-  void *x = t_dalloc((size_t)N * H * 2), *idx = t_to_dev(hidx, sizeof hidx);
-  const size_t rows = (size_t)N * R;
-  alloc_ctx_t c = {t_dalloc(rows * H * 2), t_dalloc(rows * K * 8), t_dalloc(rows * K * 4),
-                   t_dalloc(rows * 4), me == R - 1};
+  void *x, *idx;
+  alloc_ctx_t c;
   ep_mem_t mem;
-  T_OK(ep_register_memory(buf, c.rx, rows * H * 2, &mem));
+} alloc_world_t;
+
+enum { AN = 64, AH = 1024, AK = 4 };
+
+static void alloc_world_init(alloc_world_t *w, double timeout_s) {
+  t_init(&w->g, &w->me, &w->R);
+  ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
+  cfg.timeout_s = timeout_s;
+  T_OK(ep_buffer_create(w->g, &cfg, &w->buf));
+  int64_t hidx[AN * AK];
+  for (int i = 0; i < AN * AK; i++) hidx[i] = (i / AK * 3 + i % AK + w->me) % (4 * w->R);
+  w->x = t_dalloc((size_t)AN * AH * 2), w->idx = t_to_dev(hidx, sizeof hidx);
+  const size_t rows = (size_t)AN * w->R;
+  w->c = (alloc_ctx_t){t_dalloc(rows * AH * 2),
+                       t_dalloc(rows * AK * 8),
+                       t_dalloc(rows * AK * 4),
+                       t_dalloc(rows * 4),
+                       false,
+                       0};
+  T_OK(ep_register_memory(w->buf, w->c.rx, rows * AH * 2, &w->mem));
+}
+
+/* Dispatches until one fails (at most n): on CUDA a call returns once its data kernel is queued,
+ * so a failure shows in a later call. */
+static ep_status_t alloc_until_failure(alloc_world_t *w, int n) {
   ep_status_t st = EP_OK;
-  for (int i = 0; i < 50 && st == EP_OK; i++) { /* the dispatch after the death fails */
+  for (int i = 0; i < n && st == EP_OK; i++) {
     ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
-    a.x = x, a.dtype = EP_DTYPE_BF16, a.num_tokens = N, a.hidden = H, a.topk_idx = idx;
-    a.topk = K, a.num_experts = 4 * R;
+    a.x = w->x, a.dtype = EP_DTYPE_BF16, a.num_tokens = AN, a.hidden = AH, a.topk_idx = w->idx;
+    a.topk = AK, a.num_experts = 4 * w->R;
     ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
-    o.mode = EP_OUTPUT_ALLOC, o.alloc = alloc_or_die, o.alloc_ctx = &c;
-    st = ep_dispatch(buf, &a, &o);
+    o.mode = EP_OUTPUT_ALLOC, o.alloc = alloc_or_die, o.alloc_ctx = &w->c;
+    st = ep_dispatch(w->buf, &a, &o);
     if (!st) T_OK(ep_handle_destroy(o.handle));
   }
-  if (me == R - 1) pause(); /* not reached: it died in its first callback */
-  survivor_report(st, "dispatch (allocator)", R - 1);
-  T_OK(ep_buffer_destroy(buf)); /* undoes the registration, without waiting for the dead */
-  T_OK(ep_group_destroy(g));
-  t_dfree(x), t_dfree(idx), t_dfree(c.rx), t_dfree(c.idx), t_dfree(c.w), t_dfree(c.src);
+  return st;
+}
+
+static void alloc_world_fini(alloc_world_t *w) {
+  T_OK(ep_buffer_destroy(w->buf)); /* undoes the registration, without waiting for the dead */
+  T_OK(ep_group_destroy(w->g));
+  t_dfree(w->x), t_dfree(w->idx), t_dfree(w->c.rx), t_dfree(w->c.idx), t_dfree(w->c.w);
+  t_dfree(w->c.src);
+}
+
+static int kill_in_alloc(void) {
+  alloc_world_t w;
+  alloc_world_init(&w, 0);
+  w.c.victim = w.me == w.R - 1;
+  ep_status_t st = alloc_until_failure(&w, 50); /* the dispatch after the death fails */
+  if (w.me == w.R - 1) pause();                 /* not reached: it died in its first callback */
+  survivor_report(st, "dispatch (allocator)", w.R - 1);
+  alloc_world_fini(&w);
+  return T_PASS;
+}
+
+/* The last rank sleeps 3 s in its first allocator callback (deadline 1 s): its count went out,
+ * its rows (with EP_CUDA_LATE_HELLO=1 on CUDA: first its late hello) come too late. The others
+ * fail after about one deadline naming it, on CUDA with the late hello as waiting for that. */
+static int slow_alloc(void) {
+  alloc_world_t w;
+  alloc_world_init(&w, 1.0);
+  const int late = w.R - 1;
+  w.c.stall_s = w.me == late ? 3 : 0;
+  const double t0 = tk_now_s();
+  ep_status_t st = alloc_until_failure(&w, 3);
+  const double dt = tk_now_s() - t0;
+  if (w.me == late) {
+    T_CHECK(st == EP_ERR_TIMEOUT || st == EP_ERR_PEER_FAILED, "late rank got %s: %s",
+            ep_status_name(st), ep_last_error());
+    T_CHECK(dt < 8.0, "the late rank failed only after %.2f s", dt);
+  } else {
+    char want[32];
+    snprintf(want, sizeof want, "rank %d", late);
+    const char *lh = getenv("EP_CUDA_LATE_HELLO");
+    const bool late_hello = t_cuda() && lh && !strcmp(lh, "1");
+    T_CHECK(st == EP_ERR_TIMEOUT, "got %s, expected EP_ERR_TIMEOUT: %s", ep_status_name(st),
+            ep_last_error());
+    T_CHECK(strstr(ep_last_error(), want) && (!late_hello || strstr(ep_last_error(), "late hello")),
+            "the timeout does not name %s%s: %s", want, late_hello ? " and its late hello" : "",
+            ep_last_error());
+    T_CHECK(dt > 0.9 && dt < 3.0, "timed out after %.2f s with a 1 s deadline", dt);
+  }
+  printf("rank %d: %s after %.2f s: %s\n", w.me, ep_status_name(st), dt, ep_last_error());
+  alloc_world_fini(&w);
   return T_PASS;
 }
 
@@ -445,6 +514,7 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "kill-dispatch")) return kill_in_op("dispatch");
   if (!strcmp(mode, "kill-combine")) return kill_in_op("combine");
   if (!strcmp(mode, "kill-alloc")) return kill_in_alloc();
+  if (!strcmp(mode, "slow-alloc")) return slow_alloc();
   if (!strcmp(mode, "kill-create")) {
     const char *n = getenv("EP_NRANKS");
     return kill_in_create(n ? atoi(n) - 1 : 0);
@@ -460,7 +530,7 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "loop")) return loop(death_file);
   fprintf(stderr,
           "usage: test_failure kill-dispatch|kill-combine|kill-alloc|kill-create|kill-root FILE | "
-          "timeout | timeout-gone | stop | stop-barrier | stop-barrier-gone | "
+          "slow-alloc | timeout | timeout-gone | stop | stop-barrier | stop-barrier-gone | "
           "early-exit1|early-kill|early-exit0|early-during FILE | "
           "loop DIR\n");
   return T_FAIL;
