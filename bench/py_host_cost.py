@@ -170,7 +170,10 @@ def main():
         ways = both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y)
         phases = layer_phases(buf, x, idx, w, E)
         buf._out_pool = pool
+        c0 = buf.in_place_counts()
         pool_phases = layer_phases(buf, x, idx, w, E) if pool else None
+        c1 = buf.in_place_counts()  # the pool path taken, or a silent fallback (110 steps)
+        pool_inpl = (c1[1] - c0[1], c1[0] - c0[0])
         rx_bytes = recv_x.numel() * recv_x.element_size()
         room = host_us(lambda: pool._room(rx_bytes, buf.device)) if pool else None
         buf._out_pool = None
@@ -202,13 +205,16 @@ def main():
             for i, (nm, us) in enumerate(phases):
                 pu = f"{pool_phases[i][1]:10.1f}" if pool_phases else "   no pool"
                 print(f"  {nm:<28}{us:8.1f}{pu}")
+            if pool_phases:
+                print(f"  out pool steps in place: {pool_inpl[0]}/110 dispatches, "
+                      f"{pool_inpl[1]}/110 combines (rank 0)")
             if room is not None:
                 print(f"  out pool room check ({rx_bytes} bytes): {room:.1f} us")
             out = io.StringIO()
             pstats.Stats(lprof, stream=out).sort_stats("tottime").print_stats(25)
             print(out.getvalue())
-            print(f"ordering of a synchronous call (medians of two rounds each; event times: "
-                  f"slowest rank)")
+            print("ordering of a synchronous call (medians of two rounds each; event times: "
+                  "slowest rank)")
             print(f"{'':<34}{'combine host':>14}{'write+combine':>15}{'dispatch+combine':>18}")
             base = ways[False]
             for direct, name in ((False, "comm stream (DeepEP's; baseline)"),

@@ -23,6 +23,7 @@ from ._group import Group
 from ._handles import DispatchHandle, Info, Ref
 from ._ll import LowLatency
 from ._mempool import OutPool as _OutPool, collect as _collect_arenas, mem_pool as _mem_pool
+from ._mempool import park as _park_pools
 from ._registration import register as _register
 from ._tensors import need_rows, need_shape, need_tensor, over, ptr
 
@@ -122,6 +123,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                  device=None, queue_bytes=0, num_channels=0, timeout_s=0.0, ll_max_tokens=0,
                  ll_hidden=0, ll_num_experts=0, ll_max_topk=0, out_pool_bytes=0):
         self._normal = self._llbuf = self._group = None
+        _collect_arenas()  # pools of buffers the garbage collector released go here at the latest
         self._registrations = {}  # registration id -> Registration (Buffer.register)
         self._pools = []  # MemPool (Buffer.mem_pool): their arenas close with the buffer
         self._out_pool = None  # where dispatch puts recv_x by default (_mempool.OutPool)
@@ -636,6 +638,9 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         if (getattr(self, "_group", None) is None or _lifecycle.exiting() or
                 not _lifecycle.mine(self)):
             return
+        # A collection may run inside a use_mem_pool block, where dropping a torch MemPool
+        # aborts the process: the pools wait for the next plain call (_mempool.park).
+        _park_pools(getattr(self, "_pools", []))
         self._release_quietly()
         if self.explicitly_destroy:
             warnings.warn(f"epcomm.Buffer (rank {self.rank}) garbage-collected without "

@@ -41,9 +41,26 @@ _CLOSED = []
 _ALLOCATORS = {}
 
 
+# Pools of Buffers the garbage collector released, kept for the next collect(), which drops
+# their torch MemPools from plain code: dropping one empties its cache, which PyTorch asserts
+# against while any thread allocates to a pool (in ~MemPool: the process aborts), and a
+# collection can run inside such a block (any object made there may start one).
+_PARKED = []
+
+
+def park(pools):
+    """Keeps pools (MemPool objects of a Buffer being garbage-collected) for collect()."""
+    _PARKED.extend(pools)
+
+
 def collect():
-    """Frees the memory of closed arenas whose segments are all back. Only from plain Python
-    code, never from the allocator's calls."""
+    """Drops the parked pools' torch MemPools, then frees the memory of closed arenas whose
+    segments are all back. Only from plain Python code, never from the allocator's calls or a
+    garbage collection."""
+    parked, _PARKED[:] = _PARKED[:], []
+    for p in parked:
+        p.pool = None  # its Buffer was garbage, so was p: nobody else reaches it
+    del parked
     _CLOSED[:] = [a for a in _CLOSED if not a.drop_if_drained()]
 
 

@@ -7,6 +7,8 @@ drained and its pool gone. (The pool end to end, on the GPU:
 test_normal.py::test_mem_pool_combine.)"""
 
 import contextlib
+import os
+import sys
 import ctypes
 import gc
 import threading
@@ -319,3 +321,29 @@ def test_a_rank_without_an_arena_refuses_the_registration(fake_cuda, arenas):
     with pytest.raises(OutOfMemoryError, match="pool slots are in use"):
         _mempool.mem_pool(_Buffer(), _register(calls, InvalidArgumentError("empty")), 4096)
     assert calls == [0] and fake_cuda["empty_cache"] == 1  # retried once after emptying caches
+
+
+def test_a_collected_buffer_keeps_its_pools_until_the_next_plain_call(fake_cuda):
+    """A Buffer with pools dies in a garbage collection (its registrations point back at it),
+    which may run inside a use_mem_pool block, where dropping a torch MemPool aborts the
+    process (~MemPool empties its cache; PyTorch asserts no pool is in use): its pools wait in
+    _mempool for collect(), called from plain code (the next Buffer, destroy, mem_pool). The
+    torch MemPool's deallocation is what counts (its C++ destructor; the collector still runs
+    weakref callbacks and finalizers of the objects it then resurrects): seen here as the
+    reference it holds."""
+    from epcomm._buffer import Buffer
+
+    p = _mempool.mem_pool(_Buffer(), _register([]), 4096)
+    arena = fake_cuda["opened"][-1]
+    token = p.pool.token = object()
+    held = sys.getrefcount(token)
+    b = object.__new__(Buffer)  # the state a CUDA Buffer with one pool has, without a GPU
+    b._group, b._owns_group, b._pid, b.explicitly_destroy = object(), False, os.getpid(), False
+    b._normal = b._llbuf = b._out_pool = None
+    b._registrations, b._pools = {}, [p]
+    b.self_ref = b  # a cycle, as its registrations make: only the collector frees it
+    del b, p
+    gc.collect()  # Buffer.__del__ runs here: nothing of PyTorch's may be freed now
+    assert sys.getrefcount(token) == held and arena.state()[2] is True  # closed, pool kept
+    _mempool.collect()  # plain code: the pool goes now
+    assert sys.getrefcount(token) == held - 1 and not _mempool._PARKED
