@@ -101,12 +101,6 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   int prev = -1;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
   ep_status_t st = cuda_mem_setup(s, cfg);
-  /* The error word's reset runs first while another kernel may wait for peers: launched once
-   * here (a no-op) so that a lazily loaded module is not loaded then (CUDA_MODULE_LOADING=LAZY,
-   * the default, may synchronize the context to load one). */
-  if (!st &&
-      !(st = cuda_check(s, epk_launch_clear_err(&s->kb, 0, s->side), "ep_buffer_create", "load")))
-    st = cuda_check(s, cudaStreamSynchronize(s->side), "ep_buffer_create", "load");
   if (!st) st = trace_setup(s);
   if (!st && hosts > 1) st = cuda_net_create(s, cfg);
   if (st) {

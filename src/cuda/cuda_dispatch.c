@@ -203,9 +203,18 @@ static ep_status_t own_failure(cuda_state_t *s) {
  * beside it is an earlier call's (logged when it moved no data, as cuda_enter does); a failed
  * exchange comes with its own word (own_failure). */
 static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, int *nr) {
-  ep_status_t rc = cuda_wait_ticket(s, ticket, OP);
-  if (rc) return rc;
-  const bool in = __atomic_load_n(&s->host->ticket, __ATOMIC_ACQUIRE) == ticket;
+  ep_status_t rc;
+  bool in;
+  for (;;) {
+    if ((rc = cuda_wait_ticket(s, ticket, OP))) return rc;
+    in = __atomic_load_n(&s->host->ticket, __ATOMIC_ACQUIRE) == ticket;
+    const uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
+    if (in || !v || !epk_code_no_data((uint32_t)(v >> 56))) break;
+    /* A breaking word ended the wait, and for a moment the no-data word it replaced is back on
+     * the host (epk_err_post posts the breaking one again): that one is logged, as an earlier
+     * call's, and the wait goes on (the breaking word ends it at once). */
+    if ((rc = earlier(s))) return rc;
+  }
   const int32_t got = in ? __atomic_load_n(&s->host->nr, __ATOMIC_ACQUIRE) : -1;
   rc = got >= 0 ? earlier(s) : own_failure(s);
   if (!rc && got < 0)

@@ -205,6 +205,10 @@ static ep_status_t exchange(cuda_state_t *s, const ep_buffer_config_t *cfg) {
     if (!mine) mine = private_setup(s, blocks);
     if (!mine) mine = host_setup(s);
     if (!mine) mine = cuda_ll_create(s, cfg);
+    /* The error word's reset first runs while other kernels may wait for peers: launched once
+     * here (a no-op), so that lazy module loading (the default) never loads it then, which may
+     * wait for the running kernels. Before the ranks agree: a failure is everyone's. */
+    if (!mine) mine = cuda_check(s, epk_launch_clear_err(&s->kb, 0, s->side), OP, "load");
     if (!mine) mine = cuda_check(s, cudaDeviceSynchronize(), OP, "init");
     st = agree(s, mine);
   }
