@@ -91,7 +91,7 @@ def main():
     # into it (both off by default until measured: this bench is that measurement). The buffer
     # reads EP_CUDA_LATE_HELLO when it is created.
     late_env = os.environ.get("EP_CUDA_LATE_HELLO")
-    os.environ["EP_CUDA_LATE_HELLO"] = late_env or "1"
+    os.environ["EP_CUDA_LATE_HELLO"] = "1"
     buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
                          out_pool_bytes=int(1.5e9))
     try:
@@ -162,7 +162,7 @@ def main():
         lpromise = timed(group, layer, o.iters)
         buf._out_pool = pool_
         calls = o.iters + 10
-        mp = cbuf = recv_x = recv_w = handle = expert_out = plain = pool_ = None  # freed now
+        mp = cbuf = recv_x = recv_w = cw = handle = expert_out = plain = pool_ = None  # freed
         buf.destroy()
         # The baseline: a buffer as the package makes one today (late hello off, no out pool).
         os.environ["EP_CUDA_LATE_HELLO"] = "0"

@@ -95,7 +95,10 @@ def both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y):
             for k, v in out.items()}
 
 
-def layer_phases(buf, x, idx, w, E, n=100):
+LAYER_STEPS = 100  # timed layer steps of layer_phases, after 10 untimed
+
+
+def layer_phases(buf, x, idx, w, E, n=LAYER_STEPS):
     """Median host us of a layer step's phases: the layout call; dispatch from its start to its
     allocator callback (notify launched, the host's wait for the count), the callback, from the
     callback to its return (the data kernel's launch, the Python results); the combine call."""
@@ -172,7 +175,7 @@ def main():
         buf._out_pool = pool
         c0 = buf.in_place_counts()
         pool_phases = layer_phases(buf, x, idx, w, E) if pool else None
-        c1 = buf.in_place_counts()  # the pool path taken, or a silent fallback (110 steps)
+        c1 = buf.in_place_counts()  # the pool path taken, or a silent fallback
         pool_inpl = (c1[1] - c0[1], c1[0] - c0[0])
         rx_bytes = recv_x.numel() * recv_x.element_size()
         room = host_us(lambda: pool._room(rx_bytes, buf.device)) if pool else None
@@ -206,8 +209,9 @@ def main():
                 pu = f"{pool_phases[i][1]:10.1f}" if pool_phases else "   no pool"
                 print(f"  {nm:<28}{us:8.1f}{pu}")
             if pool_phases:
-                print(f"  out pool steps in place: {pool_inpl[0]}/110 dispatches, "
-                      f"{pool_inpl[1]}/110 combines (rank 0)")
+                steps = LAYER_STEPS + 10
+                print(f"  out pool steps in place: {pool_inpl[0]}/{steps} dispatches, "
+                      f"{pool_inpl[1]}/{steps} combines (rank 0)")
             if room is not None:
                 print(f"  out pool room check ({rx_bytes} bytes): {room:.1f} us")
             out = io.StringIO()

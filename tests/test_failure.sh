@@ -35,6 +35,8 @@ survive() { # name: every rank (3) fails as the scenario says, exits 0, prints n
   timeout 60 "$epcomm" launch -n 3 "$prog" "$mode" >"$tmp/$mode.out" 2>"$tmp/$mode.err" ||
     say "$mode: exit status $? ($(cat "$tmp/$mode.err"))"
   [ -s "$tmp/$mode.err" ] && say "$mode: stderr: $(cat "$tmp/$mode.err")"
+  [ "$(grep -c 'rank [0-9]*: EP_ERR' "$tmp/$mode.out")" = 3 ] ||
+    say "$mode: not every rank reported its failure: $(cat "$tmp/$mode.out")"
   grep "EP_ERR" "$tmp/$mode.out"
 }
 

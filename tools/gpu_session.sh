@@ -21,9 +21,11 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
+case $n in 1 | 2 | 3) ;; *) echo "usage: gpu_session.sh N OUT (N = 1, 2 or 3)" >&2; exit 2 ;; esac
+[ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
+[ "$n" != 3 ] || [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; }
 d=$out/c$n
 mkdir -p "$d"
-[ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 t0=$SECONDS
 case $n in
   1)
@@ -32,15 +34,17 @@ case $n in
   2)
     timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build python hostcost ;;
   3)
-    [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; }
     DS_TOKENS="4096 128" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
-  *)
-    echo "usage: gpu_session.sh N OUT (N = 1, 2 or 3)" >&2
-    exit 2 ;;
 esac
 rc=$?
-[ $rc = 124 ] && echo "gpu_session: call $n stopped at its deadline ($limit s); what it wrote is packed"
+case $rc in 124 | 137) echo "gpu_session: call $n stopped at its deadline ($limit s)" ;; esac
 echo "gpu_session: call $n, exit $rc after $((SECONDS - t0)) s"
 tar czf "$out/c$n.tgz" -C "$out" "c$n" && rm -rf "$d"
+# The device tool brings back files of at most 16 MiB: a larger archive loses everything.
+size=$(stat -c %s "$out/c$n.tgz" 2>/dev/null || echo 0)
+if [ "$size" -gt $((15 << 20)) ]; then
+  echo "gpu_session: $out/c$n.tgz is $size bytes: split in two" >&2
+  split -b 15M "$out/c$n.tgz" "$out/c$n.tgz." && rm -f "$out/c$n.tgz"
+fi
 exit $rc

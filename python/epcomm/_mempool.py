@@ -57,9 +57,12 @@ def collect():
     """Drops the parked pools' torch MemPools, then frees the memory of closed arenas whose
     segments are all back. Only from plain Python code, never from the allocator's calls or a
     garbage collection."""
-    parked, _PARKED[:] = _PARKED[:], []
+    parked = _PARKED[:]
+    del _PARKED[:len(parked)]  # (what a collection parks meanwhile stays for the next time)
     for p in parked:
-        p.pool = None  # its Buffer was garbage, so was p: nobody else reaches it
+        # Its Buffer was garbage, so was p (p's registration points at the Buffer: a caller
+        # still holding p would have kept it alive): nobody else reaches its torch MemPool.
+        p.pool = None
     del parked
     _CLOSED[:] = [a for a in _CLOSED if not a.drop_if_drained()]
 
