@@ -34,4 +34,14 @@ sed -i 's/"check": "pass"/"check": "fail"/' "$tmp/epcomm-normal-r2-t4096-fp8.jso
 out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (failed check)"
 grep -q '^note: epcomm normal R=2 tokens 4096: check FAILED' <<<"$out" ||
   fail "a failed self-check is not reported: $out"
+# A pooled Python row whose calls did not all go in place (a silent fallback) is named.
+python3 - "$tmp/py-r2-t4096.json" <<'PY' || fail "could not edit the fixture copy"
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["figures"]["write_combine_mem_pool"]["in_place"] = 12
+json.dump(d, open(sys.argv[1], "w"))
+PY
+out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (fallback)"
+grep -q '^note: Python R=2 tokens 4096: write_combine_mem_pool: in place \[12\] of 40 calls' \
+  <<<"$out" || fail "a fallback of a pooled row is not reported: $out"
 echo "deepep_time report: ratios, gaps, ceiling and notes as recorded"

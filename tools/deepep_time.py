@@ -437,14 +437,36 @@ VS_PYTHON = [
 ]
 
 
+# The Python rows that must have moved their rows in place (Buffer.in_place_counts: combines,
+# dispatches, or [dispatches, combines] for the layer step), else their ratio is a fallback's.
+PY_IN_PLACE = {"write_combine_mem_pool": "combines", "write_combine_combine_buffer": "combines",
+               "dispatch_worst_mem_pool": "dispatches", "layer_dispatch_combine": "both"}
+
+
+def fallbacks(key, figures):
+    """Notes for the rows of PY_IN_PLACE whose calls did not all go in place (rank 0's)."""
+    out = []
+    for name, what in PY_IN_PLACE.items():
+        f = figures.get(name)
+        if not f or "in_place" not in f:
+            continue
+        got = f["in_place"] if isinstance(f["in_place"], list) else [f["in_place"]]
+        if min(got) < f.get("calls", 0):
+            out.append(f"Python R={key[1]} tokens {key[3]}: {name}: in place {got} of "
+                       f"{f['calls']} calls ({what}): its figure is (partly) a fallback's")
+    return out
+
+
 def parse_python(path):
-    """(("normal", R, sms, tokens), {op: mean us}) of one `py_combine_input.py --json` file."""
+    """(("normal", R, sms, tokens), {op: mean us}, notes) of one `py_combine_input.py --json`
+    file."""
     try:
         d = json.load(open(path))
     except (OSError, ValueError):
-        return None, {}
+        return None, {}, []
     key = ("normal", d.get("ranks"), d.get("sms"), d.get("tokens"))
-    return key, {"py_" + k: v["mean_us"] for k, v in d.get("figures", {}).items()}
+    figures = d.get("figures", {})
+    return key, {"py_" + k: v["mean_us"] for k, v in figures.items()}, fallbacks(key, figures)
 
 
 def report(d):
@@ -454,12 +476,13 @@ def report(d):
         key, ops = parse_epcomm(p)
         if key:
             ep.setdefault(key, {}).update(ops)  # the bf16 and the fp8 run of one size
+    notes = []
     for p in sorted(glob.glob(os.path.join(d, "py-*.json"))):
-        key, ops = parse_python(p)
+        key, ops, fell = parse_python(p)
         if key:
             ep.setdefault(key, {}).update(ops)
+            notes += fell
     dp = {}
-    notes = []
     for p in sorted(glob.glob(os.path.join(d, "deepep-*.log"))):
         rows = parse_deepep(p)
         for r in rows:
