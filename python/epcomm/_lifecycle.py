@@ -68,6 +68,7 @@ def _at_exit():
     with _lock:
         objs = [o for o in _live if o._alive() and mine(o)]
         _live.clear()
+    _drop_parked_pools()
     if not objs:
         return
     line = (f"epcomm: warn: {socket.gethostname()}:{os.getpid()} [rank {_rank_of(objs)}] exit: "
@@ -82,6 +83,18 @@ def _at_exit():
         sys.stderr.flush()
     except Exception:  # stderr closed: nothing left to tell
         pass
+
+
+def _drop_parked_pools():
+    """The pools of Buffers the garbage collector released (_mempool.park) go now, while CUDA is
+    whole, rather than in the interpreter's teardown, where their destructors' CUDA calls may
+    find the driver gone."""
+    mempool = sys.modules.get("epcomm._mempool")
+    if mempool is not None:
+        try:
+            mempool.collect()
+        except Exception:  # exiting: nothing to report it to
+            pass
 
 
 class Scoped:

@@ -347,3 +347,17 @@ def test_a_collected_buffer_keeps_its_pools_until_the_next_plain_call(fake_cuda)
     assert sys.getrefcount(token) == held and arena.state()[2] is True  # closed, pool kept
     _mempool.collect()  # plain code: the pool goes now
     assert sys.getrefcount(token) == held - 1 and not _mempool._PARKED
+
+
+def test_parked_pools_go_at_exit_before_the_interpreter_teardown():
+    """_lifecycle's exit handler drops them while CUDA is whole (in the teardown, their
+    destructors' CUDA calls may find the driver gone)."""
+    from epcomm import _lifecycle
+
+    class Parked:
+        pool = object()
+
+    p = Parked()
+    _mempool.park([p])
+    _lifecycle._drop_parked_pools()
+    assert p.pool is None and not _mempool._PARKED
