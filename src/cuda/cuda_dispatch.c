@@ -10,8 +10,8 @@
  * the caller's recv_x (EP_OUTPUT_CALLER) lies in one of this rank's registrations of caller
  * memory (ep_register_memory), the hello says where, and the senders write x rows straight
  * there through their mapping of it; only the other arrays are copied out. An allocator's
- * outputs exist only after the hello: with EP_CUDA_LATE_HELLO=1 (off by default until it is
- * measured on a GPU) and when this rank has registrations at all, its hello
+ * outputs exist only after the hello: unless EP_CUDA_LATE_HELLO=0, and when this rank has
+ * registrations at all, its hello
  * promises a late one, which the data kernel posts first (where the allocator's recv_x lies, if
  * in a registration), and the senders wait for it before choosing where x rows go. */
 #include <stdint.h>
