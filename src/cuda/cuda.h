@@ -102,7 +102,15 @@ ep_status_t cuda_check(cuda_state_t *s, cudaError_t e, const char *op, const cha
  * cuda_deferred report it). cuda_wait_ticket: the normal mode's ticket (notify or data kernel). */
 ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
                            const char *phase);
-ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op);
+/* cuda_wait_word until `want` came or the host word breaks the buffer: a breaking word that ended
+ * the wait may be covered, for a moment, by the no-data word it replaced (epk_err_post posts it
+ * again); such a word is handed to `earlier` (an earlier call's: logged, or a failure returned)
+ * and the wait goes on. */
+ep_status_t cuda_wait_settled(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
+                              const char *phase,
+                              ep_status_t (*earlier)(cuda_state_t *, const char *));
+ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op,
+                             ep_status_t (*earlier)(cuda_state_t *, const char *));
 /* Turns the host error word into a status and message (and clears it); EP_OK if none. */
 ep_status_t cuda_take_error(cuda_state_t *s, const char *op);
 /* The status and message of an error word that is not taken (a call's own, epk_host_t call_err). */

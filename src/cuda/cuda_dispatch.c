@@ -175,10 +175,10 @@ static ep_status_t launch_notify(cuda_state_t *s, call_t *c, cudaStream_t st, ui
 }
 
 /* An earlier call's error, reported with that call's key (it names its slot or field). */
-static ep_status_t earlier(cuda_state_t *s) {
+static ep_status_t earlier(cuda_state_t *s, const char *op) {
   const ep_call_key_t mine = s->err_key;
   s->err_key = s->prev_key;
-  ep_status_t rc = cuda_deferred(s, OP);
+  ep_status_t rc = cuda_deferred(s, op);
   s->err_key = mine;
   return rc;
 }
@@ -191,7 +191,7 @@ static ep_status_t own_failure(cuda_state_t *s) {
   const uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
   if (!own || v == own || (v && !epk_code_no_data((uint32_t)(v >> 56))))
     return cuda_take_error(s, OP);
-  ep_status_t rc = v ? earlier(s) : EP_OK; /* 0: the other word is not posted yet (a replay) */
+  ep_status_t rc = v ? earlier(s, OP) : EP_OK; /* 0: the other word is not posted yet (a replay) */
   return rc ? rc : cuda_explain_word(s, own, OP);
 }
 
@@ -203,20 +203,11 @@ static ep_status_t own_failure(cuda_state_t *s) {
  * beside it is an earlier call's (logged when it moved no data, as cuda_enter does); a failed
  * exchange comes with its own word (own_failure). */
 static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, int *nr) {
-  ep_status_t rc;
-  bool in;
-  for (;;) {
-    if ((rc = cuda_wait_ticket(s, ticket, OP))) return rc;
-    in = __atomic_load_n(&s->host->ticket, __ATOMIC_ACQUIRE) == ticket;
-    const uint64_t v = __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE);
-    if (in || !v || !epk_code_no_data((uint32_t)(v >> 56))) break;
-    /* A breaking word ended the wait, and for a moment the no-data word it replaced is back on
-     * the host (epk_err_post posts the breaking one again): that one is logged, as an earlier
-     * call's, and the wait goes on (the breaking word ends it at once). */
-    if ((rc = earlier(s))) return rc;
-  }
+  ep_status_t rc = cuda_wait_ticket(s, ticket, OP, earlier);
+  if (rc) return rc;
+  const bool in = __atomic_load_n(&s->host->ticket, __ATOMIC_ACQUIRE) == ticket;
   const int32_t got = in ? __atomic_load_n(&s->host->nr, __ATOMIC_ACQUIRE) : -1;
-  rc = got >= 0 ? earlier(s) : own_failure(s);
+  rc = got >= 0 ? earlier(s, OP) : own_failure(s);
   if (!rc && got < 0)
     rc = ep_ctx_fail(s->ctx, EP_ERR_INTERNAL, -1, OP, "notify",
                      "the count exchange ended with neither a count nor an error");

@@ -282,16 +282,12 @@ bool cuda_ll_eager(cuda_state_t *s, cudaStream_t st, uint32_t *ticket) {
  * deadline, recorded in the error word (which ends the wait), or the host's abort (after the
  * host gave up itself). An error word that moved no data comes from an earlier call nobody
  * waited for (a replayed graph; a kernel with a ticket never defers its own): it is logged as at
- * a call's entry, and this call's verdict stands. The wait goes on until the ticket came or a
- * failure is returned: a breaking word that ended it may have been taken over on the host, for a
- * moment, by the no-data word it replaced (epk_err_post posts it again at once). */
+ * a call's entry, and this call's verdict stands (cuda_wait_settled: also one found in place of
+ * the breaking word that ended the wait). */
 ep_status_t cuda_ll_wait(cuda_state_t *s, const epk_ll_report_t *r, uint32_t ticket, const char *op,
                          bool comb, const char *phase) {
-  ep_status_t st;
-  do {
-    st = cuda_wait_word(s, &r->ticket, ticket, op, phase);
-    if (!st) st = cuda_deferred(s, op);
-  } while (!st && __atomic_load_n(&r->ticket, __ATOMIC_ACQUIRE) != ticket);
+  ep_status_t st = cuda_wait_settled(s, &r->ticket, ticket, op, phase, cuda_deferred);
+  if (!st) st = cuda_deferred(s, op);
   if (!st && __atomic_load_n(&r->status, __ATOMIC_ACQUIRE) != EP_OK)
     st = cuda_ll_explain(s, r, op, comb, phase);
   return st;

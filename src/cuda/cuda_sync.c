@@ -233,8 +233,19 @@ ep_status_t cuda_wait_word(cuda_state_t *s, const uint32_t *word, uint32_t want,
   }
 }
 
-ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op) {
-  return cuda_wait_word(s, &s->host->ticket, ticket, op, "notify");
+ep_status_t cuda_wait_settled(cuda_state_t *s, const uint32_t *word, uint32_t want, const char *op,
+                              const char *phase,
+                              ep_status_t (*earlier)(cuda_state_t *, const char *)) {
+  for (;;) {
+    ep_status_t st = cuda_wait_word(s, word, want, op, phase);
+    if (st || __atomic_load_n(word, __ATOMIC_ACQUIRE) == want || ends_wait(s)) return st;
+    if (__atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE) && (st = earlier(s, op))) return st;
+  }
+}
+
+ep_status_t cuda_wait_ticket(cuda_state_t *s, uint32_t ticket, const char *op,
+                             ep_status_t (*earlier)(cuda_state_t *, const char *)) {
+  return cuda_wait_settled(s, &s->host->ticket, ticket, op, "notify", earlier);
 }
 
 bool cuda_quiesce(cuda_state_t *s, double seconds) {
