@@ -6,7 +6,8 @@ sharing the GPU under MPS:
 
 Rank 0 prints the median host time (perf_counter around the call, no synchronization) of
 Buffer.combine and of its parts as PyTorch offers them (a copy, torch.empty, a wait_stream, a
-fresh event recorded), of the two forms bench/py_combine_input.py times (experts' write into a
+fresh event recorded), of recv_x's allocation plain and from the out pool (through
+torch.cuda.use_mem_pool, through the direct calls OutPool makes), of the two forms bench/py_combine_input.py times (experts' write into a
 plain tensor / into a Buffer.mem_pool tensor, then the combine), then a cProfile of 200 combines
 (ordered by own time). DeepEP's sizes: H 7168, topk 8, 256 experts, bf16.
 
@@ -135,6 +136,25 @@ def layer_phases(buf, x, idx, w, E, n=LAYER_STEPS):
     return [(nm, statistics.median(p[i] for p in ph) * 1e6) for i, nm in enumerate(names)]
 
 
+def alloc_rows(pool, shape, buf):
+    """recv_x's allocation in the dispatch's callback: plain, and from the out pool through
+    torch.cuda.use_mem_pool (the form before the fifteenth session), the direct calls OutPool
+    makes now, and OutPool.empty as dispatch calls it (room check + direct)."""
+    if pool is None or pool.mem is None:
+        return ()
+    from epcomm import _mempool
+    dev, bf = buf.device, torch.bfloat16
+
+    def via_use_mem_pool():
+        with _mempool._use_pool(pool.mem.pool, dev):
+            torch.empty(shape, dtype=bf, device=dev)
+
+    return (("recv_x: torch.empty", lambda: torch.empty(shape, dtype=bf, device=dev)),
+            ("recv_x: pool, use_mem_pool", via_use_mem_pool),
+            ("recv_x: pool, direct calls", lambda: pool._direct(pool.mem, shape, bf, dev)),
+            ("recv_x: OutPool.empty", lambda: pool.empty(shape, bf, dev)))
+
+
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 128
     group = epcomm.init()
@@ -170,6 +190,7 @@ def main():
                  ("write + combine, tensor", lambda: (plain.copy_(y), buf.combine(plain, handle))),
                  ("write + combine, mem_pool", pool_form))
         res = [(name, host_us(fn)) for name, fn in parts]
+        res += [(name, host_us(fn)) for name, fn in alloc_rows(pool, tuple(recv_x.shape), buf)]
         ways = both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y)
         phases = layer_phases(buf, x, idx, w, E)
         buf._out_pool = pool
@@ -198,7 +219,7 @@ def main():
         if group.rank == 0:
             print(f"R={group.nranks}, {n} tokens per rank: host us per call, median of 200")
             for name, us in res:
-                print(f"  {name:<28}{us:8.1f}")
+                print(f"  {name:<32}{us:8.1f}")
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
             print(out.getvalue())

@@ -212,6 +212,18 @@ def _segment_bytes(nbytes):
     return 20 * _MIB if need < 10 * _MIB else (need + 2 * _MIB - 1) // (2 * _MIB) * (2 * _MIB)
 
 
+# What torch.cuda.use_mem_pool calls, taken one by one: OutPool.empty runs inside every dispatch's
+# allocator callback, on the host's critical path, where the context manager's two generators,
+# device lookup and capture query cost more than the allocation (host time, H100 under MPS, 128
+# tokens: bench/py_host_cost.py's "out pool empty" rows). None on a PyTorch without them (CPU
+# builds, older releases): use_mem_pool then.
+_BEGIN = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
+_END = getattr(torch._C, "_cuda_endAllocateToPool", None)
+_RELEASE = getattr(torch._C, "_cuda_releasePool", None)
+_CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+_DIRECT = None not in (_BEGIN, _END, _RELEASE, _CAPTURING)
+
+
 class OutPool:
     """Where a CUDA Buffer's dispatch puts its recv_x by default (Buffer's ``out_pool_bytes``):
     a registered arena like ``Buffer.mem_pool``'s, so that the senders write the rows straight
@@ -228,10 +240,11 @@ class OutPool:
     MIN_BYTES = 1 * _MIB + 1  # below: a plain tensor (the copy saved is worth less than the
     # check, and PyTorch's small blocks, 1 MiB and less, follow other rules)
 
-    __slots__ = ("mem",)
+    __slots__ = ("mem", "_key")
 
     def __init__(self, mem):
         self.mem = mem  # None once turned off (Buffer.in_place_counts says what was in place)
+        self._key = None  # (device index, PyTorch's pool id), on the first direct allocation
 
     def empty(self, shape, dtype, device):
         """A tensor in the pool, or None (the caller makes a plain one)."""
@@ -242,12 +255,30 @@ class OutPool:
         if mem is None or nbytes < self.MIN_BYTES or not self._room(nbytes, device):
             return None
         try:
+            if _DIRECT and not _CAPTURING():
+                return self._direct(mem, shape, dtype, device)
+            # A capture must also keep the pool for its graph: use_mem_pool does that.
             with _use_pool(mem.pool, device):
-                t = torch.empty(shape, dtype=dtype, device=device)
+                return torch.empty(shape, dtype=dtype, device=device)
         except torch.cuda.OutOfMemoryError:
             self.mem = None  # the check was wrong here: never pay PyTorch's OOM path twice
             return None
-        return t
+
+    def _direct(self, mem, shape, dtype, device):
+        """torch.empty under the pool as use_mem_pool makes it (outside a capture): the pool
+        counted in use for the allocation, this thread's allocations routed to it, then both
+        undone, whatever torch.empty raises."""
+        key = self._key
+        if key is None:
+            d = torch.device(device)
+            key = self._key = (torch.cuda.current_device() if d.index is None else d.index,
+                               mem.pool.id)
+        _BEGIN(*key)
+        try:
+            return torch.empty(shape, dtype=dtype, device=device)
+        finally:
+            _END(*key)
+            _RELEASE(*key)
 
     def _room(self, nbytes, device):
         if self.mem._arena.largest_free() >= _segment_bytes(nbytes):
