@@ -149,10 +149,19 @@ def alloc_rows(pool, shape, buf):
         with _mempool._use_pool(pool.mem.pool, dev):
             torch.empty(shape, dtype=bf, device=dev)
 
+    def snapshot():
+        try:
+            pool.mem.pool.snapshot(include_traces=False)
+        except TypeError:  # a PyTorch without the keyword
+            pool.mem.pool.snapshot()
+
     return (("recv_x: torch.empty", lambda: torch.empty(shape, dtype=bf, device=dev)),
             ("recv_x: pool, use_mem_pool", via_use_mem_pool),
             ("recv_x: pool, direct calls", lambda: pool._direct(pool.mem, shape, bf, dev)),
-            ("recv_x: OutPool.empty", lambda: pool.empty(shape, bf, dev)))
+            ("recv_x: OutPool.empty", lambda: pool.empty(shape, bf, dev)),
+            # what the room check costs when the arena is cut up (a training step holding many
+            # layers' recv_x): a snapshot of the pool's cache
+            ("out pool snapshot", snapshot))
 
 
 def main():
