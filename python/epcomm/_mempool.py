@@ -240,11 +240,17 @@ class OutPool:
     MIN_BYTES = 1 * _MIB + 1  # below: a plain tensor (the copy saved is worth less than the
     # check, and PyTorch's small blocks, 1 MiB and less, follow other rules)
 
-    __slots__ = ("mem", "_key")
+    # A snapshot that found no room is not taken again for this many room checks, doubling up to
+    # BACKOFF_MAX while the answer stays no: a training step holding many layers' recv_x keeps the
+    # arena cut up, and a snapshot per dispatch would cost more than the pool saves.
+    BACKOFF_MAX = 32
+
+    __slots__ = ("mem", "_key", "_skip", "_backoff")
 
     def __init__(self, mem):
         self.mem = mem  # None once turned off (Buffer.in_place_counts says what was in place)
         self._key = None  # (device index, PyTorch's pool id), on the first direct allocation
+        self._skip = self._backoff = 0  # room checks left without a snapshot; the next pause
 
     def empty(self, shape, dtype, device):
         """A tensor in the pool, or None (the caller makes a plain one)."""
@@ -283,6 +289,19 @@ class OutPool:
     def _room(self, nbytes, device):
         if self.mem._arena.largest_free() >= _segment_bytes(nbytes):
             return True
+        if self._skip > 0:
+            self._skip -= 1
+            return False
+        if self._cached_block(nbytes, device):
+            self._backoff = 0
+            return True
+        self._backoff = self._skip = min(max(2 * self._backoff, 1), self.BACKOFF_MAX)
+        return False
+
+    def _cached_block(self, nbytes, device):
+        """Whether PyTorch's cache in this pool holds a free large block of nbytes or more on
+        the current stream (its snapshot: what the allocator would reuse before asking the
+        arena)."""
         snapshot = getattr(self.mem.pool, "snapshot", None)
         if snapshot is None:
             return False

@@ -220,6 +220,27 @@ def test_out_pool_room(monkeypatch, arenas):
     assert not _mempool.OutPool(_MemPool(arenas(4 * MIB), other))._room(2 * MIB, "cuda:0")
 
 
+def test_out_pool_snapshots_less_often_while_the_answer_stays_no(monkeypatch, arenas):
+    monkeypatch.setattr(_mempool.torch.cuda, "current_stream",
+                        lambda device=None: type("S", (), {"cuda_stream": 7})())
+    mem = _MemPool(arenas(4 * MIB), [_seg(7, [("active_allocated", 8 * MIB)])])
+    taken = []
+    real = mem.pool.snapshot
+    mem.pool.snapshot = lambda include_traces=True: (taken.append(check), real())[1]
+    p = _mempool.OutPool(mem)
+    for check in range(1, 111):
+        assert not p._room(3 * MIB, "cuda:0")
+    # pauses of 1, 2, 4, 8, 16, then 32 checks (BACKOFF_MAX) without a snapshot
+    assert taken == [1, 3, 6, 11, 20, 37, 70, 103]
+    # a block freed in PyTorch's cache is found at the next snapshot, and a yes ends the pauses
+    mem.pool.segments = [_seg(7, [("inactive", 8 * MIB)])]
+    answers = []
+    for check in range(111, 143):
+        answers.append(p._room(3 * MIB, "cuda:0"))
+    assert answers.index(True) == 136 - 111 and all(answers[25:])  # 104-135 paused
+    assert taken[-1] == 142  # each yes checked by a snapshot of its own, no pause
+
+
 def test_out_pool_declines_small_rows_and_after_it_is_off(arenas):
     p = _mempool.OutPool(_MemPool(arenas(64 * MIB)))
     assert p.empty((16, 1024), _mempool.torch.bfloat16, "cuda:0") is None  # 32 KiB: plain
