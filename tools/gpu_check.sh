@@ -6,7 +6,8 @@
 #   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
 #   python (the Python package's CUDA tests, the package installed from this tree first)
 #   hostcost (bench/py_host_cost.py at R in $HCR, default "2 8", 128 tokens: host time of the
-#   Python layer step's phases, default outputs plain and from the out pool; after `python`)
+#   Python layer step's phases, default outputs plain and from the out pool, recv_x's allocation
+#   plain and from the pool; after `python`)
 #   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode, dtypes in $NCUDT: per-kernel time, DRAM bytes,
 #   occupancy, then the SpeedOfLight/Occupancy/WarpStateStats sections)
 #   cudanet (the cuda.net.* tests: the CUDA data path across pretend hosts through NCCL)
@@ -121,7 +122,7 @@ for s in $steps; do
         timeout 200 "$mps" $b/bin/epcomm launch -n $R "${PYTHON:-python3}" bench/py_host_cost.py 128 \
           >"$out/hostcost-r$R.log" 2>&1
         echo "py_host_cost, R=$R, 128 tokens: exit $?"
-        sed 's/^\[0\] //' "$out/hostcost-r$R.log" | grep -A8 '^layer step'
+        sed 's/^\[0\] //' "$out/hostcost-r$R.log" | grep -E -A8 '^layer step|recv_x:|pool snapshot'
       done ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
