@@ -216,12 +216,25 @@ def _segment_bytes(nbytes):
 # allocator callback, on the host's critical path, where the context manager's two generators,
 # device lookup and capture query cost more than the allocation (host time, H100 under MPS, 128
 # tokens: bench/py_host_cost.py's "out pool empty" rows). None on a PyTorch without them (CPU
-# builds, older releases): use_mem_pool then.
+# builds, older releases), or when this PyTorch's use_mem_pool calls anything else (a pool
+# context object, as releases before 2.8 did): use_mem_pool then.
 _BEGIN = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
 _END = getattr(torch._C, "_cuda_endAllocateToPool", None)
 _RELEASE = getattr(torch._C, "_cuda_releasePool", None)
 _CAPTURING = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-_DIRECT = None not in (_BEGIN, _END, _RELEASE, _CAPTURING)
+
+
+def _same_calls():
+    """Whether torch.cuda.use_mem_pool makes exactly the calls OutPool._direct makes (outside a
+    capture): its code names them and no other pool call."""
+    fn = getattr(getattr(torch.cuda, "use_mem_pool", None), "__wrapped__", None)
+    names = set(getattr(getattr(fn, "__code__", None), "co_names", ()))
+    pool_calls = {n for n in names if "Pool" in n and n != "_retain_pool"}
+    return pool_calls == {"_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool",
+                          "_cuda_releasePool"}
+
+
+_DIRECT = None not in (_BEGIN, _END, _RELEASE, _CAPTURING) and _same_calls()
 
 
 class OutPool:

@@ -382,3 +382,23 @@ def test_parked_pools_go_at_exit_before_the_interpreter_teardown():
     _mempool.park([p])
     _lifecycle._drop_parked_pools()
     assert p.pool is None and not _mempool._PARKED
+
+
+def test_out_pool_allocates_directly_only_where_use_mem_pool_makes_the_same_calls(monkeypatch):
+    import contextlib
+
+    @contextlib.contextmanager
+    def older(pool, device=None):  # a release with a pool context object (before 2.8)
+        ctx = _mempool.torch._C._MemPoolContext(pool)
+        _mempool.torch._C._cuda_beginAllocateCurrentStreamToPool(device, pool.id)
+        yield ctx
+
+    if hasattr(_mempool.torch.cuda, "use_mem_pool"):
+        want = {"_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool",
+                "_cuda_releasePool"} <= set(_mempool.torch.cuda.use_mem_pool.__wrapped__.__code__
+                                            .co_names)
+        assert _mempool._same_calls() == want
+    monkeypatch.setattr(_mempool.torch.cuda, "use_mem_pool", older, raising=False)
+    assert not _mempool._same_calls()
+    monkeypatch.delattr(_mempool.torch.cuda, "use_mem_pool")
+    assert not _mempool._same_calls()
