@@ -243,8 +243,11 @@ class OutPool:
     there (the data kernel's late hello says where) and a combine of recv_x reads them in place.
 
     A tensor is made under the pool only when the pool can certainly hold it, otherwise with a
-    plain torch.empty: when a pool's allocator says no, PyTorch frees every cached block of the
-    process and retries before raising out of memory, a cost no fallback should have. Certain
+    plain torch.empty: when a pool's allocator says no, PyTorch gives the pool's free cached
+    segments back and retries, then counts an out of memory (its statistics, the profiler and
+    every OOM observer see one) and raises: what a user would take for a real out of memory,
+    which a fallback must not look like. (Allocating to a pool, it does not empty the whole
+    cache first, as it would outside one: c10's CUDACachingAllocator, malloc.) Certain
     means a large block of PyTorch's cache in this pool, free and on this stream, that is large
     enough, or room in the arena for the segment PyTorch would ask for (its default rules: a
     PYTORCH_CUDA_ALLOC_CONF that changes them can defeat the check; the first out of memory
