@@ -215,7 +215,7 @@ def _segment_bytes(nbytes):
 # What torch.cuda.use_mem_pool calls, taken one by one: OutPool.empty runs inside every dispatch's
 # allocator callback, on the host's critical path, where the context manager's two generators,
 # device lookup and capture query cost more than the allocation (host time, H100 under MPS, 128
-# tokens: bench/py_host_cost.py's "out pool empty" rows). None on a PyTorch without them (CPU
+# tokens: bench/py_host_cost.py's "recv_x:" rows). None on a PyTorch without them (CPU
 # builds, older releases), or when this PyTorch's use_mem_pool calls anything else (a pool
 # context object, as releases before 2.8 did): use_mem_pool then.
 _BEGIN = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
