@@ -8,6 +8,8 @@
 #   hostcost (bench/py_host_cost.py at R in $HCR, default "2 8", 128 tokens: host time of the
 #   Python layer step's phases, default outputs plain and from the out pool, recv_x's allocation
 #   plain and from the pool; after `python`)
+#   pystep (bench/py_combine_input.py at R:SMs in $PYR, tokens in $PYT (default 128): the layer
+#   step with the out pool against the defaults, epcomm alone; after `python`)
 #   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode, dtypes in $NCUDT: per-kernel time, DRAM bytes,
 #   occupancy, then the SpeedOfLight/Occupancy/WarpStateStats sections)
 #   cudanet (the cuda.net.* tests: the CUDA data path across pretend hosts through NCCL)
@@ -123,6 +125,20 @@ for s in $steps; do
           >"$out/hostcost-r$R.log" 2>&1
         echo "py_host_cost, R=$R, 128 tokens: exit $?"
         sed 's/^\[0\] //' "$out/hostcost-r$R.log" | grep -E -A8 '^layer step|recv_x:|pool snapshot'
+      done ;;
+    pystep)
+      # The Python layer step with the out pool against the package's defaults, epcomm alone
+      # (bench/py_combine_input.py; DeepEP beside it is tools/deepep_side_by_side.sh's job), at
+      # R:SMs in $PYR (default "2:24 4:24 8:16") and tokens in $PYT (default 128); after `python`.
+      for rs in ${PYR:-2:24 4:24 8:16}; do
+        R=${rs%%:*} S=${rs#*:}
+        for N in ${PYT:-128}; do
+          timeout -k 10 150 "$mps" $b/bin/epcomm launch -n "$R" "${PYTHON:-python3}" \
+            bench/py_combine_input.py --sms "$S" --tokens "$N" --weights 0 \
+            --json "$out/py-r$R-t$N.json" >"$out/py-r$R-t$N.log" 2>&1
+          echo "py_combine_input R=$R, $S SMs, $N tokens: exit $?"
+          sed 's/^\[0\] //' "$out/py-r$R-t$N.log" | grep -i -A4 'layer'
+        done
       done ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):

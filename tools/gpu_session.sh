@@ -15,7 +15,8 @@
 #      (C bench and Python) in one call, the table in OUT/c3/table.txt
 #   4  gpu_check build suite python hostcost: the host waits' and failure paths (normal mode and
 #      low-latency, the tests $SUITEF4 names), then the Python package's CUDA tests and the host
-#      cost of the layer step and of recv_x's allocation at R = 2 and 4 (a change's check)
+#      cost of the layer step and of recv_x's allocation at R = 2 and 4, then the layer step with
+#      the out pool against the defaults at 128 tokens, R = 2 / 4 / 8 (a change's check)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3, .deepep (DeepEP V1's source);
 # both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu", ".deepep"].
@@ -38,7 +39,8 @@ case $n in
     timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build python hostcost ;;
   4)
     SUITEF=${SUITEF4:-'^cuda\.(normal\.r[238]$|memreg_dispatch|overflow|ll\.r[234]$|ll_deferred|ll_failure|ll_timeout|timeout|ll_misuse\.r2)'} \
-      HCR="2 4" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build suite python hostcost ;;
+      HCR="2 4" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build suite python hostcost \
+      pystep ;;
   3)
     DS_TOKENS="4096 128" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
