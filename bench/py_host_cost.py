@@ -138,7 +138,7 @@ def layer_phases(buf, x, idx, w, E, n=LAYER_STEPS):
 
 def alloc_rows(pool, shape, buf):
     """recv_x's allocation in the dispatch's callback: plain, and from the out pool through
-    torch.cuda.use_mem_pool (the form before the fifteenth session), the direct calls OutPool
+    torch.cuda.use_mem_pool (the form before the fourteenth session), the direct calls OutPool
     makes now, and OutPool.empty as dispatch calls it (room check + direct)."""
     if pool is None or pool.mem is None:
         return ()
