@@ -136,12 +136,16 @@ def layer_phases(buf, x, idx, w, E, n=LAYER_STEPS):
     return [(nm, statistics.median(p[i] for p in ph) * 1e6) for i, nm in enumerate(names)]
 
 
-def alloc_rows(pool, shape, buf):
-    """recv_x's allocation in the dispatch's callback: plain, and from the out pool through
-    torch.cuda.use_mem_pool (the form before the fourteenth session), the direct calls OutPool
-    makes now, and OutPool.empty as dispatch calls it (room check + direct)."""
+def alloc_rows(pool, shape, buf, live=48):
+    """Host us of recv_x's allocation in the dispatch's callback: plain, and from the out pool
+    through torch.cuda.use_mem_pool (the form before the fourteenth session), the direct calls
+    OutPool makes now, and OutPool.empty as dispatch calls it (room check + direct; the arena
+    is not cut up here, so its room check is the cheap one). Each timed call also frees its
+    tensor (in dispatch recv_x lives on). Then what the room check costs when the arena is cut
+    up (a training step holding many layers' recv_x): a snapshot of the pool's cache with one
+    free segment, and with `live` recv_x alive in the pool."""
     if pool is None or pool.mem is None:
-        return ()
+        return []
     from epcomm import _mempool
     dev, bf = buf.device, torch.bfloat16
 
@@ -155,13 +159,17 @@ def alloc_rows(pool, shape, buf):
         except TypeError:  # a PyTorch without the keyword
             pool.mem.pool.snapshot()
 
-    return (("recv_x: torch.empty", lambda: torch.empty(shape, dtype=bf, device=dev)),
-            ("recv_x: pool, use_mem_pool", via_use_mem_pool),
-            ("recv_x: pool, direct calls", lambda: pool._direct(pool.mem, shape, bf, dev)),
-            ("recv_x: OutPool.empty", lambda: pool.empty(shape, bf, dev)),
-            # what the room check costs when the arena is cut up (a training step holding many
-            # layers' recv_x): a snapshot of the pool's cache
-            ("out pool snapshot", snapshot))
+    rows = [(name, host_us(fn)) for name, fn in (
+        ("recv_x: torch.empty", lambda: torch.empty(shape, dtype=bf, device=dev)),
+        ("recv_x: pool, use_mem_pool", via_use_mem_pool),
+        ("recv_x: pool, direct calls", lambda: pool._direct(pool.mem, shape, bf, dev)),
+        ("recv_x: OutPool.empty", lambda: pool.empty(shape, bf, dev)),
+        ("out pool snapshot, 1 segment", snapshot))]
+    with _mempool._use_pool(pool.mem.pool, dev):
+        held = [torch.empty(shape, dtype=bf, device=dev) for _ in range(live)]
+    rows.append((f"out pool snapshot, {live} live", host_us(snapshot)))
+    del held
+    return rows
 
 
 def main():
@@ -199,7 +207,7 @@ def main():
                  ("write + combine, tensor", lambda: (plain.copy_(y), buf.combine(plain, handle))),
                  ("write + combine, mem_pool", pool_form))
         res = [(name, host_us(fn)) for name, fn in parts]
-        res += [(name, host_us(fn)) for name, fn in alloc_rows(pool, tuple(recv_x.shape), buf)]
+        res += alloc_rows(pool, tuple(recv_x.shape), buf)
         ways = both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y)
         phases = layer_phases(buf, x, idx, w, E)
         buf._out_pool = pool

@@ -229,7 +229,7 @@ def _same_calls():
     capture): its code names them and no other pool call."""
     fn = getattr(getattr(torch.cuda, "use_mem_pool", None), "__wrapped__", None)
     names = set(getattr(getattr(fn, "__code__", None), "co_names", ()))
-    pool_calls = {n for n in names if "Pool" in n and n != "_retain_pool"}
+    pool_calls = {n for n in names if "Pool" in n}  # (a capture's _retain_pool: lower case)
     return pool_calls == {"_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool",
                           "_cuda_releasePool"}
 
@@ -243,11 +243,12 @@ class OutPool:
     there (the data kernel's late hello says where) and a combine of recv_x reads them in place.
 
     A tensor is made under the pool only when the pool can certainly hold it, otherwise with a
-    plain torch.empty: when a pool's allocator says no, PyTorch gives the pool's free cached
-    segments back and retries, then counts an out of memory (its statistics, the profiler and
-    every OOM observer see one) and raises: what a user would take for a real out of memory,
-    which a fallback must not look like. (Allocating to a pool, it does not empty the whole
-    cache first, as it would outside one: c10's CUDACachingAllocator, malloc.) Certain
+    plain torch.empty: when a pool's allocator says no, PyTorch counts an out of memory (its
+    statistics, the profiler and every OOM observer see one) and raises, what a user would take
+    for a real one; releases after 2.11 first wait for every pending event and free the unsplit
+    cached blocks of the default pools, then ask the arena again (c10's CUDACachingAllocator,
+    malloc; through 2.11 an allocation to a pool skipped that step). No fallback may cost
+    either. Certain
     means a large block of PyTorch's cache in this pool, free and on this stream, that is large
     enough, or room in the arena for the segment PyTorch would ask for (its default rules: a
     PYTORCH_CUDA_ALLOC_CONF that changes them can defeat the check; the first out of memory
@@ -304,6 +305,7 @@ class OutPool:
 
     def _room(self, nbytes, device):
         if self.mem._arena.largest_free() >= _segment_bytes(nbytes):
+            self._skip = self._backoff = 0  # segments went back: the pauses' reason is gone
             return True
         if self._skip > 0:
             self._skip -= 1

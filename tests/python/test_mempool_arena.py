@@ -223,7 +223,8 @@ def test_out_pool_room(monkeypatch, arenas):
 def test_out_pool_snapshots_less_often_while_the_answer_stays_no(monkeypatch, arenas):
     monkeypatch.setattr(_mempool.torch.cuda, "current_stream",
                         lambda device=None: type("S", (), {"cuda_stream": 7})())
-    mem = _MemPool(arenas(4 * MIB), [_seg(7, [("active_allocated", 8 * MIB)])])
+    mem = _MemPool(arenas(24 * MIB), [_seg(7, [("active_allocated", 8 * MIB)])])
+    first = _Torch(mem._arena).alloc(20 * MIB)  # no room in the arena for PyTorch's next segment
     taken = []
     real = mem.pool.snapshot
     mem.pool.snapshot = lambda include_traces=True: (taken.append(check), real())[1]
@@ -238,7 +239,21 @@ def test_out_pool_snapshots_less_often_while_the_answer_stays_no(monkeypatch, ar
     for check in range(111, 143):
         answers.append(p._room(3 * MIB, "cuda:0"))
     assert answers.index(True) == 136 - 111 and all(answers[25:])  # 104-135 paused
-    assert taken[-1] == 142  # each yes checked by a snapshot of its own, no pause
+    assert taken[-7:] == list(range(136, 143))  # each yes by a snapshot of its own, no pause
+    # no room again: the pauses start over from one check
+    mem.pool.segments = [_seg(7, [("active_allocated", 8 * MIB)])]
+    del taken[:]
+    for check in range(143, 156):
+        assert not p._room(3 * MIB, "cuda:0")
+    assert taken == [143, 145, 148, 153]
+    check = "arena"
+    # in a pause (of 8, from check 154): the segment given back to the arena (an empty_cache)
+    # means room there, without a snapshot, and the pause ends with it
+    a = mem._arena
+    _Torch(a).free(first)
+    assert p._room(3 * MIB, "cuda:0")
+    first = _Torch(a).alloc(20 * MIB)  # and taken again: no room in the arena
+    assert not p._room(3 * MIB, "cuda:0") and taken == [143, 145, 148, 153, "arena"]
 
 
 def test_out_pool_declines_small_rows_and_after_it_is_off(arenas):
@@ -400,5 +415,81 @@ def test_out_pool_allocates_directly_only_where_use_mem_pool_makes_the_same_call
         assert _mempool._same_calls() == want
     monkeypatch.setattr(_mempool.torch.cuda, "use_mem_pool", older, raising=False)
     assert not _mempool._same_calls()
+
+    @contextlib.contextmanager
+    def more(pool, device=None):  # the three calls and one more pool call
+        _mempool.torch._C._cuda_beginAllocateCurrentThreadToPool(device, pool.id)
+        _mempool.torch._C._cuda_noteMemPoolUse(pool.id)
+        try:
+            yield
+        finally:
+            _mempool.torch._C._cuda_endAllocateToPool(device, pool.id)
+            _mempool.torch._C._cuda_releasePool(device, pool.id)
+
+    monkeypatch.setattr(_mempool.torch.cuda, "use_mem_pool", more)
+    assert not _mempool._same_calls()
+    monkeypatch.setattr(_mempool.torch.cuda, "use_mem_pool", _same_as_direct)
+    assert _mempool._same_calls()
     monkeypatch.delattr(_mempool.torch.cuda, "use_mem_pool")
     assert not _mempool._same_calls()
+
+
+def _same_as_direct(pool, device=None):
+    """Stands for use_mem_pool as 2.11 writes it (the calls OutPool._direct makes)."""
+    _mempool.torch._C._cuda_beginAllocateCurrentThreadToPool(device, pool.id)
+    try:
+        yield
+    finally:
+        _mempool.torch._C._cuda_endAllocateToPool(device, pool.id)
+        _mempool.torch._C._cuda_releasePool(device, pool.id)
+
+
+_same_as_direct = __import__("contextlib").contextmanager(_same_as_direct)
+
+
+class _IdPool:
+    id = (0, 7)
+
+    def snapshot(self, include_traces=True):
+        return []
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_out_pool_direct_allocation_makes_use_mem_pool_calls_in_order(monkeypatch, arenas, fails):
+    """Outside a capture: begin, torch.empty, end, release, also when torch.empty raises (an out
+    of memory then turns the pool off); inside one: use_mem_pool (which keeps the pool for the
+    graph), none of the direct calls."""
+    calls = []
+    monkeypatch.setattr(_mempool, "_DIRECT", True)
+    monkeypatch.setattr(_mempool, "_BEGIN", lambda d, i: calls.append(("begin", d, i)))
+    monkeypatch.setattr(_mempool, "_END", lambda d, i: calls.append(("end", d, i)))
+    monkeypatch.setattr(_mempool, "_RELEASE", lambda d, i: calls.append(("release", d, i)))
+    capturing = [False]
+    monkeypatch.setattr(_mempool, "_CAPTURING", lambda: capturing[0])
+
+    def empty(shape, dtype=None, device=None):
+        calls.append(("empty", tuple(shape)))
+        if fails:
+            raise _mempool.torch.cuda.OutOfMemoryError("stand-in: out of memory")
+        return "tensor"
+
+    @__import__("contextlib").contextmanager
+    def use_pool(pool, device):
+        calls.append(("use_mem_pool", pool.id))
+        yield
+
+    monkeypatch.setattr(_mempool.torch, "empty", empty)
+    monkeypatch.setattr(_mempool, "_use_pool", use_pool)
+    mem = _MemPool(arenas(64 * MIB))
+    mem.pool = _IdPool()
+    p = _mempool.OutPool(mem)
+    got = p.empty((2048, 1024), _mempool.torch.bfloat16, "cuda:3")  # 4 MiB
+    assert calls == [("begin", 3, (0, 7)), ("empty", (2048, 1024)), ("end", 3, (0, 7)),
+                     ("release", 3, (0, 7))]
+    assert (got, p.mem) == ((None, None) if fails else ("tensor", mem))
+    if fails:
+        return
+    del calls[:]
+    capturing[0] = True
+    assert p.empty((2048, 1024), _mempool.torch.bfloat16, "cuda:3") == "tensor"
+    assert calls == [("use_mem_pool", (0, 7)), ("empty", (2048, 1024))]
