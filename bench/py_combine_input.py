@@ -24,11 +24,13 @@ tensors of the pool (made under `use_mem_pool`: the senders write recv_x in plac
 
 Last, a MoE layer's step: get_dispatch_layout + dispatch with default outputs (the host waits
 for the count, the outputs are allocated then) + the combine of its rows (tools/deepep_time.py
-times DeepEP's the same way: "layer"), three ways: default outputs from the Buffer's registered
+times DeepEP's the same way: "layer"), four ways: default outputs from the Buffer's registered
 pool (``out_pool_bytes``, with the late hello: the senders write recv_x there, the combine reads
 it in place); the same buffer with that pool switched off (plain tensors while the late hello is
-still promised: what the promise costs when the outputs are not registered); and, the baseline
-of the same run, a fresh buffer as the package makes it today (``EP_CUDA_LATE_HELLO=0``, no out
+still promised: what the promise costs when the outputs are not registered); a fresh buffer
+with the out pool and the late hello off (the combine reads recv_x in place, the dispatch copies
+it out: parts the late hello's wait from the pool's allocation); and, the baseline of the same
+run, a fresh buffer as the package makes it today (``EP_CUDA_LATE_HELLO=0``, no out
 pool, no registration: the receiver copies the rows out, the combine stages them).
 
 Rank 0 prints the times in us, the ratio to the baseline and the fraction of the limit reached,
@@ -164,8 +166,17 @@ def main():
         calls = o.iters + 10
         mp = cbuf = recv_x = recv_w = cw = handle = expert_out = plain = pool_ = None  # freed
         buf.destroy()
-        # The baseline: a buffer as the package makes one today (late hello off, no out pool).
+        # The out pool without the late hello: the combine still reads recv_x in place, the
+        # dispatch copies it out (what the late hello's wait costs, apart from the pool's
+        # allocation, at a size where the host is the bottleneck).
         os.environ["EP_CUDA_LATE_HELLO"] = "0"
+        buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
+                             out_pool_bytes=int(1.5e9))
+        d0, c0 = buf.in_place_counts()[1], buf.in_place_counts()[0]
+        lnolate = timed(group, layer, o.iters)
+        ninpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
+        buf.destroy()
+        # The baseline: a buffer as the package makes one today (late hello off, no out pool).
         buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda")
         if late_env is None:
             del os.environ["EP_CUDA_LATE_HELLO"]
@@ -201,8 +212,12 @@ def main():
             print(f"the same, a fresh buffer with today's defaults (late hello off, no out pool; "
                   f"baseline): {lplain[0]:.1f} us (median), {lplain[1]:.1f} us (mean); in place: "
                   f"{pinpl[0]}/{calls} dispatches, {pinpl[1]}/{calls} combines")
+            print(f"the same, out pool with the late hello off (combine in place, dispatch "
+                  f"copied out): {lnolate[0]:.1f} us (median), {lnolate[1]:.1f} us (mean); in "
+                  f"place: {ninpl[0]}/{calls} dispatches, {ninpl[1]}/{calls} combines")
             print(f"x baseline: out pool + late hello {lplain[0] / lres[0]:.2f}, promise alone "
-                  f"{lplain[0] / lpromise[0]:.2f} (medians)")
+                  f"{lplain[0] / lpromise[0]:.2f}, out pool without the late hello "
+                  f"{lplain[0] / lnolate[0]:.2f} (medians)")
             if o.json:
                 fig = {f"{what}_{name.replace(' ', '_')}": {"median_us": us, "mean_us": mean,
                                                            "in_place": inpl, "calls": calls}
@@ -212,6 +227,9 @@ def main():
                                                  "calls": calls, "in_place": list(linpl)}
                 fig["layer_dispatch_combine_promise"] = {"median_us": lpromise[0],
                                                          "mean_us": lpromise[1], "calls": calls}
+                fig["layer_dispatch_combine_pool_nolate"] = {
+                    "median_us": lnolate[0], "mean_us": lnolate[1], "calls": calls,
+                    "in_place": list(ninpl)}
                 fig["layer_dispatch_combine_plain"] = {"median_us": lplain[0],
                                                        "mean_us": lplain[1], "calls": calls,
                                                        "in_place": list(pinpl)}
