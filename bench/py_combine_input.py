@@ -47,7 +47,7 @@ import struct
 import torch
 
 import epcomm
-from epcomm import deep_ep
+from epcomm import _mempool, deep_ep
 
 H, TOPK, E = 7168, 8, 256
 
@@ -186,6 +186,8 @@ def main():
         lplain = timed(group, layer, o.iters)
         pinpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
         if me == 0:
+            print(f"torch {torch.__version__}; the out pool's direct calls "
+                  f"{'used' if _mempool._DIRECT else 'not used (use_mem_pool)'}")
             print(f"R={R}, {o.sms} SMs per rank, {o.tokens} tokens per rank, H {H}, topk {TOPK}, "
                   f"E {E}, bf16; rank 0 receives {rows} rows; experts' write + combine "
                   f"({'with' if o.weights else 'without'} weights), median of the slowest rank, "
@@ -235,6 +237,7 @@ def main():
                                                        "in_place": list(pinpl)}
                 with open(o.json, "w") as f:
                     json.dump({"ranks": R, "sms": o.sms, "tokens": o.tokens, "hidden": H,
+                               "torch": torch.__version__, "pool_direct_calls": _mempool._DIRECT,
                                "weights": o.weights, "figures": fig}, f, indent=1)
     finally:
         buf.destroy()

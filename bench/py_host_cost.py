@@ -7,8 +7,9 @@ sharing the GPU under MPS:
 Rank 0 prints the median host time (perf_counter around the call, no synchronization) of
 Buffer.combine and of its parts as PyTorch offers them (a copy, torch.empty, a wait_stream, a
 fresh event recorded), of recv_x's allocation plain and from the out pool (through
-torch.cuda.use_mem_pool, through the direct calls OutPool makes), of the two forms bench/py_combine_input.py times (experts' write into a
-plain tensor / into a Buffer.mem_pool tensor, then the combine), then a cProfile of 200 combines
+torch.cuda.use_mem_pool, through the direct calls OutPool makes: whether it makes them on this
+PyTorch is printed), of the two forms bench/py_combine_input.py times (experts' write into a plain
+tensor / into a Buffer.mem_pool tensor, then the combine), then a cProfile of 200 combines
 (ordered by own time). DeepEP's sizes: H 7168, topk 8, 256 experts, bf16.
 
 Then the same calls both ways a synchronous call can be ordered (_events.CudaLaunch.DIRECT):
@@ -159,10 +160,13 @@ def alloc_rows(pool, shape, buf, live=48):
         except TypeError:  # a PyTorch without the keyword
             pool.mem.pool.snapshot()
 
+    direct = (("recv_x: pool, direct calls", lambda: pool._direct(pool.mem, shape, bf, dev))
+              if _mempool._DIRECT else
+              ("recv_x: pool, use_mem_pool again (no direct calls here)", via_use_mem_pool))
     rows = [(name, host_us(fn)) for name, fn in (
         ("recv_x: torch.empty", lambda: torch.empty(shape, dtype=bf, device=dev)),
         ("recv_x: pool, use_mem_pool", via_use_mem_pool),
-        ("recv_x: pool, direct calls", lambda: pool._direct(pool.mem, shape, bf, dev)),
+        direct,
         ("recv_x: OutPool.empty", lambda: pool.empty(shape, bf, dev)),
         ("out pool snapshot, 1 segment", snapshot))]
     with _mempool._use_pool(pool.mem.pool, dev):
@@ -234,7 +238,10 @@ def main():
         prof.disable()
         torch.cuda.synchronize()
         if group.rank == 0:
-            print(f"R={group.nranks}, {n} tokens per rank: host us per call, median of 200")
+            from epcomm import _mempool
+            print(f"R={group.nranks}, {n} tokens per rank: host us per call, median of 200 "
+                  f"(torch {torch.__version__}; out pool's direct calls "
+                  f"{'used' if _mempool._DIRECT else 'not used'})")
             for name, us in res:
                 print(f"  {name:<32}{us:8.1f}")
             out = io.StringIO()

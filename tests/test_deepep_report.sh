@@ -44,4 +44,20 @@ PY
 out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (fallback)"
 grep -q '^note: Python R=2 tokens 4096: write_combine_mem_pool: in place \[12\] of 40 calls' \
   <<<"$out" || fail "a fallback of a pooled row is not reported: $out"
+# The layer step with the out pool and the late hello off: its combines must go in place, its
+# dispatches must not (the fixture predates the form: added here as a run would write it).
+python3 - "$tmp/py-r2-t4096.json" <<'PY' || fail "could not edit the fixture copy"
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["figures"]["layer_dispatch_combine_pool_nolate"] = {
+    "median_us": 900.0, "mean_us": 910.0, "calls": 40, "in_place": [3, 38]}
+json.dump(d, open(sys.argv[1], "w"))
+PY
+out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (no late)"
+grep -q 'Python: layer step, out pool, late hello off' <<<"$out" ||
+  fail "the layer step without the late hello is not in the table: $out"
+grep -q '^note: Python R=2 tokens 4096: layer_dispatch_combine_pool_nolate: 3 dispatches in place' \
+  <<<"$out" || fail "a late hello that was on is not reported: $out"
+grep -q '^note: Python R=2 tokens 4096: layer_dispatch_combine_pool_nolate: in place \[38\] of 40' \
+  <<<"$out" || fail "the form's combines not in place are not reported: $out"
 echo "deepep_time report: ratios, gaps, ceiling and notes as recorded"

@@ -455,6 +455,9 @@ def fallbacks(key, figures):
             continue
         got = f["in_place"] if isinstance(f["in_place"], list) else [f["in_place"]]
         if what == "the layer's combines":  # its dispatches copy out: [dispatches, combines]
+            if got and got[0] > 0:
+                out.append(f"Python R={key[1]} tokens {key[3]}: {name}: {got[0]} dispatches in "
+                           f"place, so the late hello was on: the row is not what it says")
             got = got[1:]
         if min(got) < f.get("calls", 0):
             out.append(f"Python R={key[1]} tokens {key[3]}: {name}: in place {got} of "

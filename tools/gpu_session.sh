@@ -13,10 +13,11 @@
 #      phases with the default outputs plain and from the out pool
 #   3  deepep_side_by_side build normal python report at 4096 and 128 tokens: DeepEP V1 and epcomm
 #      (C bench and Python) in one call, the table in OUT/c3/table.txt
-#   4  gpu_check build suite python hostcost: the host waits' and failure paths (normal mode and
+#   4  gpu_check build suite python hostcost pystep: the host waits' and failure paths (normal mode and
 #      low-latency, the tests $SUITEF4 names), then the Python package's CUDA tests and the host
 #      cost of the layer step and of recv_x's allocation at R = 2 and 4, then the layer step with
-#      the out pool against the defaults at 128 tokens, R = 2 / 4 / 8 (a change's check)
+#      the out pool (four ways) against the defaults at 128 tokens, R = 2 / 4 / 8 (a change's
+#      check)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3, .deepep (DeepEP V1's source);
 # both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu", ".deepep"].

@@ -214,8 +214,9 @@ def _segment_bytes(nbytes):
 
 # What torch.cuda.use_mem_pool calls, taken one by one: OutPool.empty runs inside every dispatch's
 # allocator callback, on the host's critical path, where the context manager's two generators,
-# device lookup and capture query cost more than the allocation (host time, H100 under MPS, 128
-# tokens: bench/py_host_cost.py's "recv_x:" rows). None on a PyTorch without them (CPU
+# device lookup and Python-level capture query are host time of every dispatch (a use_mem_pool
+# block cost up to ~5 us on an H100 under MPS; bench/py_host_cost.py's "recv_x:" rows time the
+# forms side by side). None on a PyTorch without them (CPU
 # builds, older releases), or when this PyTorch's use_mem_pool calls anything else (a pool
 # context object, as releases before 2.8 did): use_mem_pool then.
 _BEGIN = getattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool", None)
@@ -245,10 +246,10 @@ class OutPool:
     A tensor is made under the pool only when the pool can certainly hold it, otherwise with a
     plain torch.empty: when a pool's allocator says no, PyTorch counts an out of memory (its
     statistics, the profiler and every OOM observer see one) and raises, what a user would take
-    for a real one; releases after 2.11 first wait for every pending event and free the unsplit
-    cached blocks of the default pools, then ask the arena again (c10's CUDACachingAllocator,
-    malloc; through 2.11 an allocation to a pool skipped that step). No fallback may cost
-    either. Certain
+    for a real one. Through 2.11 (c10's CUDACachingAllocator, malloc) an allocation to a pool
+    skips the step that frees every unsplit cached block first; later releases that separate
+    pool scopes from graph capture may take it (waiting for every pending event). No fallback
+    may cost either. Certain
     means a large block of PyTorch's cache in this pool, free and on this stream, that is large
     enough, or room in the arena for the segment PyTorch would ask for (its default rules: a
     PYTORCH_CUDA_ALLOC_CONF that changes them can defeat the check; the first out of memory
