@@ -44,6 +44,11 @@ bool t_cuda(void) {
   return b && !strcmp(b, "cuda");
 }
 
+bool t_late_hello(void) {
+  const char *v = getenv("EP_CUDA_LATE_HELLO");
+  return t_cuda() && (!v || atol(v) != 0);
+}
+
 void t_require_backend(void) {
   char why[160];
   if (!t_cuda() || tk_dev_count(why, sizeof why) > 0) return;

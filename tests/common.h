@@ -87,6 +87,9 @@ void *t_xmalloc(size_t n); /* never NULL; fills with a poison byte */
  * memory, and the helpers below move them (on the CPU backend they are host memory and memcpy,
  * so one test body runs on both; tools/lib/tk_dev.h does the work). */
 bool t_cuda(void);
+/* The CUDA backend with its late hello on: EP_CUDA_LATE_HELLO unset or not 0 (the library's
+ * default, src/cuda/cuda_backend.c). */
+bool t_late_hello(void);
 /* For the CUDA backend: exit 77 with a visible "skipped: ..." line when it cannot run here (not
  * built, or no GPU). Call first, before the group. */
 void t_require_backend(void);

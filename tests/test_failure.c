@@ -252,8 +252,7 @@ static int slow_alloc(void) {
   } else {
     char want[32];
     snprintf(want, sizeof want, "rank %d", late);
-    const char *lh = getenv("EP_CUDA_LATE_HELLO");
-    const bool late_hello = t_cuda() && (!lh || atol(lh) != 0); /* on unless 0 */
+    const bool late_hello = t_late_hello();
     T_CHECK(st == EP_ERR_TIMEOUT, "got %s, expected EP_ERR_TIMEOUT: %s", ep_status_name(st),
             ep_last_error());
     T_CHECK(strstr(ep_last_error(), want) && (!late_hello || strstr(ep_last_error(), "late hello")),

@@ -323,8 +323,7 @@ static void check_alloc_in_place(const ctx_t *c, uint64_t before, int alloc, int
                                  const char *what, int round) {
   uint64_t cc, after;
   in_place(c, &cc, &after);
-  const char *late = getenv("EP_CUDA_LATE_HELLO"); /* on unless 0 */
-  const int want = t_cuda() && (!late || atol(late) != 0) && reg && nr > 0;
+  const int want = t_late_hello() && reg && nr > 0;
   T_CHECK(!alloc || after - before == (uint64_t)want,
           "%s, round %d: allocator path, %d rows, %sregistered: %llu dispatches in place, want %d",
           what, round, nr, reg ? "" : "not ", (unsigned long long)(after - before), want);
