@@ -38,6 +38,7 @@ src=$(cd "$src" && pwd) || exit 2
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 2
 b=build-gpu
+. tools/gpu_steps.sh
 dbuild=$root/build-deepep
 py=${PYTHON:-python3}
 export EP_TIMEOUT_S=${EP_TIMEOUT_S:-20}
@@ -171,15 +172,7 @@ runpy.run_path("setup.py", run_name="__main__")'
       # without weights as DeepEP's harness combines; the package is installed into $py first.
       "$py" -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1 ||
         { echo "python: pip install FAILED"; tail -20 "$out/pip.log"; }
-      for rs in $normal_sets; do
-        R=${rs%%:*} S=${rs#*:}
-        for N in $tokens; do
-          timeout -k 10 150 "$mps" $b/bin/epcomm launch -n "$R" "$py" bench/py_combine_input.py \
-            --sms "$S" --tokens "$N" --weights 0 --json "$out/py-r$R-t$N.json" \
-            >"$out/py-r$R-t$N.log" 2>&1
-          echo "epcomm python R=$R, $S SMs, $N tokens: exit $?"
-        done
-      done ;;
+      py_layer_steps "$mps" "$py" "$out" "$normal_sets" "$tokens" ;;
     report)
       "$py" tools/deepep_time.py report "$out" | tee "$out/table.txt" ;;
     *) echo "unknown step $s"; exit 2 ;;

@@ -39,6 +39,7 @@ out=${2:?usage: gpu_check.sh WITH_MPS OUT_DIR [STEP...]}
 shift 2
 steps=${*:-build quick suite sanitize bench}
 b=build-gpu
+. "$(dirname "$0")/gpu_steps.sh"
 mkdir -p "$out"
 export EP_TIMEOUT_S=${EP_TIMEOUT_S:-15}
 ok=1
@@ -130,15 +131,9 @@ for s in $steps; do
       # The Python layer step with the out pool against the package's defaults, epcomm alone
       # (bench/py_combine_input.py; DeepEP beside it is tools/deepep_side_by_side.sh's job), at
       # R:SMs in $PYR (default "2:24 4:24 8:16") and tokens in $PYT (default 128); after `python`.
-      for rs in ${PYR:-2:24 4:24 8:16}; do
-        R=${rs%%:*} S=${rs#*:}
-        for N in ${PYT:-128}; do
-          timeout -k 10 150 "$mps" $b/bin/epcomm launch -n "$R" "${PYTHON:-python3}" \
-            bench/py_combine_input.py --sms "$S" --tokens "$N" --weights 0 \
-            --json "$out/py-r$R-t$N.json" >"$out/py-r$R-t$N.log" 2>&1
-          echo "py_combine_input R=$R, $S SMs, $N tokens: exit $?"
-          sed 's/^\[0\] //' "$out/py-r$R-t$N.log" | grep -i -A4 'layer'
-        done
+      py_layer_steps "$mps" "${PYTHON:-python3}" "$out" "${PYR:-2:24 4:24 8:16}" "${PYT:-128}"
+      for f in "$out"/py-r*-t*.log; do
+        [ -e "$f" ] && { echo "== $f"; sed 's/^\[0\] //' "$f" | grep -i -A4 'layer'; }
       done ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
