@@ -31,7 +31,9 @@ still promised: what the promise costs when the outputs are not registered); a f
 with the out pool and the late hello off (the combine reads recv_x in place, the dispatch copies
 it out: parts the late hello's wait from the pool's allocation); and, the baseline of the same
 run, a fresh buffer as the package makes it today (``EP_CUDA_LATE_HELLO=0``, no out
-pool, no registration: the receiver copies the rows out, the combine stages them).
+pool, no registration: the receiver copies the rows out, the combine stages them). Then two with
+``EP_CUDA_EARLY_DATA=1`` (the rows move while the host waits for the count and allocates): the
+defaults, and the out pool without the late hello.
 
 Rank 0 prints the times in us, the ratio to the baseline and the fraction of the limit reached,
 and the in-place counters (`Buffer.in_place_counts`), which say which path each form took;
@@ -185,6 +187,25 @@ def main():
         d0, c0 = buf.in_place_counts()[1], buf.in_place_counts()[0]
         lplain = timed(group, layer, o.iters)
         pinpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
+        buf.destroy()
+        # EP_CUDA_EARLY_DATA=1 (read when a buffer is made): the defaults, then the out pool
+        # without the late hello (with it the senders wait for the outputs: no early data).
+        early_env = os.environ.get("EP_CUDA_EARLY_DATA")
+        os.environ["EP_CUDA_EARLY_DATA"] = "1"
+        buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda")
+        learly = timed(group, layer, o.iters)
+        buf.destroy()
+        os.environ["EP_CUDA_LATE_HELLO"] = "0"
+        buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
+                             out_pool_bytes=int(1.5e9))
+        d0, c0 = buf.in_place_counts()[1], buf.in_place_counts()[0]
+        lpearly = timed(group, layer, o.iters)
+        einpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
+        for k, v in (("EP_CUDA_EARLY_DATA", early_env), ("EP_CUDA_LATE_HELLO", late_env)):
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
         if me == 0:
             print(f"torch {torch.__version__}; the out pool's direct calls "
                   f"{'used' if _mempool._DIRECT else 'not used (use_mem_pool)'}")
@@ -217,9 +238,15 @@ def main():
             print(f"the same, out pool with the late hello off (combine in place, dispatch "
                   f"copied out): {lnolate[0]:.1f} us (median), {lnolate[1]:.1f} us (mean); in "
                   f"place: {ninpl[0]}/{calls} dispatches, {ninpl[1]}/{calls} combines")
+            print(f"the same, today's defaults with EP_CUDA_EARLY_DATA=1: {learly[0]:.1f} us "
+                  f"(median), {learly[1]:.1f} us (mean)")
+            print(f"the same, out pool, late hello off, EP_CUDA_EARLY_DATA=1: {lpearly[0]:.1f} "
+                  f"us (median), {lpearly[1]:.1f} us (mean); in place: {einpl[0]}/{calls} "
+                  f"dispatches, {einpl[1]}/{calls} combines")
             print(f"x baseline: out pool + late hello {lplain[0] / lres[0]:.2f}, promise alone "
                   f"{lplain[0] / lpromise[0]:.2f}, out pool without the late hello "
-                  f"{lplain[0] / lnolate[0]:.2f} (medians)")
+                  f"{lplain[0] / lnolate[0]:.2f}, early data {lplain[0] / learly[0]:.2f}, out "
+                  f"pool + early data {lplain[0] / lpearly[0]:.2f} (medians)")
             if o.json:
                 fig = {f"{what}_{name.replace(' ', '_')}": {"median_us": us, "mean_us": mean,
                                                            "in_place": inpl, "calls": calls}
@@ -235,6 +262,11 @@ def main():
                 fig["layer_dispatch_combine_plain"] = {"median_us": lplain[0],
                                                        "mean_us": lplain[1], "calls": calls,
                                                        "in_place": list(pinpl)}
+                fig["layer_dispatch_combine_early"] = {"median_us": learly[0],
+                                                       "mean_us": learly[1], "calls": calls}
+                fig["layer_dispatch_combine_pool_early"] = {
+                    "median_us": lpearly[0], "mean_us": lpearly[1], "calls": calls,
+                    "in_place": list(einpl)}
                 with open(o.json, "w") as f:
                     json.dump({"ranks": R, "sms": o.sms, "tokens": o.tokens, "hidden": H,
                                "torch": torch.__version__, "pool_direct_calls": _mempool._DIRECT,

@@ -236,7 +236,9 @@ static int kill_in_alloc(void) {
 
 /* The last rank sleeps 3 s in its first allocator callback (deadline 1 s): its count went out,
  * its rows (with EP_CUDA_LATE_HELLO=1 on CUDA: first its late hello) come too late. The others
- * fail after about one deadline naming it, on CUDA with the late hello as waiting for that. */
+ * fail after about one deadline naming it, on CUDA with the late hello as waiting for that.
+ * With EP_CUDA_EARLY_DATA=1 (and no late hello) its rows move before its allocation: the others'
+ * first call completes and their second one fails the same way, in its count exchange. */
 static int slow_alloc(void) {
   alloc_world_t w;
   alloc_world_init(&w, 1.0);

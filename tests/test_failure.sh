@@ -47,6 +47,8 @@ if [ "${2:-}" = cuda ]; then
   scenario kill-ll 3 2
   EP_CUDA_LATE_HELLO=1 scenario kill-alloc 3 2
   EP_CUDA_LATE_HELLO=1 survive slow-alloc
+  EP_CUDA_LATE_HELLO=0 EP_CUDA_EARLY_DATA=1 scenario kill-alloc 3 2
+  EP_CUDA_LATE_HELLO=0 EP_CUDA_EARLY_DATA=1 survive slow-alloc
   exit $fail
 fi
 

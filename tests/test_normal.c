@@ -535,6 +535,8 @@ static const tcase_t cases[] = {
     /* many tokens, small rows: the count exchange's plan over many tiles */
     {8, EP_DTYPE_BF16, 4, 64, RT_MASKED, NM_HUGE, P_SYNC, 1, 0, 0, 1, 0},
     {16, EP_DTYPE_FP8_E4M3, 8, 256, RT_SKEW, NM_HUGE, P_ALLOC, 0, 0, 2, 0, 0},
+    /* the allocator path with many trips (EP_CUDA_EARLY_DATA: the rows do not fit at once) */
+    {1024, EP_DTYPE_BF16, 8, 256, RT_SKEW, NM_LARGE, P_ALLOC, 1, 1, 0, 1, 0},
 };
 
 int main(int argc, char **argv) {

@@ -436,6 +436,9 @@ VS_PYTHON = [
     ("py_layer_dispatch_combine_pool_nolate", "layer",
      "Python: layer step, out pool, late hello off"),
     ("py_layer_dispatch_combine_plain", "layer", "Python: layer step, today's defaults"),
+    ("py_layer_dispatch_combine_early", "layer", "Python: layer step, defaults + early data"),
+    ("py_layer_dispatch_combine_pool_early", "layer",
+     "Python: layer step, out pool + early data"),
 ]
 
 
@@ -443,7 +446,8 @@ VS_PYTHON = [
 # dispatches, or [dispatches, combines] for the layer step), else their ratio is a fallback's.
 PY_IN_PLACE = {"write_combine_mem_pool": "combines", "write_combine_combine_buffer": "combines",
                "dispatch_worst_mem_pool": "dispatches", "layer_dispatch_combine": "both",
-               "layer_dispatch_combine_pool_nolate": "the layer's combines"}
+               "layer_dispatch_combine_pool_nolate": "the layer's combines",
+               "layer_dispatch_combine_pool_early": "the layer's combines"}
 
 
 def fallbacks(key, figures):

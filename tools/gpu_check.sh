@@ -4,6 +4,8 @@
 #   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
 #   (suite: the normal-mode tests, or those matching $SUITEF)
 #   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
+#   early (the allocator path's rows moved before the allocation: dispatch_alloc with
+#   EP_CUDA_EARLY_DATA=0 and 1)
 #   python (the Python package's CUDA tests, the package installed from this tree first)
 #   hostcost (bench/py_host_cost.py at R in $HCR, default "2 8", 128 tokens: host time of the
 #   Python layer step's phases, default outputs plain and from the out pool, recv_x's allocation
@@ -133,7 +135,7 @@ for s in $steps; do
       # R:SMs in $PYR (default "2:24 4:24 8:16") and tokens in $PYT (default 128); after `python`.
       py_layer_steps "$mps" "${PYTHON:-python3}" "$out" "${PYR:-2:24 4:24 8:16}" "${PYT:-128}"
       for f in "$out"/py-r*-t*.log; do
-        [ -e "$f" ] && { echo "== $f"; sed 's/^\[0\] //' "$f" | grep -i -A4 'layer'; }
+        [ -e "$f" ] && { echo "== $f"; sed 's/^\[0\] //' "$f" | grep -i -A8 '^layer'; }
       done ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
@@ -152,6 +154,27 @@ for s in $steps; do
               grep -E '^(epcomm dispatch, allocator|epcomm dispatch  |check)'
           done
           late_gain "$out/late-r$R-t$N"
+        done
+      done ;;
+    early)
+      # The allocator path's rows moved before the allocation (EP_CUDA_EARLY_DATA 0 / 1, same
+      # build, one call): `epcomm bench`'s dispatch_alloc row (nothing registered: early data
+      # applies; its allocator is C, so what it shows is the launch gap, not Python's), bf16, at
+      # R:SMs in $EARLYR (default "2:24 4:24 8:16") and tokens in $EARLYT (default "4096 128").
+      for rs in ${EARLYR:-2:24 4:24 8:16}; do
+        R=${rs%%:*} S=${rs#*:}
+        for N in ${EARLYT:-4096 128}; do
+          for e in 0 1; do
+            timeout 150 "$mps" env EP_CUDA_EARLY_DATA=$e $b/bin/epcomm launch -n $R \
+              $b/bin/epcomm bench --backend cuda --dtype bf16 --tokens $N --sms $S \
+              --json "$out/early-r$R-t$N-e$e.json" >"$out/early-r$R-t$N-e$e.log" 2>&1
+            echo "R=$R, $S SMs, $N tokens, EP_CUDA_EARLY_DATA=$e: exit $?," \
+              "check $(summary check "$out/early-r$R-t$N-e$e.json")"
+          done
+          off=$(us dispatch_alloc "$out/early-r$R-t$N-e0.json")
+          on=$(us dispatch_alloc "$out/early-r$R-t$N-e1.json")
+          echo "  dispatch_alloc: early data off $off us, on $on us (off/on $(awk -v a="$off" \
+            -v b="$on" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'))"
         done
       done ;;
     net)

@@ -98,6 +98,7 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   s->queue_bytes = cfg->queue_bytes;
   s->device = -1;
   s->late_hello = ep_env_long("EP_CUDA_LATE_HELLO", 1) != 0;
+  s->early_data = ep_env_long("EP_CUDA_EARLY_DATA", 0) != 0;
   int prev = -1;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
   ep_status_t st = cuda_mem_setup(s, cfg);

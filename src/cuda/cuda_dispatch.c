@@ -32,6 +32,7 @@ typedef struct {
   bool reg_ok;   /* outputs are the caller's, copied out: recv_x may be written in place */
   bool in_place; /* the hello asked the senders to write recv_x there */
   bool late;     /* allocator path: the hello promises a late one (post_late in dispatch.cu) */
+  bool early;    /* allocator path in two data kernels (EPK_EARLY_*, launch_early) */
 } call_t;
 
 static bool aligned16(const void *p) {
@@ -242,6 +243,7 @@ static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int6
   epk_dispatch_t k;
   fill_data(s, c, cap, &k);
   k.ticket = ticket;
+  if (c->early) k.early = EPK_EARLY_COPY;
   if (c->late) fill_late(s, c, cap, &k);
   ep_status_t rc = cuda_check(s, epk_launch_dispatch(&s->kb, &k, st), OP, "launch");
   if (!rc && c->mode == EPK_MODE_VIEW) publish_views(&k, c->o);
@@ -251,12 +253,29 @@ static ep_status_t launch_data(cuda_state_t *s, call_t *c, cudaStream_t st, int6
   return rc;
 }
 
-/* Allocator path: the host needs Nr before any output exists, so it waits in between. */
+/* EP_CUDA_EARLY_DATA: the rows move while the host waits for the count and allocates (the GPU
+ * would otherwise idle through both; at 128 tokens that is most of a Python layer step's gap).
+ * Views into area D, with the handle's source index left to the second kernel, which the host
+ * can only size once it knows the count. */
+static ep_status_t launch_early(cuda_state_t *s, call_t *c, cudaStream_t st) {
+  epk_dispatch_t k;
+  c->mode = EPK_MODE_VIEW;
+  fill_data(s, c, c->lay.rows, &k);
+  k.hsrc = NULL;
+  k.hsrc_cap = 0;
+  k.early = EPK_EARLY_SEND;
+  return cuda_check(s, epk_launch_dispatch(&s->kb, &k, st), OP, "launch");
+}
+
+/* Allocator path: the host needs Nr before any output exists, so it waits in between. Not with
+ * a late hello, whose senders wait for the outputs anyway. */
 static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   const bool wait = c->plan->nr < 0;
   const uint32_t t = arm_wait(s, wait);
   c->late = s->late_hello && cuda_reg_any(s);
+  c->early = s->early_data && !c->late;
   ep_status_t rc = launch_notify(s, c, st, t);
+  if (!rc && c->early) rc = launch_early(s, c, st);
   *nr = c->plan->nr;
   if (!rc && wait) rc = wait_count(s, c, t, nr);
   if (rc) return rc;
@@ -294,7 +313,8 @@ ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *d, ep_handle_info_t *
   cuda_state_t *s = state;
   if (s->net) return cuda_net_dispatch(s, d, out);
   const ep_dispatch_args_t *a = &d->in;
-  call_t c = {d, a, &d->out, d->cached ? d->cached->priv : NULL, 0, {0}, false, false, false};
+  call_t c = {d,     a,     &d->out, d->cached ? d->cached->priv : NULL, 0, {0}, false,
+              false, false, false};
   c.lay = epk_recv_layout(s->kb.area_bytes, d->row_bytes,
                           a->dtype == EP_DTYPE_FP8_E4M3 ? a->num_scales : 0,
                           d->cached ? 0 : d->topk, d->has_w);

@@ -38,6 +38,12 @@ static const ep_env_row_t cuda_rows[] = {
                    "exist, so that the senders write recv_x straight into it when it is "
                    "registered (no copy-out pass; 1.7-2.0x at 4096 tokens on an H100); 0: the "
                    "receiver copies the rows out"),
+    EP_ENV_ROW_INT("cuda", "EP_CUDA_EARLY_DATA", "0", "0", "1",
+                   "1: a normal-mode dispatch with an allocator (EP_OUTPUT_ALLOC) and no late "
+                   "hello moves its rows into the receive areas while the host waits for the "
+                   "count and allocates, then copies them out in a second kernel (when every "
+                   "rank's rows fit its area at once; else the second kernel does it all); 0 "
+                   "(default, until measured on a GPU): one data kernel after the allocation"),
     EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_TRACE", "0", "0", "1",
                    "1: time the phases of the low-latency kernels on the GPU (%globaltimer) "
                    "and print their means on stderr when the buffer is destroyed"),

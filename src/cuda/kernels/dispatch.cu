@@ -355,6 +355,22 @@ __device__ bool setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate 
   return !__syncthreads_or(!ok);
 }
 
+/* The allocator path in two kernels (EPK_EARLY_*): true when this kernel's part of the call
+ * ends here. Whether every destination's rows fit its area D at once comes from the plan, which
+ * every rank holds whole, so all ranks choose alike: SEND moves the rows only then (as views:
+ * nothing is copied out before the outputs exist), and COPY then only copies this rank's rows
+ * out of area D, where SEND left them (this grid starts after SEND's has ended). */
+__device__ bool early_done(const epk_dispatch_t &a, const epk_buf_t &b, const dstate &st,
+                           int64_t nr) {
+  int fits = 1;
+  for (int d = threadIdx.x; d < b.nranks; d += DT) fits &= st.rounds[d] == 1;
+  fits = __syncthreads_and(fits);
+  if (a.early == EPK_EARLY_SEND) return !fits; /* not all at once: COPY exchanges everything */
+  if (!fits) return false;
+  if (a.mode == EPK_MODE_COPY && nr <= a.cap) copy_window(b, a, EPK_MODE_COPY, false, 0, nr);
+  return true;
+}
+
 /* Sends whatever windows are open; true if anything was sent. */
 __device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int t0,
                           int t1) {
@@ -443,6 +459,7 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   if (threadIdx.x == 0) s_rw = 0;
   if (!setup(b, a, st, &s_nr)) return;
   const int64_t nr = s_nr;
+  if (a.early && early_done(a, b, st, nr)) return;
   const int my_rounds = st.rounds[b.rank];
   const bool xdirect = st.xdst[b.rank] != nullptr;
   int mode = a.mode;

@@ -364,9 +364,17 @@ typedef struct {
   epk_recv_layout_t lay;
   /* late != 0: the hello promised a late one; it says recv_x lies in registration lreg1 - 1 at
    * byte offset loff for lcap rows (lreg1 = 0: not registered, send to area D) */
-  int32_t late, lreg1, lcap, pad;
+  int32_t late, lreg1, lcap;
+  int32_t early; /* allocator path in two kernels (EPK_EARLY_*), else 0 */
   int64_t loff;
 } epk_dispatch_t;
+
+/* The allocator path's two data kernels (EP_CUDA_EARLY_DATA): SEND runs before the outputs exist,
+ * while the host waits for the count and allocates; COPY after. When every destination's rows
+ * fit its area D at once (every rank decides alike, from the plan), SEND moves them all and COPY
+ * only copies this rank's rows out of area D into the outputs; otherwise SEND returns at once on
+ * every rank and COPY is the whole exchange. */
+enum { EPK_EARLY_NONE = 0, EPK_EARLY_SEND = 1, EPK_EARLY_COPY = 2 };
 
 typedef struct {
   int num_tokens, hidden, topk, has_w, direct, wgap256;
