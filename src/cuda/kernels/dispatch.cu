@@ -357,17 +357,30 @@ __device__ bool setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate 
 
 /* The allocator path in two kernels (EPK_EARLY_*): true when this kernel's part of the call
  * ends here. Whether every destination's rows fit its area D at once comes from the plan, which
- * every rank holds whole, so all ranks choose alike: SEND moves the rows only then (as views:
- * nothing is copied out before the outputs exist), and COPY then only copies this rank's rows
- * out of area D, where SEND left them (this grid starts after SEND's has ended). */
-__device__ bool early_done(const epk_dispatch_t &a, const epk_buf_t &b, const dstate &st,
-                           int64_t nr) {
+ * every rank holds whole, so all ranks choose alike, and before setup (whose late-hello waits a
+ * SEND that moves nothing must not make): SEND moves the rows only then (as views: nothing is
+ * copied out before the outputs exist), and COPY then only copies this rank's rows out of area
+ * D, where SEND left them (this grid starts after SEND's has ended). */
+__device__ bool early_done(const epk_buf_t &b, const epk_dispatch_t &a) {
+  __shared__ int64_t s_mine;
+  const int R = b.nranks;
+  const int32_t *cnt = epk_plan_cnt(const_cast<int32_t *>(a.plan));
   int fits = 1;
-  for (int d = threadIdx.x; d < b.nranks; d += DT) fits &= st.rounds[d] == 1;
+  for (int d = threadIdx.x; d < R; d += DT) {
+    int64_t n = 0;
+    for (int s = 0; s < R; s++) n += cnt[s * R + d];
+    fits &= n <= a.lay.rows;
+    if (d == b.rank) s_mine = n;
+  }
   fits = __syncthreads_and(fits);
   if (a.early == EPK_EARLY_SEND) return !fits; /* not all at once: COPY exchanges everything */
   if (!fits) return false;
-  if (a.mode == EPK_MODE_COPY && nr <= a.cap) copy_window(b, a, EPK_MODE_COPY, false, 0, nr);
+  /* x too: an allocator's recv_x is never named in this rank's hello (no late hello on this
+   * path), so no sender wrote it in place. cap is the count the host allocated for (or the mode
+   * is DRAIN: the host reports why). */
+  if (a.mode == EPK_MODE_COPY && s_mine <= a.cap)
+    copy_window(b, a, EPK_MODE_COPY, false, 0, s_mine);
+  epk_tr_max(b, EPK_TR_D_END);
   return true;
 }
 
@@ -457,9 +470,9 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   int *ints = reinterpret_cast<int *>(dsm + 2 * R);
   dstate st = {dsm, ints, ints + R, ints + 2 * R, reinterpret_cast<uint8_t **>(dsm + R)};
   if (threadIdx.x == 0) s_rw = 0;
+  if (a.early && early_done(b, a)) return;
   if (!setup(b, a, st, &s_nr)) return;
   const int64_t nr = s_nr;
-  if (a.early && early_done(a, b, st, nr)) return;
   const int my_rounds = st.rounds[b.rank];
   const bool xdirect = st.xdst[b.rank] != nullptr;
   int mode = a.mode;
