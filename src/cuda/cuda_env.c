@@ -43,7 +43,9 @@ static const ep_env_row_t cuda_rows[] = {
                    "hello moves its rows into the receive areas while the host waits for the "
                    "count and allocates, then copies them out in a second kernel (when every "
                    "rank's rows fit its area at once; else the second kernel does it all); 0 "
-                   "(default, until measured on a GPU): one data kernel after the allocation"),
+                   "(default: on an H200 within the noise of a Python layer step at 128 "
+                   "tokens, 1.14x at R = 2 with a C allocator): one data kernel after the "
+                   "allocation"),
     EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_TRACE", "0", "0", "1",
                    "1: time the phases of the low-latency kernels on the GPU (%globaltimer) "
                    "and print their means on stderr when the buffer is destroyed"),
