@@ -11,7 +11,8 @@
 #   Python layer step's phases, default outputs plain and from the out pool, recv_x's allocation
 #   plain and from the pool; after `python`)
 #   pystep (bench/py_combine_input.py at R:SMs in $PYR, tokens in $PYT (default 128): the layer
-#   step with the out pool against the defaults, epcomm alone; after `python`)
+#   step with the out pool and with early data against the defaults, epcomm alone; installs the
+#   package first)
 #   ncu (Nsight Compute on rank 0 of R=$NCUR ranks, normal mode, dtypes in $NCUDT: per-kernel time, DRAM bytes,
 #   occupancy, then the SpeedOfLight/Occupancy/WarpStateStats sections)
 #   cudanet (the cuda.net.* tests: the CUDA data path across pretend hosts through NCCL)
@@ -132,7 +133,10 @@ for s in $steps; do
     pystep)
       # The Python layer step with the out pool against the package's defaults, epcomm alone
       # (bench/py_combine_input.py; DeepEP beside it is tools/deepep_side_by_side.sh's job), at
-      # R:SMs in $PYR (default "2:24 4:24 8:16") and tokens in $PYT (default 128); after `python`.
+      # R:SMs in $PYR (default "2:24 4:24 8:16") and tokens in $PYT (default 128). This tree's
+      # package is installed first, also when no `python` step came before.
+      "${PYTHON:-python3}" -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1 ||
+        { echo "pystep: pip install FAILED"; tail -20 "$out/pip.log"; }
       py_layer_steps "$mps" "${PYTHON:-python3}" "$out" "${PYR:-2:24 4:24 8:16}" "${PYT:-128}"
       for f in "$out"/py-r*-t*.log; do
         [ -e "$f" ] && { echo "== $f"; sed 's/^\[0\] //' "$f" | grep -i -A8 '^layer'; }
