@@ -96,6 +96,10 @@ def main():
     # reads EP_CUDA_LATE_HELLO when it is created.
     late_env = os.environ.get("EP_CUDA_LATE_HELLO")
     os.environ["EP_CUDA_LATE_HELLO"] = "1"
+    # Early data only where a form says so (an EP_CUDA_EARLY_DATA=1 from the caller would put it
+    # under the baseline too); put back with the late hello's setting below.
+    early_env = os.environ.get("EP_CUDA_EARLY_DATA")
+    os.environ["EP_CUDA_EARLY_DATA"] = "0"
     buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
                          out_pool_bytes=int(1.5e9))
     try:
@@ -190,7 +194,6 @@ def main():
         buf.destroy()
         # EP_CUDA_EARLY_DATA=1 (read when a buffer is made): the defaults, then the out pool
         # without the late hello (with it the senders wait for the outputs: no early data).
-        early_env = os.environ.get("EP_CUDA_EARLY_DATA")
         os.environ["EP_CUDA_EARLY_DATA"] = "1"
         buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda")
         learly = timed(group, layer, o.iters)

@@ -430,7 +430,7 @@ VS_PYTHON = [
     ("py_write_combine_tensor", "write_combine", "Python: experts' write + combine (tensor)"),
     ("py_write_combine_mem_pool", "write_combine", "Python: write + combine (mem_pool tensor)"),
     ("py_write_combine_combine_buffer", "write_combine", "Python: write + combine (combine buf.)"),
-    # a layer's step (layout + dispatch with default outputs + combine), four ways in one run
+    # a layer's step (layout + dispatch with default outputs + combine), six ways in one run
     ("py_layer_dispatch_combine", "layer", "Python: layer step, out pool + late hello"),
     ("py_layer_dispatch_combine_promise", "layer", "Python: layer step, pool off, late promised"),
     ("py_layer_dispatch_combine_pool_nolate", "layer",

@@ -120,6 +120,7 @@ for s in $steps; do
       # into the machine's Python (PyTorch's own; no build isolation: nothing can be fetched).
       "${PYTHON:-python3}" -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1 ||
         { echo "python: pip install FAILED"; tail -20 "$out/pip.log"; }
+      installed=1
       timeout 400 "$mps" "${PYTHON:-python3}" -m pytest tests/python -q -k cuda >"$out/pytest.log" 2>&1
       echo "python: pytest -k cuda: exit $?"
       tail -n 3 "$out/pytest.log" ;;
@@ -135,11 +136,20 @@ for s in $steps; do
       # (bench/py_combine_input.py; DeepEP beside it is tools/deepep_side_by_side.sh's job), at
       # R:SMs in $PYR (default "2:24 4:24 8:16") and tokens in $PYT (default 128). This tree's
       # package is installed first, also when no `python` step came before.
-      "${PYTHON:-python3}" -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1 ||
-        { echo "pystep: pip install FAILED"; tail -20 "$out/pip.log"; }
+      if [ -z "${installed:-}" ] && ! "${PYTHON:-python3}" -m pip install --no-build-isolation \
+        --no-deps -q . >"$out/pip-pystep.log" 2>&1; then
+        echo "pystep: pip install FAILED (no run: an older package would be timed)"
+        tail -20 "$out/pip-pystep.log"
+        continue
+      fi
+      installed=1
       py_layer_steps "$mps" "${PYTHON:-python3}" "$out" "${PYR:-2:24 4:24 8:16}" "${PYT:-128}"
-      for f in "$out"/py-r*-t*.log; do
-        [ -e "$f" ] && { echo "== $f"; sed 's/^\[0\] //' "$f" | grep -i -A8 '^layer'; }
+      for rs in ${PYR:-2:24 4:24 8:16}; do
+        for N in ${PYT:-128}; do
+          f="$out/py-r${rs%%:*}-t$N.log"
+          echo "== $f"
+          sed 's/^\[[0-9]*\] //' "$f" | grep -i -A8 '^layer' || tail -3 "$f"
+        done
       done ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
