@@ -10,6 +10,7 @@
 #   hostcost (bench/py_host_cost.py at R in $HCR, default "2 8", 128 tokens: host time of the
 #   Python layer step's phases, default outputs plain and from the out pool, recv_x's allocation
 #   plain and from the pool; after `python`)
+#   hostearly (the same at R in $HCR with the late hello off, EP_CUDA_EARLY_DATA=0 and 1)
 #   pystep (bench/py_combine_input.py at R:SMs in $PYR, tokens in $PYT (default 128): the layer
 #   step with the out pool and with early data against the defaults, epcomm alone; installs the
 #   package first)
@@ -130,6 +131,17 @@ for s in $steps; do
           >"$out/hostcost-r$R.log" 2>&1
         echo "py_host_cost, R=$R, 128 tokens: exit $?"
         sed 's/^\[0\] //' "$out/hostcost-r$R.log" | grep -E -A8 '^layer step|recv_x:|pool snapshot'
+      done ;;
+    hostearly)
+      # The layer step's host phases with the late hello off, EP_CUDA_EARLY_DATA 0 / 1 (early
+      # data applies only without a late hello): where the rows moved early save time, if they do.
+      for R in ${HCR:-2 8}; do
+        for e in 0 1; do
+          timeout 200 "$mps" env EP_CUDA_LATE_HELLO=0 EP_CUDA_EARLY_DATA=$e $b/bin/epcomm launch \
+            -n $R "${PYTHON:-python3}" bench/py_host_cost.py 128 >"$out/hostearly-r$R-e$e.log" 2>&1
+          echo "py_host_cost, R=$R, 128 tokens, late hello off, EP_CUDA_EARLY_DATA=$e: exit $?"
+          sed 's/^\[0\] //' "$out/hostearly-r$R-e$e.log" | grep -E -A7 '^layer step'
+        done
       done ;;
     pystep)
       # The Python layer step with the out pool against the package's defaults, epcomm alone

@@ -17,7 +17,7 @@
 #      low-latency, the tests $SUITEF4 names), then the Python package's CUDA tests and the host
 #      cost of the layer step and of recv_x's allocation at R = 2 and 4, then the layer step with
 #      the out pool (six ways) against the defaults at 128 tokens, R = 2 / 4 / 8 (a change's
-#      check)
+#      check), with the host phases of early data on and off before it (hostearly)
 #   5  gpu_check build suite pystep early: EP_CUDA_EARLY_DATA (the allocator path's rows moved
 #      while the host waits and allocates): the normal-mode tests with it on and off ($SUITEF5),
 #      the failure scenarios, then the Python layer step six ways at 128 tokens (the defaults
@@ -46,7 +46,7 @@ case $n in
   4)
     SUITEF=${SUITEF4:-'^cuda\.(normal\.r[238]$|memreg_dispatch|overflow|ll\.r[234]$|ll_deferred|ll_failure|ll_timeout|timeout|ll_misuse\.r2)'} \
       HCR="2 4" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build suite python hostcost \
-      pystep ;;
+      hostearly pystep ;;
   5)
     SUITEF=${SUITEF5:-'^cuda\.(normal\.r[238](\.early)?$|memreg_dispatch\.r3\.(early|copyout)|overflow|timeout|ll_deferred\.r2|ll_failure)'} \
       EARLYT=${EARLYT:-128 4096} timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build \
