@@ -338,6 +338,9 @@ typedef struct {
    * (CPU). So a program, or a test, can tell the fast path from a silent fallback. */
   uint64_t combines_in_place;
   uint64_t dispatches_in_place;
+  /* Dispatches on the allocator path that moved their rows before the allocation
+   * (EP_CUDA_EARLY_DATA=1 on CUDA; 0 elsewhere): so a test can tell that the path ran. */
+  uint64_t dispatches_early;
 } ep_buffer_info_t;
 #define EP_BUFFER_INFO_INIT EP_ARGS_INIT_(ep_buffer_info_t)
 

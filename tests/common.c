@@ -49,6 +49,11 @@ bool t_late_hello(void) {
   return t_cuda() && (!v || atol(v) != 0);
 }
 
+bool t_early_data(void) {
+  const char *v = getenv("EP_CUDA_EARLY_DATA");
+  return t_cuda() && v && atol(v) != 0;
+}
+
 void t_require_backend(void) {
   char why[160];
   if (!t_cuda() || tk_dev_count(why, sizeof why) > 0) return;

@@ -90,6 +90,9 @@ bool t_cuda(void);
 /* The CUDA backend with its late hello on: EP_CUDA_LATE_HELLO unset or not 0 (the library's
  * default, src/cuda/cuda_backend.c). */
 bool t_late_hello(void);
+/* Whether this run's CUDA buffers move an allocator's rows before the allocation (off unless
+ * EP_CUDA_EARLY_DATA is set and not 0; CUDA backend only). */
+bool t_early_data(void);
 /* For the CUDA backend: exit 77 with a visible "skipped: ..." line when it cannot run here (not
  * built, or no GPU). Call first, before the group. */
 void t_require_backend(void);

@@ -539,6 +539,21 @@ static const tcase_t cases[] = {
     {1024, EP_DTYPE_BF16, 8, 256, RT_SKEW, NM_LARGE, P_ALLOC, 1, 1, 0, 1, 0},
 };
 
+/* EP_CUDA_EARLY_DATA=1: the allocator cases took the two-kernel path (on one host; across
+ * hosts the network engine has its own), so a silent fallback to one kernel fails here. */
+static void check_early(const ctx_t *x) {
+  uint64_t early = 0;
+  const ep_buffer_t bufs[] = {x->buf, x->small_buf};
+  for (int i = 0; i < 2; i++) {
+    ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
+    T_OK(ep_buffer_query(bufs[i], &info));
+    early += info.dispatches_early;
+  }
+  const bool want = t_early_data() && x->nhosts == 1;
+  T_CHECK(want ? early > 0 : early == 0, "%llu dispatches with early data, expected %s",
+          (unsigned long long)early, want ? "some" : "none");
+}
+
 int main(int argc, char **argv) {
   ep_group_t g;
   ctx_t x;
@@ -555,6 +570,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++, ran++)
       run_case(&x, &cases[i], i + rep * 100);
   t_case = NULL;
+  check_early(&x);
   T_OK(ep_buffer_destroy(x.small_buf));
   T_OK(ep_buffer_destroy(x.buf));
   t_fini(g);

@@ -295,8 +295,9 @@ struct ep_backend_ops {
   void (*ll_reject)(void *state, bool combine);
   /* Optional, local: bytes sent so far through the network engine and to ranks of this host. */
   void (*traffic)(void *state, uint64_t *net, uint64_t *local);
-  /* Optional, local: normal-mode calls that skipped the staging pass (ep_buffer_info_t). */
-  void (*in_place)(void *state, uint64_t *combines, uint64_t *dispatches);
+  /* Optional, local: normal-mode calls that skipped the staging pass, and allocator-path
+   * dispatches whose rows moved before the allocation (ep_buffer_info_t). */
+  void (*in_place)(void *state, uint64_t *combines, uint64_t *dispatches, uint64_t *early);
 };
 
 /* Every backend module defines one `const struct ep_backend_ops *ep_backend_<name>(void)`; the

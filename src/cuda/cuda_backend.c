@@ -81,10 +81,11 @@ static void trace_print(cuda_state_t *s) {
   free(t);
 }
 
-static void cuda_in_place(void *state, uint64_t *combines, uint64_t *dispatches) {
+static void cuda_in_place(void *state, uint64_t *combines, uint64_t *dispatches, uint64_t *early) {
   cuda_state_t *s = state;
   *combines = __atomic_load_n(&s->in_place[0], __ATOMIC_RELAXED);
   *dispatches = __atomic_load_n(&s->in_place[1], __ATOMIC_RELAXED);
+  *early = __atomic_load_n(&s->in_place[2], __ATOMIC_RELAXED);
 }
 
 static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {
