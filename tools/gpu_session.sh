@@ -44,7 +44,7 @@ case $n in
   2)
     timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build python hostcost ;;
   4)
-    SUITEF=${SUITEF4:-'^cuda\.(normal\.r[238]$|memreg_dispatch|overflow|ll\.r[234]$|ll_deferred|ll_failure|ll_timeout|timeout|ll_misuse\.r2)'} \
+    SUITEF=${SUITEF4:-'^cuda\.(normal\.r[238](\.early)?$|memreg_dispatch|overflow|ll\.r[234]$|ll_deferred|ll_failure|ll_timeout|timeout|ll_misuse\.r2)'} \
       HCR="2 4" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build suite python hostcost \
       hostearly pystep ;;
   5)
