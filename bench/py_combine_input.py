@@ -163,52 +163,50 @@ def main():
             us, mean = timed(group, fn, o.iters)
             dres.append((name, us, buf.in_place_counts()[1] - d0, mean))
         buf._out_pool = pool_
-        d0, c0 = buf.in_place_counts()[1], buf.in_place_counts()[0]
-        lres = timed(group, layer, o.iters)
-        linpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
+
+        def counted():
+            """The layer step timed on buf: (median, mean) us, and (dispatches, combines) of
+            its calls in place."""
+            c0 = buf.in_place_counts()
+            t = timed(group, layer, o.iters)
+            c1 = buf.in_place_counts()
+            return t, (c1[1] - c0[1], c1[0] - c0[0])
+
+        def fresh(env, pool_bytes=0):
+            """counted() on a new buffer made with env set (a buffer reads it when made); the
+            one before is destroyed first."""
+            nonlocal buf
+            buf.destroy()
+            os.environ.update(env)
+            buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
+                                 out_pool_bytes=pool_bytes)
+            return counted()
+
+        def restore(k, v):
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+        lres, linpl = counted()
         pool_, buf._out_pool = buf._out_pool, None  # plain outputs, the late hello promised
         lpromise = timed(group, layer, o.iters)
         buf._out_pool = pool_
         calls = o.iters + 10
         mp = cbuf = recv_x = recv_w = cw = handle = expert_out = plain = pool_ = None  # freed
-        buf.destroy()
         # The out pool without the late hello: the combine still reads recv_x in place, the
         # dispatch copies it out (what the late hello's wait costs, apart from the pool's
         # allocation, at a size where the host is the bottleneck).
-        os.environ["EP_CUDA_LATE_HELLO"] = "0"
-        buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
-                             out_pool_bytes=int(1.5e9))
-        d0, c0 = buf.in_place_counts()[1], buf.in_place_counts()[0]
-        lnolate = timed(group, layer, o.iters)
-        ninpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
-        buf.destroy()
+        lnolate, ninpl = fresh({"EP_CUDA_LATE_HELLO": "0"}, int(1.5e9))
         # The baseline: a buffer as the package makes one today (late hello off, no out pool).
-        buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda")
-        if late_env is None:
-            del os.environ["EP_CUDA_LATE_HELLO"]
-        else:
-            os.environ["EP_CUDA_LATE_HELLO"] = late_env
-        d0, c0 = buf.in_place_counts()[1], buf.in_place_counts()[0]
-        lplain = timed(group, layer, o.iters)
-        pinpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
-        buf.destroy()
-        # EP_CUDA_EARLY_DATA=1 (read when a buffer is made): the defaults, then the out pool
-        # without the late hello (with it the senders wait for the outputs: no early data).
-        os.environ["EP_CUDA_EARLY_DATA"] = "1"
-        buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda")
-        learly = timed(group, layer, o.iters)
-        buf.destroy()
-        os.environ["EP_CUDA_LATE_HELLO"] = "0"
-        buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
-                             out_pool_bytes=int(1.5e9))
-        d0, c0 = buf.in_place_counts()[1], buf.in_place_counts()[0]
-        lpearly = timed(group, layer, o.iters)
-        einpl = (buf.in_place_counts()[1] - d0, buf.in_place_counts()[0] - c0)
-        for k, v in (("EP_CUDA_EARLY_DATA", early_env), ("EP_CUDA_LATE_HELLO", late_env)):
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
+        lplain, pinpl = fresh({})
+        restore("EP_CUDA_LATE_HELLO", late_env)
+        # EP_CUDA_EARLY_DATA=1: the defaults, then the out pool without the late hello (with it
+        # the senders wait for the outputs: no early data).
+        learly, _ = fresh({"EP_CUDA_EARLY_DATA": "1"})
+        lpearly, einpl = fresh({"EP_CUDA_LATE_HELLO": "0"}, int(1.5e9))
+        restore("EP_CUDA_EARLY_DATA", early_env)
+        restore("EP_CUDA_LATE_HELLO", late_env)
         if me == 0:
             print(f"torch {torch.__version__}; the out pool's direct calls "
                   f"{'used' if _mempool._DIRECT else 'not used (use_mem_pool)'}")

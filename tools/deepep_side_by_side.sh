@@ -170,8 +170,7 @@ runpy.run_path("setup.py", run_name="__main__")'
       # combine from a plain tensor, a Buffer.mem_pool tensor and the combine buffer, and the
       # worst-case dispatch into plain / pool tensors, per R:SMs and tokens as `normal`, combined
       # without weights as DeepEP's harness combines; the package is installed into $py first.
-      "$py" -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1 ||
-        { echo "python: pip install FAILED"; tail -20 "$out/pip.log"; }
+      install_pkg python "$py" "$out/pip.log"
       py_layer_steps "$mps" "$py" "$out" "$normal_sets" "$tokens" ;;
     report)
       "$py" tools/deepep_time.py report "$out" | tee "$out/table.txt" ;;

@@ -58,12 +58,24 @@ summary() {
 }
 # late_gain PREFIX: the allocator rows' medians with EP_CUDA_LATE_HELLO=0 and 1 (PREFIX-l0.json,
 # PREFIX-l1.json) and their ratio: the late hello's verdict at one size.
+# ratio A B: A / B as "1.23x", "-" when either is not a positive number.
+ratio() {
+  awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'
+}
+# host_cost R LOG [VAR=VALUE...]: bench/py_host_cost.py at R ranks, 128 tokens, in that
+# environment, into LOG; prints its exit status.
+host_cost() {
+  local R=$1 log=$2
+  shift 2
+  timeout 200 "$mps" env "$@" $b/bin/epcomm launch -n "$R" "${PYTHON:-python3}" \
+    bench/py_host_cost.py 128 >"$log" 2>&1
+  echo "py_host_cost, R=$R, 128 tokens${*:+, $*}: exit $?"
+}
 late_gain() {
   local k off on
   for k in dispatch_alloc_reg dispatch_alloc; do
     off=$(us $k "$1-l0.json") on=$(us $k "$1-l1.json")
-    echo "  $k: late hello off $off us, on $on us (off/on $(awk -v a="$off" -v b="$on" \
-      'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'))"
+    echo "  $k: late hello off $off us, on $on us (off/on $(ratio "$off" "$on"))"
   done
   # dispatch_alloc runs with nothing registered (a control: about 1.00x); the registered row
   # must have written in place with the late hello on, or its ratio means a silent fallback.
@@ -119,17 +131,14 @@ for s in $steps; do
     python)
       # The Python package's CUDA tests (tests/python, `-k cuda`), the package built from this tree
       # into the machine's Python (PyTorch's own; no build isolation: nothing can be fetched).
-      "${PYTHON:-python3}" -m pip install --no-build-isolation --no-deps -q . >"$out/pip.log" 2>&1 ||
-        { echo "python: pip install FAILED"; tail -20 "$out/pip.log"; }
+      install_pkg python "${PYTHON:-python3}" "$out/pip.log"
       installed=1
       timeout 400 "$mps" "${PYTHON:-python3}" -m pytest tests/python -q -k cuda >"$out/pytest.log" 2>&1
       echo "python: pytest -k cuda: exit $?"
       tail -n 3 "$out/pytest.log" ;;
     hostcost)
       for R in ${HCR:-2 8}; do
-        timeout 200 "$mps" $b/bin/epcomm launch -n $R "${PYTHON:-python3}" bench/py_host_cost.py 128 \
-          >"$out/hostcost-r$R.log" 2>&1
-        echo "py_host_cost, R=$R, 128 tokens: exit $?"
+        host_cost "$R" "$out/hostcost-r$R.log"
         sed 's/^\[0\] //' "$out/hostcost-r$R.log" | grep -E -A8 '^layer step|recv_x:|pool snapshot'
       done ;;
     hostearly)
@@ -137,9 +146,7 @@ for s in $steps; do
       # data applies only without a late hello): where the rows moved early save time, if they do.
       for R in ${HCR:-2 8}; do
         for e in 0 1; do
-          timeout 200 "$mps" env EP_CUDA_LATE_HELLO=0 EP_CUDA_EARLY_DATA=$e $b/bin/epcomm launch \
-            -n $R "${PYTHON:-python3}" bench/py_host_cost.py 128 >"$out/hostearly-r$R-e$e.log" 2>&1
-          echo "py_host_cost, R=$R, 128 tokens, late hello off, EP_CUDA_EARLY_DATA=$e: exit $?"
+          host_cost "$R" "$out/hostearly-r$R-e$e.log" EP_CUDA_LATE_HELLO=0 EP_CUDA_EARLY_DATA=$e
           sed 's/^\[0\] //' "$out/hostearly-r$R-e$e.log" | grep -E -A7 '^layer step'
         done
       done ;;
@@ -148,10 +155,9 @@ for s in $steps; do
       # (bench/py_combine_input.py; DeepEP beside it is tools/deepep_side_by_side.sh's job), at
       # R:SMs in $PYR (default "2:24 4:24 8:16") and tokens in $PYT (default 128). This tree's
       # package is installed first, also when no `python` step came before.
-      if [ -z "${installed:-}" ] && ! "${PYTHON:-python3}" -m pip install --no-build-isolation \
-        --no-deps -q . >"$out/pip-pystep.log" 2>&1; then
-        echo "pystep: pip install FAILED (no run: an older package would be timed)"
-        tail -20 "$out/pip-pystep.log"
+      if [ -z "${installed:-}" ] && ! install_pkg pystep "${PYTHON:-python3}" "$out/pip-pystep.log"
+      then
+        echo "pystep: no run (an older package would be timed)"
         continue
       fi
       installed=1
@@ -199,8 +205,7 @@ for s in $steps; do
           done
           off=$(us dispatch_alloc "$out/early-r$R-t$N-e0.json")
           on=$(us dispatch_alloc "$out/early-r$R-t$N-e1.json")
-          echo "  dispatch_alloc: early data off $off us, on $on us (off/on $(awk -v a="$off" \
-            -v b="$on" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2fx", a / b; else printf "-" }'))"
+          echo "  dispatch_alloc: early data off $off us, on $on us (off/on $(ratio "$off" "$on"))"
         done
       done ;;
     net)

@@ -1,6 +1,16 @@
 # Shell functions shared by the GPU scripts (sourced by tools/gpu_check.sh and
 # tools/deepep_side_by_side.sh; run from the repository root, with build-gpu built).
 
+# install_pkg LABEL PYTHON LOG: this tree's package into PYTHON (the machine's, with PyTorch; no
+# build isolation: nothing can be fetched there); on failure says so under LABEL, shows the log's
+# end and returns 1.
+install_pkg() {
+  "$2" -m pip install --no-build-isolation --no-deps -q . >"$3" 2>&1 && return 0
+  echo "$1: pip install FAILED"
+  tail -20 "$3"
+  return 1
+}
+
 # py_layer_steps WITH_MPS PYTHON OUT_DIR "R:SMS..." "TOKENS..."
 # bench/py_combine_input.py (the Python layer step and the experts' write + combine) once per
 # R:SMs and token count, combined without weights as DeepEP's harness combines; writes
