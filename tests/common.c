@@ -44,14 +44,18 @@ bool t_cuda(void) {
   return b && !strcmp(b, "cuda");
 }
 
+/* A CUDA backend switch as the library reads it: unset = its default, else on unless 0. */
+static bool cuda_switch(const char *name, bool dflt) {
+  const char *v = getenv(name);
+  return t_cuda() && (v ? atol(v) != 0 : dflt);
+}
+
 bool t_late_hello(void) {
-  const char *v = getenv("EP_CUDA_LATE_HELLO");
-  return t_cuda() && (!v || atol(v) != 0);
+  return cuda_switch("EP_CUDA_LATE_HELLO", true);
 }
 
 bool t_early_data(void) {
-  const char *v = getenv("EP_CUDA_EARLY_DATA");
-  return t_cuda() && v && atol(v) != 0;
+  return cuda_switch("EP_CUDA_EARLY_DATA", false);
 }
 
 void t_require_backend(void) {
