@@ -22,18 +22,19 @@ Then the dispatch (with topk, `num_worst_tokens` = every token of every rank, so
 exist before the call) into plain tensors (baseline: the receiver copies the rows out) and into
 tensors of the pool (made under `use_mem_pool`: the senders write recv_x in place).
 
-Last, a MoE layer's step: get_dispatch_layout + dispatch with default outputs (the host waits
-for the count, the outputs are allocated then) + the combine of its rows (tools/deepep_time.py
-times DeepEP's the same way: "layer"), four ways: default outputs from the Buffer's registered
-pool (``out_pool_bytes``, with the late hello: the senders write recv_x there, the combine reads
-it in place); the same buffer with that pool switched off (plain tensors while the late hello is
-still promised: what the promise costs when the outputs are not registered); a fresh buffer
-with the out pool and the late hello off (the combine reads recv_x in place, the dispatch copies
-it out: parts the late hello's wait from the pool's allocation); and, the baseline of the same
-run, a fresh buffer as the package makes it today (``EP_CUDA_LATE_HELLO=0``, no out
-pool, no registration: the receiver copies the rows out, the combine stages them). Then two with
-``EP_CUDA_EARLY_DATA=1`` (the rows move while the host waits for the count and allocates): the
-defaults, and the out pool without the late hello.
+Last, a MoE layer's step: get_dispatch_layout + dispatch with default outputs (the host waits for
+the count, the outputs are allocated then) + the combine of its rows (tools/deepep_time.py times
+DeepEP's the same way: "layer"), four ways: the package's defaults, default outputs from the
+Buffer's registered pool (``out_pool_bytes``, num_nvl_bytes / 2, with the late hello: the senders
+write recv_x there, the combine reads it in place); the same buffer with that pool switched off
+(plain tensors while the late hello is still promised: what the promise costs when the outputs are
+not registered); a fresh buffer with the out pool and the late hello off (the combine reads recv_x
+in place, the dispatch copies it out: parts the late hello's wait from the pool's allocation); and,
+the baseline of the same run, a fresh buffer without the out pool (``out_pool_bytes=0``,
+``EP_CUDA_LATE_HELLO=0``, no registration: the receiver copies the rows out, the combine stages
+them; the package's defaults before the sixteenth session). Then two with ``EP_CUDA_EARLY_DATA=1``
+(the rows move while the host waits for the count and allocates): without the out pool, and the out
+pool without the late hello.
 
 Rank 0 prints the times in us, the ratio to the baseline and the fraction of the limit reached,
 and the in-place counters (`Buffer.in_place_counts`), which say which path each form took;
@@ -54,15 +55,24 @@ from epcomm import _mempool, deep_ep
 H, TOPK, E = 7168, 8, 256
 
 
-def slowest(group, times):
-    """Per call, the slowest rank's time; (median, mean) over calls, us."""
+def slowest(group, times, name, spikes):
+    """Per call, the slowest rank's time; (median, mean) over calls, us. The slowest call, when
+    it took over twice the median, goes to spikes: a mean far above its median is one or a few
+    such calls, and where they fall (the first timed call: warm-up left over; anywhere: a stall)
+    is the first clue."""
     mine = struct.pack(f"{len(times)}d", *times)
     alls = [struct.unpack(f"{len(times)}d", b) for b in group.allgather(mine)]
     worst = [max(c) for c in zip(*alls)]
-    return statistics.median(worst) * 1e3, statistics.fmean(worst) * 1e3
+    med = statistics.median(worst)
+    top = max(range(len(worst)), key=worst.__getitem__)
+    if worst[top] > 2 * med:
+        over = sum(t > 2 * med for t in worst)
+        spikes.append(f"{name}: call {top + 1} of {len(worst)} took {worst[top] * 1e3:.0f} us "
+                      f"(median {med * 1e3:.0f}); {over} call(s) over twice the median")
+    return med * 1e3, statistics.fmean(worst) * 1e3
 
 
-def timed(group, fn, iters):
+def timed(group, fn, iters, name, spikes):
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
@@ -73,7 +83,7 @@ def timed(group, fn, iters):
         fn()
         b.record()
     torch.cuda.synchronize()
-    return slowest(group, [a.elapsed_time(b) for a, b in ev])
+    return slowest(group, [a.elapsed_time(b) for a, b in ev], name, spikes)
 
 
 def main():
@@ -100,8 +110,8 @@ def main():
     # under the baseline too); put back with the late hello's setting below.
     early_env = os.environ.get("EP_CUDA_EARLY_DATA")
     os.environ["EP_CUDA_EARLY_DATA"] = "0"
-    buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
-                         out_pool_bytes=int(1.5e9))
+    # out_pool_bytes: the default (None: 1.5e9 here), the form the package gives its users.
+    buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda")
     try:
         x = torch.randn((o.tokens, H), generator=gen).to(torch.bfloat16).cuda()
         idx = torch.rand((o.tokens, E), generator=gen).topk(TOPK).indices.cuda()
@@ -149,30 +159,30 @@ def main():
                                num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w)
             buf.combine(out[0], out[4])
 
-        res, dres = [], []
+        res, dres, spikes = [], [], []
         forms = (("tensor", tensor), ("mem_pool", pool), ("combine buffer", combine_buffer))
         for name, fn in forms:
             c0 = buf.in_place_counts()[0]
-            us, mean = timed(group, fn, o.iters)
+            us, mean = timed(group, fn, o.iters, f"write + combine, {name}", spikes)
             res.append((name, us, buf.in_place_counts()[0] - c0, mean))
         # The out pool off: a worst-case dispatch would make its outputs there (the baseline row
         # in place too), and inside it rather than in mp (the innermost pool allocates).
         pool_, buf._out_pool = buf._out_pool, None
         for name, fn in (("tensor", dispatch_tensor), ("mem_pool", dispatch_pool)):
             d0 = buf.in_place_counts()[1]
-            us, mean = timed(group, fn, o.iters)
+            us, mean = timed(group, fn, o.iters, f"worst-case dispatch, {name}", spikes)
             dres.append((name, us, buf.in_place_counts()[1] - d0, mean))
         buf._out_pool = pool_
 
-        def counted():
+        def counted(name):
             """The layer step timed on buf: (median, mean) us, and (dispatches, combines) of
             its calls in place."""
             c0 = buf.in_place_counts()
-            t = timed(group, layer, o.iters)
+            t = timed(group, layer, o.iters, f"layer step, {name}", spikes)
             c1 = buf.in_place_counts()
             return t, (c1[1] - c0[1], c1[0] - c0[0])
 
-        def fresh(env, pool_bytes=0):
+        def fresh(name, env, pool_bytes=0):
             """counted() on a new buffer made with env set (a buffer reads it when made); the
             one before is destroyed first."""
             nonlocal buf
@@ -180,7 +190,7 @@ def main():
             os.environ.update(env)
             buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda",
                                  out_pool_bytes=pool_bytes)
-            return counted()
+            return counted(name)
 
         def restore(k, v):
             if v is None:
@@ -188,23 +198,25 @@ def main():
             else:
                 os.environ[k] = v
 
-        lres, linpl = counted()
+        lres, linpl = counted("defaults")
         pool_, buf._out_pool = buf._out_pool, None  # plain outputs, the late hello promised
-        lpromise = timed(group, layer, o.iters)
+        lpromise = timed(group, layer, o.iters, "layer step, pool off, late promised", spikes)
         buf._out_pool = pool_
         calls = o.iters + 10
         mp = cbuf = recv_x = recv_w = cw = handle = expert_out = plain = pool_ = None  # freed
         # The out pool without the late hello: the combine still reads recv_x in place, the
         # dispatch copies it out (what the late hello's wait costs, apart from the pool's
         # allocation, at a size where the host is the bottleneck).
-        lnolate, ninpl = fresh({"EP_CUDA_LATE_HELLO": "0"}, int(1.5e9))
-        # The baseline: a buffer as the package makes one today (late hello off, no out pool).
-        lplain, pinpl = fresh({})
+        lnolate, ninpl = fresh("out pool, late hello off", {"EP_CUDA_LATE_HELLO": "0"},
+                               int(1.5e9))
+        # The baseline: a buffer without the out pool (nor the late hello, which needs it).
+        lplain, pinpl = fresh("no out pool", {})
         restore("EP_CUDA_LATE_HELLO", late_env)
-        # EP_CUDA_EARLY_DATA=1: the defaults, then the out pool without the late hello (with it
-        # the senders wait for the outputs: no early data).
-        learly, _ = fresh({"EP_CUDA_EARLY_DATA": "1"})
-        lpearly, einpl = fresh({"EP_CUDA_LATE_HELLO": "0"}, int(1.5e9))
+        # EP_CUDA_EARLY_DATA=1: without the out pool, then the out pool without the late hello
+        # (with it the senders wait for the outputs: no early data).
+        learly, _ = fresh("no out pool, early data", {"EP_CUDA_EARLY_DATA": "1"})
+        lpearly, einpl = fresh("out pool, late hello off, early data",
+                               {"EP_CUDA_LATE_HELLO": "0"}, int(1.5e9))
         restore("EP_CUDA_EARLY_DATA", early_env)
         restore("EP_CUDA_LATE_HELLO", late_env)
         if me == 0:
@@ -229,25 +241,28 @@ def main():
                   "buffer (no copy), is not offered in Python: `epcomm bench --backend cuda` "
                   "times it")
             print(f"layer step (get_dispatch_layout + dispatch with default outputs + combine "
-                  f"of its rows): {lres[0]:.1f} us (median), {lres[1]:.1f} us (mean); "
-                  f"in place: {linpl[0]}/{calls} dispatches, {linpl[1]}/{calls} combines")
+                  f"of its rows), the package's defaults (out pool + late hello): "
+                  f"{lres[0]:.1f} us (median), {lres[1]:.1f} us (mean); in place: "
+                  f"{linpl[0]}/{calls} dispatches, {linpl[1]}/{calls} combines")
             print(f"the same, out pool off (plain outputs, late hello still promised): "
                   f"{lpromise[0]:.1f} us (median), {lpromise[1]:.1f} us (mean)")
-            print(f"the same, a fresh buffer with today's defaults (late hello off, no out pool; "
-                  f"baseline): {lplain[0]:.1f} us (median), {lplain[1]:.1f} us (mean); in place: "
-                  f"{pinpl[0]}/{calls} dispatches, {pinpl[1]}/{calls} combines")
+            print(f"the same, a fresh buffer without the out pool (out_pool_bytes=0, late hello "
+                  f"off; baseline): {lplain[0]:.1f} us (median), {lplain[1]:.1f} us (mean); in "
+                  f"place: {pinpl[0]}/{calls} dispatches, {pinpl[1]}/{calls} combines")
             print(f"the same, out pool with the late hello off (combine in place, dispatch "
                   f"copied out): {lnolate[0]:.1f} us (median), {lnolate[1]:.1f} us (mean); in "
                   f"place: {ninpl[0]}/{calls} dispatches, {ninpl[1]}/{calls} combines")
-            print(f"the same, today's defaults with EP_CUDA_EARLY_DATA=1: {learly[0]:.1f} us "
+            print(f"the same, no out pool, EP_CUDA_EARLY_DATA=1: {learly[0]:.1f} us "
                   f"(median), {learly[1]:.1f} us (mean)")
             print(f"the same, out pool, late hello off, EP_CUDA_EARLY_DATA=1: {lpearly[0]:.1f} "
                   f"us (median), {lpearly[1]:.1f} us (mean); in place: {einpl[0]}/{calls} "
                   f"dispatches, {einpl[1]}/{calls} combines")
-            print(f"x baseline: out pool + late hello {lplain[0] / lres[0]:.2f}, promise alone "
-                  f"{lplain[0] / lpromise[0]:.2f}, out pool without the late hello "
+            print(f"x baseline: defaults (out pool + late hello) {lplain[0] / lres[0]:.2f}, "
+                  f"promise alone {lplain[0] / lpromise[0]:.2f}, out pool without the late hello "
                   f"{lplain[0] / lnolate[0]:.2f}, early data {lplain[0] / learly[0]:.2f}, out "
                   f"pool + early data {lplain[0] / lpearly[0]:.2f} (medians)")
+            for line in spikes:
+                print(f"spike: {line}")
             if o.json:
                 fig = {f"{what}_{name.replace(' ', '_')}": {"median_us": us, "mean_us": mean,
                                                            "in_place": inpl, "calls": calls}
@@ -271,7 +286,8 @@ def main():
                 with open(o.json, "w") as f:
                     json.dump({"ranks": R, "sms": o.sms, "tokens": o.tokens, "hidden": H,
                                "torch": torch.__version__, "pool_direct_calls": _mempool._DIRECT,
-                               "weights": o.weights, "figures": fig}, f, indent=1)
+                               "weights": o.weights, "figures": fig, "spikes": spikes}, f,
+                              indent=1)
     finally:
         buf.destroy()
         group.destroy()

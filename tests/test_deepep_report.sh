@@ -2,7 +2,7 @@
 # tools/deepep_time.py report (the side-by-side table of issue 15) on recorded figures: one
 # size of a real H200 run (tests/fixtures/deepep_report: epcomm's bench JSON, the Python
 # bench's JSON, DeepEP's lines; 2026-12-04, tenth session; its layer step had plain outputs, so it
-# stands under the name today's defaults have). Checks ratios (the layer step's
+# stands under the name the step without the out pool has). Checks ratios (the layer step's
 # too), the full - cached line, the copy-ceiling line, that a clean run has no notes, and that
 # a failed epcomm self-check is reported.
 # Usage: test_deepep_report.sh SRC
@@ -19,7 +19,7 @@ want=(
   'bf16 dispatch, cached, caller tensors +270\.8 +426\.9 +1\.58$'
   'combine, x = dispatch view +217\.9 +477\.4 +2\.19$'
   'Python: write \+ combine \(mem_pool tensor\) +335\.2 +585\.3 +1\.75$'
-  "Python: layer step, today's defaults +845\.4 +922\.4 +1\.09$"
+  "Python: layer step, no out pool +845\.4 +922\.4 +1\.09$"
   'paired in one loop, medians: fp8 11\.5, bf16 9\.8$'
   'copy ceiling .*: fp8 0\.611, bf16 0\.799$'
 )

@@ -4,7 +4,8 @@ One Buffer holds up to two epcomm buffers of one group: the normal-mode buffer, 
 Buffer, and the low-latency buffer (_ll.py), whose sizes DeepEP gives only with each call, made
 by the first low-latency call (collective, like the call itself). Tensors are checked here
 (dtype, shape, device, contiguity: each error names the argument), outputs are allocated with
-torch.empty, and the C library gets their addresses.
+torch.empty (on CUDA a call's small outputs share one: _tensors.carve), and the C library gets
+their addresses.
 """
 
 import array
@@ -25,7 +26,7 @@ from ._ll import LowLatency
 from ._mempool import OutPool as _OutPool, collect as _collect_arenas, mem_pool as _mem_pool
 from ._mempool import park as _park_pools
 from ._registration import register as _register
-from ._tensors import need_rows, need_shape, need_tensor, over, ptr
+from ._tensors import carve, need_rows, need_shape, need_tensor, over, ptr
 
 _BF16, _FP8, _F32, _I32, _I64 = (torch.bfloat16, torch.float8_e4m3fn, torch.float32, torch.int32,
                                  torch.int64)
@@ -85,13 +86,19 @@ class _Rows:
         self.x = self.pool.empty((rows, self.H), self.dtype, dev) if self.pool else None
         if self.x is None:
             self.x = torch.empty((rows, self.H), dtype=self.dtype, device=dev)
+        # The small outputs from one allocation (this runs while the GPU waits for them)
+        parts = [((rows,), _I32)]
         if self.S:
-            self.scales = torch.empty((rows, self.S), dtype=_F32, device=dev)
+            parts.append(((rows, self.S), _F32))
         if self.topk:
-            self.idx = torch.empty((rows, self.topk), dtype=_I64, device=dev)
+            parts.append(((rows, self.topk), _I64))
         if self.weights:
-            self.w = torch.empty((rows, self.topk), dtype=_F32, device=dev)
-        self.src = torch.empty((rows,), dtype=_I32, device=dev)
+            parts.append(((rows, self.topk), _F32))
+        got = iter(carve(dev, parts))
+        self.src = next(got)
+        self.scales = next(got) if self.S else None
+        self.idx = next(got) if self.topk else None
+        self.w = next(got) if self.weights else None
         return ptr(self.x), ptr(self.scales), ptr(self.idx), ptr(self.w), ptr(self.src)
 
 
@@ -110,9 +117,11 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     ``out_pool_bytes`` (CUDA): a registered arena of that many bytes where dispatch makes its
     recv_x (a combine of it reads it in place, and the senders write the rows straight there
     through the late hello, on unless EP_CUDA_LATE_HELLO=0; a recv_x that does not fit is a
-    plain tensor). 0 (default): none; None: num_nvl_bytes / 2. Collective, so the same on
-    every rank. Measured on an H100 (docs/PERFORMANCE.md): a layer step 1.7-3.1x faster at
-    4096 tokens per rank, slower at 128 tokens on 2 and 4 ranks.
+    plain tensor). None (default): num_nvl_bytes / 2 (device memory held as long as the
+    Buffer, beside the num_nvl_bytes of the receive and combine areas); 0: none. Collective, so
+    the same on every rank. Measured on an H100 in one run with DeepEP's (docs/PERFORMANCE.md):
+    a layer step 1.7-2.8x faster than without it at 4096 tokens per rank; at 128 tokens
+    0.86-1.11x on 2 and 4 ranks (two runs) and 1.3-1.4x on 8.
     """
 
     num_sms = 20
@@ -123,7 +132,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
                  use_fabric=False, explicitly_destroy=False, enable_shrink=False, comm=None, *,
                  device=None, queue_bytes=0, num_channels=0, timeout_s=0.0, ll_max_tokens=0,
-                 ll_hidden=0, ll_num_experts=0, ll_max_topk=0, out_pool_bytes=0):
+                 ll_hidden=0, ll_num_experts=0, ll_max_topk=0, out_pool_bytes=None):
         self._normal = self._llbuf = self._group = None
         _collect_arenas()  # pools of buffers the garbage collector released go here at the latest
         self._registrations = {}  # registration id -> Registration (Buffer.register)
@@ -133,8 +142,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                                            not isinstance(out_pool_bytes, int) or
                                            out_pool_bytes < 0):
             raise InvalidArgumentError(f"Buffer: out_pool_bytes is {out_pool_bytes!r}, must be an "
-                                       f"int >= 0 (0, the default: none) or None (the receive "
-                                       f"area's size)")
+                                       f"int >= 0 (0: none) or None (the default: half of "
+                                       f"num_nvl_bytes)")
         if enable_shrink:
             raise UnsupportedError("Buffer: enable_shrink=True (masking failed ranks) is not "
                                    "supported by epcomm: a rank that dies makes its peers' calls "
@@ -177,11 +186,10 @@ class Buffer(LowLatency, _lifecycle.Scoped):
 
     def _make_out_pool(self, nbytes):
         """CUDA: the registered arena of dispatch's default recv_x (collective: the same
-        decision on every rank). None: the receive area's size (num_nvl_bytes / 2), 0: none
-        (the default: at small batches the pool's allocation costs more host time than it
-        saves). An arena IPC
-        cannot export (expandable segments) or a PyTorch without MemPool: none, and recv_x is
-        a plain tensor as before."""
+        decision on every rank). None (the default): the receive area's size (num_nvl_bytes /
+        2); 0: none. No arena here (out of memory, every arena slot taken), one IPC cannot
+        export (expandable segments) or a PyTorch without MemPool: none, on every rank, and
+        recv_x is a plain tensor."""
         if not self._cuda:
             return None
         if nbytes is None:
@@ -288,8 +296,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         n, topk, R = topk_idx.size(0), topk_idx.size(1), self.group_size
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         try:
-            tpr, tpe = self._empty((R,), _I32), self._empty((num_experts,), _I32)
-            itr = self._empty((n, R), torch.bool)
+            tpr, tpe, itr = carve(self.device, (((R,), _I32), ((num_experts,), _I32),
+                                                ((n, R), torch.bool)))
             # As DeepEP's, the call does not wait for its kernel: a bad expert id is reported
             # by the dispatch that takes it (OutOfRangeError naming the slot).
             _C.layout(buf, ptr(topk_idx), n, topk, num_experts, launch.stream,
@@ -505,9 +513,10 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         bias0, bias1 = self._biases(op, bias, info)
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         try:
-            out = self._empty((info.num_tokens, info.hidden), _BF16)
-            out_w = (None if topk_weights is None else
-                     self._empty((info.num_tokens, info.topk), _F32))
+            shapes = [((info.num_tokens, info.hidden), _BF16)]
+            if topk_weights is not None:
+                shapes.append(((info.num_tokens, info.topk), _F32))
+            out, out_w = (carve(self.device, shapes) + [None])[:2]
             _C.combine(buf, info.ref.id, ptr(x), ptr(topk_weights), ptr(bias0), ptr(bias1),
                        launch.stream, ptr(out), ptr(out_w))
         except BaseException:

@@ -332,6 +332,17 @@ def out_pool_dispatch(ctx, seed, sizes, H, E, topk, fp8):
             ck.true(False, f"out_pool_bytes={bad!r} raises InvalidArgumentError")
         except epcomm.InvalidArgumentError as e:
             ck.true("out_pool_bytes" in str(e), f"the error names out_pool_bytes: {e}")
+    # The default (None): a pool of num_nvl_bytes / 2 on CUDA, none on CPU; 0: none anywhere.
+    for kw, want_pool in (({}, cuda), ({"out_pool_bytes": 0}, False)):
+        b = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev, **kw)
+        try:
+            p = b._out_pool
+            ck.true((p is not None) == want_pool, f"Buffer({kw}): a pool: {p}")
+            if p is not None:
+                size = p.mem.nbytes
+                ck.true(int(5e7) <= size < int(5e7) + 512, f"the default pool's size: {size}")
+        finally:
+            b.destroy()
     saved, OutPool.MIN_BYTES = OutPool.MIN_BYTES, 0  # this test's rows are small
     late = os.environ.get("EP_CUDA_LATE_HELLO")
     os.environ["EP_CUDA_LATE_HELLO"] = "1"  # read at the buffer's creation
