@@ -18,13 +18,12 @@ itself; for each, the host time of a combine and the event-timed medians (slowes
 experts' write + combine from the combine buffer, and of a whole layer's dispatch (default
 outputs: the host waits for the count) + combine, with the ratio to the baseline.
 
-The layer step's phases come three times: default outputs as plain tensors (the baseline), then
-from the Buffer's out pool (``out_pool_bytes``), then from the pool again with each small output of
-a call its own torch.empty (as before _tensors.carve cut them from one), with the host time of the
-pool's room check alone (``OutPool._room``: it may take a snapshot of the pool). EP_CUDA_LATE_HELLO
-is 1 unless set, for the whole run: the buffer has registrations (the pools), so every figure here,
-the baseline's and the other sections' too, is taken with the late hello (what a Buffer with its
-default out pool runs; run with EP_CUDA_LATE_HELLO=0 for the receiver's copy-out)."""
+The layer step's phases come twice: default outputs as plain tensors (the baseline), then from
+the Buffer's out pool (``out_pool_bytes``), with the host time of the pool's room check alone
+(``OutPool._room``: it may take a snapshot of the pool). EP_CUDA_LATE_HELLO is 1 unless set, for
+the whole run: the buffer has registrations (the pools), so every figure here, the baseline's
+and the other sections' too, is taken with the late hello (not today's default protocol; run
+with EP_CUDA_LATE_HELLO=0 for that)."""
 
 import cProfile
 import io
@@ -138,18 +137,6 @@ def layer_phases(buf, x, idx, w, E, n=LAYER_STEPS):
     return [(nm, statistics.median(p[i] for p in ph) * 1e6) for i, nm in enumerate(names)]
 
 
-def separate_outputs(fn, *args):
-    """fn(*args) with each small output of a call its own torch.empty (the package before
-    _tensors.carve), for the same run's comparison."""
-    from epcomm import _buffer, _tensors
-    carve = _buffer.carve
-    _buffer.carve = lambda device, parts, one=None: _tensors.carve(device, parts, one=False)
-    try:
-        return fn(*args)
-    finally:
-        _buffer.carve = carve
-
-
 def alloc_rows(pool, shape, buf, live=48):
     """Host us of recv_x's allocation in the dispatch's callback: plain, and from the out pool
     through torch.cuda.use_mem_pool (the form before the fourteenth session), the direct calls
@@ -232,7 +219,6 @@ def main():
         pool_phases = layer_phases(buf, x, idx, w, E) if pool else None
         c1 = buf.in_place_counts()  # the pool path taken, or a silent fallback
         pool_inpl = (c1[1] - c0[1], c1[0] - c0[0])
-        sep_phases = separate_outputs(layer_phases, buf, x, idx, w, E) if pool else None
         rx_bytes = recv_x.numel() * recv_x.element_size()
         room = host_us(lambda: pool._room(rx_bytes, buf.device)) if pool else None
         buf._out_pool = None
@@ -262,12 +248,10 @@ def main():
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
             print(out.getvalue())
             print("layer step (layout + dispatch, default outputs + combine): host us, "
-                  "medians of 100; default outputs plain (baseline) / from the out pool / from "
-                  "the out pool with a torch.empty per small output (no _tensors.carve); "
+                  "medians of 100; default outputs plain (baseline) / from the out pool; "
                   f"EP_CUDA_LATE_HELLO={os.environ.get('EP_CUDA_LATE_HELLO')}")
             for i, (nm, us) in enumerate(phases):
-                pu = (f"{pool_phases[i][1]:10.1f}{sep_phases[i][1]:10.1f}" if pool_phases else
-                      "   no pool")
+                pu = f"{pool_phases[i][1]:10.1f}" if pool_phases else "   no pool"
                 print(f"  {nm:<28}{us:8.1f}{pu}")
             if pool_phases:
                 steps = LAYER_STEPS + 10

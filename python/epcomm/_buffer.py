@@ -4,8 +4,7 @@ One Buffer holds up to two epcomm buffers of one group: the normal-mode buffer, 
 Buffer, and the low-latency buffer (_ll.py), whose sizes DeepEP gives only with each call, made
 by the first low-latency call (collective, like the call itself). Tensors are checked here
 (dtype, shape, device, contiguity: each error names the argument), outputs are allocated with
-torch.empty (on CUDA a call's small outputs share one: _tensors.carve), and the C library gets
-their addresses.
+torch.empty, and the C library gets their addresses.
 """
 
 import array
@@ -26,7 +25,7 @@ from ._ll import LowLatency
 from ._mempool import OutPool as _OutPool, collect as _collect_arenas, mem_pool as _mem_pool
 from ._mempool import park as _park_pools
 from ._registration import register as _register
-from ._tensors import carve, need_rows, need_shape, need_tensor, over, ptr
+from ._tensors import need_rows, need_shape, need_tensor, over, ptr
 
 _BF16, _FP8, _F32, _I32, _I64 = (torch.bfloat16, torch.float8_e4m3fn, torch.float32, torch.int32,
                                  torch.int64)
@@ -86,19 +85,13 @@ class _Rows:
         self.x = self.pool.empty((rows, self.H), self.dtype, dev) if self.pool else None
         if self.x is None:
             self.x = torch.empty((rows, self.H), dtype=self.dtype, device=dev)
-        # The small outputs from one allocation (this runs while the GPU waits for them)
-        parts = [((rows,), _I32)]
         if self.S:
-            parts.append(((rows, self.S), _F32))
+            self.scales = torch.empty((rows, self.S), dtype=_F32, device=dev)
         if self.topk:
-            parts.append(((rows, self.topk), _I64))
+            self.idx = torch.empty((rows, self.topk), dtype=_I64, device=dev)
         if self.weights:
-            parts.append(((rows, self.topk), _F32))
-        got = iter(carve(dev, parts))
-        self.src = next(got)
-        self.scales = next(got) if self.S else None
-        self.idx = next(got) if self.topk else None
-        self.w = next(got) if self.weights else None
+            self.w = torch.empty((rows, self.topk), dtype=_F32, device=dev)
+        self.src = torch.empty((rows,), dtype=_I32, device=dev)
         return ptr(self.x), ptr(self.scales), ptr(self.idx), ptr(self.w), ptr(self.src)
 
 
@@ -296,8 +289,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         n, topk, R = topk_idx.size(0), topk_idx.size(1), self.group_size
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         try:
-            tpr, tpe, itr = carve(self.device, (((R,), _I32), ((num_experts,), _I32),
-                                                ((n, R), torch.bool)))
+            tpr, tpe = self._empty((R,), _I32), self._empty((num_experts,), _I32)
+            itr = self._empty((n, R), torch.bool)
             # As DeepEP's, the call does not wait for its kernel: a bad expert id is reported
             # by the dispatch that takes it (OutOfRangeError naming the slot).
             _C.layout(buf, ptr(topk_idx), n, topk, num_experts, launch.stream,
@@ -513,10 +506,9 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         bias0, bias1 = self._biases(op, bias, info)
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         try:
-            shapes = [((info.num_tokens, info.hidden), _BF16)]
-            if topk_weights is not None:
-                shapes.append(((info.num_tokens, info.topk), _F32))
-            out, out_w = (carve(self.device, shapes) + [None])[:2]
+            out = self._empty((info.num_tokens, info.hidden), _BF16)
+            out_w = (None if topk_weights is None else
+                     self._empty((info.num_tokens, info.topk), _F32))
             _C.combine(buf, info.ref.id, ptr(x), ptr(topk_weights), ptr(bias0), ptr(bias1),
                        launch.stream, ptr(out), ptr(out_w))
         except BaseException:

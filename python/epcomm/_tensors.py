@@ -41,29 +41,6 @@ def need_shape(t, op, name, shape, what=""):
                                    f"{tuple(shape)}{more}")
 
 
-_CARVE_ALIGN = 256  # every part starts where a CUDA allocation would (the kernels' vector stores)
-
-
-def carve(device, parts, one=None):
-    """Empty tensors of the given (shape, dtype) parts, on device: on CUDA cut from one
-    torch.empty, each at a 256-byte boundary (a CUDA torch.empty costs ~5 us of host time, the
-    caching allocator's lock and the device guard; a view ~2.5 us; at 128 tokens the host is a
-    layer step's bottleneck); elsewhere one torch.empty each (cheaper there than the views).
-    ``one`` forces either way (tests). The parts share one storage, so one that is kept keeps
-    the others' bytes; none of them overlaps another. A single part is a plain torch.empty."""
-    if len(parts) < 2 or not (device.type == "cuda" if one is None else one):
-        return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in parts]
-    offs, total = [], 0
-    for shape, dtype in parts:
-        n = dtype.itemsize
-        for d in shape:
-            n *= d
-        offs.append((total, n))
-        total += (n + _CARVE_ALIGN - 1) // _CARVE_ALIGN * _CARVE_ALIGN
-    raw = torch.empty(max(total, 1), dtype=torch.uint8, device=device)
-    return [raw[o:o + n].view(dtype).view(shape) for (o, n), (shape, dtype) in zip(offs, parts)]
-
-
 _placeholders = {}
 
 
