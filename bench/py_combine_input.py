@@ -42,10 +42,12 @@ and the in-place counters (`Buffer.in_place_counts`), which say which path each 
 """
 
 import argparse
+import gc
 import json
 import os
 import statistics
 import struct
+import time
 
 import torch
 
@@ -55,35 +57,48 @@ from epcomm import _mempool, deep_ep
 H, TOPK, E = 7168, 8, 256
 
 
-def slowest(group, times, name, spikes):
+def slowest(group, times, host, gcs, name, spikes):
     """Per call, the slowest rank's time; (median, mean) over calls, us. The slowest call, when
-    it took over twice the median, goes to spikes: a mean far above its median is one or a few
-    such calls, and where they fall (the first timed call: warm-up left over; anywhere: a stall)
-    is the first clue."""
-    mine = struct.pack(f"{len(times)}d", *times)
-    alls = [struct.unpack(f"{len(times)}d", b) for b in group.allgather(mine)]
-    worst = [max(c) for c in zip(*alls)]
+    it took over twice the median, goes to spikes with what its slowest rank saw: its host time
+    for the call (a host stall: the OS, the interpreter) and whether the garbage collector ran
+    in it. A mean far above its median is one or a few such calls, and where they fall (the
+    first timed call: warm-up left over; anywhere: a stall) is the first clue."""
+    n = len(times)
+    mine = struct.pack(f"{3 * n}d", *times, *host, *gcs)
+    alls = [struct.unpack(f"{3 * n}d", b) for b in group.allgather(mine)]
+    worst = [max(a[i] for a in alls) for i in range(n)]
     med = statistics.median(worst)
-    top = max(range(len(worst)), key=worst.__getitem__)
+    top = max(range(n), key=worst.__getitem__)
     if worst[top] > 2 * med:
         over = sum(t > 2 * med for t in worst)
-        spikes.append(f"{name}: call {top + 1} of {len(worst)} took {worst[top] * 1e3:.0f} us "
-                      f"(median {med * 1e3:.0f}); {over} call(s) over twice the median")
+        r = max(range(len(alls)), key=lambda k: alls[k][top])
+        spikes.append(f"{name}: call {top + 1} of {n} took {worst[top] * 1e3:.0f} us (median "
+                      f"{med * 1e3:.0f}); {over} call(s) over twice the median; on rank {r}, "
+                      f"the slowest, its host took {alls[r][n + top] * 1e3:.0f} us for it, "
+                      f"{int(alls[r][2 * n + top])} garbage collection(s) during it")
     return med * 1e3, statistics.fmean(worst) * 1e3
 
 
 def timed(group, fn, iters, name, spikes):
+    """fn's time per call by CUDA events on the current stream (the host is the bottleneck at
+    small batches, so they bracket its work too); with the host's own time per call and the
+    garbage collections during it, for slowest()'s spikes."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
     ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
           for _ in range(iters)]
+    host, gcs = [], []
     for a, b in ev:
+        g0 = sum(st["collections"] for st in gc.get_stats())
+        t0 = time.perf_counter()
         a.record()
         fn()
         b.record()
+        host.append((time.perf_counter() - t0) * 1e3)  # ms, as elapsed_time
+        gcs.append(sum(st["collections"] for st in gc.get_stats()) - g0)
     torch.cuda.synchronize()
-    return slowest(group, [a.elapsed_time(b) for a, b in ev], name, spikes)
+    return slowest(group, [a.elapsed_time(b) for a, b in ev], host, gcs, name, spikes)
 
 
 def main():
