@@ -110,8 +110,14 @@ def main():
     ap.add_argument("--weights", type=int, default=1, choices=(0, 1),
                     help="combine with the dispatch's topk weights (0: none, as DeepEP's harness "
                          "in tools/deepep_time.py combines)")
+    ap.add_argument("--pin", action="store_true",
+                    help="bind each rank's main thread to a core of its own (rank * cores / R), "
+                         "as mpirun --bind-to core would: whether the spikes are the scheduler's")
     o = ap.parse_args()
     group = epcomm.init()
+    if o.pin:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[group.rank * len(cores) // group.nranks]})
     R, me = group.nranks, group.rank
     torch.cuda.set_device(0)
     deep_ep.Buffer.set_num_sms(o.sms)
@@ -237,7 +243,8 @@ def main():
         if me == 0:
             print(f"torch {torch.__version__}; the out pool's direct calls "
                   f"{'used' if _mempool._DIRECT else 'not used (use_mem_pool)'}")
-            print(f"R={R}, {o.sms} SMs per rank, {o.tokens} tokens per rank, H {H}, topk {TOPK}, "
+            print(f"R={R}, {o.sms} SMs per rank{' (main threads pinned)' if o.pin else ''}, "
+                  f"{o.tokens} tokens per rank, H {H}, topk {TOPK}, "
                   f"E {E}, bf16; rank 0 receives {rows} rows; experts' write + combine "
                   f"({'with' if o.weights else 'without'} weights), median of the slowest rank, "
                   f"{o.iters} calls")
@@ -301,7 +308,8 @@ def main():
                 with open(o.json, "w") as f:
                     json.dump({"ranks": R, "sms": o.sms, "tokens": o.tokens, "hidden": H,
                                "torch": torch.__version__, "pool_direct_calls": _mempool._DIRECT,
-                               "weights": o.weights, "figures": fig, "spikes": spikes}, f,
+                               "weights": o.weights, "pinned": o.pin, "figures": fig,
+                               "spikes": spikes}, f,
                               indent=1)
     finally:
         buf.destroy()
