@@ -16,20 +16,24 @@ import torch
 
 from . import _C, _lifecycle
 from ._config import Config
-from ._errors import (ArgumentTypeError, DestroyedError, InvalidArgumentError,
+from ._errors import (ArgumentTypeError, CudaError, DestroyedError, InvalidArgumentError,
                       LifecycleWarning, PeerInvalidError, UnsupportedError)
 from ._events import CpuLaunch, CudaLaunch, EventHandle, EventOverlap
 from ._group import Group
 from ._handles import DispatchHandle, Info, Ref
 from ._ll import LowLatency
 from ._mempool import OutPool as _OutPool, collect as _collect_arenas, mem_pool as _mem_pool
-from ._mempool import park as _park_pools
+from ._mempool import park as _park_pools, refuse as _refuse_pool, room_for as _room_for
 from ._registration import register as _register
 from ._tensors import need_rows, need_shape, need_tensor, over, ptr
 
 _BF16, _FP8, _F32, _I32, _I64 = (torch.bfloat16, torch.float8_e4m3fn, torch.float32, torch.int32,
                                  torch.int64)
 _MAX_QUEUE = 256 << 20
+# What a failed out pool raises on every rank alike (the registration is agreed on: the rank
+# that failed has its own error, its peers PeerInvalidError): the Buffer goes on without one.
+_NO_POOL = (torch.cuda.OutOfMemoryError, MemoryError, UnsupportedError, PeerInvalidError,
+            CudaError, InvalidArgumentError)
 
 
 def _device(device):
@@ -112,7 +116,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     through the late hello, on unless EP_CUDA_LATE_HELLO=0; a recv_x that does not fit is a
     plain tensor). None (default): num_nvl_bytes / 2 (device memory held as long as the
     Buffer, beside the num_nvl_bytes of the receive and combine areas); 0: none. Collective, so
-    the same on every rank. Measured on an H100 in one run with DeepEP's (docs/PERFORMANCE.md):
+    the same on every rank. Measured on an H100 in two runs with DeepEP's (docs/PERFORMANCE.md):
     a layer step 1.7-2.8x faster than without it at 4096 tokens per rank; at 128 tokens
     0.82-1.11x on 2 and 4 ranks and 1.22-1.50x on 8 (four runs).
     """
@@ -180,20 +184,27 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     def _make_out_pool(self, nbytes):
         """CUDA: the registered arena of dispatch's default recv_x (collective: the same
         decision on every rank). None (the default): the receive area's size (num_nvl_bytes /
-        2); 0: none. No arena here (out of memory, every arena slot taken), one IPC cannot
-        export (expandable segments) or a PyTorch without MemPool: none, on every rank, and
-        recv_x is a plain tensor."""
+        2), made only where an eighth of the device's memory stays free after it (an optional
+        pool must not take what the program's own tensors will need); 0: none. No room or no
+        arena here (out of memory, every arena slot taken), memory IPC cannot export (expandable
+        segments), a failed registration, or a PyTorch without MemPool: none, on every rank
+        (this rank takes part in the registration with nothing, or the registration fails on
+        every rank), and recv_x is a plain tensor. A peer that died or a deadline still
+        raises."""
         if not self._cuda:
             return None
+        headroom = 0.125 if nbytes is None else 0.0
         if nbytes is None:
             nbytes = max(int(self.num_nvl_bytes), 0) // 2
         if nbytes == 0:
             return None
         try:
+            if not _room_for(self.device, nbytes, headroom):
+                _refuse_pool(self.register, self.device)  # the peers hear it in the registration
+                return None
             p = _mem_pool(self, self.register, nbytes, "Buffer(out_pool_bytes)")
-        except (torch.cuda.OutOfMemoryError, MemoryError):
-            return None  # no arena here: this rank refused its registration, the peers too
-        except (UnsupportedError, PeerInvalidError):  # every rank alike: no pool anywhere
+        except _NO_POOL:
+            _collect_arenas()  # an arena made and closed here goes back now, not at destroy
             return None
         self._pools.append(p)
         return _OutPool(p)

@@ -145,7 +145,17 @@ def _open(tensor):
         return _Arena(tensor)
 
 
-def _refuse(register, device):
+def room_for(device, nbytes, headroom=0.0):
+    """Whether nbytes more fit on the device now with a fraction ``headroom`` of its memory
+    still free after them: the driver's free memory plus what PyTorch's cache holds unused. A
+    check before an allocation that may fail: PyTorch's out-of-memory path (its statistics and
+    observers see one, its cache is emptied) is not how an optional pool should say no."""
+    free, total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return free + cached - nbytes >= headroom * total
+
+
+def refuse(register, device):
     """This rank has no arena: it still takes part in the (collective) registration, refused,
     so that the peers give up on theirs at once (PeerInvalidError) instead of waiting."""
     try:
@@ -173,8 +183,8 @@ def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
     size = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN + _ALIGN  # + the unused head
     try:
         arena = _open(torch.empty(size, dtype=torch.uint8, device=buffer.device))
-    except (torch.cuda.OutOfMemoryError, MemoryError):  # MemoryError: epcomm's, a full table
-        _refuse(register, buffer.device)
+    except Exception:  # out of memory, a full table (epcomm's MemoryError), a CUDA error
+        refuse(register, buffer.device)
         raise
     try:
         reg = register(arena.tensor)  # collective; raises (on every rank) if it cannot be exported

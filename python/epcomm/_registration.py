@@ -10,6 +10,8 @@ order, each with its own tensor. A registration lasts until ``deregister()`` or 
 destroy/release (it then goes with the buffer); the Buffer keeps the tensor alive meanwhile.
 """
 
+import weakref
+
 import torch
 
 from . import _C
@@ -25,7 +27,12 @@ class Registration:
     __slots__ = ("_buffer", "_bid", "_id", "tensor", "address", "nbytes")
 
     def __init__(self, buffer, bid, rid, tensor, address, nbytes):
-        self._buffer, self._bid, self._id = buffer, bid, rid
+        # Weak: the Buffer holds its registrations (and its pools theirs, the default out pool's
+        # among them), so a strong reference back would make every such Buffer a cycle that only
+        # the garbage collector frees, not the caller's last reference (DeepEP's contract for
+        # explicitly_destroy=False); its memory would stay held until a collection ran.
+        self._buffer = weakref.ref(buffer)
+        self._bid, self._id = bid, rid
         self.tensor, self.address, self.nbytes = tensor, address, nbytes
 
     @property
@@ -49,7 +56,9 @@ class Registration:
         self._drop()
 
     def _drop(self):
-        self._buffer._registrations.pop(self._id, None)
+        buffer = self._buffer()
+        if buffer is not None:
+            buffer._registrations.pop(self._id, None)
         self._id, self.tensor = None, None
 
     def _forget(self):

@@ -1,9 +1,10 @@
 """Lifecycle inside a world: nothing left after destroy, `with`, use after destroy, buffers
-garbage-collected without destroy."""
+garbage-collected without destroy, and freed by their last reference alone."""
 
 import gc
 import os
 import warnings
+import weakref
 
 import torch
 
@@ -82,3 +83,21 @@ def garbage_collected(ctx):
         gc.collect()
     msgs = [str(w.message) for w in got if issubclass(w.category, epcomm.LifecycleWarning)]
     assert len(msgs) == 1 and "buffer.destroy()" in msgs[0], msgs
+
+
+def freed_when_dropped(ctx):
+    """A Buffer made as DeepEP's default (explicitly_destroy=False) goes with its last
+    reference, the garbage collector off: with a registration (a reference back from it would
+    make a cycle) and, on CUDA, the default out pool (whose arena is registered)."""
+    gc.collect()
+    gc.disable()
+    try:
+        buf = epcomm.Buffer(ctx.pg, int(1e8), 0, device=ctx.device)
+        t = torch.zeros((64, 256), dtype=BF16, device=ctx.device)
+        reg = buf.register(t)
+        gone = weakref.ref(buf)
+        del buf
+        assert gone() is None, "the Buffer outlived its last reference (a reference cycle)"
+        assert not reg.active, "its registration went with it"
+    finally:
+        gc.enable()

@@ -333,7 +333,10 @@ def out_pool_dispatch(ctx, seed, sizes, H, E, topk, fp8):
         except epcomm.InvalidArgumentError as e:
             ck.true("out_pool_bytes" in str(e), f"the error names out_pool_bytes: {e}")
     # The default (None): a pool of num_nvl_bytes / 2 on CUDA, none on CPU; 0: none anywhere.
-    for kw, want_pool in (({}, cuda), ({"out_pool_bytes": 0}, False)):
+    # (Memory IPC cannot export, PyTorch's expandable segments, has none: every rank alike.)
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
+    exportable = "expandable_segments:true" not in conf
+    for kw, want_pool in (({}, cuda and exportable), ({"out_pool_bytes": 0}, False)):
         b = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev, **kw)
         try:
             p = b._out_pool

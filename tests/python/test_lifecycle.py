@@ -133,3 +133,8 @@ def test_destroy_and_with(worlds, device, R):
 @pytest.mark.parametrize("R", [3])
 def test_garbage_collected(worlds, device, R):
     worlds.get(R, device).run("scen_lifecycle.garbage_collected")
+
+
+@pytest.mark.parametrize("R", [2])
+def test_freed_when_dropped(worlds, device, R):
+    worlds.get(R, device).run("scen_lifecycle.freed_when_dropped")

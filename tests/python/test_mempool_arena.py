@@ -16,7 +16,8 @@ import threading
 import pytest
 
 from epcomm import _C, _mempool
-from epcomm._errors import InvalidArgumentError, OutOfMemoryError, UnsupportedError
+from epcomm._errors import (CudaError, InvalidArgumentError, OutOfMemoryError, PeerFailedError,
+                            PeerInvalidError, UnsupportedError)
 from epcomm._mempool import _ALIGN, _Arena
 
 BASE = 1 << 40
@@ -359,8 +360,62 @@ def test_a_rank_without_an_arena_refuses_the_registration(fake_cuda, arenas):
     assert calls == [0] and fake_cuda["empty_cache"] == 1  # retried once after emptying caches
 
 
+def _pool_buffer(register, num_nvl_bytes=1 << 20):
+    """The state Buffer._make_out_pool reads, without a GPU."""
+    from epcomm._buffer import Buffer
+
+    b = object.__new__(Buffer)
+    b._cuda, b.device, b.num_nvl_bytes, b._pools = True, _Device(), num_nvl_bytes, []
+    b.register = register
+    return b
+
+
+@pytest.fixture
+def memory(monkeypatch):
+    """The device's memory as the pool's room check reads it: {"free", "total", "cached"}."""
+    m = {"free": 64 << 20, "total": 64 << 20, "cached": 0}
+    cuda = _mempool.torch.cuda
+    monkeypatch.setattr(cuda, "mem_get_info", lambda d=None: (m["free"], m["total"]))
+    monkeypatch.setattr(cuda, "memory_reserved", lambda d=None: m["cached"])
+    monkeypatch.setattr(cuda, "memory_allocated", lambda d=None: 0)
+    return m
+
+
+def test_the_default_out_pool_leaves_an_eighth_of_the_memory_free(fake_cuda, memory):
+    calls = []
+    b = _pool_buffer(_register(calls, InvalidArgumentError("empty")), 16 << 20)
+    memory["free"] = (8 << 20) + (8 << 20) - 1  # 8 MiB pool + 8 MiB headroom, one byte short
+    assert b._make_out_pool(None) is None and b._pools == []
+    assert calls == [0]  # it took part in the registration with nothing: the peers give up too
+    assert not fake_cuda["opened"], "no arena allocated"
+    memory["cached"] = 1  # PyTorch's unused cache counts as room
+    calls.clear()
+    b.register = _register(calls)
+    pool = b._make_out_pool(None)
+    assert pool is not None and calls == [(8 << 20) + _ALIGN] and b._pools == [pool.mem]
+    memory["free"], memory["cached"] = 1 << 20, 0  # an explicit size needs room, no headroom
+    calls.clear()
+    b.register = _register(calls, InvalidArgumentError("empty"))
+    assert b._make_out_pool(2 << 20) is None and calls == [0]
+
+
+@pytest.mark.parametrize("err", [CudaError("stand-in: cudaIpcGetMemHandle failed"),
+                                 PeerInvalidError("stand-in: a peer refused")])
+def test_a_failed_out_pool_registration_leaves_no_pool_and_no_arena(fake_cuda, memory, err):
+    b = _pool_buffer(_register([], err))
+    assert b._make_out_pool(None) is None and b._pools == []
+    arena = fake_cuda["opened"][-1]
+    assert arena.tensor is None, "the arena's memory went back at once, not at destroy"
+
+
+def test_a_dead_peer_during_the_out_pool_registration_still_raises(fake_cuda, memory):
+    b = _pool_buffer(_register([], PeerFailedError("stand-in: rank 1 died")))
+    with pytest.raises(PeerFailedError):
+        b._make_out_pool(None)
+
+
 def test_a_collected_buffer_keeps_its_pools_until_the_next_plain_call(fake_cuda):
-    """A Buffer with pools dies in a garbage collection (its registrations point back at it),
+    """A Buffer with pools may die in a garbage collection (in a cycle of the program's),
     which may run inside a use_mem_pool block, where dropping a torch MemPool aborts the
     process (~MemPool empties its cache; PyTorch asserts no pool is in use): its pools wait in
     _mempool for collect(), called from plain code (the next Buffer, destroy, mem_pool). The
@@ -377,7 +432,7 @@ def test_a_collected_buffer_keeps_its_pools_until_the_next_plain_call(fake_cuda)
     b._group, b._owns_group, b._pid, b.explicitly_destroy = object(), False, os.getpid(), False
     b._normal = b._llbuf = b._out_pool = None
     b._registrations, b._pools = {}, [p]
-    b.self_ref = b  # a cycle, as its registrations make: only the collector frees it
+    b.self_ref = b  # a cycle: only the collector frees it
     del b, p
     gc.collect()  # Buffer.__del__ runs here: nothing of PyTorch's may be freed now
     assert sys.getrefcount(token) == held and arena.state()[2] is True  # closed, pool kept
