@@ -111,13 +111,11 @@ def main():
                     help="combine with the dispatch's topk weights (0: none, as DeepEP's harness "
                          "in tools/deepep_time.py combines)")
     ap.add_argument("--pin", action="store_true",
-                    help="bind each rank's main thread to a core of its own (rank * cores / R), "
-                         "as mpirun --bind-to core would: whether the spikes are the scheduler's")
+                    help="bind each rank's main thread (only: the threads CUDA and the library "
+                         "started before stay unbound) to a core of its own (rank * cores / R): "
+                         "whether the spikes are the scheduler's")
     o = ap.parse_args()
     group = epcomm.init()
-    if o.pin:
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[group.rank * len(cores) // group.nranks]})
     R, me = group.nranks, group.rank
     torch.cuda.set_device(0)
     deep_ep.Buffer.set_num_sms(o.sms)
@@ -133,6 +131,9 @@ def main():
     os.environ["EP_CUDA_EARLY_DATA"] = "0"
     # out_pool_bytes: the default (None: 1.5e9 here), the form the package gives its users.
     buf = deep_ep.Buffer(group, int(3e9), 0, explicitly_destroy=True, device="cuda")
+    if o.pin:  # this thread only, after CUDA's and the library's threads were started unbound
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[me * len(cores) // R]})
     try:
         x = torch.randn((o.tokens, H), generator=gen).to(torch.bfloat16).cuda()
         idx = torch.rand((o.tokens, E), generator=gen).topk(TOPK).indices.cuda()
