@@ -217,7 +217,7 @@ def normal_worker(rank, args, port):
         log(rank, f"deepep normal N={N}: " + ", ".join(f"{k} {v[0]:.1f} us (chunk {v[1]})"
                                                       for k, v in res.items())
             + f"; combine check: {bad} mismatches")
-        del recv, recv_x, h16, comb, ybuf
+        recv = recv_x = h16 = comb = ybuf = None  # freed before the next size (closures hold cells)
     dist.barrier(group=group)
     buf.destroy()
     dist.barrier(group=group)
