@@ -18,12 +18,14 @@ itself; for each, the host time of a combine and the event-timed medians (slowes
 experts' write + combine from the combine buffer, and of a whole layer's dispatch (default
 outputs: the host waits for the count) + combine, with the ratio to the baseline.
 
-The layer step's phases come twice: default outputs as plain tensors (the baseline), then from
-the Buffer's out pool (``out_pool_bytes``), with the host time of the pool's room check alone
+The layer step's phases come twice: default outputs as plain tensors (the baseline), then from the
+Buffer's out pool (``out_pool_bytes``); each time with every rank's phases of the (at most three)
+slowest steps that took over twice the median step, so that a rank whose own phase stalled stands
+apart from the ranks that waited for it; and with the host time of the pool's room check alone
 (``OutPool._room``: it may take a snapshot of the pool). EP_CUDA_LATE_HELLO is 1 unless set, for
-the whole run: the buffer has registrations (the pools), so every figure here, the baseline's
-and the other sections' too, is taken with the late hello (not today's default protocol; run
-with EP_CUDA_LATE_HELLO=0 for that)."""
+the whole run: the buffer has registrations (the pools), so every figure here, the baseline's and
+the other sections' too, is taken with the late hello (what a Buffer with its default out pool
+runs; EP_CUDA_LATE_HELLO=0 for the receiver's copy-out)."""
 
 import cProfile
 import io
@@ -100,10 +102,35 @@ def both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y):
 LAYER_STEPS = 100  # timed layer steps of layer_phases, after 10 untimed
 
 
-def layer_phases(buf, x, idx, w, E, n=LAYER_STEPS):
+PHASES = ("layout", "dispatch to alloc (wait)", "alloc callback", "alloc to return", "combine",
+          "whole step")
+
+
+def stalls(group, ph, top=3):
+    """The steps whose whole host time, on some rank, exceeded twice the median of such steps:
+    for the `top` slowest, every rank's phases (us), so that a rank whose own phase took long
+    (a host stall: its layout, its allocation) stands apart from ranks that waited for it (their
+    wait for the count). Lines of text; none when no step did."""
+    n, k = len(ph), len(PHASES)
+    mine = struct.pack(f"{n * k}d", *(v for p in ph for v in p))
+    alls = [struct.unpack(f"{n * k}d", b) for b in group.allgather(mine)]
+    whole = [max(a[i * k + k - 1] for a in alls) for i in range(n)]
+    med = statistics.median(whole)
+    worst = sorted((i for i in range(n) if whole[i] > 2 * med), key=lambda i: -whole[i])[:top]
+    out = []
+    for i in worst:
+        out.append(f"  step {i + 1} of {n}: {whole[i] * 1e6:.0f} us on its slowest rank "
+                   f"(median step {med * 1e6:.0f} us); per rank, " + ", ".join(PHASES) + ":")
+        for r, a in enumerate(alls):
+            out.append(f"    rank {r}: " + " ".join(f"{a[i * k + j] * 1e6:.0f}" for j in range(k)))
+    return out
+
+
+def layer_phases(group, buf, x, idx, w, E, n=LAYER_STEPS):
     """Median host us of a layer step's phases: the layout call; dispatch from its start to its
     allocator callback (notify launched, the host's wait for the count), the callback, from the
-    callback to its return (the data kernel's launch, the Python results); the combine call."""
+    callback to its return (the data kernel's launch, the Python results); the combine call.
+    With stalls()'s lines for the steps far slower than the median."""
     from epcomm import _buffer
     rows_call = _buffer._Rows.__call__
     marks = {}
@@ -132,9 +159,8 @@ def layer_phases(buf, x, idx, w, E, n=LAYER_STEPS):
     finally:
         _buffer._Rows.__call__ = rows_call
     torch.cuda.synchronize()
-    names = ("layout", "dispatch to alloc (wait)", "alloc callback", "alloc to return",
-             "combine", "whole step")
-    return [(nm, statistics.median(p[i] for p in ph) * 1e6) for i, nm in enumerate(names)]
+    return ([(nm, statistics.median(p[i] for p in ph) * 1e6) for i, nm in enumerate(PHASES)],
+            stalls(group, ph))
 
 
 def alloc_rows(pool, shape, buf, live=48):
@@ -213,10 +239,10 @@ def main():
         res = [(name, host_us(fn)) for name, fn in parts]
         res += alloc_rows(pool, tuple(recv_x.shape), buf)
         ways = both_ways(group, buf, x, idx, w, tpr, tpe, itr, handle, y)
-        phases = layer_phases(buf, x, idx, w, E)
+        phases, slow = layer_phases(group, buf, x, idx, w, E)
         buf._out_pool = pool
         c0 = buf.in_place_counts()
-        pool_phases = layer_phases(buf, x, idx, w, E) if pool else None
+        pool_phases, pool_slow = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
         c1 = buf.in_place_counts()  # the pool path taken, or a silent fallback
         pool_inpl = (c1[1] - c0[1], c1[0] - c0[0])
         rx_bytes = recv_x.numel() * recv_x.element_size()
@@ -259,6 +285,10 @@ def main():
                       f"{pool_inpl[1]}/{steps} combines (rank 0)")
             if room is not None:
                 print(f"  out pool room check ({rx_bytes} bytes): {room:.1f} us")
+            for what, lines in (("plain outputs", slow), ("out pool", pool_slow)):
+                if lines:
+                    print(f"  stalls ({what}): steps over twice the median step")
+                    print("\n".join(lines))
             out = io.StringIO()
             pstats.Stats(lprof, stream=out).sort_stats("tottime").print_stats(25)
             print(out.getvalue())

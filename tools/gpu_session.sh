@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 5; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 6; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -18,6 +18,9 @@
 #      cost of the layer step and of recv_x's allocation at R = 2 and 4, then the layer step with
 #      the out pool (six ways) against the defaults at 128 tokens, R = 2 / 4 / 8 (a change's
 #      check), with the host phases of early data on and off before it (hostearly)
+#   6  gpu_check build hostcost pystep, R = 2 / 4 / 8 at 128 tokens: where a spike comes from
+#      (bench/py_host_cost.py prints every rank's phases of the slowest layer steps; the layer
+#      step six ways names each spike's slowest rank, its host time and garbage collections)
 #   5  gpu_check build suite pystep early: EP_CUDA_EARLY_DATA (the allocator path's rows moved
 #      while the host waits and allocates): the normal-mode tests with it on and off ($SUITEF5),
 #      the failure scenarios, then the Python layer step six ways at 128 tokens (the defaults
@@ -31,7 +34,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in 1 | 2 | 3 | 4 | 5) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 5)" >&2; exit 2 ;; esac
+case $n in 1 | 2 | 3 | 4 | 5 | 6) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 6)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 [ "$n" != 3 ] || [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; }
 d=$out/c$n
@@ -51,6 +54,8 @@ case $n in
     SUITEF=${SUITEF5:-'^cuda\.(normal\.r[238](\.early)?$|memreg_dispatch\.r3\.(early|copyout)|overflow|timeout|ll_deferred\.r2|ll_failure)'} \
       EARLYT=${EARLYT:-128 4096} timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build \
       suite pystep early ;;
+  6)
+    HCR="2 4 8" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build hostcost pystep ;;
   3)
     DS_TOKENS="4096 128" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
