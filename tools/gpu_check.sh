@@ -140,7 +140,7 @@ for s in $steps; do
       for R in ${HCR:-2 8}; do
         host_cost "$R" "$out/hostcost-r$R.log"
         sed 's/^\[0\] //' "$out/hostcost-r$R.log" | grep -E -A8 '^layer step|recv_x:|pool snapshot'
-        sed 's/^\[0\] //' "$out/hostcost-r$R.log" | grep -E '^  stalls|^  step|^    rank' | head -40
+        sed 's/^\[0\] //' "$out/hostcost-r$R.log" | grep -E '^  stalls|^  step|^    rank' | head -80
       done ;;
     hostearly)
       # The layer step's host phases with the late hello off, EP_CUDA_EARLY_DATA 0 / 1 (early

@@ -24,6 +24,7 @@ from ._handles import DispatchHandle, Info, Ref
 from ._ll import LowLatency
 from ._mempool import OutPool as _OutPool, collect as _collect_arenas, mem_pool as _mem_pool
 from ._mempool import park as _park_pools, refuse as _refuse_pool, room_for as _room_for
+from ._mempool import supported as _pool_supported
 from ._registration import register as _register
 from ._tensors import need_rows, need_shape, need_tensor, over, ptr
 
@@ -197,6 +198,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         if nbytes is None:
             nbytes = max(int(self.num_nvl_bytes), 0) // 2
         if nbytes == 0:
+            return None
+        if not _pool_supported():  # every rank alike (one PyTorch), before anything collective
             return None
         try:
             if not _room_for(self.device, nbytes, headroom):

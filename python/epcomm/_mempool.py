@@ -28,7 +28,7 @@ import weakref
 import torch
 
 from . import _C
-from ._errors import ArgumentTypeError, EpcommError, InvalidArgumentError, UnsupportedError
+from ._errors import ArgumentTypeError, InvalidArgumentError, PeerInvalidError, UnsupportedError
 from ._errors import OutOfMemoryError
 
 _ALIGN = 512  # PyTorch's blocks are 512-byte aligned inside a segment (arena.c: the same)
@@ -60,8 +60,8 @@ def collect():
     parked = _PARKED[:]
     del _PARKED[:len(parked)]  # (what a collection parks meanwhile stays for the next time)
     for p in parked:
-        # Its Buffer was garbage, so was p (p's registration points at the Buffer: a caller
-        # still holding p would have kept it alive): nobody else reaches its torch MemPool.
+        # Its Buffer went without destroy(): the pool is usable only while its Buffer lives
+        # (MemPool), so its torch MemPool goes now, also from a caller still holding p.
         p.pool = None
     del parked
     _CLOSED[:] = [a for a in _CLOSED if not a.drop_if_drained()]
@@ -110,7 +110,9 @@ class MemPool:
     """What ``Buffer.mem_pool`` returns: ``pool`` (a torch.cuda.MemPool, for
     ``torch.cuda.use_mem_pool``), ``registration`` (the arena's), ``nbytes`` and
     ``contains(tensor)``. No ``close``: the pool's tensors belong to the caller; the arena goes
-    when the buffer is gone and PyTorch has given back every segment."""
+    when the buffer is gone and PyTorch has given back every segment. It does not keep its
+    Buffer alive (a Buffer goes with its last reference): once that was dropped without
+    destroy(), ``pool`` becomes None at the next plain call into the package."""
 
     __slots__ = ("pool", "registration", "nbytes", "_arena")
 
@@ -155,13 +157,20 @@ def room_for(device, nbytes, headroom=0.0):
     return free + cached - nbytes >= headroom * total
 
 
+def supported():
+    """Whether this PyTorch has MemPools with custom allocators for one thread (older MemPools
+    route every thread's allocations to the pool while one thread uses it)."""
+    return (hasattr(torch.cuda, "MemPool") and hasattr(torch._C, "_cuda_customAllocator") and
+            hasattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool"))
+
+
 def refuse(register, device):
     """This rank has no arena: it still takes part in the (collective) registration, refused,
     so that the peers give up on theirs at once (PeerInvalidError) instead of waiting."""
     try:
         register(torch.empty(0, dtype=torch.uint8, device=device))
-    except EpcommError:
-        pass
+    except (InvalidArgumentError, PeerInvalidError):  # refused here (a null range), or by a
+        pass  # peer that refused too; a dead peer, a deadline or a mismatch is raised
 
 
 def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
@@ -174,9 +183,7 @@ def mem_pool(buffer, register, nbytes, op="Buffer.mem_pool"):
         raise UnsupportedError(f"{op}: a memory pool is for CUDA buffers (this one is on "
                                f"{buffer.device}); on the cpu backend a combine reads any tensor "
                                f"in place already")
-    # Older MemPools route every thread's allocations to the pool while one thread uses it.
-    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch._C, "_cuda_customAllocator") or \
-            not hasattr(torch._C, "_cuda_beginAllocateCurrentThreadToPool"):
+    if not supported():
         raise UnsupportedError(f"{op}: this PyTorch ({torch.__version__}) has no "
                                f"torch.cuda.MemPool with custom allocators for one thread")
     collect()

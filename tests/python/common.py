@@ -3,6 +3,8 @@
 comparisons, and a checker that collects mismatches so that every rank still makes the same
 sequence of collective calls before the scenario fails."""
 
+import os
+
 import torch
 
 BF16, FP8, F32 = torch.bfloat16, torch.float8_e4m3fn, torch.float32
@@ -66,3 +68,12 @@ class Check:
     def done(self):
         if self.bad:
             raise AssertionError(f"rank {self.rank}, {self.what}:\n  " + "\n  ".join(self.bad))
+
+
+def ipc_exportable():
+    """Whether PyTorch's CUDA memory can be exported through CUDA IPC (registered, pooled): not
+    with expandable segments, which every rank then has alike (the pools and registrations of
+    the package say no on every rank)."""
+    names = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    conf = ",".join(os.environ.get(k, "") for k in names)
+    return "expandable_segments:true" not in conf.replace(" ", "").lower()

@@ -9,7 +9,7 @@ import torch
 
 import epcomm
 import ref
-from common import BF16, F32, FP8, I32, I64, Check, bf16, gen, routing
+from common import BF16, F32, FP8, I32, I64, Check, bf16, gen, ipc_exportable, routing
 from epcomm import deep_ep
 
 
@@ -334,8 +334,7 @@ def out_pool_dispatch(ctx, seed, sizes, H, E, topk, fp8):
             ck.true("out_pool_bytes" in str(e), f"the error names out_pool_bytes: {e}")
     # The default (None): a pool of num_nvl_bytes / 2 on CUDA, none on CPU; 0: none anywhere.
     # (Memory IPC cannot export, PyTorch's expandable segments, has none: every rank alike.)
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", "").lower()
-    exportable = "expandable_segments:true" not in conf
+    exportable = ipc_exportable()
     for kw, want_pool in (({}, cuda and exportable), ({"out_pool_bytes": 0}, False)):
         b = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev, **kw)
         try:
@@ -351,13 +350,14 @@ def out_pool_dispatch(ctx, seed, sizes, H, E, topk, fp8):
     os.environ["EP_CUDA_LATE_HELLO"] = "1"  # read at the buffer's creation
     nr = [w_["nr"] for w_ in want][me]
     try:
-        for pool_bytes, pooled in ((64 << 20, cuda), (1 << 20, False)):
+        for pool_bytes, pooled in ((64 << 20, cuda and exportable), (1 << 20, False)):
             what = f"out_pool_bytes={pool_bytes}"
             buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev,
                                  out_pool_bytes=pool_bytes)
             try:
                 pool = buf._out_pool
-                ck.true((pool is not None) == cuda, f"{what}: a pool on CUDA only: {pool}")
+                ck.true((pool is not None) == (cuda and exportable),
+                        f"{what}: a pool on CUDA only: {pool}")
                 d0 = buf.in_place_counts()[1]
                 x, r_idx, r_w, _, handle, _ = buf.dispatch(
                     _x_arg(xs, scs, me, dev), **_routing_args(buf, idxs, ws, me, E, dev))

@@ -408,10 +408,27 @@ def test_a_failed_out_pool_registration_leaves_no_pool_and_no_arena(fake_cuda, m
     assert arena.tensor is None, "the arena's memory went back at once, not at destroy"
 
 
-def test_a_dead_peer_during_the_out_pool_registration_still_raises(fake_cuda, memory):
-    b = _pool_buffer(_register([], PeerFailedError("stand-in: rank 1 died")))
+@pytest.mark.parametrize("room", [True, False])
+def test_a_dead_peer_during_the_out_pool_registration_still_raises(fake_cuda, memory, room):
+    """Whether this rank registers its arena or refuses (no room) with nothing."""
+    calls = []
+    b = _pool_buffer(_register(calls, PeerFailedError("stand-in: rank 1 died")))
+    memory["free"] = memory["total"] if room else 0
     with pytest.raises(PeerFailedError):
         b._make_out_pool(None)
+    assert calls == ([(512 << 10) + _ALIGN] if room else [0])
+
+
+def test_no_out_pool_without_memory_pools_and_nothing_collective(fake_cuda, memory, monkeypatch):
+    """A PyTorch without MemPools for one thread: no rank enters the registration (the same
+    PyTorch everywhere), even one that would have had no room."""
+    from epcomm import _buffer
+
+    monkeypatch.setattr(_buffer, "_pool_supported", lambda: False)
+    calls = []
+    b = _pool_buffer(_register(calls))
+    memory["free"] = 0
+    assert b._make_out_pool(None) is None and calls == []
 
 
 def test_a_collected_buffer_keeps_its_pools_until_the_next_plain_call(fake_cuda):
