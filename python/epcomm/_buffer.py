@@ -571,6 +571,16 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         self._pools.append(p)
         return p
 
+    @property
+    def out_pool_bytes(self):
+        """epcomm's own: the bytes of the out pool this Buffer holds for dispatch's default
+        recv_x (``out_pool_bytes`` at creation; the default asks for half of num_nvl_bytes),
+        0 when it has none (CPU, turned off, no room or no registration when it was made, or
+        off after an out of memory). Read-only."""
+        pool = self._out_pool
+        mem = pool.mem if pool is not None else None
+        return mem.nbytes if mem is not None else 0
+
     def in_place_counts(self):
         """epcomm's own: (combines, dispatches) of the normal-mode buffer, since its creation,
         whose rows moved without a staging pass on a backend that otherwise stages (CUDA):

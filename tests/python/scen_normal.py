@@ -338,10 +338,10 @@ def out_pool_dispatch(ctx, seed, sizes, H, E, topk, fp8):
     for kw, want_pool in (({}, cuda and exportable), ({"out_pool_bytes": 0}, False)):
         b = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev, **kw)
         try:
-            p = b._out_pool
+            p, size = b._out_pool, b.out_pool_bytes
             ck.true((p is not None) == want_pool, f"Buffer({kw}): a pool: {p}")
+            ck.true((size > 0) == want_pool, f"Buffer({kw}).out_pool_bytes: {size}")
             if p is not None:
-                size = p.mem.nbytes
                 ck.true(int(5e7) <= size < int(5e7) + 512, f"the default pool's size: {size}")
         finally:
             b.destroy()
