@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 6; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 7; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -21,22 +21,26 @@
 #   6  gpu_check build hostcost pystep, R = 2 / 4 / 8 at 128 tokens: where a spike comes from
 #      (bench/py_host_cost.py prints every rank's phases of the slowest layer steps; the layer
 #      step six ways names each spike's slowest rank, its host time and garbage collections)
+#   7  DeepEP's own tests/test_intranode.py at R = 2 and 4 against epcomm.deep_ep with the
+#      package's defaults (the out pool among them; tools/deepep_compat.sh build intranode), then
+#      examples/moe_layer.py at 4 ranks on CUDA
 #   5  gpu_check build suite pystep early: EP_CUDA_EARLY_DATA (the allocator path's rows moved
 #      while the host waits and allocates): the normal-mode tests with it on and off ($SUITEF5),
 #      the failure scenarios, then the Python layer step six ways at 128 tokens (the defaults
 #      with and without it among them) and `epcomm bench`'s dispatch_alloc with it off / on at
 #      128 and 4096 tokens
 #
-# Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3, .deepep (DeepEP V1's source);
-# both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu", ".deepep"].
+# Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
+# source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
+# ".deepep"].
 # GPU_SESSION_S bounds the run (default 540 s); the machine's start and the transfers come on top.
 set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in 1 | 2 | 3 | 4 | 5 | 6) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 6)" >&2; exit 2 ;; esac
+case $n in 1 | 2 | 3 | 4 | 5 | 6 | 7) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 7)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
-[ "$n" != 3 ] || [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; }
+case $n in 3 | 7) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
 mkdir -p "$d"
 t0=$SECONDS
@@ -56,6 +60,14 @@ case $n in
       suite pystep early ;;
   6)
     HCR="2 4 8" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build hostcost pystep ;;
+  7)
+    OUT="$d" WITH_MPS=.gpu/with-mps NPROCS="2 4" TIMEOUT=150 timeout -k 5 "$limit" \
+      tools/deepep_compat.sh .deepep build intranode
+    echo "deepep_compat: exit $?"
+    timeout -k 5 120 .gpu/with-mps "${PYTHON:-python3}" -m epcomm launch -n 4 \
+      "${PYTHON:-python3}" examples/moe_layer.py >"$d/moe_layer.log" 2>&1
+    echo "examples/moe_layer.py, 4 ranks: exit $?"
+    tail -n 5 "$d/moe_layer.log" ;;
   3)
     DS_TOKENS="4096 128" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
