@@ -119,7 +119,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     Buffer, beside the num_nvl_bytes of the receive and combine areas); 0: none. Collective, so
     the same on every rank. Measured on an H100 in two runs with DeepEP's (docs/PERFORMANCE.md):
     a layer step 1.7-2.8x faster than without it at 4096 tokens per rank; at 128 tokens
-    0.82-1.11x on 2 and 4 ranks and 1.22-1.50x on 8 (four runs).
+    0.82-1.11x on 2 and 4 ranks and 1.22-1.50x on 8 (four to ten runs each).
     """
 
     num_sms = 20
