@@ -11,8 +11,9 @@
 #      defaults), then the normal-mode CUDA tests with the new low-latency deferred-failure ones
 #   2  gpu_check build python hostcost: the Python package's CUDA tests, then the layer step's host
 #      phases with the default outputs plain and from the out pool
-#   3  deepep_side_by_side build normal python report at 4096 and 128 tokens: DeepEP V1 and epcomm
-#      (C bench and Python) in one call, the table in OUT/c3/table.txt
+#   3  deepep_side_by_side build normal python report at $DS_TOKENS (default "4096 128";
+#      DS_TOKENS=512 for issue 15's middle size): DeepEP V1 and epcomm (C bench and Python) in
+#      one call, the table in OUT/c3/table.txt
 #   4  gpu_check build suite python hostcost pystep: the host waits' and failure paths (normal mode and
 #      low-latency, the tests $SUITEF4 names), then the Python package's CUDA tests and the host
 #      cost of the layer step and of recv_x's allocation at R = 2 and 4, then the layer step with
@@ -69,7 +70,7 @@ case $n in
     echo "examples/moe_layer.py, 4 ranks: exit $?"
     tail -n 5 "$d/moe_layer.log" ;;
   3)
-    DS_TOKENS="4096 128" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
+    DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
 esac
 rc=$?
