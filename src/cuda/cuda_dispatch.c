@@ -313,8 +313,7 @@ ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *d, ep_handle_info_t *
   cuda_state_t *s = state;
   if (s->net) return cuda_net_dispatch(s, d, out);
   const ep_dispatch_args_t *a = &d->in;
-  call_t c = {d,     a,     &d->out, d->cached ? d->cached->priv : NULL, 0, {0}, false,
-              false, false, false};
+  call_t c = {.c = d, .a = a, .o = &d->out, .plan = d->cached ? d->cached->priv : NULL};
   c.lay = epk_recv_layout(s->kb.area_bytes, d->row_bytes,
                           a->dtype == EP_DTYPE_FP8_E4M3 ? a->num_scales : 0,
                           d->cached ? 0 : d->topk, d->has_w);
