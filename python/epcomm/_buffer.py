@@ -194,9 +194,9 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         raises."""
         if not self._cuda:
             return None
-        headroom = 0.125 if nbytes is None else 0.0
+        headroom = 0.0
         if nbytes is None:
-            nbytes = max(int(self.num_nvl_bytes), 0) // 2
+            nbytes, headroom = max(int(self.num_nvl_bytes), 0) // 2, 0.125
         if nbytes == 0:
             return None
         if not _pool_supported():  # every rank alike (one PyTorch), before anything collective

@@ -95,7 +95,7 @@ def freed_when_dropped(ctx):
         buf = epcomm.Buffer(ctx.pg, int(1e8), 0, device=ctx.device)
         cuda = torch.device(ctx.device).type == "cuda"
         exportable = not cuda or ipc_exportable()  # (the cpu backend registers any memory)
-        assert (buf._out_pool is not None) == (cuda and exportable), buf._out_pool
+        assert (buf.out_pool_bytes > 0) == (cuda and exportable), buf.out_pool_bytes
         t = torch.zeros((64, 256), dtype=BF16, device=ctx.device)
         reg = buf.register(t) if exportable else None
         gone = weakref.ref(buf)
