@@ -46,13 +46,13 @@ import gc
 import json
 import os
 import statistics
-import struct
 import time
 
 import torch
 
 import epcomm
 from epcomm import _mempool, deep_ep
+from ranks import gather
 
 H, TOPK, E = 7168, 8, 256
 
@@ -64,8 +64,7 @@ def slowest(group, times, host, gcs, name, spikes):
     in it. A mean far above its median is one or a few such calls, and where they fall (the
     first timed call: warm-up left over; anywhere: a stall) is the first clue."""
     n = len(times)
-    mine = struct.pack(f"{3 * n}d", *times, *host, *gcs)
-    alls = [struct.unpack(f"{3 * n}d", b) for b in group.allgather(mine)]
+    alls = gather(group, [*times, *host, *gcs])
     worst = [max(a[i] for a in alls) for i in range(n)]
     med = statistics.median(worst)
     top = max(range(n), key=worst.__getitem__)

@@ -32,7 +32,6 @@ import io
 import os
 import pstats
 import statistics
-import struct
 import sys
 import time
 
@@ -40,6 +39,7 @@ import torch
 
 import epcomm
 from epcomm import _events, deep_ep
+from ranks import gather
 
 H, TOPK, E = 7168, 8, 256
 
@@ -69,8 +69,7 @@ def event_us(group, fn, n=100):
         fn()
         b.record()
     torch.cuda.synchronize()
-    mine = struct.pack(f"{n}d", *(a.elapsed_time(b) for a, b in ev))
-    alls = [struct.unpack(f"{n}d", b) for b in group.allgather(mine)]
+    alls = gather(group, [a.elapsed_time(b) for a, b in ev])
     return statistics.median(max(c) for c in zip(*alls)) * 1e3
 
 
@@ -112,8 +111,7 @@ def stalls(group, ph, top=3):
     (a host stall: its layout, its allocation) stands apart from ranks that waited for it (their
     wait for the count). Lines of text; none when no step did."""
     n, k = len(ph), len(PHASES)
-    mine = struct.pack(f"{n * k}d", *(v for p in ph for v in p))
-    alls = [struct.unpack(f"{n * k}d", b) for b in group.allgather(mine)]
+    alls = gather(group, [v for p in ph for v in p])
     whole = [max(a[i * k + k - 1] for a in alls) for i in range(n)]
     med = statistics.median(whole)
     worst = sorted((i for i in range(n) if whole[i] > 2 * med), key=lambda i: -whole[i])[:top]
