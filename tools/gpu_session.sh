@@ -19,17 +19,17 @@
 #      cost of the layer step and of recv_x's allocation at R = 2 and 4, then the layer step with
 #      the out pool (six ways) against the defaults at 128 tokens, R = 2 / 4 / 8 (a change's
 #      check), with the host phases of early data on and off before it (hostearly)
+#   5  gpu_check build suite pystep early: EP_CUDA_EARLY_DATA (the allocator path's rows moved
+#      while the host waits and allocates): the normal-mode tests with it on and off ($SUITEF5),
+#      the failure scenarios, then the Python layer step six ways at 128 tokens (the defaults
+#      with and without it among them) and `epcomm bench`'s dispatch_alloc with it off / on at
+#      128 and 4096 tokens
 #   6  gpu_check build hostcost pystep, R = 2 / 4 / 8 at 128 tokens: where a spike comes from
 #      (bench/py_host_cost.py prints every rank's phases of the slowest layer steps; the layer
 #      step six ways names each spike's slowest rank, its host time and garbage collections)
 #   7  DeepEP's own tests/test_intranode.py at R = 2 and 4 against epcomm.deep_ep with the
 #      package's defaults (the out pool among them; tools/deepep_compat.sh build intranode), then
 #      examples/moe_layer.py at 4 ranks on CUDA
-#   5  gpu_check build suite pystep early: EP_CUDA_EARLY_DATA (the allocator path's rows moved
-#      while the host waits and allocates): the normal-mode tests with it on and off ($SUITEF5),
-#      the failure scenarios, then the Python layer step six ways at 128 tokens (the defaults
-#      with and without it among them) and `epcomm bench`'s dispatch_alloc with it off / on at
-#      128 and 4096 tokens
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -64,11 +64,14 @@ case $n in
   7)
     OUT="$d" WITH_MPS=.gpu/with-mps NPROCS="2 4" TIMEOUT=150 timeout -k 5 "$limit" \
       tools/deepep_compat.sh .deepep build intranode
-    echo "deepep_compat: exit $?"
+    rc7=$?
+    echo "deepep_compat: exit $rc7"
     timeout -k 5 120 .gpu/with-mps "${PYTHON:-python3}" -m epcomm launch -n 4 \
       "${PYTHON:-python3}" examples/moe_layer.py >"$d/moe_layer.log" 2>&1
-    echo "examples/moe_layer.py, 4 ranks: exit $?"
-    tail -n 5 "$d/moe_layer.log" ;;
+    rc=$?
+    echo "examples/moe_layer.py, 4 ranks: exit $rc"
+    tail -n 5 "$d/moe_layer.log"
+    [ "$rc7" = 0 ] && [ "$rc" = 0 ] ;;  # the call's status: both ran clean
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
