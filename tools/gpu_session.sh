@@ -24,7 +24,8 @@
 #      the failure scenarios, then the Python layer step six ways at 128 tokens (the defaults
 #      with and without it among them) and `epcomm bench`'s dispatch_alloc with it off / on at
 #      128 and 4096 tokens
-#   6  gpu_check build hostcost pystep, R = 2 / 4 / 8 at 128 tokens: where a spike comes from
+#   6  gpu_check build python hostcost pystep, R = 2 / 4 / 8 at 128 tokens: the Python package's
+#      CUDA tests (a change's check), then where a spike comes from
 #      (bench/py_host_cost.py prints every rank's phases of the slowest layer steps; the layer
 #      step six ways names each spike's slowest rank, its host time and garbage collections)
 #   7  DeepEP's own tests/test_intranode.py at R = 2 and 4 against epcomm.deep_ep with the
@@ -60,7 +61,7 @@ case $n in
       EARLYT=${EARLYT:-128 4096} timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build \
       suite pystep early ;;
   6)
-    HCR="2 4 8" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build hostcost pystep ;;
+    HCR="2 4 8" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build python hostcost pystep ;;
   7)
     OUT="$d" WITH_MPS=.gpu/with-mps NPROCS="2 4" TIMEOUT=150 timeout -k 5 "$limit" \
       tools/deepep_compat.sh .deepep build intranode
