@@ -24,9 +24,11 @@ tensors of the pool (made under `use_mem_pool`: the senders write recv_x in plac
 
 Last, a MoE layer's step: get_dispatch_layout + dispatch with default outputs (the host waits for
 the count, the outputs are allocated then) + the combine of its rows (tools/deepep_time.py times
-DeepEP's the same way: "layer"), four ways: the package's defaults, default outputs from the
+DeepEP's the same way: "layer"), several ways: the package's defaults, default outputs from the
 Buffer's registered pool (``out_pool_bytes``, num_nvl_bytes / 2, with the late hello: the senders
-write recv_x there, the combine reads it in place); the same buffer with that pool switched off
+write recv_x there, the combine reads it in place); the same without the spares (the next calls'
+outputs made while the dispatch waits for its count, ``epcomm._spares``, off through
+``Spares.ENABLED``); the same buffer with that pool switched off
 (plain tensors while the late hello is still promised: what the promise costs when the outputs are
 not registered); a fresh buffer with the out pool and the late hello off (the combine reads recv_x
 in place, the dispatch copies it out: parts the late hello's wait from the pool's allocation); and,
@@ -52,6 +54,7 @@ import torch
 
 import epcomm
 from epcomm import _mempool, deep_ep
+from epcomm._spares import Spares
 from ranks import gather
 
 H, TOPK, E = 7168, 8, 256
@@ -220,6 +223,11 @@ def main():
                 os.environ[k] = v
 
         lres, linpl = counted("defaults")
+        # The same without the spares (the outputs of the next calls made while a dispatch
+        # waits for its count, epcomm._spares): what they save on the host's critical path.
+        Spares.ENABLED = False
+        lnospare = timed(group, layer, o.iters, "layer step, spares off", spikes)
+        Spares.ENABLED = True
         pool_, buf._out_pool = buf._out_pool, None  # plain outputs, the late hello promised
         lpromise = timed(group, layer, o.iters, "layer step, pool off, late promised", spikes)
         buf._out_pool = pool_
@@ -266,6 +274,9 @@ def main():
                   f"of its rows), the package's defaults (out pool + late hello): "
                   f"{lres[0]:.1f} us (median), {lres[1]:.1f} us (mean); in place: "
                   f"{linpl[0]}/{calls} dispatches, {linpl[1]}/{calls} combines")
+            print(f"the same, spares off (no outputs made while the dispatch waits): "
+                  f"{lnospare[0]:.1f} us (median), {lnospare[1]:.1f} us (mean); defaults x "
+                  f"spares off: {lnospare[0] / lres[0]:.2f} (medians)")
             print(f"the same, out pool off (plain outputs, late hello still promised): "
                   f"{lpromise[0]:.1f} us (median), {lpromise[1]:.1f} us (mean)")
             print(f"the same, a fresh buffer without the out pool (out_pool_bytes=0, late hello "
@@ -292,6 +303,8 @@ def main():
                        for name, us, inpl, mean in rows_}
                 fig["layer_dispatch_combine"] = {"median_us": lres[0], "mean_us": lres[1],
                                                  "calls": calls, "in_place": list(linpl)}
+                fig["layer_dispatch_combine_nospares"] = {"median_us": lnospare[0],
+                                                          "mean_us": lnospare[1], "calls": calls}
                 fig["layer_dispatch_combine_promise"] = {"median_us": lpromise[0],
                                                          "mean_us": lpromise[1], "calls": calls}
                 fig["layer_dispatch_combine_pool_nolate"] = {

@@ -18,8 +18,9 @@ itself; for each, the host time of a combine and the event-timed medians (slowes
 experts' write + combine from the combine buffer, and of a whole layer's dispatch (default
 outputs: the host waits for the count) + combine, with the ratio to the baseline.
 
-The layer step's phases come twice: default outputs as plain tensors (the baseline), then from the
-Buffer's out pool (``out_pool_bytes``); each time with every rank's phases of the (at most three)
+The layer step's phases come three times: default outputs as plain tensors (the baseline), from
+the Buffer's out pool (``out_pool_bytes``), and from the pool with the spares off (the next calls'
+outputs made while the dispatch waits for its count, ``epcomm._spares``); the first two with every rank's phases of the (at most three)
 slowest steps that took over twice the median step, so that a rank whose own phase stalled stands
 apart from the ranks that waited for it; and with the host time of the pool's room check alone
 (``OutPool._room``: it may take a snapshot of the pool). EP_CUDA_LATE_HELLO is 1 unless set, for
@@ -39,6 +40,7 @@ import torch
 
 import epcomm
 from epcomm import _events, deep_ep
+from epcomm._spares import Spares
 from ranks import gather
 
 H, TOPK, E = 7168, 8, 256
@@ -240,8 +242,14 @@ def main():
         phases, slow = layer_phases(group, buf, x, idx, w, E)
         buf._out_pool = pool
         c0 = buf.in_place_counts()
+        u0 = buf._spares.used
         pool_phases, pool_slow = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
         c1 = buf.in_place_counts()  # the pool path taken, or a silent fallback
+        spares_taken = buf._spares.used - u0
+        # The same without the spares (epcomm._spares): their share of the host's phases.
+        Spares.ENABLED = False
+        bare_phases, _ = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
+        Spares.ENABLED = True
         pool_inpl = (c1[1] - c0[1], c1[0] - c0[0])
         rx_bytes = recv_x.numel() * recv_x.element_size()
         room = host_us(lambda: pool._room(rx_bytes, buf.device)) if pool else None
@@ -272,15 +280,18 @@ def main():
             pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
             print(out.getvalue())
             print("layer step (layout + dispatch, default outputs + combine): host us, "
-                  "medians of 100; default outputs plain (baseline) / from the out pool; "
+                  "medians of 100; default outputs plain (baseline) / from the out pool / the "
+                  "out pool with the spares off; "
                   f"EP_CUDA_LATE_HELLO={os.environ.get('EP_CUDA_LATE_HELLO')}")
             for i, (nm, us) in enumerate(phases):
-                pu = f"{pool_phases[i][1]:10.1f}" if pool_phases else "   no pool"
+                pu = (f"{pool_phases[i][1]:10.1f}{bare_phases[i][1]:10.1f}" if pool_phases
+                      else "   no pool")
                 print(f"  {nm:<28}{us:8.1f}{pu}")
             if pool_phases:
                 steps = LAYER_STEPS + 10
                 print(f"  out pool steps in place: {pool_inpl[0]}/{steps} dispatches, "
-                      f"{pool_inpl[1]}/{steps} combines (rank 0)")
+                      f"{pool_inpl[1]}/{steps} combines (rank 0); spares taken: "
+                      f"{spares_taken} in {steps} steps (3 a step when every one was made)")
             if room is not None:
                 print(f"  out pool room check ({rx_bytes} bytes): {room:.1f} us")
             for what, lines in (("plain outputs", slow), ("out pool", pool_slow)):

@@ -464,6 +464,18 @@ struct ep_dispatch_out_s {
                           (ep_handle_destroy) even when it is not used (on CUDA handles
                           hold device memory from a fixed arena). NULL after a cached
                           dispatch (the cached handle stays valid). */
+  /* Added after API 0.2, at the end (a 0.2-sized struct is still accepted). Optional: the
+   * caller's own work for the time the host would otherwise spin. Where a synchronous call's
+   * host waits for a device to publish the receive count (the CUDA backend on one host), the
+   * call, once the count exchange is queued, calls on_wait(on_wait_ctx, 0), (.., 1), ... on the
+   * calling thread while the count is not in yet, until on_wait returns 0; then it waits as
+   * usual. Each step should be short (one allocation, say): the count is checked between
+   * steps, never during one. on_wait must not call into this buffer; its steps run whether the
+   * call then succeeds or not. Not called where the host has nothing to wait for (the CPU
+   * backend moves the rows itself, a worst-case dispatch does not wait, a cached dispatch knows
+   * its count). The Python package allocates its next calls' outputs there. */
+  int (*on_wait)(void *ctx, int step);
+  void *on_wait_ctx;
 };
 #define EP_DISPATCH_OUT_INIT EP_ARGS_INIT_(ep_dispatch_out_t)
 

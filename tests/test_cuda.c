@@ -16,7 +16,11 @@
  *   test_cuda cbuf N      N rounds of dispatch (bf16 or fp8 alternately, views) + combine whose x
  *                         is ep_get_combine_buffer's memory, written by the "experts" (with and
  *                         without weights, with a bias), each checked against the reference;
- *                         a buffer too small for the rows refuses with EP_ERR_TOO_LARGE */
+ *                         a buffer too small for the rows refuses with EP_ERR_TOO_LARGE
+ *   test_cuda onwait      a full dispatch on a stream held by a 50 ms host function: on_wait
+ *                         runs every step it asks for while the host waits for the count, the
+ *                         rows still arrive right; a worst-case and a cached dispatch never
+ *                         call it */
 #include <unistd.h>
 
 #include "common.h"
@@ -246,6 +250,81 @@ static void round_trip(ep_buffer_t b, int R, int me) {
   T_OK(ep_handle_destroy(h));
   t_dfree(x), t_dfree(idx), t_dfree(out), free(got);
   free_inputs(&in);
+}
+
+/* ------------------------------------------------------------------ on_wait */
+
+typedef struct {
+  int steps, want;
+} steps_t;
+
+static int step_fn(void *ctx, int step) {
+  steps_t *w = ctx;
+  T_CHECK(step == w->steps, "on_wait: step %d after %d steps", step, w->steps);
+  return ++w->steps < w->want;
+}
+
+static void CUDART_CB hold_50ms(void *unused) {
+  (void)unused;
+  usleep(50 * 1000); /* the stream, and the count exchange queued after this, waits */
+}
+
+static int dispatch_steps(ep_buffer_t b, const ep_dispatch_args_t *a, int worst, int *nr,
+                          ep_handle_t *h) {
+  steps_t w = {0, 4};
+  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_VIEWS, .on_wait = step_fn,
+                         .on_wait_ctx = &w, .worst_case = worst, .capacity = worst ? 64 * NMAX : 0};
+  CU(cudaLaunchHostFunc(a->stream, hold_50ms, NULL));
+  T_OK(ep_dispatch(b, a, &o));
+  *nr = o.num_recv_tokens;
+  if (h) *h = o.handle;
+  else if (o.handle) T_OK(ep_handle_destroy(o.handle));
+  return w.steps;
+}
+
+static int onwait(void) {
+  ep_group_t g;
+  ep_buffer_t b;
+  int R, me;
+  t_init(&g, &me, &R);
+  ep_buffer_config_t cfg = cuda_cfg(30);
+  T_OK(ep_buffer_create(g, &cfg, &b));
+  inputs_t in = {.R = R, .me = me, .E = 2 * R};
+  make_inputs(&in, 3);
+  cudaStream_t st;
+  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
+  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16,
+                          .num_tokens = in.n[me], .hidden = H, .topk_idx = idx, .topk = TOPK,
+                          .num_experts = in.E, .stream = st};
+  int want = 0, nr = -2;
+  for (int s = 0; s < R; s++)
+    for (int t = 0; t < in.n[s]; t++) {
+      int hit = 0;
+      for (int k = 0; k < TOPK; k++)
+        hit |= in.idx[s][t * TOPK + k] >= 0 && in.idx[s][t * TOPK + k] / 2 == me;
+      want += hit;
+    }
+  ep_handle_t h;
+  int steps = dispatch_steps(b, &a, 0, &nr, &h);
+  T_CHECK(steps == 4, "full dispatch on a held stream: on_wait ran %d of its 4 steps", steps);
+  T_CHECK(nr == want, "full dispatch: %d rows received, expected %d", nr, want);
+  ep_dispatch_args_t c = {.size = sizeof c, .x = x, .dtype = EP_DTYPE_BF16,
+                          .num_tokens = in.n[me], .hidden = H, .cached = h, .stream = st};
+  steps = dispatch_steps(b, &c, 0, &nr, NULL);
+  T_CHECK(steps == 0 && nr == want, "cached dispatch: on_wait ran %d steps (0 expected), %d rows",
+          steps, nr);
+  steps = dispatch_steps(b, &a, 1, &nr, NULL);
+  T_CHECK(steps == 0, "worst-case dispatch: on_wait ran %d steps (0 expected)", steps);
+  CU(cudaStreamSynchronize(st));
+  printf("rank %d: on_wait ran 4 steps while the host waited; %d rows\n", me, want);
+  T_OK(ep_handle_destroy(h));
+  t_dfree(x), t_dfree(idx);
+  CU(cudaStreamDestroy(st));
+  free_inputs(&in);
+  T_OK(ep_buffer_destroy(b));
+  T_OK(ep_group_destroy(g));
+  return T_PASS;
 }
 
 /* ------------------------------------------------------------------ timeouts */
@@ -639,6 +718,7 @@ int main(int argc, char **argv) {
   if (!strcmp(mode, "cycles")) return cycles(argc > 2 ? atoi(argv[2]) : 100);
   if (!strcmp(mode, "overflow")) return overflow();
   if (!strcmp(mode, "cbuf")) return cbuf(argc > 2 ? atoi(argv[2]) : 8);
+  if (!strcmp(mode, "onwait")) return onwait();
   fprintf(stderr, "unknown mode %s\n", mode);
   return T_FAIL;
 }

@@ -432,6 +432,7 @@ VS_PYTHON = [
     ("py_write_combine_combine_buffer", "write_combine", "Python: write + combine (combine buf.)"),
     # a layer's step (layout + dispatch with default outputs + combine), six ways in one run
     ("py_layer_dispatch_combine", "layer", "Python: layer step, defaults (pool+late)"),
+    ("py_layer_dispatch_combine_nospares", "layer", "Python: layer step, spares off"),
     ("py_layer_dispatch_combine_promise", "layer", "Python: layer step, pool off, late promised"),
     ("py_layer_dispatch_combine_pool_nolate", "layer",
      "Python: layer step, out pool, late hello off"),

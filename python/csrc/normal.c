@@ -47,16 +47,33 @@ static int alloc_rows(void *vctx, const ep_dispatch_args_t *args, int n, ep_disp
   return rc;
 }
 
+/* ep_dispatch_out_t.on_wait: the Python callable gets the step number while the host waits for
+ * the count; a true result asks for the next step. An exception is the callable's bug, not the
+ * call's: it is printed as unraisable and the steps end. */
+static int wait_step(void *fn, int step) {
+  PyGILState_STATE g = PyGILState_Ensure();
+  PyObject *r = PyObject_CallFunction((PyObject *)fn, "i", step);
+  int more = r ? PyObject_IsTrue(r) : -1;
+  if (more < 0) {
+    PyErr_WriteUnraisable((PyObject *)fn);
+    more = 0;
+  }
+  Py_XDECREF(r);
+  PyGILState_Release(g);
+  return more;
+}
+
 /* The inputs, in the order of the argument tuple (see dispatch's doc string). */
 static int parse_inputs(PyObject *args, unsigned long long *b, ep_dispatch_args_t *a,
-                        ep_dispatch_out_t *o, PyObject **alloc) {
+                        ep_dispatch_out_t *o, PyObject **alloc, PyObject **on_wait) {
   unsigned long long x, sc, idx, w, cached, stream, rx, rs, ri, rw, rsrc, rp, rtpe;
   long long st_tok, st_hid;
   int dtype, mode;
-  if (!PyArg_ParseTuple(args, "KKiiiKiLLKKiiiKKiiiOKKKKKKK", b, &x, &dtype, &a->num_tokens,
+  if (!PyArg_ParseTuple(args, "KKiiiKiLLKKiiiKKiiiOKKKKKKK|O", b, &x, &dtype, &a->num_tokens,
                         &a->hidden, &sc, &a->num_scales, &st_tok, &st_hid, &idx, &w, &a->topk,
                         &a->num_experts, &a->expert_alignment, &cached, &stream, &mode,
-                        &o->worst_case, &o->capacity, alloc, &rx, &rs, &ri, &rw, &rsrc, &rp, &rtpe))
+                        &o->worst_case, &o->capacity, alloc, &rx, &rs, &ri, &rw, &rsrc, &rp, &rtpe,
+                        on_wait))
     return -1;
   a->x = epb_ptr(x), a->dtype = (ep_dtype_t)dtype, a->x_scales = epb_ptr(sc);
   a->scale_token_stride = st_tok, a->scale_hidden_stride = st_hid;
@@ -74,11 +91,17 @@ static PyObject *dispatch(PyObject *self, PyObject *args) {
   ep_dispatch_args_t a = EP_DISPATCH_ARGS_INIT;
   ep_dispatch_out_t o = EP_DISPATCH_OUT_INIT;
   alloc_ctx_t ctx = {0};
-  if (parse_inputs(args, &b, &a, &o, &ctx.fn)) return NULL;
+  PyObject *on_wait = Py_None;
+  if (parse_inputs(args, &b, &a, &o, &ctx.fn, &on_wait)) return NULL;
   if (o.mode == EP_OUTPUT_ALLOC) {
     if (!PyCallable_Check(ctx.fn))
       return PyErr_Format(PyExc_TypeError, "dispatch: the allocator must be callable");
     o.alloc = alloc_rows, o.alloc_ctx = &ctx;
+  }
+  if (on_wait != Py_None) {
+    if (!PyCallable_Check(on_wait))
+      return PyErr_Format(PyExc_TypeError, "dispatch: on_wait must be callable or None");
+    o.on_wait = wait_step, o.on_wait_ctx = on_wait; /* borrowed: args holds it for the call */
   }
   ep_status_t st;
   Py_BEGIN_ALLOW_THREADS st = ep_dispatch(epb_ptr(b), &a, &o);
@@ -134,8 +157,9 @@ PyMethodDef epb_normal_methods[] = {
      "dispatch(buf, x, dtype, num_tokens, hidden, x_scales, num_scales, scale_token_stride, "
      "scale_hidden_stride, topk_idx, topk_weights, topk, num_experts, expert_alignment, cached, "
      "stream, mode, worst_case, capacity, alloc, recv_x, recv_x_scales, recv_topk_idx, "
-     "recv_topk_weights, recv_src_idx, rank_prefix, recv_tokens_per_expert) -> "
-     "(num_recv_tokens, handle) (collective)"},
+     "recv_topk_weights, recv_src_idx, rank_prefix, recv_tokens_per_expert[, on_wait]) -> "
+     "(num_recv_tokens, handle) (collective; on_wait(step) -> bool runs while the host waits "
+     "for the count)"},
     {"combine", combine, METH_VARARGS,
      "combine(buf, handle, x, topk_weights, bias0, bias1, stream, out, out_topk_weights) "
      "(collective)"},

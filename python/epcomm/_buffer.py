@@ -26,6 +26,7 @@ from ._mempool import OutPool as _OutPool, collect as _collect_arenas, mem_pool 
 from ._mempool import park as _park_pools, refuse as _refuse_pool, room_for as _room_for
 from ._mempool import supported as _pool_supported
 from ._registration import register as _register
+from ._spares import Spares
 from ._tensors import need_rows, need_shape, need_tensor, over, ptr
 
 _BF16, _FP8, _F32, _I32, _I64 = (torch.bfloat16, torch.float8_e4m3fn, torch.float32, torch.int32,
@@ -161,6 +162,8 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         self._opts = dict(queue_bytes=queue_bytes, num_channels=num_channels,
                           timeout_s=float(timeout_s))
         self._rtpe = array.array("i")  # scratch of dispatch's per-expert counts (CUDA: pinned)
+        # outputs of the next calls, made while a dispatch waits for its count (_spares)
+        self._spares = Spares(self.device, self.group_size) if self._cuda else None
         LowLatency.__init__(self)
         _lifecycle.track(self)
         try:
@@ -286,6 +289,13 @@ class Buffer(LowLatency, _lifecycle.Scoped):
     def _empty(self, shape, dtype):
         return torch.empty(shape, dtype=dtype, device=self.device)
 
+    def _spare_stream(self, launch):
+        """The stream a call may take spares on (_spares): the current one, when the call runs
+        there directly; else None (no spares)."""
+        if self._spares is None or not launch.direct or launch.compute is not None:
+            return None
+        return launch.stream
+
     def _topk(self, op, topk_idx, n, name="topk_idx"):
         need_tensor(topk_idx, op, name, _I64, 2, self.device)
         need_rows(topk_idx, op, name, n, "one row per token")
@@ -303,8 +313,12 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         n, topk, R = topk_idx.size(0), topk_idx.size(1), self.group_size
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         try:
-            tpr, tpe = self._empty((R,), _I32), self._empty((num_experts,), _I32)
-            itr = self._empty((n, R), torch.bool)
+            st = self._spare_stream(launch)
+            spare = self._spares.take_layout(st, n, num_experts) if st is not None else None
+            if spare is None:
+                spare = (self._empty((R,), _I32), self._empty((num_experts,), _I32),
+                         self._empty((n, R), torch.bool))
+            tpr, tpe, itr = spare
             # As DeepEP's, the call does not wait for its kernel: a bad expert id is reported
             # by the dispatch that takes it (OutOfRangeError naming the slot).
             _C.layout(buf, ptr(topk_idx), n, topk, num_experts, launch.stream,
@@ -408,23 +422,32 @@ class Buffer(LowLatency, _lifecycle.Scoped):
                      0 if synthetic else topk, w is not None, self._out_pool)
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream,
                               after_compute=synthetic)
+        st, on_wait = self._spare_stream(launch), None
         try:
-            rank_prefix = torch.empty((R, R), dtype=_I32, device=self.device)
+            rank_prefix = self._spares.take_prefix(st) if st is not None else None
+            if rank_prefix is None:
+                rank_prefix = torch.empty((R, R), dtype=_I32, device=self.device)
             # Read back below only when nothing else gives the list (the C call then waits).
             rtpe, rtpe_ptr = (None, 0) if W or synthetic else self._per_expert_out(L)
             sc = (0, 0, 0) if scales is None else (scales.size(1), scales.stride(0),
                                                    scales.stride(1))
+            # While the host waits for the count: the next calls' outputs (_spares).
+            on_wait = self._spares.job(st, n, E, H) if st is not None and not W else None
             nrecv, hid = _C.dispatch(
                 buf, ptr(x), dtype, n, H, ptr(scales), *sc, ptr(idx), ptr(w), topk, E,
                 int(expert_alignment), 0, launch.stream,
                 _C.OUTPUT_CALLER if W else _C.OUTPUT_ALLOC, 1 if W else 0, W, rows,
-                *(rows(W) if W else (0, 0, 0, 0, 0)), ptr(rank_prefix), rtpe_ptr)
+                *(rows(W) if W else (0, 0, 0, 0, 0)), ptr(rank_prefix), rtpe_ptr, on_wait)
         except BaseException:
+            if on_wait is not None:
+                self._spares.finish()
             launch.abort()
             raise
         # The routing is kept (not copied) for a cached dispatch in another format (below).
         info = Info(Ref(hid, False, self), self, n, H, topk, nrecv, W or nrecv, w is not None,
                     idx, (dtype, 0 if scales is None else scales.size(1), E))
+        if on_wait is not None:
+            info.spare = self._spares.finish()
         h = DispatchHandle(rank_prefix, rows.src, is_token_in_rank, info)
         if W:
             per_expert = []
@@ -520,7 +543,11 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         bias0, bias1 = self._biases(op, bias, info)
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         try:
-            out = self._empty((info.num_tokens, info.hidden), _BF16)
+            st, spare, info.spare = self._spare_stream(launch), info.spare, None
+            shape = (info.num_tokens, info.hidden)
+            out = self._spares.take_combine(spare, st, shape) if st is not None else None
+            if out is None:
+                out = self._empty(shape, _BF16)
             out_w = (None if topk_weights is None else
                      self._empty((info.num_tokens, info.topk), _F32))
             _C.combine(buf, info.ref.id, ptr(x), ptr(topk_weights), ptr(bias0), ptr(bias1),

@@ -33,7 +33,8 @@ class Info:
     """The epcomm side of a handle."""
 
     __slots__ = ("ref", "buffer", "num_tokens", "hidden", "topk", "num_recv_tokens", "capacity",
-                 "weights", "state", "topk_idx", "combine_buffer", "dims", "__weakref__")
+                 "weights", "state", "topk_idx", "combine_buffer", "dims", "spare",
+                 "__weakref__")
 
     def __init__(self, ref, buffer, num_tokens=0, hidden=0, topk=0, num_recv_tokens=0,
                  capacity=0, weights=False, topk_idx=None, dims=None, state="received"):
@@ -41,6 +42,7 @@ class Info:
         self.topk, self.num_recv_tokens, self.capacity = topk, num_recv_tokens, capacity
         self.weights, self.topk_idx, self.dims, self.state = weights, topk_idx, dims, state
         self.combine_buffer = None
+        self.spare = None  # (stream, combine output) made while the dispatch waited (_spares)
 
 
 class DispatchHandle(tuple):

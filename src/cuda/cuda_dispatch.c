@@ -216,6 +216,20 @@ static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, int *
   return rc;
 }
 
+/* The caller's own work while the count is on its way (ep_dispatch_out_t.on_wait), a step at a
+ * time and only while the count is not in: the host would spin meanwhile, and at small batches
+ * the Python layer's allocations for its next calls fit in that time. Bounded: 64 steps, and
+ * none after an error word (the wait below reports it). */
+static void while_waiting(const cuda_state_t *s, const call_t *c, uint32_t ticket) {
+  int (*step_fn)(void *, int) = c->o->on_wait;
+  for (int step = 0; step_fn && step < 64; step++) {
+    if (__atomic_load_n(&s->host->ticket, __ATOMIC_ACQUIRE) == ticket ||
+        __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE))
+      return;
+    if (!step_fn(c->o->on_wait_ctx, step)) return;
+  }
+}
+
 /* The handle's source index for `cap` rows; when the arena cannot hold it the call drains (peers
  * still get our part of the exchange) and launch_data reports it. */
 static void alloc_src(call_t *c, int64_t cap) {
@@ -277,7 +291,10 @@ static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *n
   ep_status_t rc = launch_notify(s, c, st, t);
   if (!rc && c->early) rc = launch_early(s, c, st);
   *nr = c->plan->nr;
-  if (!rc && wait) rc = wait_count(s, c, t, nr);
+  if (!rc && wait) {
+    while_waiting(s, c, t);
+    rc = wait_count(s, c, t, nr);
+  }
   if (rc) return rc;
   ep_status_t out_rc = ep_call_outputs_ready(s->ctx, c->c, *nr, c->lay.rows);
   if (!out_rc && !aligned16(c->o->recv_x))
@@ -304,7 +321,10 @@ static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   ep_status_t rc = launch_notify(s, c, st, 0);
   if (!rc) rc = launch_data(s, c, st, cap, t);
   *nr = c->c->sync ? c->plan->nr : -1;
-  if (!rc && wait) rc = wait_count(s, c, t, nr);
+  if (!rc && wait) {
+    while_waiting(s, c, t);
+    rc = wait_count(s, c, t, nr);
+  }
   if (!rc && c->c->sync) rc = ep_call_outputs_ready(s->ctx, c->c, *nr, c->lay.rows);
   return rc;
 }

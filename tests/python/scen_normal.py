@@ -9,7 +9,7 @@ import torch
 
 import epcomm
 import ref
-from common import BF16, F32, FP8, I32, I64, Check, bf16, gen, ipc_exportable, routing
+from common import BF16, F32, FP8, I32, Check, bf16, gen, ipc_exportable, routing
 from epcomm import deep_ep
 
 
@@ -439,5 +439,87 @@ def registered_combine(ctx, seed, sizes, H, E, topk):
     finally:
         buf.destroy()
     ck.true(reg2 is not None and not reg2.active, "a registration goes with its buffer")
+    ref.free_dispatch(st)
+    ck.done()
+
+
+def spares_steps(ctx, seed, sizes, H, E, topk, steps=3):
+    """Layer steps (layout, dispatch, combine) whose dispatch waits for its count (CUDA: the
+    stream held by a sleep first, so that the host does wait): the outputs the Buffer made
+    meanwhile (_spares: the combine's output, the next layout's and rank prefix) are taken by
+    the calls they were made for, on the stream they were made on, and every result keeps the
+    reference's bits; a combine on another stream, a layout of another size, and
+    Spares.ENABLED = False take none. CPU has no spares."""
+    from epcomm._spares import Spares
+    R, me, dev = ctx.nranks, ctx.rank, ctx.device
+    cuda = torch.device(dev).type == "cuda"
+    xs, _, idxs, ws, _ = _world(R, seed, sizes, H, E, topk, False)
+    want, st = ref.dispatch(xs, idxs, ws, E, 1, None)
+    nrs = [w_["nr"] for w_ in want]
+    ys, _, _ = _combine_inputs(seed, R, nrs, H, 0, sizes)
+    out_want, _ = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want], None, None)
+    ck = Check(me, f"spares_steps(R={R})")
+    buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
+    idx, w, y = idxs[me].to(dev), ws[me].to(dev), ys[me].to(dev)
+    lay = ref.layout(idxs[me], E, R)
+
+    def step(what, other_stream=False):
+        if cuda:
+            torch.cuda._sleep(20_000_000)  # ~10 ms: the count comes after the host waits
+        tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
+        recv_x, r_idx, r_w, _, handle, _ = buf.dispatch(
+            xs[me].to(dev), num_tokens_per_rank=tpr, is_token_in_rank=itr,
+            num_tokens_per_expert=tpe, topk_idx=idx, topk_weights=w)
+        ck.bits(recv_x, want[me]["x"], f"{what}: recv_x")
+        ck.bits(r_w, want[me]["topk_weights"], f"{what}: recv_topk_weights")
+        ck.bits(handle[0], want[me]["rank_prefix"], f"{what}: rank_prefix")
+        ck.bits(tpr, lay[0], f"{what}: num_tokens_per_rank")
+        ck.bits(tpe, lay[1], f"{what}: num_tokens_per_expert")
+        ck.bits(itr, lay[2], f"{what}: is_token_in_rank")
+        spare = handle._ep.spare
+        if other_stream:
+            s2 = torch.cuda.Stream(dev)
+            s2.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(s2):
+                out, _, _ = buf.combine(y, handle)
+            torch.cuda.current_stream(dev).wait_stream(s2)
+        else:
+            out, _, _ = buf.combine(y, handle)
+        ck.bits(out, out_want[me], f"{what}: combined_x")
+        return spare, out
+
+    try:
+        if not cuda:
+            ck.true(buf._spares is None, "no spares on CPU")
+            step("cpu")
+        else:
+            sp = buf._spares
+            spare, out = step("first step")
+            ck.true(spare is not None, "the dispatch made its combine's output while it waited")
+            ck.true(spare is not None and out.data_ptr() == spare[1].data_ptr(),
+                    "the combine took it")
+            for i in range(1, steps):
+                u0 = sp.used
+                step(f"step {i + 1}")
+                ck.eq(sp.used - u0, 3, f"step {i + 1}: spares taken (layout, prefix, combine)")
+            u0 = sp.used
+            spare, out = step("combine on another stream", other_stream=True)
+            ck.eq(sp.used - u0, 2, "a combine on another stream does not take the spare")
+            ck.true(out.data_ptr() != spare[1].data_ptr(), "its output is its own")
+            u0 = sp.used
+            buf.get_dispatch_layout(idx[: max(idx.size(0) - 1, 0)], E)
+            ck.eq(sp.used - u0, 0, "a layout of another size takes no spare")
+            saved, Spares.ENABLED = Spares.ENABLED, False
+            try:
+                spare1, _ = step("spares off")  # may still take one made before
+                u0 = sp.used
+                spare2, _ = step("spares off, again")
+                ck.true(spare1 is None and spare2 is None and sp.used == u0,
+                        f"Spares.ENABLED = False: none made ({spare1}, {spare2}, "
+                        f"{sp.used - u0} taken)")
+            finally:
+                Spares.ENABLED = saved
+    finally:
+        buf.destroy()
     ref.free_dispatch(st)
     ck.done()

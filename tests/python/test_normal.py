@@ -89,3 +89,11 @@ def test_mem_pool_combine(worlds, device, R):
 def test_combine_buffer(worlds, device, R, fp8):
     worlds.get(R, device).run("scen_normal.combine_buffer", seed=11, sizes=sizes(R), H=H, E=E,
                               topk=TOPK, fp8=fp8)
+
+
+@pytest.mark.parametrize("R", RANKS)
+def test_spares(worlds, device, R):
+    """The outputs made while a dispatch waits for its count (CUDA) go to the calls they were
+    made for, with the reference's bits."""
+    worlds.get(R, device).run("scen_normal.spares_steps", seed=14, sizes=sizes(R), H=H, E=E,
+                              topk=TOPK)

@@ -1,0 +1,99 @@
+"""Outputs of a Buffer's next calls, allocated while a dispatch's host waits for its receive
+count (the C library's ep_dispatch_out_t.on_wait).
+
+At small batches a MoE layer step on CUDA is bound by the host: a synchronous dispatch spins
+until the count exchange is in, and each of the step's other calls then spends 5-8 us of host
+time per ``torch.empty`` (nine of them per step). Allocated during that spin instead, the
+combine's output and the next step's layout outputs and rank prefix cost nothing on the
+critical path. A spare is only used by a call that would have allocated the same shape on the
+same stream (the caching allocator's blocks belong to the stream they were made on) and runs on
+it directly; anything else drops it, and the call allocates as before. Results do not change:
+a spare is a fresh ``torch.empty`` that nothing else has seen.
+"""
+
+import torch
+
+_I32, _BF16 = torch.int32, torch.bfloat16
+
+
+class Spares:
+    """One Buffer's spares (CUDA only). ``ENABLED = False`` turns them off for every Buffer
+    (bench/py_host_cost.py times both)."""
+
+    ENABLED = True
+    # A combine output is made ahead only up to this size: beyond it the host is not what bounds
+    # a step, and the output would be held through the experts' work for nothing.
+    COMBINE_LIMIT = 8 << 20
+
+    __slots__ = ("device", "R", "layout", "prefix", "_job", "used")
+
+    def __init__(self, device, R):
+        self.device, self.R = device, R
+        self.layout = None  # (stream, n, E, (tokens_per_rank, tokens_per_expert, in_rank))
+        self.prefix = None  # (stream, rank_prefix [R][R])
+        self._job = None
+        self.used = 0  # spares taken by calls (tests, benches)
+
+    def job(self, stream, n, E, H):
+        """The on_wait callable of one dispatch on ``stream`` (n tokens, E experts, hidden H):
+        step by step the combine output for its handle (``.combine_out`` after the call), the
+        next dispatch's rank prefix, the next layout's three outputs."""
+        if not self.ENABLED:
+            return None
+        self._job = _Job(self, stream, n, E, H)
+        return self._job.step
+
+    def finish(self):
+        """(stream, combine output) of the dispatch that just returned, or None."""
+        job, self._job = self._job, None
+        if job is None or job.combine is None:
+            return None
+        return job.stream, job.combine
+
+    def take_layout(self, stream, n, E):
+        got, self.layout = self.layout, None
+        if got is None or got[:3] != (stream, n, E):
+            return None
+        self.used += 1
+        return got[3]
+
+    def take_prefix(self, stream):
+        got, self.prefix = self.prefix, None
+        if got is None or got[0] != stream:
+            return None
+        self.used += 1
+        return got[1]
+
+    def take_combine(self, spare, stream, shape):
+        if spare is None or spare[0] != stream or tuple(spare[1].shape) != shape:
+            return None
+        self.used += 1
+        return spare[1]
+
+
+class _Job:
+    __slots__ = ("spares", "stream", "n", "E", "H", "combine", "parts")
+
+    def __init__(self, spares, stream, n, E, H):
+        self.spares, self.stream, self.n, self.E, self.H = spares, stream, n, E, H
+        self.combine = None
+        self.parts = []
+
+    def step(self, k):
+        """One allocation per step (the C call checks the count between steps); False when
+        there is nothing more to make."""
+        s, dev, n, R = self.spares, self.spares.device, self.n, self.spares.R
+        if k == 0:
+            if n * self.H * 2 <= Spares.COMBINE_LIMIT:
+                self.combine = torch.empty((n, self.H), dtype=_BF16, device=dev)
+        elif k == 1:
+            s.prefix = (self.stream, torch.empty((R, R), dtype=_I32, device=dev))
+        elif k == 2:
+            self.parts.append(torch.empty((R,), dtype=_I32, device=dev))
+        elif k == 3:
+            self.parts.append(torch.empty((self.E,), dtype=_I32, device=dev))
+        else:
+            self.parts.append(torch.empty((n, R), dtype=torch.bool, device=dev))
+            s.layout = (self.stream, n, self.E, tuple(self.parts))
+            return False
+        return True
