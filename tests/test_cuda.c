@@ -272,13 +272,19 @@ static void CUDART_CB hold_50ms(void *unused) {
 static int dispatch_steps(ep_buffer_t b, const ep_dispatch_args_t *a, int worst, int *nr,
                           ep_handle_t *h) {
   steps_t w = {0, 4};
-  ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_VIEWS, .on_wait = step_fn,
-                         .on_wait_ctx = &w, .worst_case = worst, .capacity = worst ? 64 * NMAX : 0};
+  ep_dispatch_out_t o = {.size = sizeof o,
+                         .mode = EP_OUTPUT_VIEWS,
+                         .on_wait = step_fn,
+                         .on_wait_ctx = &w,
+                         .worst_case = worst,
+                         .capacity = worst ? 64 * NMAX : 0};
   CU(cudaLaunchHostFunc(a->stream, hold_50ms, NULL));
   T_OK(ep_dispatch(b, a, &o));
   *nr = o.num_recv_tokens;
-  if (h) *h = o.handle;
-  else if (o.handle) T_OK(ep_handle_destroy(o.handle));
+  if (h)
+    *h = o.handle;
+  else if (o.handle)
+    T_OK(ep_handle_destroy(o.handle));
   return w.steps;
 }
 
@@ -294,9 +300,15 @@ static int onwait(void) {
   cudaStream_t st;
   CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
-  ep_dispatch_args_t a = {.size = sizeof a, .x = x, .dtype = EP_DTYPE_BF16,
-                          .num_tokens = in.n[me], .hidden = H, .topk_idx = idx, .topk = TOPK,
-                          .num_experts = in.E, .stream = st};
+  ep_dispatch_args_t a = {.size = sizeof a,
+                          .x = x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = in.n[me],
+                          .hidden = H,
+                          .topk_idx = idx,
+                          .topk = TOPK,
+                          .num_experts = in.E,
+                          .stream = st};
   int want = 0, nr = -2;
   for (int s = 0; s < R; s++)
     for (int t = 0; t < in.n[s]; t++) {
@@ -309,8 +321,13 @@ static int onwait(void) {
   int steps = dispatch_steps(b, &a, 0, &nr, &h);
   T_CHECK(steps == 4, "full dispatch on a held stream: on_wait ran %d of its 4 steps", steps);
   T_CHECK(nr == want, "full dispatch: %d rows received, expected %d", nr, want);
-  ep_dispatch_args_t c = {.size = sizeof c, .x = x, .dtype = EP_DTYPE_BF16,
-                          .num_tokens = in.n[me], .hidden = H, .cached = h, .stream = st};
+  ep_dispatch_args_t c = {.size = sizeof c,
+                          .x = x,
+                          .dtype = EP_DTYPE_BF16,
+                          .num_tokens = in.n[me],
+                          .hidden = H,
+                          .cached = h,
+                          .stream = st};
   steps = dispatch_steps(b, &c, 0, &nr, NULL);
   T_CHECK(steps == 0 && nr == want, "cached dispatch: on_wait ran %d steps (0 expected), %d rows",
           steps, nr);
