@@ -246,10 +246,12 @@ def main():
         pool_phases, pool_slow = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
         c1 = buf.in_place_counts()  # the pool path taken, or a silent fallback
         spares_taken = buf._spares.used - u0
-        # The same without the spares (epcomm._spares): their share of the host's phases.
+        # The same without the spares (epcomm._spares): their share of the host's phases;
+        # then with them once more (the order of the runs moves a phase too).
         Spares.ENABLED = False
         bare_phases, _ = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
         Spares.ENABLED = True
+        again, _ = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
         pool_inpl = (c1[1] - c0[1], c1[0] - c0[0])
         rx_bytes = recv_x.numel() * recv_x.element_size()
         room = host_us(lambda: pool._room(rx_bytes, buf.device)) if pool else None
@@ -281,11 +283,11 @@ def main():
             print(out.getvalue())
             print("layer step (layout + dispatch, default outputs + combine): host us, "
                   "medians of 100; default outputs plain (baseline) / from the out pool / the "
-                  "out pool with the spares off; "
+                  "out pool with the spares off / the out pool again; "
                   f"EP_CUDA_LATE_HELLO={os.environ.get('EP_CUDA_LATE_HELLO')}")
             for i, (nm, us) in enumerate(phases):
-                pu = (f"{pool_phases[i][1]:10.1f}{bare_phases[i][1]:10.1f}" if pool_phases
-                      else "   no pool")
+                pu = (f"{pool_phases[i][1]:10.1f}{bare_phases[i][1]:10.1f}{again[i][1]:10.1f}"
+                      if pool_phases else "   no pool")
                 print(f"  {nm:<28}{us:8.1f}{pu}")
             if pool_phases:
                 steps = LAYER_STEPS + 10

@@ -460,7 +460,8 @@ def spares_steps(ctx, seed, sizes, H, E, topk, steps=3):
     out_want, _ = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want], None, None)
     ck = Check(me, f"spares_steps(R={R})")
     buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
-    idx, w, y = idxs[me].to(dev), ws[me].to(dev), ys[me].to(dev)
+    # On the device before the sleeps: a copy from host memory would wait for them.
+    x, idx, w, y = xs[me].to(dev), idxs[me].to(dev), ws[me].to(dev), ys[me].to(dev)
     lay = ref.layout(idxs[me], E, R)
 
     def step(what, other_stream=False):
@@ -468,9 +469,10 @@ def spares_steps(ctx, seed, sizes, H, E, topk, steps=3):
             torch.cuda._sleep(20_000_000)  # ~10 ms: the count comes after the host waits
         tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
         recv_x, r_idx, r_w, _, handle, _ = buf.dispatch(
-            xs[me].to(dev), num_tokens_per_rank=tpr, is_token_in_rank=itr,
+            x, num_tokens_per_rank=tpr, is_token_in_rank=itr,
             num_tokens_per_expert=tpe, topk_idx=idx, topk_weights=w)
         ck.bits(recv_x, want[me]["x"], f"{what}: recv_x")
+        ck.bits(r_idx, want[me]["topk_idx"], f"{what}: recv_topk_idx")
         ck.bits(r_w, want[me]["topk_weights"], f"{what}: recv_topk_weights")
         ck.bits(handle[0], want[me]["rank_prefix"], f"{what}: rank_prefix")
         ck.bits(tpr, lay[0], f"{what}: num_tokens_per_rank")
