@@ -63,7 +63,7 @@ case $n in
   6)
     HCR="2 4 8" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build python hostcost pystep ;;
   7)
-    OUT="$d" WITH_MPS=.gpu/with-mps NPROCS="2 4" TIMEOUT=150 timeout -k 5 "$limit" \
+    OUT="$d" WITH_MPS="$PWD/.gpu/with-mps" NPROCS="2 4" TIMEOUT=150 timeout -k 5 "$limit" \
       tools/deepep_compat.sh .deepep build intranode
     rc7=$?
     echo "deepep_compat: exit $rc7"

@@ -469,7 +469,9 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         if self._cuda:
             t = self._rtpe
             if not isinstance(t, torch.Tensor) or t.numel() != L:
-                t = self._rtpe = torch.empty((L,), dtype=_I32, pin_memory=True)
+                # device given: under torch.set_default_device("cuda") (DeepEP's
+                # test_intranode.py) a pinned tensor would otherwise be asked for on the GPU
+                t = self._rtpe = torch.empty((L,), dtype=_I32, device="cpu", pin_memory=True)
             return t, t.data_ptr()
         a = self._rtpe
         if len(a) != L:

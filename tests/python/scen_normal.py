@@ -3,6 +3,7 @@ dispatch in bf16 and fp8 (column-major scales), with and without top-k (routing 
 is_token_in_rank), cached dispatch, worst-case tokens, combine with weights and biases, the
 stream flags; every output compared bit for bit with the reference (tools/ref/ref.c)."""
 
+import contextlib
 import os
 
 import torch
@@ -443,13 +444,16 @@ def registered_combine(ctx, seed, sizes, H, E, topk):
     ck.done()
 
 
-def spares_steps(ctx, seed, sizes, H, E, topk, steps=3):
+def spares_steps(ctx, seed, sizes, H, E, topk, steps=3, default_device=False):
     """Layer steps (layout, dispatch, combine) whose dispatch waits for its count (CUDA: the
     stream held by a sleep first, so that the host does wait): the outputs the Buffer made
     meanwhile (_spares: the combine's output, the next layout's and rank prefix) are taken by
     the calls they were made for, on the stream they were made on, and every result keeps the
     reference's bits; a combine on another stream, a layout of another size, and
-    Spares.ENABLED = False take none. CPU has no spares."""
+    Spares.ENABLED = False take none. CPU has no spares. default_device: the Buffer made and
+    used under ``with torch.device(dev)``, as DeepEP's test_intranode.py runs
+    (torch.set_default_device): what the package allocates for itself must still name its
+    device (a page-locked count buffer on the GPU failed there)."""
     from epcomm._spares import Spares
     R, me, dev = ctx.nranks, ctx.rank, ctx.device
     cuda = torch.device(dev).type == "cuda"
@@ -458,7 +462,9 @@ def spares_steps(ctx, seed, sizes, H, E, topk, steps=3):
     nrs = [w_["nr"] for w_ in want]
     ys, _, _ = _combine_inputs(seed, R, nrs, H, 0, sizes)
     out_want, _ = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want], None, None)
-    ck = Check(me, f"spares_steps(R={R})")
+    ck = Check(me, f"spares_steps(R={R}, default_device={default_device})")
+    scope = torch.device(dev) if default_device else contextlib.nullcontext()
+    scope.__enter__()
     buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
     # On the device before the sleeps: a copy from host memory would wait for them.
     x, idx, w, y = xs[me].to(dev), idxs[me].to(dev), ws[me].to(dev), ys[me].to(dev)
@@ -523,5 +529,6 @@ def spares_steps(ctx, seed, sizes, H, E, topk, steps=3):
                 Spares.ENABLED = saved
     finally:
         buf.destroy()
+        scope.__exit__(None, None, None)
     ref.free_dispatch(st)
     ck.done()

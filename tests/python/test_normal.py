@@ -92,8 +92,9 @@ def test_combine_buffer(worlds, device, R, fp8):
 
 
 @pytest.mark.parametrize("R", RANKS)
-def test_spares(worlds, device, R):
+@pytest.mark.parametrize("default_device", [False, True], ids=["plain", "default_device"])
+def test_spares(worlds, device, R, default_device):
     """The outputs made while a dispatch waits for its count (CUDA) go to the calls they were
-    made for, with the reference's bits."""
+    made for, with the reference's bits; also with the device as torch's default device."""
     worlds.get(R, device).run("scen_normal.spares_steps", seed=14, sizes=sizes(R), H=H, E=E,
-                              topk=TOPK)
+                              topk=TOPK, default_device=default_device)
