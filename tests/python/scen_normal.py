@@ -462,13 +462,13 @@ def spares_steps(ctx, seed, sizes, H, E, topk, steps=3, default_device=False):
     nrs = [w_["nr"] for w_ in want]
     ys, _, _ = _combine_inputs(seed, R, nrs, H, 0, sizes)
     out_want, _ = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want], None, None)
+    lay = ref.layout(idxs[me], E, R)  # host tensors for the C reference: outside the scope
     ck = Check(me, f"spares_steps(R={R}, default_device={default_device})")
     scope = torch.device(dev) if default_device else contextlib.nullcontext()
     scope.__enter__()
     buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
     # On the device before the sleeps: a copy from host memory would wait for them.
     x, idx, w, y = xs[me].to(dev), idxs[me].to(dev), ws[me].to(dev), ys[me].to(dev)
-    lay = ref.layout(idxs[me], E, R)
 
     def step(what, other_stream=False):
         if cuda:
