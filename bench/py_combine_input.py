@@ -233,6 +233,10 @@ def main():
             Spares.ENABLED = True
             pairs.append((off, timed(group, layer, o.iters, "layer step, defaults", spikes)))
         lnospare = tuple(statistics.mean(p[0][i] for p in pairs) for i in range(2))
+        # The defaults' figures: the two loops alternated with the spares off (the first loop,
+        # kept for its in-place counts, runs first after the other forms and had the run's
+        # first-call spikes and garbage collections in the 17th session's runs).
+        lres = tuple(statistics.mean(p[1][i] for p in pairs) for i in range(2))
         pool_, buf._out_pool = buf._out_pool, None  # plain outputs, the late hello promised
         lpromise = timed(group, layer, o.iters, "layer step, pool off, late promised", spikes)
         buf._out_pool = pool_
@@ -277,7 +281,8 @@ def main():
                   "times it")
             print(f"layer step (get_dispatch_layout + dispatch with default outputs + combine "
                   f"of its rows), the package's defaults (out pool + late hello): "
-                  f"{lres[0]:.1f} us (median), {lres[1]:.1f} us (mean); in place: "
+                  f"{lres[0]:.1f} us (median), {lres[1]:.1f} us (mean), two loops' means; in "
+                  f"place (a loop before them): "
                   f"{linpl[0]}/{calls} dispatches, {linpl[1]}/{calls} combines")
             print(f"the same, spares off (no outputs made while the dispatch waits): "
                   f"{lnospare[0]:.1f} us (median), {lnospare[1]:.1f} us (mean), two loops' "
