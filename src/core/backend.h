@@ -295,9 +295,11 @@ struct ep_backend_ops {
   void (*ll_reject)(void *state, bool combine);
   /* Optional, local: bytes sent so far through the network engine and to ranks of this host. */
   void (*traffic)(void *state, uint64_t *net, uint64_t *local);
-  /* Optional, local: normal-mode calls that skipped the staging pass, and allocator-path
-   * dispatches whose rows moved before the allocation (ep_buffer_info_t). */
-  void (*in_place)(void *state, uint64_t *combines, uint64_t *dispatches, uint64_t *early);
+  /* Optional, local: which paths normal-mode calls took (ep_buffer_info_t): combines and
+   * dispatches that skipped the staging / copy-out pass, and allocator-path dispatches whose rows
+   * moved before the allocation. */
+  void (*path_counts)(void *state, uint64_t *combines_in_place, uint64_t *dispatches_in_place,
+                      uint64_t *dispatches_early);
 };
 
 /* Every backend module defines one `const struct ep_backend_ops *ep_backend_<name>(void)`; the

@@ -57,8 +57,8 @@ typedef struct {
   uint8_t **reg_table;    /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
   uint64_t *reg_bytes;    /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
   struct cuda_net *net;   /* across hosts (cuda_net.h), NULL on one host */
-  uint64_t in_place[3];   /* combines read in place, dispatches written in place, allocator-path
-                             dispatches with early data (one host) */
+  uint64_t paths[3];      /* combines read in place, dispatches written in place, allocator-path
+                           dispatches with early data (one host) */
   bool late_hello;        /* EP_CUDA_LATE_HELLO: the allocator path may post a late hello */
   bool early_data;        /* EP_CUDA_EARLY_DATA: the allocator path moves rows before allocating */
   ep_call_key_t prev_key; /* err_key of the call before, for its error seen during this one */

@@ -81,11 +81,12 @@ static void trace_print(cuda_state_t *s) {
   free(t);
 }
 
-static void cuda_in_place(void *state, uint64_t *combines, uint64_t *dispatches, uint64_t *early) {
+static void cuda_path_counts(void *state, uint64_t *combines, uint64_t *dispatches,
+                             uint64_t *early) {
   cuda_state_t *s = state;
-  *combines = __atomic_load_n(&s->in_place[0], __ATOMIC_RELAXED);
-  *dispatches = __atomic_load_n(&s->in_place[1], __ATOMIC_RELAXED);
-  *early = __atomic_load_n(&s->in_place[2], __ATOMIC_RELAXED);
+  *combines = __atomic_load_n(&s->paths[0], __ATOMIC_RELAXED);
+  *dispatches = __atomic_load_n(&s->paths[1], __ATOMIC_RELAXED);
+  *early = __atomic_load_n(&s->paths[2], __ATOMIC_RELAXED);
 }
 
 static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {
@@ -183,7 +184,7 @@ static const struct ep_backend_ops cuda_ops = {
     .ll_release = cuda_ll_release,
     .ll_reject = cuda_ll_reject,
     .traffic = cuda_net_traffic,
-    .in_place = cuda_in_place,
+    .path_counts = cuda_path_counts,
 };
 
 const struct ep_backend_ops *ep_backend_cuda(void) {

@@ -132,7 +132,7 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
                      .x_reg = x_reg};
   rc = cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
   if (!rc) rc = cuda_check(s, epk_launch_combine(&s->kb, &k, st), OP, "launch");
-  if (!rc && k.direct) __atomic_fetch_add(&s->in_place[0], 1, __ATOMIC_RELAXED);
+  if (!rc && k.direct) __atomic_fetch_add(&s->paths[0], 1, __ATOMIC_RELAXED);
   cuda_leave(s, st, true);
   return rc;
 }
