@@ -229,8 +229,10 @@ def main():
         pairs = []
         for _ in range(2):
             Spares.ENABLED = False
-            off = timed(group, layer, o.iters, "layer step, spares off", spikes)
-            Spares.ENABLED = True
+            try:
+                off = timed(group, layer, o.iters, "layer step, spares off", spikes)
+            finally:
+                Spares.ENABLED = True
             pairs.append((off, timed(group, layer, o.iters, "layer step, defaults", spikes)))
         lnospare = tuple(statistics.mean(p[0][i] for p in pairs) for i in range(2))
         # The defaults' figures: the two loops alternated with the spares off (the first loop,

@@ -18,11 +18,12 @@ itself; for each, the host time of a combine and the event-timed medians (slowes
 experts' write + combine from the combine buffer, and of a whole layer's dispatch (default
 outputs: the host waits for the count) + combine, with the ratio to the baseline.
 
-The layer step's phases come three times: default outputs as plain tensors (the baseline), from
-the Buffer's out pool (``out_pool_bytes``), and from the pool with the spares off (the next calls'
-outputs made while the dispatch waits for its count, ``epcomm._spares``); the first two with every rank's phases of the (at most three)
-slowest steps that took over twice the median step, so that a rank whose own phase stalled stands
-apart from the ranks that waited for it; and with the host time of the pool's room check alone
+The layer step's phases come four times: default outputs as plain tensors (the baseline), from
+the Buffer's out pool (``out_pool_bytes``), from the pool with the spares off (the next calls'
+outputs made while the dispatch waits for its count, ``epcomm._spares``), and from the pool
+again; the first two with every rank's phases of the (at most three) slowest steps that took
+over twice the median step, so that a rank whose own phase stalled stands apart from the ranks
+that waited for it; and with the host time of the pool's room check alone
 (``OutPool._room``: it may take a snapshot of the pool). EP_CUDA_LATE_HELLO is 1 unless set, for
 the whole run: the buffer has registrations (the pools), so every figure here, the baseline's and
 the other sections' too, is taken with the late hello (what a Buffer with its default out pool
@@ -249,8 +250,10 @@ def main():
         # The same without the spares (epcomm._spares): their share of the host's phases;
         # then with them once more (the order of the runs moves a phase too).
         Spares.ENABLED = False
-        bare_phases, _ = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
-        Spares.ENABLED = True
+        try:
+            bare_phases, _ = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
+        finally:
+            Spares.ENABLED = True
         again, _ = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
         pool_inpl = (c1[1] - c0[1], c1[0] - c0[0])
         rx_bytes = recv_x.numel() * recv_x.element_size()

@@ -430,6 +430,8 @@ typedef enum {
 typedef struct ep_dispatch_out_s ep_dispatch_out_t;
 typedef int (*ep_alloc_fn)(void *ctx, const ep_dispatch_args_t *args, int num_recv_tokens,
                            ep_dispatch_out_t *out);
+/* ep_dispatch_out_t.on_wait: one step of the caller's own work; non-zero asks for the next. */
+typedef int (*ep_wait_fn)(void *ctx, int step);
 
 struct ep_dispatch_out_s {
   size_t size;           /* sizeof(ep_dispatch_out_t): EP_DISPATCH_OUT_INIT */
@@ -464,17 +466,20 @@ struct ep_dispatch_out_s {
                           (ep_handle_destroy) even when it is not used (on CUDA handles
                           hold device memory from a fixed arena). NULL after a cached
                           dispatch (the cached handle stays valid). */
-  /* Added after API 0.2, at the end (a 0.2-sized struct is still accepted). Optional: the
-   * caller's own work for the time the host would otherwise spin. Where a synchronous call's
-   * host waits for a device to publish the receive count (the CUDA backend on one host), the
-   * call, once the count exchange is queued, calls on_wait(on_wait_ctx, 0), (.., 1), ... on the
-   * calling thread while the count is not in yet, until on_wait returns 0; then it waits as
-   * usual. Each step should be short (one allocation, say): the count is checked between
-   * steps, never during one. on_wait must not call into this buffer; its steps run whether the
-   * call then succeeds or not. Not called where the host has nothing to wait for (the CPU
-   * backend moves the rows itself, a worst-case dispatch does not wait, a cached dispatch knows
-   * its count). The Python package allocates its next calls' outputs there. */
-  int (*on_wait)(void *ctx, int step);
+  /* Added after API 0.2, at the end (a struct of the 0.2 size, which ends at `handle`, is still
+   * accepted). Optional: the caller's own work for the time the host would otherwise spin.
+   * Where a synchronous call's host waits for a device to publish the receive count (the CUDA
+   * backend on one host), the call, once the count exchange is queued, calls
+   * on_wait(on_wait_ctx, 0), (.., 1), ... on the calling thread while the count is not in yet,
+   * until on_wait returns 0, 64 steps have run, or an error is posted; then it waits as usual.
+   * So it may run no step at all. Each step should be short (one allocation, say): the count
+   * is checked between steps, never during one, and the call's deadline and its check for dead
+   * peers start after the steps. on_wait must not call into this buffer (such a call fails
+   * with EP_ERR_BUSY) and must return normally; its steps run whether the call then succeeds
+   * or not. Not called where the host has nothing to wait for (the CPU backend moves the rows
+   * itself, a worst-case dispatch does not wait, a cached dispatch knows its count). The Python
+   * package allocates its next calls' outputs there. */
+  ep_wait_fn on_wait;
   void *on_wait_ctx;
 };
 #define EP_DISPATCH_OUT_INIT EP_ARGS_INIT_(ep_dispatch_out_t)

@@ -288,6 +288,25 @@ static void still_works(fx_t *f, const char *after) {
   T_OK(ep_handle_destroy(f->o.handle));
 }
 
+/* ep_dispatch_out_t grew after API 0.2 (on_wait at its end): the 0.2 size still works, a size it
+ * never had is refused (on every rank alike: nothing collective starts). */
+static void out_sizes(fx_t *f) {
+  reset_inputs(f);
+  poison(f);
+  ep_dispatch_args_t a = good_dispatch(f);
+  f->o.size = offsetof(ep_dispatch_out_t, on_wait);
+  t_case = "dispatch: out of the API 0.2 size";
+  T_OK(dispatch(f, &a));
+  T_CHECK(f->o.handle && f->o.handle != H_POISON && f->o.num_recv_tokens >= 0,
+          "%s: handle %p, %d rows", t_case, (void *)f->o.handle, f->o.num_recv_tokens);
+  T_OK(ep_handle_destroy(f->o.handle));
+  reset_inputs(f);
+  poison(f);
+  f->o.size = offsetof(ep_dispatch_out_t, on_wait_ctx);
+  t_case = "dispatch: out of a size between";
+  expect(f, dispatch(f, &a), EP_ERR_CONFIG, "out: size", t_case);
+}
+
 static void dispatch_table(fx_t *f) {
   for (size_t i = 0; i < sizeof dcases / sizeof dcases[0]; i++) {
     t_case = dcases[i].name;
@@ -704,6 +723,7 @@ int main(void) {
   T_OK(ep_handle_destroy(f->dead_handle));
   object_table(f);
   dispatch_table(f);
+  out_sizes(f);
   cached_case(f);
   T_OK(ep_handle_destroy(f->good_handle));
   capacity_cases(f);

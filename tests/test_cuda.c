@@ -19,7 +19,7 @@
  *                         a buffer too small for the rows refuses with EP_ERR_TOO_LARGE
  *   test_cuda onwait      a full dispatch on a stream held by a 50 ms host function: on_wait
  *                         runs every step it asks for while the host waits for the count, the
- *                         rows still arrive right; a worst-case and a cached dispatch never
+ *                         receive count is still right; a worst-case and a cached dispatch never
  *                         call it */
 #include <unistd.h>
 

@@ -61,7 +61,8 @@ case $n in
       EARLYT=${EARLYT:-128 4096} timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build \
       suite pystep early ;;
   6)
-    HCR="2 4 8" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build python hostcost pystep ;;
+    HCR="2 4 8" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build python \
+      hostcost pystep ;;
   7)
     OUT="$d" WITH_MPS="$PWD/.gpu/with-mps" NPROCS="2 4" TIMEOUT=150 timeout -k 5 "$limit" \
       tools/deepep_compat.sh .deepep build intranode

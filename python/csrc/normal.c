@@ -49,13 +49,19 @@ static int alloc_rows(void *vctx, const ep_dispatch_args_t *args, int n, ep_disp
 
 /* ep_dispatch_out_t.on_wait: the Python callable gets the step number while the host waits for
  * the count; a true result asks for the next step. An exception is the callable's bug, not the
- * call's: it is printed as unraisable and the steps end. */
+ * call's: it is printed as unraisable and the steps end; a Ctrl-C is raised again once the call
+ * is back in Python (the collective call itself must still complete on this rank). */
 static int wait_step(void *fn, int step) {
   PyGILState_STATE g = PyGILState_Ensure();
   PyObject *r = PyObject_CallFunction((PyObject *)fn, "i", step);
   int more = r ? PyObject_IsTrue(r) : -1;
   if (more < 0) {
-    PyErr_WriteUnraisable((PyObject *)fn);
+    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+      PyErr_Clear();
+      PyErr_SetInterrupt();
+    } else {
+      PyErr_WriteUnraisable((PyObject *)fn);
+    }
     more = 0;
   }
   Py_XDECREF(r);

@@ -620,6 +620,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
 
     def _forget_registrations(self):
         self._out_pool = None
+        self._spares = None  # a spare may lie in a pool's arena: it goes with the rest
         regs, self._registrations = self._registrations, {}
         for r in regs.values():
             r._forget()

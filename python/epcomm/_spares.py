@@ -8,7 +8,8 @@ combine's output and the next step's layout outputs and rank prefix cost nothing
 critical path. A spare is only used by a call that would have allocated the same shape on the
 same stream (the caching allocator's blocks belong to the stream they were made on) and runs on
 it directly; anything else drops it, and the call allocates as before. Results do not change:
-a spare is a fresh ``torch.empty`` that nothing else has seen.
+a spare is a fresh ``torch.empty`` that nothing else has seen. A spare comes from whatever pool
+is current when the dispatch runs (``torch.cuda.use_mem_pool``), not when its call does.
 """
 
 import torch
@@ -25,7 +26,7 @@ class Spares:
     # a step, and the output would be held through the experts' work for nothing.
     COMBINE_LIMIT = 8 << 20
 
-    __slots__ = ("device", "R", "layout", "prefix", "_job", "used")
+    __slots__ = ("device", "R", "layout", "prefix", "_job", "used", "combines")
 
     def __init__(self, device, R):
         self.device, self.R = device, R
@@ -33,6 +34,9 @@ class Spares:
         self.prefix = None  # (stream, rank_prefix [R][R])
         self._job = None
         self.used = 0  # spares taken by calls (tests, benches)
+        # combine outputs made, and taken, since the last one that was not: a program whose
+        # combines never take them (another stream, async) gets one every other dispatch
+        self.combines = [0, 0]
 
     def job(self, stream, n, E, H):
         """The on_wait callable of one dispatch on ``stream`` (n tokens, E experts, hidden H):
@@ -68,7 +72,18 @@ class Spares:
         if spare is None or spare[0] != stream or tuple(spare[1].shape) != shape:
             return None
         self.used += 1
+        self.combines[1] += 1
         return spare[1]
+
+    def want_combine(self):
+        """Whether to make a combine output: not when the last one made was not taken (then
+        the count starts again, so a program that changes its ways is found again)."""
+        made, taken = self.combines
+        if made > taken:
+            self.combines = [0, 0]
+            return False
+        self.combines[0] += 1
+        return True
 
 
 class _Job:
@@ -81,10 +96,17 @@ class _Job:
 
     def step(self, k):
         """One allocation per step (the C call checks the count between steps); False when
-        there is nothing more to make."""
+        there is nothing more to make, or an allocation failed (the calls then make their own,
+        and report what they must)."""
+        try:
+            return self._make(k)
+        except (RuntimeError, MemoryError):  # torch.cuda.OutOfMemoryError is a RuntimeError
+            return False
+
+    def _make(self, k):
         s, dev, n, R = self.spares, self.spares.device, self.n, self.spares.R
         if k == 0:
-            if n * self.H * 2 <= Spares.COMBINE_LIMIT:
+            if n * self.H * 2 <= Spares.COMBINE_LIMIT and s.want_combine():
                 self.combine = torch.empty((n, self.H), dtype=_BF16, device=dev)
         elif k == 1:
             s.prefix = (self.stream, torch.empty((R, R), dtype=_I32, device=dev))

@@ -238,7 +238,8 @@ ep_status_t ep_dispatch(ep_buffer_t buffer, const ep_dispatch_args_t *args,
   memset(&c, 0, sizeof c);
   ep_handle *cached = NULL;
   if (!(st = ep_args_load(&c.in, sizeof c.in, args, op, "args")) &&
-      !(st = ep_args_load(&c.out, sizeof c.out, out, op, "out")))
+      !(st = ep_args_load_since(&c.out, sizeof c.out, offsetof(ep_dispatch_out_t, on_wait), out, op,
+                                "out")))
     st = validate_dispatch(b, &c, &cached, op);
   if (st) {
     /* Peers must not wait for a call this rank will not make. */

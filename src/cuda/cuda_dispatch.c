@@ -221,7 +221,7 @@ static ep_status_t wait_count(cuda_state_t *s, call_t *c, uint32_t ticket, int *
  * the Python layer's allocations for its next calls fit in that time. Bounded: 64 steps, and
  * none after an error word (the wait below reports it). */
 static void while_waiting(const cuda_state_t *s, const call_t *c, uint32_t ticket) {
-  int (*step_fn)(void *, int) = c->o->on_wait;
+  const ep_wait_fn step_fn = c->o->on_wait;
   for (int step = 0; step_fn && step < 64; step++) {
     if (__atomic_load_n(&s->host->ticket, __ATOMIC_ACQUIRE) == ticket ||
         __atomic_load_n(&s->host->err, __ATOMIC_ACQUIRE))

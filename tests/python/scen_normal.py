@@ -454,18 +454,27 @@ def spares_steps(ctx, seed, sizes, H, E, topk, steps=3, default_device=False):
     used under ``with torch.device(dev)``, as DeepEP's test_intranode.py runs
     (torch.set_default_device): what the package allocates for itself must still name its
     device (a page-locked count buffer on the GPU failed there)."""
-    from epcomm._spares import Spares
     R, me, dev = ctx.nranks, ctx.rank, ctx.device
-    cuda = torch.device(dev).type == "cuda"
     xs, _, idxs, ws, _ = _world(R, seed, sizes, H, E, topk, False)
     want, st = ref.dispatch(xs, idxs, ws, E, 1, None)
-    nrs = [w_["nr"] for w_ in want]
-    ys, _, _ = _combine_inputs(seed, R, nrs, H, 0, sizes)
-    out_want, _ = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want], None, None)
-    lay = ref.layout(idxs[me], E, R)  # host tensors for the C reference: outside the scope
-    ck = Check(me, f"spares_steps(R={R}, default_device={default_device})")
-    scope = torch.device(dev) if default_device else contextlib.nullcontext()
-    scope.__enter__()
+    try:
+        nrs = [w_["nr"] for w_ in want]
+        ys, _, _ = _combine_inputs(seed, R, nrs, H, 0, sizes)
+        out_want, _ = ref.combine(st, H, topk, ys, [w_["topk_weights"] for w_ in want], None,
+                                  None)
+        lay = ref.layout(idxs[me], E, R)  # host tensors for the C reference: outside the scope
+        ck = Check(me, f"spares_steps(R={R}, default_device={default_device})")
+        with torch.device(dev) if default_device else contextlib.nullcontext():
+            _spares_scenario(ck, ctx, E, xs, idxs, ws, ys, want, out_want, lay, steps)
+    finally:
+        ref.free_dispatch(st)
+    ck.done()
+
+
+def _spares_scenario(ck, ctx, E, xs, idxs, ws, ys, want, out_want, lay, steps):
+    from epcomm._spares import Spares
+    me, dev = ctx.rank, ctx.device
+    cuda = torch.device(dev).type == "cuda"
     buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
     # On the device before the sleeps: a copy from host memory would wait for them.
     x, idx, w, y = xs[me].to(dev), idxs[me].to(dev), ws[me].to(dev), ys[me].to(dev)
@@ -529,6 +538,4 @@ def spares_steps(ctx, seed, sizes, H, E, topk, steps=3, default_device=False):
                 Spares.ENABLED = saved
     finally:
         buf.destroy()
-        scope.__exit__(None, None, None)
-    ref.free_dispatch(st)
-    ck.done()
+    ck.true(buf._spares is None, "destroy() drops the spares")
