@@ -39,9 +39,10 @@ class Spares:
         self.combines = [0, 0]
 
     def job(self, stream, n, E, H):
-        """The on_wait callable of one dispatch on ``stream`` (n tokens, E experts, hidden H):
-        step by step the combine output for its handle (``.combine_out`` after the call), the
-        next dispatch's rank prefix, the next layout's three outputs."""
+        """The on_wait callable of one dispatch on ``stream`` (n tokens, E experts, hidden H),
+        or None when off: step by step the combine output for its handle (finish() hands it
+        over after the call), the next dispatch's rank prefix, the next layout's three
+        outputs."""
         if not self.ENABLED:
             return None
         self._job = _Job(self, stream, n, E, H)
