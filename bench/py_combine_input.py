@@ -44,18 +44,16 @@ and the in-place counters (`Buffer.in_place_counts`), which say which path each 
 """
 
 import argparse
-import gc
 import json
 import os
 import statistics
-import time
 
 import torch
 
 import epcomm
 from epcomm import _mempool, deep_ep
 from epcomm._spares import Spares
-from ranks import gather
+from ranks import event_times, gather
 
 H, TOPK, E = 7168, 8, 256
 
@@ -82,25 +80,10 @@ def slowest(group, times, host, gcs, name, spikes):
 
 
 def timed(group, fn, iters, name, spikes):
-    """fn's time per call by CUDA events on the current stream (the host is the bottleneck at
-    small batches, so they bracket its work too); with the host's own time per call and the
-    garbage collections during it, for slowest()'s spikes."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(iters)]
-    host, gcs = [], []
-    for a, b in ev:
-        g0 = sum(st["collections"] for st in gc.get_stats())
-        t0 = time.perf_counter()
-        a.record()
-        fn()
-        b.record()
-        host.append((time.perf_counter() - t0) * 1e3)  # ms, as elapsed_time
-        gcs.append(sum(st["collections"] for st in gc.get_stats()) - g0)
-    torch.cuda.synchronize()
-    return slowest(group, [a.elapsed_time(b) for a, b in ev], host, gcs, name, spikes)
+    """fn's time per call by CUDA events (ranks.event_times), with the host's own time per call
+    and the garbage collections during it for slowest()'s spikes."""
+    times, host, gcs = event_times(fn, iters)
+    return slowest(group, times, host, gcs, name, spikes)
 
 
 def main():

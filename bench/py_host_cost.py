@@ -42,7 +42,7 @@ import torch
 import epcomm
 from epcomm import _events, deep_ep
 from epcomm._spares import Spares
-from ranks import gather
+from ranks import event_times, gather
 
 H, TOPK, E = 7168, 8, 256
 
@@ -62,17 +62,7 @@ def host_us(fn, n=200):
 
 def event_us(group, fn, n=100):
     """Median over calls of the slowest rank's CUDA-event time of fn, us."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-          for _ in range(n)]
-    for a, b in ev:
-        a.record()
-        fn()
-        b.record()
-    torch.cuda.synchronize()
-    alls = gather(group, [a.elapsed_time(b) for a, b in ev])
+    alls = gather(group, event_times(fn, n)[0])
     return statistics.median(max(c) for c in zip(*alls)) * 1e3
 
 
