@@ -221,7 +221,9 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
 #ifndef EPK_PLAN_GRID
 #define EPK_PLAN_GRID 64 /* blocks of one notify launch at most */
 #endif
+#ifndef EPK_NOTIFY_NT     /* tools/kernel_variants.sh times others (nvcc -D; 64..1024) */
 #define EPK_NOTIFY_NT 256 /* threads of a notify block = tokens of one pass over a tile */
+#endif
 typedef struct {
   uint32_t next_tile, done; /* tiles taken, blocks finished */
   unsigned long long bad;   /* ~0 - the first bad slot of topk_idx (atomicMax); 0: none */
