@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 7; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 8; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -31,6 +31,9 @@
 #   7  DeepEP's own tests/test_intranode.py at R = 2 and 4 against epcomm.deep_ep with the
 #      package's defaults (the out pool among them; tools/deepep_compat.sh build intranode), then
 #      examples/moe_layer.py at 4 ranks on CUDA
+#   8  full - cached at 4096 tokens with smaller plan tiles: tools/kernel_variants.sh, notify
+#      blocks (= tile tokens) of 256 (today's) and 128, R = 4 and 8 twice each ($KV_NT: the
+#      sizes, default "256 128"); the table in OUT/c8/variants.txt
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -40,7 +43,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in 1 | 2 | 3 | 4 | 5 | 6 | 7) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 7)" >&2; exit 2 ;; esac
+case $n in 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 8)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -74,6 +77,14 @@ case $n in
     echo "examples/moe_layer.py, 4 ranks: exit $rc"
     tail -n 5 "$d/moe_layer.log"
     [ "$rc7" = 0 ] && [ "$rc" = 0 ] ;;  # the call's status: both ran clean
+  8)
+    vs=()
+    for nt in ${KV_NT:-256 128}; do vs+=("nt$nt:-DEPK_NOTIFY_NT=$nt"); done
+    VR="4 8 4 8" timeout -k 5 "$limit" tools/kernel_variants.sh .gpu/with-mps "$d" "${vs[@]}" \
+      >"$d/variants.txt" 2>&1
+    rc8=$?
+    cat "$d/variants.txt"
+    [ "$rc8" = 0 ] ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
@@ -83,7 +94,7 @@ case $rc in 124 | 137) echo "gpu_session: call $n stopped at its deadline ($limi
 # A test that tests/run.sh bounds with its own timeout runs in a process group of its own, which
 # the deadline above does not reach: nothing of this tree's builds may hold the GPU (or the MPS
 # server) into the next call, which may find this machine still warm.
-pkill -9 -f 'build-(gpu|deepep)/|pytest tests/python|bench/py_|tools/deepep_time\.py' 2>/dev/null
+pkill -9 -f 'build-(gpu|deepep|v-[^/]*)/|pytest tests/python|bench/py_|tools/deepep_time\.py' 2>/dev/null
 echo "gpu_session: call $n, exit $rc after $((SECONDS - t0)) s"
 tar czf "$out/c$n.tgz" -C "$out" "c$n" && rm -rf "$d"
 # The device tool brings back files of at most 16 MiB: a larger archive loses everything.
