@@ -28,9 +28,10 @@
 #      CUDA tests (a change's check), then where a spike comes from
 #      (bench/py_host_cost.py prints every rank's phases of the slowest layer steps; the layer
 #      step six ways names each spike's slowest rank, its host time and garbage collections)
-#   7  DeepEP's own tests/test_intranode.py at R = 2 and 4 against epcomm.deep_ep with the
-#      package's defaults (the out pool among them; tools/deepep_compat.sh build intranode), then
-#      examples/moe_layer.py at 4 ranks on CUDA
+#   7  DeepEP's own tests/test_intranode.py and tests/test_low_latency.py at R = 2 and 4 against
+#      epcomm.deep_ep with the package's defaults (the out pool among them; tools/deepep_compat.sh
+#      build intranode low_latency, or the stages in $DC7_STAGES), then examples/moe_layer.py at
+#      4 ranks on CUDA
 #   8  full - cached at 4096 tokens with smaller plan tiles: tools/kernel_variants.sh, notify
 #      blocks (= tile tokens) of 256 (today's) and 128, R = 4 and 8 twice each ($KV_NT: the
 #      sizes, default "256 128"); the table in OUT/c8/variants.txt
@@ -67,8 +68,9 @@ case $n in
     HCR="2 4 8" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build python \
       hostcost pystep ;;
   7)
+    # shellcheck disable=SC2086 # the stages are words
     OUT="$d" WITH_MPS="$PWD/.gpu/with-mps" NPROCS="2 4" TIMEOUT=150 timeout -k 5 "$limit" \
-      tools/deepep_compat.sh .deepep build intranode
+      tools/deepep_compat.sh .deepep ${DC7_STAGES:-build intranode low_latency}
     rc7=$?
     echo "deepep_compat: exit $rc7"
     timeout -k 5 120 .gpu/with-mps "${PYTHON:-python3}" -m epcomm launch -n 4 \
