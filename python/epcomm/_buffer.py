@@ -26,7 +26,7 @@ from ._mempool import OutPool as _OutPool, collect as _collect_arenas, mem_pool 
 from ._mempool import park as _park_pools, refuse as _refuse_pool, room_for as _room_for
 from ._mempool import supported as _pool_supported
 from ._registration import register as _register
-from ._spares import Spares
+from ._spares import Spares, combine_spec, layout_specs, prefix_spec
 from ._tensors import need_rows, need_shape, need_tensor, over, ptr
 
 _BF16, _FP8, _F32, _I32, _I64 = (torch.bfloat16, torch.float8_e4m3fn, torch.float32, torch.int32,
@@ -316,8 +316,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
             st = self._spare_stream(launch)
             spare = self._spares.take_layout(st, n, num_experts) if st is not None else None
             if spare is None:
-                spare = (self._empty((R,), _I32), self._empty((num_experts,), _I32),
-                         self._empty((n, R), torch.bool))
+                spare = tuple(self._empty(*spec) for spec in layout_specs(R, num_experts, n))
             tpr, tpe, itr = spare
             # As DeepEP's, the call does not wait for its kernel: a bad expert id is reported
             # by the dispatch that takes it (OutOfRangeError naming the slot).
@@ -426,7 +425,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         try:
             rank_prefix = self._spares.take_prefix(st) if st is not None else None
             if rank_prefix is None:
-                rank_prefix = torch.empty((R, R), dtype=_I32, device=self.device)
+                rank_prefix = self._empty(*prefix_spec(R))
             # Read back below only when nothing else gives the list (the C call then waits).
             rtpe, rtpe_ptr = (None, 0) if W or synthetic else self._per_expert_out(L)
             sc = (0, 0, 0) if scales is None else (scales.size(1), scales.stride(0),
@@ -507,7 +506,7 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         # the handle's routing (the topk_idx it was given, unchanged since), its handle dropped.
         same = (dtype, 0 if scales is None else scales.size(1)) == info.dims[:2]
         try:
-            rank_prefix = self._empty((R, R), _I32)
+            rank_prefix = self._empty(*prefix_spec(R))
             sc = (0, 0, 0) if scales is None else (scales.size(1), scales.stride(0),
                                                    scales.stride(1))
             routing = ((0, 0, 0, 0, 0, info.ref.id) if same else
@@ -546,10 +545,10 @@ class Buffer(LowLatency, _lifecycle.Scoped):
         launch = self._launch(previous_event, async_finish, allocate_on_comm_stream)
         try:
             st, spare, info.spare = self._spare_stream(launch), info.spare, None
-            shape = (info.num_tokens, info.hidden)
+            shape, dtype = combine_spec(info.num_tokens, info.hidden)
             out = self._spares.take_combine(spare, st, shape) if st is not None else None
             if out is None:
-                out = self._empty(shape, _BF16)
+                out = self._empty(shape, dtype)
             out_w = (None if topk_weights is None else
                      self._empty((info.num_tokens, info.topk), _F32))
             _C.combine(buf, info.ref.id, ptr(x), ptr(topk_weights), ptr(bias0), ptr(bias1),

@@ -17,6 +17,22 @@ import torch
 _I32, _BF16 = torch.int32, torch.bfloat16
 
 
+# The outputs' (shape, dtype), for the Buffer's calls and their spares alike.
+def layout_specs(R, E, n):
+    """get_dispatch_layout's: tokens per rank, selections per expert, is_token_in_rank."""
+    return ((R,), _I32), ((E,), _I32), ((n, R), torch.bool)
+
+
+def prefix_spec(R):
+    """dispatch's rank_prefix_matrix."""
+    return (R, R), _I32
+
+
+def combine_spec(n, H):
+    """combine's combined_x."""
+    return (n, H), _BF16
+
+
 class Spares:
     """One Buffer's spares (CUDA only). ``ENABLED = False`` turns them off for every Buffer
     (bench/py_host_cost.py times both)."""
@@ -105,18 +121,21 @@ class _Job:
             return False
 
     def _make(self, k):
-        s, dev, n, R = self.spares, self.spares.device, self.n, self.spares.R
+        s, n = self.spares, self.n
         if k == 0:
             if n * self.H * 2 <= Spares.COMBINE_LIMIT and s.want_combine():
-                self.combine = torch.empty((n, self.H), dtype=_BF16, device=dev)
+                self.combine = self._empty(combine_spec(n, self.H))
         elif k == 1:
-            s.prefix = (self.stream, torch.empty((R, R), dtype=_I32, device=dev))
-        elif k == 2:
-            self.parts.append(torch.empty((R,), dtype=_I32, device=dev))
-        elif k == 3:
-            self.parts.append(torch.empty((self.E,), dtype=_I32, device=dev))
-        else:
-            self.parts.append(torch.empty((n, R), dtype=torch.bool, device=dev))
+            s.prefix = (self.stream, self._empty(prefix_spec(s.R)))
+        else:  # the layout's outputs, one a step
+            specs = layout_specs(s.R, self.E, n)
+            self.parts.append(self._empty(specs[k - 2]))
+            if len(self.parts) < len(specs):
+                return True
             s.layout = (self.stream, n, self.E, tuple(self.parts))
             return False
         return True
+
+    def _empty(self, spec):
+        shape, dtype = spec
+        return torch.empty(shape, dtype=dtype, device=self.spares.device)
