@@ -117,6 +117,12 @@ void t_dsync(void) {
   T_DEV(tk_dev_sync(t_cuda(), NULL));
 }
 
+int t_wait_step(void *ctx, int step) {
+  t_steps_t *w = ctx;
+  w->out_of_order += step != w->steps;
+  return ++w->steps < w->want;
+}
+
 void t_log_to_file(void) {
   char log[64];
   snprintf(log, sizeof log, "/tmp/epcomm-test-log-%d.log", (int)getpid());

@@ -105,6 +105,13 @@ void *t_pinned_alloc(size_t n); /* host memory the device writes (page-locked on
 void t_pinned_free(void *p);    /* NULL-safe */
 void t_dsync(void);             /* wait for the device (no-op on cpu) */
 
+/* ep_dispatch_out_t.on_wait of the tests (ctx: a t_steps_t): counts the steps, and those whose
+ * number was not the count so far, and asks for `want` of them at most. */
+typedef struct {
+  int steps, want, out_of_order;
+} t_steps_t;
+int t_wait_step(void *ctx, int step);
+
 /* The library's warnings of this process, for tests that expect one: t_log_to_file sets
  * EP_LOG_FILE (call before anything logs); t_logged says whether the file has `needle` (its
  * other lines go to stderr, so that an unexpected warning shows), then empties it. */

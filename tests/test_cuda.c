@@ -216,20 +216,34 @@ static int graph(int replays) {
 
 /* ------------------------------------------------------------------ one small round trip */
 
+/* Whether token t of rank s selects an expert of rank r (E = 2R: rank r owns experts 2r, 2r+1). */
+static bool goes_to(const inputs_t *in, int s, int t, int r) {
+  bool hit = false;
+  for (int k = 0; k < TOPK; k++)
+    hit |= in->idx[s][t * TOPK + k] >= 0 && in->idx[s][t * TOPK + k] / 2 == r;
+  return hit;
+}
+
+/* The bf16 dispatch of this rank's tokens of `in` (x and idx: their device copies). */
+static ep_dispatch_args_t my_dispatch(const inputs_t *in, void *x, void *idx, void *stream) {
+  return (ep_dispatch_args_t){.size = sizeof(ep_dispatch_args_t),
+                              .x = x,
+                              .dtype = EP_DTYPE_BF16,
+                              .num_tokens = in->n[in->me],
+                              .hidden = H,
+                              .topk_idx = idx,
+                              .topk = TOPK,
+                              .num_experts = in->E,
+                              .stream = stream};
+}
+
 /* A dispatch (views) and a combine of the view written in place; checks the combine result. */
 static void round_trip(ep_buffer_t b, int R, int me) {
   inputs_t in = {.R = R, .me = me, .E = 2 * R};
   make_inputs(&in, 7);
   void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
   void *out = t_dalloc(NMAX * H * 2);
-  ep_dispatch_args_t a = {.size = sizeof a,
-                          .x = x,
-                          .dtype = EP_DTYPE_BF16,
-                          .num_tokens = in.n[me],
-                          .hidden = H,
-                          .topk_idx = idx,
-                          .topk = TOPK,
-                          .num_experts = in.E};
+  ep_dispatch_args_t a = my_dispatch(&in, x, idx, NULL);
   ep_dispatch_out_t o = {.size = sizeof o, .mode = EP_OUTPUT_VIEWS};
   T_OK(ep_dispatch(b, &a, &o));
   ep_handle_t h = o.handle;
@@ -238,12 +252,7 @@ static void round_trip(ep_buffer_t b, int R, int me) {
   uint16_t *got = t_to_host(out, (size_t)in.n[me] * H * 2);
   for (int t = 0; t < in.n[me]; t++) {
     int ranks = 0;
-    for (int r = 0; r < R; r++) {
-      int hit = 0;
-      for (int k = 0; k < TOPK; k++)
-        hit |= in.idx[me][t * TOPK + k] >= 0 && in.idx[me][t * TOPK + k] / 2 == r;
-      ranks += hit;
-    }
+    for (int r = 0; r < R; r++) ranks += goes_to(&in, me, t, r);
     float want = ref_bf16_to_f32(in.x[me][(size_t)t * H]) * (float)ranks;
     T_CHECK(got[(size_t)t * H] == ref_f32_to_bf16(want), "round trip: token %d", t);
   }
@@ -254,16 +263,6 @@ static void round_trip(ep_buffer_t b, int R, int me) {
 
 /* ------------------------------------------------------------------ on_wait */
 
-typedef struct {
-  int steps, want;
-} steps_t;
-
-static int step_fn(void *ctx, int step) {
-  steps_t *w = ctx;
-  T_CHECK(step == w->steps, "on_wait: step %d after %d steps", step, w->steps);
-  return ++w->steps < w->want;
-}
-
 static void CUDART_CB hold_50ms(void *unused) {
   (void)unused;
   usleep(50 * 1000); /* the stream, and the count exchange queued after this, waits */
@@ -271,15 +270,16 @@ static void CUDART_CB hold_50ms(void *unused) {
 
 static int dispatch_steps(ep_buffer_t b, const ep_dispatch_args_t *a, int worst, int *nr,
                           ep_handle_t *h) {
-  steps_t w = {0, 4};
+  t_steps_t w = {.want = 4};
   ep_dispatch_out_t o = {.size = sizeof o,
                          .mode = EP_OUTPUT_VIEWS,
-                         .on_wait = step_fn,
+                         .on_wait = t_wait_step,
                          .on_wait_ctx = &w,
                          .worst_case = worst,
                          .capacity = worst ? 64 * NMAX : 0};
   CU(cudaLaunchHostFunc(a->stream, hold_50ms, NULL));
   T_OK(ep_dispatch(b, a, &o));
+  T_CHECK(!w.out_of_order, "on_wait: %d of %d steps out of order", w.out_of_order, w.steps);
   *nr = o.num_recv_tokens;
   if (h)
     *h = o.handle;
@@ -300,23 +300,10 @@ static int onwait(void) {
   cudaStream_t st;
   CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
-  ep_dispatch_args_t a = {.size = sizeof a,
-                          .x = x,
-                          .dtype = EP_DTYPE_BF16,
-                          .num_tokens = in.n[me],
-                          .hidden = H,
-                          .topk_idx = idx,
-                          .topk = TOPK,
-                          .num_experts = in.E,
-                          .stream = st};
+  ep_dispatch_args_t a = my_dispatch(&in, x, idx, st);
   int want = 0, nr = -2;
   for (int s = 0; s < R; s++)
-    for (int t = 0; t < in.n[s]; t++) {
-      int hit = 0;
-      for (int k = 0; k < TOPK; k++)
-        hit |= in.idx[s][t * TOPK + k] >= 0 && in.idx[s][t * TOPK + k] / 2 == me;
-      want += hit;
-    }
+    for (int t = 0; t < in.n[s]; t++) want += goes_to(&in, s, t, me);
   ep_handle_t h;
   int steps = dispatch_steps(b, &a, 0, &nr, &h);
   T_CHECK(steps == 4, "full dispatch on a held stream: on_wait ran %d of its 4 steps", steps);

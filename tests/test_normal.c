@@ -252,18 +252,6 @@ static int alloc_outputs(void *ctx, const ep_dispatch_args_t *a, int nr, ep_disp
   return 0;
 }
 
-/* ep_dispatch_out_t.on_wait: every step in order, at most WAIT_STEPS of them. */
-enum { WAIT_STEPS = 5 };
-typedef struct {
-  int steps, out_of_order;
-} wait_ctx_t;
-
-static int wait_step(void *ctx, int step) {
-  wait_ctx_t *w = ctx;
-  w->out_of_order += step != w->steps;
-  return ++w->steps < WAIT_STEPS;
-}
-
 /* Outputs of one dispatch: host copies for the checks, and where they live for combine. */
 typedef struct {
   void *x;
@@ -326,8 +314,9 @@ static void run_dispatch(ctx_t *x, const tcase_t *c, int E, const rank_data_t *d
     o.capacity = rows;
   }
   if (worst(c)) o.worst_case = 1, o.capacity = rows;
-  wait_ctx_t wc = {0};
-  o.on_wait = wait_step, o.on_wait_ctx = &wc;
+  enum { WAIT_STEPS = 5 }; /* on_wait: every step in order, at most this many */
+  t_steps_t wc = {.want = WAIT_STEPS};
+  o.on_wait = t_wait_step, o.on_wait_ctx = &wc;
   T_OK(ep_dispatch(buf, &a, &o));
   /* Only where the host waits for a device: never on CPU, never for a worst-case call (a test
    * that it runs at all: test_cuda onwait). */
