@@ -7,7 +7,7 @@ import torch
 
 import epcomm
 from common import BF16, F32, FP8, I32, I64, routing, gen
-from epcomm import deep_ep
+from epcomm import _C, deep_ep
 from scen_ll import unsupported_ok
 
 
@@ -70,6 +70,12 @@ def local_checks(ctx):
         _raises(epcomm.UnsupportedError, lambda: buf.get_local_buffer_tensor(BF16), "raw buffer")
         _raises(epcomm.UnsupportedError, lambda: deep_ep.Buffer(ctx.pg, enable_shrink=True),
                 "enable_shrink")
+        # The binding's on_wait (the Buffer passes a callable or None): anything else is a
+        # TypeError before the collective call, on every rank alike.
+        _raises(TypeError, lambda: _C.dispatch(
+            buf._normal, x.data_ptr(), _C.DTYPE_BF16, n, H, 0, 0, 0, 0, idx.data_ptr(), 0, k, E,
+            1, 0, 0, _C.OUTPUT_ALLOC, 0, 0, lambda rows: (0, 0, 0, 0, 0), 0, 0, 0, 0, 0, 0, 0,
+            "not callable"), "on_wait")
         # Still usable after all of that: a collective round.
         tpr, _, tpe, itr, _ = buf.get_dispatch_layout(idx, E)
         recv_x, *_ , handle, _ = buf.dispatch(x, topk_idx=idx, num_tokens_per_expert=tpe)
