@@ -76,8 +76,14 @@ ep_status_t cuda_ll_dispatch(void *state, const ep_ll_dispatch_args_t *a, ep_han
   }
   uint32_t ticket;
   const bool eager = cuda_ll_eager(s, st, &ticket);
-  epk_ll_dispatch_t k = {a->x,         a->topk_idx, a->num_tokens, a->topk,
-                         format_of(a), sl->index,   !a->two_phase, ticket};
+  epk_ll_dispatch_t k = {.x = a->x,
+                         .topk_idx = a->topk_idx,
+                         .n = a->num_tokens,
+                         .topk = a->topk,
+                         .fmt = format_of(a),
+                         .slot = sl->index,
+                         .recv_too = !a->two_phase,
+                         .ticket = ticket};
   s->err_key.f[EP_CF_TOPK] = a->topk; /* names a bad entry, here or in a deferred report */
   s->err_key.f[EP_CF_EXPERTS] = ll->k.lay.E;
   cudaStream_t run;

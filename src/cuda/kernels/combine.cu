@@ -287,7 +287,11 @@ __device__ void finish(const epk_buf_t &b) {
   __threadfence_system();
 }
 
-__global__ void __launch_bounds__(CT, 1) epk_combine_kernel(epk_buf_t b, epk_combine_t a) {
+}  // namespace
+
+/* The kernel's name: ep_kernels.h says why. */
+namespace epcomm::normal {
+__global__ void __launch_bounds__(CT, 1) combine(epk_buf_t b, epk_combine_t a) {
   extern __shared__ long long csm[];
   const int R = b.nranks;
   epk_grid_wait();            /* for the notify kernel before it (epk_launch_dependent) */
@@ -321,10 +325,10 @@ __global__ void __launch_bounds__(CT, 1) epk_combine_kernel(epk_buf_t b, epk_com
   epk_tr_max(b, EPK_TR_D_END);
 }
 
-}  // namespace
+}  // namespace epcomm::normal
 
 extern "C" cudaError_t epk_launch_combine(const epk_buf_t *b, const epk_combine_t *a,
                                           cudaStream_t s) {
   size_t smem = (size_t)b->nranks * (2 * sizeof(long long) + 5 * sizeof(int));
-  return epk_launch_dependent(epk_combine_kernel, b->blocks, CT, smem, s, *b, *a);
+  return epk_launch_dependent(epcomm::normal::combine, b->blocks, CT, smem, s, *b, *a);
 }

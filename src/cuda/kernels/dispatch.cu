@@ -454,7 +454,11 @@ __device__ void publish_count(const epk_buf_t &b, const epk_dispatch_t &a) {
   *reinterpret_cast<volatile uint32_t *>(&b.host->ticket) = a.ticket;
 }
 
-__global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_dispatch_t a) {
+}  // namespace
+
+/* The kernel's name: ep_kernels.h says why. */
+namespace epcomm::normal {
+__global__ void __launch_bounds__(DT, 1) dispatch(epk_buf_t b, epk_dispatch_t a) {
   extern __shared__ int64_t dsm[];
   __shared__ int64_t s_nr;
   __shared__ int s_rw, s_flag;
@@ -509,10 +513,10 @@ __global__ void __launch_bounds__(DT, 1) epk_dispatch_kernel(epk_buf_t b, epk_di
   epk_tr_max(b, EPK_TR_D_END);
 }
 
-}  // namespace
+}  // namespace epcomm::normal
 
 extern "C" cudaError_t epk_launch_dispatch(const epk_buf_t *b, const epk_dispatch_t *a,
                                            cudaStream_t s) {
   size_t smem = (size_t)b->nranks * (2 * sizeof(int64_t) + 3 * sizeof(int));
-  return epk_launch_dependent(epk_dispatch_kernel, b->blocks, DT, smem, s, *b, *a);
+  return epk_launch_dependent(epcomm::normal::dispatch, b->blocks, DT, smem, s, *b, *a);
 }

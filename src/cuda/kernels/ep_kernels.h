@@ -21,6 +21,12 @@
  * - area C: combine staging, used when a rank's combine input is not already in area D.
  * All counters go back to zero at the end of each call, by their owner, once every peer has
  * finished writing them for that call.
+ *
+ * Kernel names: epcomm::normal::{notify,layout,dispatch,combine} and epcomm::ll::{dispatch,
+ * combine}, one kernel per call kind, as DeepEP names its own (deep_ep::intranode::dispatch).
+ * Profilers show these names, and harnesses find a call's kernel by "::dispatch" or "::combine"
+ * (DeepEP's bench_kineto counts one kernel per phase, the receive hook's launch being the same
+ * kernel's second phase); no other kernel's name or signature contains those words.
  */
 #ifndef EP_CUDA_KERNELS_H
 #define EP_CUDA_KERNELS_H

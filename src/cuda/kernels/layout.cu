@@ -24,7 +24,11 @@ __device__ void host_layout(const epk_layout_t &a, const int64_t *row, int t, in
   }
 }
 
-__global__ void __launch_bounds__(LT, 1) epk_layout_kernel(epk_buf_t b, epk_layout_t a) {
+}  // namespace
+
+/* The kernel's name: ep_kernels.h says why. */
+namespace epcomm::normal {
+__global__ void __launch_bounds__(LT, 1) layout(epk_buf_t b, epk_layout_t a) {
   extern __shared__ int per_rank[]; /* [R], then [nhosts] */
   const int R = b.nranks, L = a.num_experts / R, n = a.num_tokens, topk = a.topk;
   int *per_host = per_rank + R;
@@ -63,11 +67,11 @@ __global__ void __launch_bounds__(LT, 1) epk_layout_kernel(epk_buf_t b, epk_layo
   for (int g = threadIdx.x; a.per_host && g < a.nhosts; g += LT) a.per_host[g] = per_host[g];
 }
 
-}  // namespace
+}  // namespace epcomm::normal
 
 extern "C" cudaError_t epk_launch_layout(const epk_buf_t *b, const epk_layout_t *a,
                                          cudaStream_t s) {
   size_t smem = sizeof(int) * ((size_t)b->nranks + (size_t)a->nhosts);
-  epk_layout_kernel<<<1, LT, smem, s>>>(*b, *a);
+  epcomm::normal::layout<<<1, LT, smem, s>>>(*b, *a);
   return cudaGetLastError();
 }

@@ -243,16 +243,9 @@ __device__ void combine_receive(const epk_buf_t &b, const epk_ll_t &ll, const ep
   if (threadIdx.x == 0) tr_commit(ll, kind, tp + 3);
 }
 
-/* The receive of a combine. Neither its name nor its parameters' types contain "combine" (a
- * profiler shows the signature), as the arrival kernel's do not contain "dispatch": harnesses
- * (DeepEP's test_low_latency.py) find the combine kernel by that word and expect one. */
-struct ll_reduce_args {
-  epk_ll_combine_t a;
-};
-
-__global__ void __launch_bounds__(CT, 1)
-    ll_reduce_kernel(epk_buf_t b, epk_ll_t ll, ll_reduce_args args) {
-  const epk_ll_combine_t &a = args.a;
+/* The receive of a two-phase combine (the hook's launch). */
+__device__ __forceinline__ void reduce(const epk_buf_t &b, const epk_ll_t &ll,
+                                       const epk_ll_combine_t &a) {
   extern __shared__ int32_t smem[]; /* peer[R], then zc[R] bytes */
   int32_t *peer = smem;
   uint8_t *zc = reinterpret_cast<uint8_t *>(smem + b.nranks);
@@ -268,8 +261,8 @@ __global__ void __launch_bounds__(CT, 1)
 
 /* The send of a combine; with a.recv_too (one phase, EPK_LL_OPT_FUSE) every block then goes on
  * to the receive, in the same kernel (one launch, no second grid start). */
-__global__ void __launch_bounds__(CT, 1)
-    ll_combine_kernel(epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
+__device__ __forceinline__ void send(const epk_buf_t &b, const epk_ll_t &ll,
+                                     const epk_ll_combine_t &a) {
   extern __shared__ int32_t smem[]; /* peer[R], prefix[L + 1], zc[R] bytes */
   int32_t *peer = smem, *prefix = smem + b.nranks;
   uint8_t *zc = reinterpret_cast<uint8_t *>(prefix + ll.lay.L + 1);
@@ -337,17 +330,30 @@ __global__ void __launch_bounds__(128, 1) ll_release_kernel(epk_buf_t b, epk_ll_
 
 }  // namespace
 
+/* Both phases are one kernel, epcomm::ll::combine, as the dispatch's (ep_kernels.h, kernel
+ * names). */
+namespace epcomm::ll {
+__global__ void __launch_bounds__(CT, 1) combine(epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
+  if (a.recv_only)
+    reduce(b, ll, a);
+  else
+    send(b, ll, a);
+}
+}  // namespace epcomm::ll
+
 extern "C" cudaError_t epk_ll_launch_combine(const epk_buf_t *b, const epk_ll_t *ll,
                                              const epk_ll_combine_t *a, cudaStream_t s) {
   size_t smem = 4 * ((size_t)b->nranks + (size_t)ll->lay.L + 1) + (size_t)b->nranks + 16;
-  ll_combine_kernel<<<ll->blocks, CT, smem, s>>>(*b, *ll, *a);
+  epcomm::ll::combine<<<ll->blocks, CT, smem, s>>>(*b, *ll, *a);
   return cudaGetLastError();
 }
 
 extern "C" cudaError_t epk_ll_launch_combine_recv(const epk_buf_t *b, const epk_ll_t *ll,
                                                   const epk_ll_combine_t *a, cudaStream_t s) {
   size_t smem = 5 * (size_t)b->nranks + 16;
-  ll_reduce_kernel<<<ll->blocks, CT, smem, s>>>(*b, *ll, ll_reduce_args{*a});
+  epk_ll_combine_t r = *a;
+  r.recv_only = 1;
+  epcomm::ll::combine<<<ll->blocks, CT, smem, s>>>(*b, *ll, r);
   return cudaGetLastError();
 }
 

@@ -222,6 +222,7 @@ typedef struct {
   const int64_t *topk_idx; /* [n][topk] */
   int n, topk, fmt, slot;
   int recv_too;    /* one phase: the last block also waits for this rank's rows */
+  int recv_only;   /* the receive phase alone (set by epk_ll_launch_dispatch_recv) */
   uint32_t ticket; /* != 0: publish the gate's verdict to the waiting host */
 } epk_ll_dispatch_t;
 
@@ -234,6 +235,7 @@ typedef struct {
   uint32_t ticket;  /* != 0: publish the verdict (check / flags) to the host */
   uint32_t rticket; /* recv_too: the receive's ticket (the flags' verdict) */
   int recv_too;     /* the send kernel also receives (one phase, EPK_LL_OPT_FUSE) */
+  int recv_only;    /* the receive phase alone (set by epk_ll_launch_combine_recv) */
   int ybuf;         /* y lies in this buffer (a view, or zero copy): the trace's kinds only */
 } epk_ll_combine_t;
 

@@ -216,7 +216,11 @@ __device__ void publish(const epk_buf_t &b, const epk_notify_t &a, bool failed) 
   } /* no fence after: it would only hold the kernel's end (and the data kernel) back ~1-2 us */
 }
 
-__global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_t a) {
+}  // namespace
+
+/* The kernel's name: ep_kernels.h says why. */
+namespace epcomm::normal {
+__global__ void __launch_bounds__(NT) notify(epk_buf_t b, epk_notify_t a) {
   __shared__ uint32_t s_seq;
   if (threadIdx.x == 0) {
     /* Stored back by the block that goes on alone (below). A plan block that starts after that
@@ -283,13 +287,13 @@ __global__ void __launch_bounds__(NT) epk_notify_kernel(epk_buf_t b, epk_notify_
   epk_tr_set(b, EPK_TR_N_END);
 }
 
-}  // namespace
+}  // namespace epcomm::normal
 
 extern "C" cudaError_t epk_launch_notify(const epk_buf_t *b, const epk_notify_t *a,
                                          cudaStream_t s) {
   /* R > 32 plans in one block (plan_rows); so does every other kind of call, which has no plan. */
   const bool tiled = a->kind == EPK_NOTIFY_DISPATCH && b->nranks <= 32;
   const int grid = tiled ? min(epk_plan_tiles(a->num_tokens) + 1, EPK_PLAN_GRID) : 1;
-  epk_notify_kernel<<<grid, NT, 0, s>>>(*b, *a);
+  epcomm::normal::notify<<<grid, NT, 0, s>>>(*b, *a);
   return cudaGetLastError();
 }
