@@ -375,7 +375,7 @@ if [ "$EP_RANK" = 0 ]; then exec ncu --mps primary-client "$@"; fi
 exec ncu --mps client "$@"
 WRAP
       chmod +x "$out/ncu-wrap.sh"
-      kern='regex:^(notify|dispatch|combine)$'
+      kern='regex:(notify|dispatch|combine)'
       m=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,launch__grid_size,launch__registers_per_thread
       # NCUM overrides the metric set: PC sampling ("regex:^smsp__pcsamp_") gives the stall
       # reasons in one pass, where the WarpStateStats section's counters need replays.
