@@ -56,8 +56,10 @@ static double trace_median(const epk_trace_t *t, int k, int i) {
 static void trace_print(cuda_state_t *s) {
   static const char *kind[EPK_TR_KINDS] = {"dispatch (full)", "dispatch (cached)", "combine",
                                            "dispatch (full, arrays)", "dispatch (cached, arrays)"};
-  static const char *pt[EPK_TR_POINTS] = {"",       "notify: plan", "post",       "wait peers",
-                                          "finish", "gap to data",  "data kernel"};
+  static const char *pt[EPK_TR_POINTS] = {
+      "",          "notify: plan", "post",           "wait peers",
+      "finish",    "gap to data",  "data: own part", "data: peers",
+      "data: rest"};
   epk_trace_t *t = malloc(sizeof *t);
   if (!t || cudaMemcpy(t, s->trace_mem, sizeof *t, cudaMemcpyDeviceToHost) != cudaSuccess) {
     free(t);

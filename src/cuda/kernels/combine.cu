@@ -319,8 +319,10 @@ __global__ void __launch_bounds__(CT, 1) combine(epk_buf_t b, epk_combine_t a) {
     reduce(b, a, c, k, tc, hello);
     signal_all(b, &b.priv->cnt_b, (unsigned)k, b.off_cdone);
   }
+  epk_tr_max(b, EPK_TR_D_OWN);
   /* Our rows (perhaps the caller's x itself) stay readable until every source is done. */
   if (!wait_all(b, b.off_cdone, (uint32_t)K, EPK_PH_CDONE)) return;
+  epk_tr_max(b, EPK_TR_D_PEERS);
   finish(b);
   epk_tr_max(b, EPK_TR_D_END);
 }

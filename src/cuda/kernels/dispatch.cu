@@ -398,6 +398,7 @@ __device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   if (!__syncthreads_or(any)) return false;
   send_pass(b, a, st, t0, t1);
   __syncthreads();
+  epk_tr_max(b, EPK_TR_D_OWN);
   if (threadIdx.x == 0) {
     __threadfence_system();
     for (int d = 0; d < b.nranks; d++)
@@ -419,6 +420,7 @@ __device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
     ok &= epk_ld_acq(epk_u32(b.peers[b.rank], b.off_arrive, s)) >=
           (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s];
   if (!__syncthreads_and(ok)) return false;
+  epk_tr_max(b, EPK_TR_D_PEERS);
   copy_window(b, a, mode, xdirect, rw, nr);
   __syncthreads();
   if (threadIdx.x == 0) {

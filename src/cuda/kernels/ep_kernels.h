@@ -163,8 +163,11 @@ typedef struct {
  * means and the medians are printed when the buffer is destroyed (medians: a few slow calls, for
  * instance the first after a host-side pause of one rank, move a mean far). Points: the
  * notify kernel's start, plan done, hello posted, every peer's hello seen, end; the data
- * kernel's first block start and last block end. A call's points are folded into the sums by
- * the next call's notify (or by the host at destroy). */
+ * kernel's first block start, its own part done in every block (a dispatch: this rank's rows
+ * written; a combine: its tokens reduced), the peers' part (a dispatch: every source's rows
+ * arrived; a combine: every source done reading this rank's rows), and its last block's end. A
+ * call's points are folded into the sums by the next call's notify (or by the host at
+ * destroy). */
 /* Dispatch kinds split by outputs (views / arrays): their data kernels differ, and pooled they
  * made a median that matched neither. */
 enum {
@@ -182,6 +185,8 @@ enum {
   EPK_TR_N_GATHER,
   EPK_TR_N_END,
   EPK_TR_D_START,
+  EPK_TR_D_OWN,
+  EPK_TR_D_PEERS,
   EPK_TR_D_END,
   EPK_TR_POINTS
 };
