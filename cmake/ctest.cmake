@@ -16,7 +16,7 @@ set(EP_TEST_NAME_LABELS
     "^example\\." example
     "^valgrind$" memcheck
     "^mpi_" mpi
-    "^(install|symbols)$" packaging)
+    "^(install|symbols|kernel_names)$" packaging)
 
 function(ep_test_labels var name tmo ranks cmd)
   set(labels "")

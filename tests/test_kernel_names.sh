@@ -11,13 +11,21 @@ lib=${1:?usage: test_kernel_names.sh BUILD_DIR}/libepcomm.so
 say() { echo "test_kernel_names.sh: $*" >&2; fail=1; }
 fail=0
 [ -e "$lib" ] || { say "$lib was not built"; exit 1; }
-# A kernel's host stub is __device_stub__<the kernel's mangled name>: demangle the stub, take the
-# kernel's name out of it and demangle that.
-names=$(nm "$lib" | awk '$3 ~ /__device_stub__/ && $3 !~ /\.cold$/ { print $3 }' | c++filt |
-  sed -n 's/^__device_stub__\(Z[^(]*\)(.*/_\1/p' | sort -u | c++filt)
-if [ -z "$names" ]; then
+for tool in nm c++filt readelf; do
+  command -v $tool >/dev/null || { echo "skipped: $tool not found"; exit 77; }
+done
+# Whether kernels were built is the fat binary's section (it survives strip), not the names.
+if ! readelf -S -W "$lib" | grep -q '\.nv_fatbin'; then
   echo "skipped: no CUDA backend in this build"
   exit 77
+fi
+# A kernel's host stub is __device_stub__<the kernel's mangled name>: demangle the stub, take the
+# kernel's name out of it and demangle that.
+names=$(nm "$lib" 2>/dev/null | awk '$3 ~ /__device_stub__/ && $3 !~ /\.cold$/ { print $3 }' |
+  c++filt | sed -n 's/^__device_stub__\(Z[^(]*\)(.*/_\1/p' | sort -u | c++filt)
+if [ -z "$names" ]; then
+  say "$lib holds CUDA kernels but nm found no kernel stub (stripped?)"
+  exit 1
 fi
 for k in normal::notify normal::layout normal::dispatch normal::combine ll::dispatch ll::combine; do
   n=$(grep -c "^epcomm::$k(" <<<"$names")

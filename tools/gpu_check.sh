@@ -416,7 +416,7 @@ JOB
         dt=bf16
         ncu_run "$out/ncu-r$R-sections.log" ${NCUSECT_S:-200} -k "$kern" --launch-skip 30 -c 3 \
           --section SpeedOfLight --section Occupancy --section WarpStateStats
-        grep -E 'epk_|Duration|Throughput|Occupancy|Stall|Warp Cycles|==ERROR==|==PROF==' \
+        grep -E 'epcomm::|epk_|Duration|Throughput|Occupancy|Stall|Warp Cycles|==ERROR==|==PROF==' \
           "$out/ncu-r$R-sections.log" | head -80
       fi ;;
     doctor)

@@ -165,7 +165,9 @@ typedef struct {
  * notify kernel's start, plan done, hello posted, every peer's hello seen, end; the data
  * kernel's first block start, its own part done in every block (a dispatch: this rank's rows
  * written; a combine: its tokens reduced), the peers' part (a dispatch: every source's rows
- * arrived; a combine: every source done reading this rank's rows), and its last block's end. A
+ * arrived; a combine: every source done reading this rank's rows), and its last block's end
+ * (each point the latest block's; a point reached before the one it follows, as a dispatch
+ * whose own sends end after its last arrival, folds to zero and its time into the next). A
  * call's points are folded into the sums by the next call's notify (or by the host at
  * destroy). */
 /* Dispatch kinds split by outputs (views / arrays): their data kernels differ, and pooled they

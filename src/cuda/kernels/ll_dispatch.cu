@@ -1,6 +1,7 @@
 /* Low-latency dispatch (SEMANTICS.md §6.2-6.4; protocol in ll_kernels.h): one kernel sends,
- * with the count exchange (the gate) in its block 0; a one-block kernel (or the send's last
- * block, in one phase) receives. Nothing of epcomm stays resident between the two. */
+ * with the count exchange (the gate) in its block 0; a one-block launch of the same kernel
+ * (recv_only; or the send's last block, in one phase) receives. Nothing of epcomm stays resident
+ * between the two. */
 #include "cuda/kernels/ll_common.cuh"
 
 #define DT 512

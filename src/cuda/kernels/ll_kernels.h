@@ -36,7 +36,8 @@
  *   every block: one warp per (token, k) writes the row (bf16, or the sender's fp8 cast) with its
  *     token and route straight into the destination's slab; the last block out raises data[me]
  *     = q + 1 in every destination's slot (system fence, release).
- *   receive (its own kernel, or the last block of a one-phase send): wait for data[*] == q + 1,
+ *   receive (a one-block recv_only launch of the send kernel, or the last block of a one-phase
+ *     send): wait for data[*] == q + 1,
  *     and, when the slot's previous combine was zero copy, for zdone[*] >= its ticket.
  * Combine with ticket c: the expert rank pushes every received row into its source's area at
  *   (token, k), or (zero copy: y is its combine input) moves nothing; the last block raises
