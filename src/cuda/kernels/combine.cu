@@ -10,8 +10,9 @@
 
 /* Shapes (tools/kernel_variants.sh times others, through -D): 12 warps; the reduction keeps
  * EPK_HG holders x EPK_RU vectors per lane in flight; staging copies EPK_SU vectors deep. At
- * 384/4/2/8: 168 registers, no spills. 256 threads with 7 x 2 vectors (246 registers) pulled as
- * fast at R=2 but staged 40% slower (fewer warps); deeper staging spills at 384 threads. */
+ * 384/4/2/8: 168 registers (no spills when chosen; CUDA 13.0's ptxas spills 40 bytes). 256
+ * threads with 7 x 2 vectors (246 registers) pulled as fast at R=2 but staged 40% slower (fewer
+ * warps); deeper staging spills at 384 threads. */
 #ifndef EPK_CT
 #define EPK_CT 384
 #endif
