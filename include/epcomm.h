@@ -585,7 +585,8 @@ EP_API ep_status_t ep_deregister_memory(ep_buffer_t buf, ep_mem_t mem);
 
 /* Handle queries and destroy (local, thread safe). Destroying a handle whose calls are still
  * queued on the GPU is safe: its device memory is reused only by later calls on the buffer,
- * which run after them. A CUDA graph that captured a call with the handle must not be replayed
+ * which run after them (a call captured in a graph runs where the graph is launched: order
+ * that launch yourself). A CUDA graph that captured a call with the handle must not be replayed
  * after the handle is destroyed (the graph would read memory another handle may hold). */
 EP_API ep_status_t ep_handle_num_recv_tokens(ep_handle_t h, int *num_recv_tokens);
 EP_API ep_status_t ep_handle_destroy(ep_handle_t h);
