@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 8; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 9; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -34,7 +34,11 @@
 #      4 ranks on CUDA
 #   8  full - cached at 4096 tokens with smaller plan tiles: tools/kernel_variants.sh, notify
 #      blocks (= tile tokens) of 256 (today's) and 128, R = 4 and 8 twice each ($KV_NT: the
-#      sizes, default "256 128"); the table in OUT/c8/variants.txt
+#      sizes, default "256 128"); the table in OUT/c8/variants.txt (ran in the eighteenth
+#      session: no change)
+#   9  the combine's reduce shapes at 128 tokens (R = 8 and 4, R = 8 again): holders x vectors
+#      in flight per lane of 2 x 4 (today's; CUDA 13.0's ptxas spills 40 bytes there), 4 x 2
+#      and 8 x 1 (no spills), tools/kernel_variants.sh; the table in OUT/c9/variants.txt
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -44,7 +48,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 8)" >&2; exit 2 ;; esac
+case $n in 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 9)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -87,6 +91,13 @@ case $n in
     rc8=$?
     cat "$d/variants.txt"
     [ "$rc8" = 0 ] ;;
+  9)
+    KV_TOKENS=128 VR="8 4 8" timeout -k 5 "$limit" tools/kernel_variants.sh .gpu/with-mps "$d" \
+      "hg2ru4:-DEPK_HG=2 -DEPK_RU=4" "hg4ru2:-DEPK_HG=4 -DEPK_RU=2" \
+      "hg8ru1:-DEPK_HG=8 -DEPK_RU=1" >"$d/variants.txt" 2>&1
+    rc9=$?
+    cat "$d/variants.txt"
+    [ "$rc9" = 0 ] ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
