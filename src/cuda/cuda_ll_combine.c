@@ -1,8 +1,8 @@
 /* Low-latency combine on the GPU (SEMANTICS.md §6.5): the send kernel (check, push or nothing
  * for a zero-copy y, flags) and the receive, a launch of the same kernel (flags, fmaf reduction,
- * readers' marks), on
- * the caller's stream (the send of a two-phase call on the hook stream, its receive on the
- * caller's stream of the send). Protocol: cuda/kernels/ll_kernels.h; host waits: cuda_ll.h. */
+ * readers' marks), on the caller's stream (the send of a two-phase call on the hook stream, its
+ * receive on the caller's stream of the send). Protocol: cuda/kernels/ll_kernels.h; host waits:
+ * cuda_ll.h. */
 #include <stdint.h>
 #include <string.h>
 

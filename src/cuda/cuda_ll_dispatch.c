@@ -1,8 +1,7 @@
 /* Low-latency dispatch on the GPU (SEMANTICS.md §6.2-6.4): the send kernel, whose block 0 is the
  * count exchange (the gate), and the receive (a launch of the same kernel), both on the caller's
- * stream (the send of a
- * two-phase call on the hook stream, its receive on the caller's stream of the send). Protocol:
- * cuda/kernels/ll_kernels.h; host waits: cuda_ll.h. */
+ * stream (the send of a two-phase call on the hook stream, its receive on the caller's stream of
+ * the send). Protocol: cuda/kernels/ll_kernels.h; host waits: cuda_ll.h. */
 #include <stdint.h>
 #include <string.h>
 

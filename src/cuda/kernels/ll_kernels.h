@@ -37,8 +37,8 @@
  *     token and route straight into the destination's slab; the last block out raises data[me]
  *     = q + 1 in every destination's slot (system fence, release).
  *   receive (a one-block recv_only launch of the send kernel, or the last block of a one-phase
- *     send): wait for data[*] == q + 1,
- *     and, when the slot's previous combine was zero copy, for zdone[*] >= its ticket.
+ *     send): wait for data[*] == q + 1, and, when the slot's previous combine was zero copy, for
+ *     zdone[*] >= its ticket.
  * Combine with ticket c: the expert rank pushes every received row into its source's area at
  *   (token, k), or (zero copy: y is its combine input) moves nothing; the last block raises
  *   comb[me] = c (| EPK_LL_ZC) in every source's slot, or, when its topk_idx differs from the
