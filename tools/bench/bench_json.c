@@ -92,6 +92,7 @@ static void phase_ranks(FILE *f, const phase_t *p, int R) {
     fprintf(f, ", \"logical_bytes\": %.0f, \"cross_rank_bytes\": %.0f", p->bytes[r], p->wire[r]);
     if (p->cpu[r] >= 0)
       fprintf(f, ", \"cpu_ms\": %.6g, \"context_switches\": %.1f", 1e3 * p->cpu[r], p->csw[r]);
+    if (p->host[r] >= 0) fprintf(f, ", \"host_ms\": %.6g", 1e3 * p->host[r]);
     fprintf(f, "}");
   }
 }
@@ -127,7 +128,9 @@ void bench_json(FILE *f, const bench_opts_t *o, const bench_who_t *who, const ph
           "\"units\": {\"time\": \"ms, slowest rank per iteration\", \"gbps\": \"1e9 bytes/s "
           "per rank: mean bytes over ranks / that time\", \"bytes\": \"logical = DeepEP's "
           "received rows x row bytes (fp8 with scales); cross_rank = payload + metadata of rows "
-          "from other ranks\", \"memcpy\": \"bytes copied\"},\n");
+          "from other ranks\", \"memcpy\": \"bytes copied\", \"host_ms\": \"GPU rows: the "
+          "rank's host time in the call (enqueueing it), median; above time_ms the GPU waited "
+          "for the host\"},\n");
   phases(f, ph);
   fprintf(f, "\"ranks\": [");
   for (int r = 0; r < ph->R; r++)

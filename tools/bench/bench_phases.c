@@ -11,9 +11,12 @@ static int alloc_phase(phase_t *p, int R, int I) {
   p->t = calloc((size_t)R * I, sizeof *p->t);
   p->bytes = calloc((size_t)R, sizeof *p->bytes), p->wire = calloc((size_t)R, sizeof *p->wire);
   p->cpu = calloc((size_t)R, sizeof *p->cpu), p->csw = calloc((size_t)R, sizeof *p->csw);
+  p->host = calloc((size_t)R, sizeof *p->host);
   p->rank_t = calloc((size_t)R, sizeof *p->rank_t);
   p->rank_mean = calloc((size_t)R, sizeof *p->rank_mean);
-  return p->t && p->bytes && p->wire && p->cpu && p->csw && p->rank_t && p->rank_mean ? 0 : -1;
+  return p->t && p->bytes && p->wire && p->cpu && p->csw && p->host && p->rank_t && p->rank_mean
+             ? 0
+             : -1;
 }
 
 static void aggregate(phase_t *p, int R, int iters) {
@@ -48,6 +51,7 @@ static phase_t *add_row(phases_t *ph, bench_rank_t *const *rk, int i) {
     memcpy(p->t + (size_t)r * I, bench_row_times(rk[r], j), (size_t)I * sizeof *p->t);
     p->bytes[r] = rk[r]->row[j].bytes, p->wire[r] = rk[r]->row[j].wire;
     p->cpu[r] = rk[r]->row[j].cpu, p->csw[r] = rk[r]->row[j].csw;
+    p->host[r] = rk[r]->row[j].host;
   }
   ph->n++;
   return p;
@@ -67,7 +71,7 @@ static void add_sum(phases_t *ph, const char *prefix) {
   for (size_t k = 0; k < (size_t)ph->R * ph->iters; k++) p->t[k] = d->t[k] + c->t[k];
   for (int r = 0; r < ph->R; r++) {
     p->bytes[r] = d->bytes[r] + c->bytes[r], p->wire[r] = d->wire[r] + c->wire[r];
-    p->cpu[r] = p->csw[r] = -1;
+    p->cpu[r] = p->csw[r] = p->host[r] = -1;
   }
   ph->n++;
   aggregate(p, ph->R, ph->iters);
@@ -91,7 +95,7 @@ int bench_build_phases(phases_t *ph, int R, bench_rank_t *const *rk) {
 void bench_free_phases(phases_t *ph) {
   for (int k = 0; k < ph->n; k++) {
     phase_t *p = &ph->p[k];
-    free(p->t), free(p->bytes), free(p->wire), free(p->cpu), free(p->csw);
+    free(p->t), free(p->bytes), free(p->wire), free(p->cpu), free(p->csw), free(p->host);
     free(p->rank_t), free(p->rank_mean);
   }
 }

@@ -11,6 +11,7 @@ typedef struct {
   double *bytes;     /* [R] per call */
   double *wire;      /* [R] */
   double *cpu, *csw; /* [R] per call; < 0: not measured */
+  double *host;      /* [R] GPU rows: the host's seconds in the call, median; < 0: not measured */
   bench_stat_t time; /* of the slowest rank per iteration, seconds */
   bench_stat_t bw;   /* of the mean bytes over ranks / that time, bytes/s; 0: no bytes */
   double *rank_t;    /* [R] median of each rank's own times */

@@ -32,7 +32,7 @@ int bench_row_add(bench_rank_t *r, const char *key, const char *label, int kind,
   snprintf(w->key, sizeof w->key, "%s", key);
   snprintf(w->label, sizeof w->label, "%s", label);
   w->kind = kind, w->group = group, w->bytes = bytes, w->wire = wire;
-  w->cpu = w->csw = -1;
+  w->cpu = w->csw = w->host = -1;
   return r->nrows++;
 }
 

@@ -142,6 +142,7 @@ typedef struct {
   int n;
   bgpu_events_t *ev; /* 2 per step and timed iteration (GPU) */
   double *cpu, *csw; /* per step, sums over the timed iterations (host clock) */
+  double *host;      /* [step][iteration]: the host's seconds in a GPU step's call */
 } loop_t;
 
 static void usage_now(double *cpu, double *csw) {
@@ -172,6 +173,7 @@ static int step(loop_t *l, void *state, int k, int it) {
   if (s->call(c, state, it)) return 1;
   double t1 = tk_now_s();
   if (timed && event_clock(l, k) && bgpu_record(l->ev, ev + 1, c->stream)) goto gpu_fail;
+  if (timed && event_clock(l, k)) l->host[(size_t)k * (size_t)c->o->iters + (size_t)it] = t1 - t0;
   if (!timed || event_clock(l, k)) return 0;
   bench_row_times(c->res, s->row)[it] = t1 - t0;
   if (!c->dev) usage_now(&u1[0], &u1[1]), l->cpu[k] += u1[0] - u0[0], l->csw[k] += u1[1] - u0[1];
@@ -189,6 +191,8 @@ static int collect(loop_t *l) {
     int row = l->steps[k].row;
     if (row < 0) continue;
     if (!c->dev) c->res->row[row].cpu = l->cpu[k] / I, c->res->row[row].csw = l->csw[k] / I;
+    if (event_clock(l, k) && I > 0)
+      c->res->row[row].host = bench_stats(l->host + (size_t)k * (size_t)I, I).median;
     for (int it = 0; it < I && event_clock(l, k); it++) {
       double s = bgpu_elapsed(l->ev, 2 * (it * l->n + k), 2 * (it * l->n + k) + 1);
       if (s < 0) return fprintf(stderr, "epcomm bench: %s\n", bgpu_error()), 1;
@@ -200,10 +204,15 @@ static int collect(loop_t *l) {
 
 int bench_run(bench_ctx_t *c, void *state, const bench_step_t *steps, int n, const char *what) {
   const bench_opts_t *o = c->o;
-  loop_t l = {
-      c, steps, n, NULL, calloc((size_t)n, sizeof(double)), calloc((size_t)n, sizeof(double))};
+  loop_t l = {c,
+              steps,
+              n,
+              NULL,
+              calloc((size_t)n, sizeof(double)),
+              calloc((size_t)n, sizeof(double)),
+              calloc((size_t)n * (size_t)(o->iters > 0 ? o->iters : 1), sizeof(double))};
   int rc = 1;
-  if (!l.cpu || !l.csw) goto out;
+  if (!l.cpu || !l.csw || !l.host) goto out;
   if (c->dev && !(l.ev = bgpu_events_new(2 * n * o->iters))) {
     fprintf(stderr, "epcomm bench: %s\n", bgpu_error());
     goto out;
@@ -225,6 +234,6 @@ int bench_run(bench_ctx_t *c, void *state, const bench_step_t *steps, int n, con
   rc = bench_sync(c) ? 1 : collect(&l);
 out:
   bgpu_events_free(l.ev);
-  free(l.cpu), free(l.csw);
+  free(l.cpu), free(l.csw), free(l.host);
   return rc;
 }
