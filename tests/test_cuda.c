@@ -486,14 +486,7 @@ static int overflow(void) {
   }
   void *x = t_to_dev(in.x[me], NMAX * H * 2), *idx = t_to_dev(in.idx[me], NMAX * TOPK * 8);
   void *rx = t_dalloc((size_t)NMAX * R * H * 2);
-  ep_dispatch_args_t a = {.size = sizeof a,
-                          .x = x,
-                          .dtype = EP_DTYPE_BF16,
-                          .num_tokens = in.n[me],
-                          .hidden = H,
-                          .topk_idx = idx,
-                          .topk = TOPK,
-                          .num_experts = in.E};
+  ep_dispatch_args_t a = my_dispatch(&in, x, idx, NULL);
   ep_dispatch_out_t o = {.size = sizeof o,
                          .mode = EP_OUTPUT_CALLER,
                          .recv_x = rx,
