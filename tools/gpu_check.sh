@@ -7,6 +7,8 @@
 #   early (the allocator path's rows moved before the allocation: dispatch_alloc with
 #   EP_CUDA_EARLY_DATA=0 and 1)
 #   python (the Python package's CUDA tests, the package installed from this tree first)
+#   hostms (each rank's host time in a call against the call's GPU time, tools/bench_host.py, at
+#   R:SMs in $HMR, tokens in $HMT)
 #   hostcost (bench/py_host_cost.py at R in $HCR, default "2 8", 128 tokens: host time of the
 #   Python layer step's phases, default outputs plain and from the out pool, recv_x's allocation
 #   plain and from the pool; after `python`)
@@ -126,6 +128,20 @@ for s in $steps; do
           echo "epcomm bench --backend cuda, R=$R, $dt: exit $?"
           grep -v '^\[[1-9]' "$out/bench-r$R-$dt.log" | sed 's/^\[0\] //' |
             grep -E '^(epcomm|copy ceiling|cudaMemcpy|ratio|check|first)'
+        done
+      done ;;
+    hostms)
+      # Host time against GPU time per call (`epcomm bench`'s host_ms, each rank's median) at
+      # R:SMs in $HMR (default "2:24 8:16"), tokens in $HMT (default "128 4096"), bf16: where a
+      # rank's host time reaches the call's time, the GPU waited for that host.
+      for rs in ${HMR:-2:24 8:16}; do
+        set -- ${rs%%:*} ${rs#*:}
+        for tk in ${HMT:-128 4096}; do
+          j="$out/hostms-r$1-t$tk.json"
+          timeout 150 "$mps" $b/bin/epcomm launch -n $1 $b/bin/epcomm bench --backend cuda \
+            --sms $2 --tokens $tk --json "$j" >"$out/hostms-r$1-t$tk.log" 2>&1
+          echo "bench R=$1, $2 SMs, $tk tokens: exit $?"
+          "${PYTHON:-python3}" tools/bench_host.py "$j" 2>&1 | tail -n +2
         done
       done ;;
     python)
