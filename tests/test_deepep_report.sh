@@ -4,7 +4,8 @@
 # bench's JSON, DeepEP's lines; 2026-12-04, tenth session; its layer step had plain outputs, so it
 # stands under the name the step without the out pool has). Checks ratios (the layer step's
 # too), the full - cached line, the copy-ceiling line, that a clean run has no notes, and that
-# a failed epcomm self-check is reported.
+# a failed epcomm self-check is reported, and that files with DeepEP's statistic (each rank's
+# mean, the slowest rank's) are compared by it.
 # Usage: test_deepep_report.sh SRC
 set -u -o pipefail
 src=${1:?usage: test_deepep_report.sh SRC}
@@ -60,4 +61,20 @@ grep -q '^note: Python R=2 tokens 4096: layer_dispatch_combine_pool_nolate: 3 di
   <<<"$out" || fail "a late hello that was on is not reported: $out"
 grep -q '^note: Python R=2 tokens 4096: layer_dispatch_combine_pool_nolate: in place \[38\] of 40' \
   <<<"$out" || fail "the form's combines not in place are not reported: $out"
+# Files with DeepEP's own statistic (each rank's mean, the slowest rank's) are compared by it.
+python3 - "$tmp/epcomm-normal-r2-t4096-fp8.json" "$tmp/py-r2-t4096.json" <<'PY' ||
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["phases"]["dispatch"]["slowest_rank_mean_ms"] = 0.0900
+json.dump(d, open(sys.argv[1], "w"))
+p = json.load(open(sys.argv[2]))
+p["figures"]["write_combine_mem_pool"]["rank_mean_us"] = 300.0
+json.dump(p, open(sys.argv[2], "w"))
+PY
+  fail "could not edit the fixture copies"
+out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (rank means)"
+grep -Eq 'fp8 dispatch, full \(views\) +90\.0 +695\.7 +7\.73$' <<<"$out" ||
+  fail "the C bench's slowest rank's mean is not what the table compares: $out"
+grep -Eq 'Python: write \+ combine \(mem_pool tensor\) +300\.0 +585\.3 +1\.95$' <<<"$out" ||
+  fail "the Python bench's slowest rank's mean is not what the table compares: $out"
 echo "deepep_time report: ratios, gaps, ceiling and notes as recorded"
