@@ -24,7 +24,7 @@ static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, siz
 /* EP_CUDA_TRACE=1: device memory for the phase sums of normal-mode calls (ep_kernels.h). */
 static ep_status_t trace_setup(cuda_state_t *s) {
   if (!ep_env_long("EP_CUDA_TRACE", 0)) return EP_OK;
-  epk_trace_t *t = calloc(1, sizeof *t); /* ~46 KiB: not on the stack */
+  epk_trace_t *t = calloc(1, sizeof *t); /* ~51 KiB: not on the stack */
   if (!t) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "trace", "oom");
   epk_trace_fold(t); /* no call yet: points cleared, kind -1 */
   ep_status_t st =
@@ -42,11 +42,12 @@ static int cmp_u32(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* The median of phase i over the kept calls of kind k, in microseconds. */
+/* The median of phase i (EPK_TR_POINTS: the idle time before the call) over the kept calls of
+ * kind k, in microseconds. */
 static double trace_median(const epk_trace_t *t, int k, int i) {
   const int n = t->n[k] < EPK_TR_RING ? (int)t->n[k] : EPK_TR_RING;
   uint32_t v[EPK_TR_RING];
-  for (int c = 0; c < n; c++) v[c] = t->ring[k][c][i];
+  for (int c = 0; c < n; c++) v[c] = i == EPK_TR_POINTS ? t->idle_ring[k][c] : t->ring[k][c][i];
   qsort(v, (size_t)n, sizeof v[0], cmp_u32);
   return n ? 1e-3 * (n % 2 ? (double)v[n / 2] : 0.5 * ((double)v[n / 2 - 1] + v[n / 2])) : 0.0;
 }
@@ -77,6 +78,9 @@ static void trace_print(cuda_state_t *s) {
       for (int i = 1; i < EPK_TR_POINTS && o > 0 && o < (int)sizeof line; i++)
         o += snprintf(line + o, sizeof line - (size_t)o, ", %s %.1f", pt[i],
                       med ? trace_median(t, k, i) : 1e-3 * (double)t->sum[k][i] / n);
+      if (o > 0 && o < (int)sizeof line)
+        snprintf(line + o, sizeof line - (size_t)o, "; idle before %.1f",
+                 med ? trace_median(t, k, EPK_TR_POINTS) : 1e-3 * (double)t->idle_sum[k] / n);
       fprintf(stderr, "%s\n", line);
     }
   }

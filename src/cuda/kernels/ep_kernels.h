@@ -169,7 +169,9 @@ typedef struct {
  * (each point the latest block's; a point reached before the one it follows, as a dispatch
  * whose own sends end after its last arrival, folds to zero and its time into the next). A
  * call's points are folded into the sums by the next call's notify (or by the host at
- * destroy). */
+ * destroy). Apart from the phases, each call's idle time before it: from the previous call's data
+ * kernel end to this call's notify start (the launch, and the host when it is behind; 0 for a
+ * buffer's first call), which event-timed figures include and the phases do not. */
 /* Dispatch kinds split by outputs (views / arrays): their data kernels differ, and pooled they
  * made a median that matched neither. */
 enum {
@@ -199,6 +201,10 @@ typedef struct {
   unsigned long long sum[EPK_TR_KINDS][EPK_TR_POINTS]; /* [i]: at[i] - at[i - 1]; [0]: total */
   unsigned long long n[EPK_TR_KINDS];
   uint32_t ring[EPK_TR_KINDS][EPK_TR_RING][EPK_TR_POINTS]; /* call n % RING's phases, ns */
+  unsigned long long last_end; /* the previous call's data kernel end (0: none yet) */
+  unsigned long long idle;     /* the current call's idle time before it, ns */
+  unsigned long long idle_sum[EPK_TR_KINDS];
+  uint32_t idle_ring[EPK_TR_KINDS][EPK_TR_RING];
 } epk_trace_t;
 
 /* The fold of one call's points into the sums (device: the next notify; host: at destroy). */
@@ -215,8 +221,13 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
     }
     t->sum[t->kind][0] += prev - t->at[0];
     keep[0] = (uint32_t)(prev - t->at[0] < 0xffffffffull ? prev - t->at[0] : 0xffffffffull);
+    t->idle_sum[t->kind] += t->idle;
+    t->idle_ring[t->kind][t->n[t->kind] % EPK_TR_RING] =
+        (uint32_t)(t->idle < 0xffffffffull ? t->idle : 0xffffffffull);
     t->n[t->kind]++;
   }
+  if (t->at[EPK_TR_D_END] && t->at[EPK_TR_D_END] != ~0ull) t->last_end = t->at[EPK_TR_D_END];
+  t->idle = 0;
   for (int i = 0; i < EPK_TR_POINTS; i++) t->at[i] = 0;
   t->at[EPK_TR_D_START] = ~0ull;
   t->kind = -1;
