@@ -62,7 +62,7 @@ def slowest(group, times, host, gcs, name, spikes):
     """Per call, the slowest rank's time; (median, mean) over calls, us; then DeepEP's harness's
     statistic, each rank's mean over the calls and the largest of those (tools/deepep_time.py
     times DeepEP so: the slowest call of each iteration is never below it, and above it by the
-    ranks' jitter; at R = 8 and 128 tokens by ~15%). The slowest call, when
+    ranks' jitter; at R = 8 and 128 tokens by 17-19% on an H100). The slowest call, when
     it took over twice the median, goes to spikes with what its slowest rank saw: its host time
     for the call (a host stall: the OS, the interpreter) and whether the garbage collector ran
     in it. A mean far above its median is one or a few such calls, and where they fall (the

@@ -77,4 +77,19 @@ grep -Eq 'fp8 dispatch, full \(views\) +90\.0 +695\.7 +7\.73$' <<<"$out" ||
   fail "the C bench's slowest rank's mean is not what the table compares: $out"
 grep -Eq 'Python: write \+ combine \(mem_pool tensor\) +300\.0 +585\.3 +1\.95$' <<<"$out" ||
   fail "the Python bench's slowest rank's mean is not what the table compares: $out"
+# Low latency: epcomm by each rank's median, the slowest rank's (DeepEP's figure is that too),
+# not by the median of each iteration's slowest rank.
+ll=$tmp/ll
+mkdir -p "$ll"
+cat >"$ll/epcomm-ll-r2-t128-bf16.json" <<'JSON'
+{"config": {"mode": "ll", "ranks": 2, "threads": 0, "tokens": 128, "dtype": "bf16"},
+ "summary": {"check": "pass"},
+ "phases": {"dispatch": {"time_ms": {"median": 0.0150, "mean": 0.0155},
+   "per_rank": [{"rank": 0, "time_ms": 0.0100}, {"rank": 1, "time_ms": 0.0120}]}}}
+JSON
+echo 'DEEPEP {"impl": "deepep", "mode": "ll", "R": 2, "tokens": 128, "experts": 288, "hook": 1, "op": "dispatch_bf16", "us": 24.0}' \
+  >"$ll/deepep-ll-r2.log"
+out=$(python3 "$src/tools/deepep_time.py" report "$ll") || fail "report exited $? (low latency)"
+grep -Eq '^ll +2 .* 128  dispatch bf16 +12\.0 +24\.0 +2\.00$' <<<"$out" ||
+  fail "low latency is not compared by the slowest rank's median: $out"
 echo "deepep_time report: ratios, gaps, ceiling and notes as recorded"

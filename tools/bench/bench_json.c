@@ -100,7 +100,7 @@ static void phase_ranks(FILE *f, const phase_t *p, int R) {
 
 /* DeepEP's harness's statistic: each rank's mean over the iterations, the largest of them. The
  * slowest rank of each iteration (time_ms) is never below it, and above it by the ranks' jitter
- * (at R = 8 and 128 tokens on one H100 by ~15%): comparisons with DeepEP use this one. */
+ * (at R = 8 and 128 tokens on one H100 by 17-19%): comparisons with DeepEP use this one. */
 static double slowest_mean(const phase_t *p, int R) {
   double m = 0;
   for (int r = 0; r < R; r++)
