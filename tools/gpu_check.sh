@@ -350,8 +350,8 @@ for s in $steps; do
       done ;;
     trace)
       # Normal mode: where the time of a call goes (EP_CUDA_TRACE: notify plan, hello, wait for
-      # peers, gap, the data kernel's own part, peers and rest), over everything epcomm bench
-      # runs, rank 0's lines.
+      # peers, gap, the data kernel's own part, peers and rest; the idle time before the call),
+      # over everything epcomm bench runs, rank 0's lines.
       for rs in ${TRR:-2:24 8:16}; do
         set -- ${rs%%:*} ${rs#*:}
         for dt in ${TRDT:-bf16 fp8}; do
