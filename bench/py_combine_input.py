@@ -61,8 +61,8 @@ H, TOPK, E = 7168, 8, 256
 def slowest(group, times, host, gcs, name, spikes):
     """Per call, the slowest rank's time; (median, mean) over calls, us; then DeepEP's harness's
     statistic, each rank's mean over the calls and the largest of those (tools/deepep_time.py
-    times DeepEP so: the slowest call of each iteration is never below it, and above it by the
-    ranks' jitter; at R = 8 and 128 tokens by 17-19% on an H100). The slowest call, when
+    times DeepEP so: the mean over calls of each call's slowest rank is never below it, and above
+    it by the ranks' jitter; at R = 8 and 128 tokens by 17-19% on an H100). The slowest call, when
     it took over twice the median, goes to spikes with what its slowest rank saw: its host time
     for the call (a host stall: the OS, the interpreter) and whether the garbage collector ran
     in it. A mean far above its median is one or a few such calls, and where they fall (the
@@ -186,8 +186,10 @@ def main():
         buf._out_pool = pool_
 
         def counted(name):
-            """The layer step timed on buf: (median, mean, slowest rank's mean) us, and (dispatches, combines) of
-            its calls in place."""
+            """The layer step timed on buf: (median, mean, slowest rank's mean) us, and
+            (dispatches, combines) of its calls in place. Where two loops' figures are averaged
+            (lres, lnospare), the third is the mean of each loop's slowest rank's mean: at least
+            DeepEP's statistic over both loops, equal when the same rank is slowest in both."""
             c0 = buf.in_place_counts()
             t = timed(group, layer, o.iters, f"layer step, {name}", spikes)
             c1 = buf.in_place_counts()

@@ -92,4 +92,14 @@ echo 'DEEPEP {"impl": "deepep", "mode": "ll", "R": 2, "tokens": 128, "experts": 
 out=$(python3 "$src/tools/deepep_time.py" report "$ll") || fail "report exited $? (low latency)"
 grep -Eq '^ll +2 .* 128  dispatch bf16 +12\.0 +24\.0 +2\.00$' <<<"$out" ||
   fail "low latency is not compared by the slowest rank's median: $out"
+# A file from before the per-rank figures: the median of each iteration's slowest rank.
+python3 - "$ll/epcomm-ll-r2-t128-bf16.json" <<'PY' || fail "could not edit the low-latency file"
+import json, sys
+d = json.load(open(sys.argv[1]))
+del d["phases"]["dispatch"]["per_rank"]
+json.dump(d, open(sys.argv[1], "w"))
+PY
+out=$(python3 "$src/tools/deepep_time.py" report "$ll") || fail "report exited $? (old ll file)"
+grep -Eq '^ll +2 .* 128  dispatch bf16 +15\.0 +24\.0 +1\.60$' <<<"$out" ||
+  fail "a low-latency file without per-rank figures is not read by its median: $out"
 echo "deepep_time report: ratios, gaps, ceiling and notes as recorded"

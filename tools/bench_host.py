@@ -4,9 +4,14 @@
     tools/bench_host.py FILE.json...
 
 One line per phase: the call's median time (slowest rank, events on the stream) and each rank's
-median host time in the call (`host_ms`: enqueueing it, and for a full dispatch the wait for the
-counts). Where a rank's host time reaches the call's time, the GPU waited for that host.
+median host time in the call (`host_ms`). For a call the host does not wait in, that is the time
+to enqueue it, and where it reaches the call's time the GPU waited for that host. A full
+dispatch's host waits for the count (marked "waits"): its host time holds that wait and says
+nothing of the kind.
 """
+
+# The rows whose call makes the host wait for the count (bench_normal.c, bench_normal_var.c).
+WAITS = {"dispatch", "dispatch_pair_full", "dispatch_alloc", "dispatch_alloc_reg"}
 import json
 import sys
 
@@ -22,9 +27,10 @@ def table(path):
         hosts = sorted(r["host_ms"] * 1e3 for r in p["per_rank"] if "host_ms" in r)
         if not hosts:
             continue
-        mid = hosts[len(hosts) // 2]
+        mid = hosts[(len(hosts) - 1) // 2]  # the lower median for an even count
         print(f"  {key:<24} {t:8.1f} {hosts[0]:7.1f} {mid:7.1f} {hosts[-1]:7.1f}  "
-              f"{hosts[-1] / t if t > 0 else float('nan'):.2f}")
+              f"{hosts[-1] / t if t > 0 else float('nan'):.2f}"
+              f"{'  waits' if key in WAITS else ''}")
 
 
 def main():

@@ -554,8 +554,9 @@ def report(d):
                          for k in ("full", "cached")]
                     return ("" if None in m else
                             f"; {what}: fp8 {m[0] - m[1]:.1f}, bf16 {m[2] - m[3]:.1f}")
-                print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full - cached (count exchange): "
-                      f"fp8 {f - c:.1f}, bf16 {b - bc:.1f} us{gaps('medians', '')}"
+                print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full - cached (count exchange), "
+                      f"by the table's statistic: fp8 {f - c:.1f}, bf16 {b - bc:.1f} us"
+                      f"{gaps('medians of the slowest rank per iteration', '')}"
                       f"{gaps('paired in one loop, medians', '_pair')}")
             shares = [f"{t} {ep[key][f'_ceiling_{t}']:.3f}" for t in ("fp8", "bf16")
                       if ep[key].get(f"_ceiling_{t}") is not None]

@@ -133,7 +133,8 @@ for s in $steps; do
     hostms)
       # Host time against GPU time per call (`epcomm bench`'s host_ms, each rank's median) at
       # R:SMs in $HMR (default "2:24 8:16"), tokens in $HMT (default "128 4096"), bf16: where a
-      # rank's host time reaches the call's time, the GPU waited for that host.
+      # rank's host time reaches the call's time in a call the host does not wait in, the GPU
+      # waited for that host (a full dispatch's host waits for the count: marked "waits").
       for rs in ${HMR:-2:24 8:16}; do
         set -- ${rs%%:*} ${rs#*:}
         for tk in ${HMT:-128 4096}; do

@@ -78,9 +78,11 @@ static void trace_print(cuda_state_t *s) {
       for (int i = 1; i < EPK_TR_POINTS && o > 0 && o < (int)sizeof line; i++)
         o += snprintf(line + o, sizeof line - (size_t)o, ", %s %.1f", pt[i],
                       med ? trace_median(t, k, i) : 1e-3 * (double)t->sum[k][i] / n);
-      if (o > 0 && o < (int)sizeof line)
+      /* The idle time by its median only: its mean holds the pauses between a program's loops
+       * (checks, barriers, other work), hundreds of microseconds or more. */
+      if (med && o > 0 && o < (int)sizeof line)
         snprintf(line + o, sizeof line - (size_t)o, "; idle before %.1f",
-                 med ? trace_median(t, k, EPK_TR_POINTS) : 1e-3 * (double)t->idle_sum[k] / n);
+                 trace_median(t, k, EPK_TR_POINTS));
       fprintf(stderr, "%s\n", line);
     }
   }

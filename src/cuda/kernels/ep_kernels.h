@@ -170,8 +170,10 @@ typedef struct {
  * whose own sends end after its last arrival, folds to zero and its time into the next). A
  * call's points are folded into the sums by the next call's notify (or by the host at
  * destroy). Apart from the phases, each call's idle time before it: from the previous call's data
- * kernel end to this call's notify start (the launch, and the host when it is behind; 0 for a
- * buffer's first call), which event-timed figures include and the phases do not. */
+ * kernel end to this call's notify start (0 for a buffer's first call). It holds the kernel
+ * boundary and the launch, a host that is behind, and whatever the stream ran between the calls
+ * (the caller's kernels: an experts' write before a combine, a layout kernel); event-timed
+ * figures hold the part after their start event, the phases none of it. */
 /* Dispatch kinds split by outputs (views / arrays): their data kernels differ, and pooled they
  * made a median that matched neither. */
 enum {
@@ -203,7 +205,6 @@ typedef struct {
   uint32_t ring[EPK_TR_KINDS][EPK_TR_RING][EPK_TR_POINTS]; /* call n % RING's phases, ns */
   unsigned long long last_end; /* the previous call's data kernel end (0: none yet) */
   unsigned long long idle;     /* the current call's idle time before it, ns */
-  unsigned long long idle_sum[EPK_TR_KINDS];
   uint32_t idle_ring[EPK_TR_KINDS][EPK_TR_RING];
 } epk_trace_t;
 
@@ -221,7 +222,6 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
     }
     t->sum[t->kind][0] += prev - t->at[0];
     keep[0] = (uint32_t)(prev - t->at[0] < 0xffffffffull ? prev - t->at[0] : 0xffffffffull);
-    t->idle_sum[t->kind] += t->idle;
     t->idle_ring[t->kind][t->n[t->kind] % EPK_TR_RING] =
         (uint32_t)(t->idle < 0xffffffffull ? t->idle : 0xffffffffull);
     t->n[t->kind]++;
