@@ -9,11 +9,11 @@ to enqueue it, and where it reaches the call's time the GPU waited for that host
 dispatch's host waits for the count (marked "waits"): its host time holds that wait and says
 nothing of the kind.
 """
+import json
+import sys
 
 # The rows whose call makes the host wait for the count (bench_normal.c, bench_normal_var.c).
 WAITS = {"dispatch", "dispatch_pair_full", "dispatch_alloc", "dispatch_alloc_reg"}
-import json
-import sys
 
 
 def table(path):

@@ -136,17 +136,15 @@ void bench_json(FILE *f, const bench_opts_t *o, const bench_who_t *who, const ph
   fprintf(f, ",\n");
   summary(f, o, ph, q, v, rk);
   config(f, o, ph->R);
-  fprintf(
-      f,
-      "\"units\": {\"time\": \"ms, slowest rank per iteration\", \"slowest_rank_mean_ms\": "
-      "\"each rank's mean over the iterations (per_rank mean_ms), the largest (DeepEP's harness's "
-      "statistic)\", "
-      "\"gbps\": \"1e9 bytes/s "
-      "per rank: mean bytes over ranks / that time\", \"bytes\": \"logical = DeepEP's "
-      "received rows x row bytes (fp8 with scales); cross_rank = payload + metadata of rows "
-      "from other ranks\", \"memcpy\": \"bytes copied\", \"host_ms\": \"GPU rows: the "
-      "rank's host time in the call (enqueueing it), median; above time_ms the GPU waited "
-      "for the host\"},\n");
+  fprintf(f,
+          "\"units\": {\"time\": \"ms, slowest rank per iteration\", "
+          "\"slowest_rank_mean_ms\": \"each rank's mean over the iterations (per_rank mean_ms), "
+          "the largest (DeepEP's harness's statistic)\", \"gbps\": \"1e9 bytes/s per rank: mean "
+          "bytes over ranks / that time\", \"bytes\": \"logical = DeepEP's received rows x row "
+          "bytes (fp8 with scales); cross_rank = payload + metadata of rows from other ranks\", "
+          "\"memcpy\": \"bytes copied\", \"host_ms\": \"GPU rows: the rank's host time in the "
+          "call, median: enqueueing it, and in a full dispatch the wait for the count; in a call "
+          "without a host wait, above time_ms the GPU waited for the host\"},\n");
   phases(f, ph);
   fprintf(f, "\"ranks\": [");
   for (int r = 0; r < ph->R; r++)
