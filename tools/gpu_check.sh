@@ -95,7 +95,7 @@ for s in $steps; do
           ninja -C $b; } >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
       nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem \
         --format=csv >"$out/gpu.txt" 2>&1
-      bash tests/test_clang.sh $b 2>&1 | tail -3 ;; # the CUDA host code under clang too
+      bash tests/test_recompile.sh $b clang 2>&1 | tail -3 ;; # the CUDA host code under clang too
     quick)
       timeout 240 "$mps" tests/run.sh --filter '^cuda\.(normal\.r[12]|graph\.r2|timeout\.r2)$' $b \
         2>&1 | tee "$out/quick.log" | tail -8 || ok=0

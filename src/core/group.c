@@ -316,7 +316,7 @@ ep_status_t ep_group_create_from_env(const ep_group_config_t *cfg, ep_group_t *g
   ep_ident_fill(&me, hk);
   bool net = ep_ident_wants_hosts(&me) || job_spans_machines();
   if (net && (st = check_world_launcher(&me, "ep_group_create_from_env"))) return st;
-  ep_group *g;
+  ep_group *g = NULL; /* set by group_new on success (gcc -O3 cannot see that) */
   if ((st = group_new(rank, nranks, &c, &g))) return st;
   int notify_fd = notify_fd_from_env();
   tell_launcher(notify_fd, "join", rank);
@@ -388,7 +388,7 @@ ep_status_t ep_group_create(const ep_bootstrap_t *boot, const ep_group_config_t 
     return ep_err(EP_ERR_BOOTSTRAP, "ep_group_create: the user allgather callback failed");
   rv.name[RENDEZVOUS_MAX - 1] = '\0';
   if (net && (st = check_world_launcher(&ident, "ep_group_create"))) return st;
-  ep_group *g;
+  ep_group *g = NULL; /* set by group_new on success (gcc -O3 cannot see that) */
   st = group_new(boot->rank, boot->nranks, &c, &g);
   if (!st) st = group_finish(g, "ep_group_create", rv.name, rv.key, -1, &ident, net, group);
   explicit_bzero(&rv, sizeof rv);
