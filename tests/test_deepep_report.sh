@@ -3,9 +3,9 @@
 # size of a real H200 run (tests/fixtures/deepep_report: epcomm's bench JSON, the Python
 # bench's JSON, DeepEP's lines; 2026-12-04, tenth session; its layer step had plain outputs, so it
 # stands under the name the step without the out pool has). Checks ratios (the layer step's
-# too), the full - cached line, the copy-ceiling line, that a clean run has no notes, and that
-# a failed epcomm self-check is reported, and that files with DeepEP's statistic (each rank's
-# mean, the slowest rank's) are compared by it.
+# too), the full - cached line, the copy-ceiling line, the full dispatch + combine line, that a
+# clean run has no notes, that a failed epcomm self-check is reported, and that files with
+# DeepEP's statistic (each rank's mean, the slowest rank's) are compared by it.
 # Usage: test_deepep_report.sh SRC
 set -u -o pipefail
 src=${1:?usage: test_deepep_report.sh SRC}
@@ -23,6 +23,7 @@ want=(
   "Python: layer step, no out pool +845\.4 +922\.4 +1\.09$"
   'paired in one loop, medians: fp8 11\.5, bf16 9\.8$'
   'copy ceiling .*: fp8 0\.611, bf16 0\.799$'
+  'combine of its view, epcomm / DeepEP: bf16 361\.4 / 964\.3 us = 2\.67x, fp8 314\.8 / 1173\.1 us = 3\.73x$'
 )
 for w in "${want[@]}"; do
   grep -Eq "$w" <<<"$out" || fail "no line matching '$w' in:

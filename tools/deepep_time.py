@@ -558,6 +558,18 @@ def report(d):
                       f"by the table's statistic: fp8 {f - c:.1f}, bf16 {b - bc:.1f} us"
                       f"{gaps('medians of the slowest rank per iteration', '')}"
                       f"{gaps('paired in one loop, medians', '_pair')}")
+            # Issue 15's small-batch goal: a full dispatch + the combine of its view, both timed
+            # alone, their sums compared.
+            pairs = []
+            for t in ("bf16", "fp8"):
+                e = [ep[key].get(f"dispatch_{t}_full"), ep[key].get("combine_view")]
+                dv = [dp.get((mode, R, sms, N, f"dispatch_{t}_full")),
+                      dp.get((mode, R, sms, N, "combine"))]
+                if None not in e and None not in dv:
+                    pairs.append(f"{t} {sum(e):.1f} / {sum(dv):.1f} us = {sum(dv) / sum(e):.2f}x")
+            if pairs:
+                print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  full dispatch + combine of its view, "
+                      f"epcomm / DeepEP: {', '.join(pairs)}")
             shares = [f"{t} {ep[key][f'_ceiling_{t}']:.3f}" for t in ("fp8", "bf16")
                       if ep[key].get(f"_ceiling_{t}") is not None]
             if shares:
