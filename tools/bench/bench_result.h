@@ -33,8 +33,8 @@ typedef struct {
   double wire;  /* of which cross rank */
   double cpu;   /* CPU seconds (process, all threads) per call, mean; < 0: not measured */
   double csw;   /* context switches per call, mean; < 0: not measured */
-  double host;  /* GPU rows: seconds the host spent in the call (enqueueing it), median over the
-                   timed iterations; more than the GPU's time means the GPU waited for the host.
+  double host;  /* GPU rows: seconds the host spent in the call, median over the timed
+                   iterations: enqueueing it, and in a full dispatch its wait for the count.
                    < 0: not measured */
 } bench_row_t;
 

@@ -203,9 +203,8 @@ typedef struct {
   unsigned long long sum[EPK_TR_KINDS][EPK_TR_POINTS]; /* [i]: at[i] - at[i - 1]; [0]: total */
   unsigned long long n[EPK_TR_KINDS];
   uint32_t ring[EPK_TR_KINDS][EPK_TR_RING][EPK_TR_POINTS]; /* call n % RING's phases, ns */
-  unsigned long long last_end; /* the previous call's data kernel end (0: none yet) */
-  unsigned long long idle;     /* the current call's idle time before it, ns */
-  uint32_t idle_ring[EPK_TR_KINDS][EPK_TR_RING];
+  unsigned long long last_end; /* the folded calls' last data kernel end (0: none yet) */
+  uint32_t idle_ring[EPK_TR_KINDS][EPK_TR_RING]; /* call n % RING's idle time before it, ns */
 } epk_trace_t;
 
 /* The fold of one call's points into the sums (device: the next notify; host: at destroy). */
@@ -222,12 +221,13 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
     }
     t->sum[t->kind][0] += prev - t->at[0];
     keep[0] = (uint32_t)(prev - t->at[0] < 0xffffffffull ? prev - t->at[0] : 0xffffffffull);
+    const unsigned long long start = t->at[0], end = t->last_end,
+                             idle = end && start > end ? start - end : 0;
     t->idle_ring[t->kind][t->n[t->kind] % EPK_TR_RING] =
-        (uint32_t)(t->idle < 0xffffffffull ? t->idle : 0xffffffffull);
+        (uint32_t)(idle < 0xffffffffull ? idle : 0xffffffffull);
     t->n[t->kind]++;
   }
-  if (t->at[EPK_TR_D_END] && t->at[EPK_TR_D_END] != ~0ull) t->last_end = t->at[EPK_TR_D_END];
-  t->idle = 0;
+  if (t->at[EPK_TR_D_END]) t->last_end = t->at[EPK_TR_D_END];
   for (int i = 0; i < EPK_TR_POINTS; i++) t->at[i] = 0;
   t->at[EPK_TR_D_START] = ~0ull;
   t->kind = -1;

@@ -235,9 +235,7 @@ __global__ void __launch_bounds__(NT) notify(epk_buf_t b, epk_notify_t a) {
                       : a.kind == EPK_NOTIFY_CACHED  ? (arr ? EPK_TR_CACHED_ARR : EPK_TR_CACHED)
                       : a.kind == EPK_NOTIFY_COMBINE ? EPK_TR_COMBINE
                                                      : -1;
-      const unsigned long long now = epk_now(), end = b.trace->last_end;
-      b.trace->at[EPK_TR_N_START] = now;
-      b.trace->idle = end && now > end ? now - end : 0;
+      b.trace->at[EPK_TR_N_START] = epk_now();
     }
   }
   __syncthreads();
