@@ -4,7 +4,10 @@
 #  2. the same with every rank a grandchild of the launcher (sh -c 'prog; :'), which the death
 #     signal does not reach: the ranks see EOF on the launcher's notify socket and fail their
 #     calls with "launcher died" within 3 s, then exit;
-#  3. SIGINT to the launcher's process group (Ctrl-C on a terminal) reaches every rank.
+#  3. as 2, with rank 0 deaf to the launcher (EP_NOTIFY_FD unset): it learns of the death only
+#     from a peer's verdict, and must still name the launcher (a killed launcher's sockets close
+#     one by one, so a rank can meet that verdict before its own EOF: CI once saw it);
+#  4. SIGINT to the launcher's process group (Ctrl-C on a terminal) reaches every rank.
 # After each: no rank left, nothing of the job in /dev/shm or among the abstract sockets.
 # Usage: tests/test_orphans.sh BUILD_DIR       (exit 0 pass, 1 fail; prints the figures)
 set -u
@@ -69,6 +72,9 @@ run() { # name how
   mkdir -p "$d"
   if [ "$how" = grandchild ]; then
     start "$d" "$epcomm" launch -n 3 sh -c '"$0" loop "$1"; :' "$prog" "$d"
+  elif [ "$how" = deaf ]; then
+    start "$d" "$epcomm" launch -n 3 sh -c \
+      '[ "$EP_RANK" = 0 ] && unset EP_NOTIFY_FD; "$0" loop "$1"; :' "$prog" "$d"
   else
     start "$d" "$epcomm" launch -n 3 "$prog" loop "$d"
   fi
@@ -80,7 +86,7 @@ run() { # name how
   wait
   local rc; rc=$(cat "$d/rc")
   lpid=""
-  if [ "$how" = grandchild ]; then
+  if [ "$how" = grandchild ] || [ "$how" = deaf ]; then
     local r
     for r in 0 1 2; do
       [ -f "$d/result.$r" ] || { say "$name: rank $r left no result"; continue; }
@@ -94,5 +100,6 @@ run() { # name how
 
 run kill-launcher direct
 run kill-launcher-grandchildren grandchild
+run kill-launcher-rank0-deaf deaf
 run sigint-process-group sigint
 exit $fail

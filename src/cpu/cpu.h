@@ -95,10 +95,11 @@ typedef struct cpu_state {
   ep_status_t (*job_fn)(struct cpu_state *s, void *job, int channel);
   ep_status_t job_status;
   bool job_err_set;
-  char job_err[512];       /* message of the first failing channel (thread-local elsewhere) */
-  _Atomic int local_abort; /* a channel of this rank failed: the others stop */
-  _Atomic int culprit;     /* rank the first failing wait was about (-1: none) */
-  struct cpu_ll *ll;       /* low-latency state, NULL when disabled */
+  char job_err[512];         /* message of the first failing channel (thread-local elsewhere) */
+  _Atomic int local_abort;   /* a channel of this rank failed: the others stop */
+  _Atomic int culprit;       /* rank the first failing wait was about (-1: none) */
+  _Atomic int lost_launcher; /* a wait saw this rank's launcher die (sticky) */
+  struct cpu_ll *ll;         /* low-latency state, NULL when disabled */
 } cpu_state_t;
 
 /* ---- segments (cpu_seg.c) */
@@ -113,12 +114,20 @@ static inline cpu_bell_t *cpu_bell(cpu_state_t *s, int rank, int ch) {
   return (cpu_bell_t *)(s->segs[rank].base + s->layout.off_bells) + ch;
 }
 /* Abort word: set once by the first rank that gives up on a call; says who failed (the culprit:
- * the rank that died or did not answer), who noticed, and why. */
+ * the rank that died or did not answer), who noticed, and why. Bits 0-23: culprit + 1, 24-47:
+ * reporter + 1, 48-55: the status, 56: the reporter lost its launcher. That flag lets the peers
+ * name the launcher even when their own notify socket's EOF has not shown yet: a killed launcher's
+ * sockets close one by one, and a rank that looks between two closes saw only the abort. */
 static inline _Atomic uint64_t *cpu_abort_word(cpu_state_t *s, int rank) {
   return (_Atomic uint64_t *)(s->segs[rank].base + s->layout.off_abort);
 }
+#define CPU_ABORT_LAUNCHER (1ull << 56)
 static inline uint64_t cpu_abort_pack(int culprit, int reporter, ep_status_t why) {
-  return (uint64_t)(culprit + 1) | ((uint64_t)(reporter + 1) << 24) | ((uint64_t)why << 48);
+  return (uint64_t)(culprit + 1) | ((uint64_t)(reporter + 1) << 24) |
+         ((uint64_t)(why & 0xff) << 48);
+}
+static inline ep_status_t cpu_abort_why(uint64_t ab) {
+  return (ep_status_t)((ab >> 48) & 0xff);
 }
 static inline int cpu_abort_culprit(uint64_t ab) {
   return (int)(ab & 0xffffff) - 1;

@@ -51,6 +51,7 @@ static void note_culprit(cpu_state_t *s, int rank) {
 
 void cpu_abort_peers(cpu_state_t *s, ep_status_t why) {
   uint64_t word = cpu_abort_pack(atomic_load(&s->culprit), s->rank, why);
+  if (atomic_load(&s->lost_launcher)) word |= CPU_ABORT_LAUNCHER;
   for (int r = 0; r < s->nranks; r++) {
     if (r == s->rank) continue;
     uint64_t zero = 0;
@@ -75,9 +76,14 @@ void cpu_waiter_init(cpu_waiter_t *w, cpu_state_t *s, int channel, const char *o
 static ep_status_t peer_aborted(cpu_waiter_t *w, uint64_t ab) {
   cpu_state_t *s = w->s;
   int culprit = cpu_abort_culprit(ab), reporter = cpu_abort_reporter(ab);
-  ep_status_t why = (ep_status_t)(ab >> 48);
+  ep_status_t why = cpu_abort_why(ab);
   ep_status_t st = why == EP_ERR_TIMEOUT ? EP_ERR_TIMEOUT : EP_ERR_PEER_FAILED;
   note_culprit(s, culprit >= 0 ? culprit : reporter);
+  if (ab & CPU_ABORT_LAUNCHER)
+    return ep_ctx_fail(s->ctx, st, reporter, w->op, w->phase,
+                       "rank %d lost its launcher (epcomm launch died) and gave up on "
+                       "this call",
+                       reporter);
   if (culprit == s->rank)
     return ep_ctx_fail(s->ctx, st, reporter, w->op, w->phase,
                        "this rank came too late: rank %d "
@@ -110,10 +116,14 @@ static ep_status_t check_world(cpu_waiter_t *w) {
   const char *how;
   if (ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK) {
     /* A peer that gave up on this call may leave before this rank looks: its exit follows its
-     * verdict, which names the rank really at fault (the verdict is written before it exits). */
+     * verdict, which names the rank really at fault (the verdict is written before it exits).
+     * After a lost launcher every rank gives up and leaves: any exit is that verdict's sequel. */
     ab = atomic_load(cpu_abort_word(s, s->rank));
-    if (ab && cpu_abort_reporter(ab) == dead) return peer_aborted(w, ab);
+    if (ab && (cpu_abort_reporter(ab) == dead ||
+               ((ab & CPU_ABORT_LAUNCHER) && !ep_ctx_lost_launcher(s->ctx))))
+      return peer_aborted(w, ab);
     note_culprit(s, dead);
+    if (ep_ctx_lost_launcher(s->ctx)) atomic_store(&s->lost_launcher, 1);
     return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, w->op, w->phase, "rank %d %s", dead, how);
   }
   ab = atomic_load(cpu_abort_word(s, s->rank));
