@@ -74,7 +74,7 @@ ep_status_t ep_ctx_liveness(void *ctx);
 ep_status_t ep_ctx_check_peers(ep_ctx_t *ctx, int *dead, const char **how);
 /* True once a check saw this rank's own launcher die (EOF on its notify socket). The dead rank
  * such a check names is this rank, which a remote notice could also name: this tells them apart. */
-bool ep_ctx_lost_launcher(const ep_ctx_t *ctx);
+bool ep_ctx_lost_launcher(ep_ctx_t *ctx);
 
 /* Record a failure on the buffer and the calling thread: "<op>: <phase>: <message>", peer may be
  * -1. Returns `status` so that callers can `return ep_ctx_fail(...)`. */

@@ -52,9 +52,8 @@ ep_status_t ep_ctx_check_peers(ep_ctx_t *ctx, int *dead, const char **how) {
   return ep_group_check(ctx->buf->group, dead, how);
 }
 
-bool ep_ctx_lost_launcher(const ep_ctx_t *ctx) {
-  const ep_live_t *l = &ctx->buf->group->live;
-  return l->dead >= 0 && l->dead == l->rank;
+bool ep_ctx_lost_launcher(ep_ctx_t *ctx) {
+  return ep_live_lost_launcher(&ctx->buf->group->live);
 }
 
 ep_status_t ep_ctx_liveness(void *ctx) {

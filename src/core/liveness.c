@@ -31,6 +31,8 @@ int ep_live_init(ep_live_t *l, int rank, int nranks, int notify_fd) {
   l->nranks = nranks;
   l->notify_fd = notify_fd;
   l->dead = -1;
+  pthread_mutex_init(&l->lock, NULL);
+  l->ready = true;
   l->pidfds = malloc((size_t)nranks * sizeof(int));
   l->pids = calloc((size_t)nranks, sizeof(pid_t));
   if (!l->pidfds || !l->pids) return -1;
@@ -38,7 +40,7 @@ int ep_live_init(ep_live_t *l, int rank, int nranks, int notify_fd) {
   return 0;
 }
 
-void ep_live_set_pid(ep_live_t *l, int r, pid_t pid, int same_host) {
+static void set_pid(ep_live_t *l, int r, pid_t pid, int same_host) {
   if (r < 0 || r >= l->nranks || pid <= 0 || l->pids[r] == pid) return;
   if (l->pidfds[r] >= 0) close(l->pidfds[r]);
   l->pidfds[r] = -1;
@@ -102,7 +104,14 @@ static bool pid_gone(pid_t pid) {
   return p && (p[2] == 'Z' || p[2] == 'X');
 }
 
-int ep_live_check(ep_live_t *l) {
+void ep_live_set_pid(ep_live_t *l, int r, pid_t pid, int same_host) {
+  if (!l->ready) return;
+  pthread_mutex_lock(&l->lock);
+  set_pid(l, r, pid, same_host);
+  pthread_mutex_unlock(&l->lock);
+}
+
+static int check(ep_live_t *l) {
   if (l->dead >= 0) return l->dead;
   int r = check_notify(l);
   if (r >= 0) return l->dead = r;
@@ -129,6 +138,22 @@ int ep_live_check(ep_live_t *l) {
   return -1;
 }
 
+int ep_live_check(ep_live_t *l) {
+  if (!l->ready) return -1; /* set before any other thread can see l */
+  pthread_mutex_lock(&l->lock);
+  int r = check(l);
+  pthread_mutex_unlock(&l->lock);
+  return r;
+}
+
+bool ep_live_lost_launcher(ep_live_t *l) {
+  if (!l->ready) return false;
+  pthread_mutex_lock(&l->lock);
+  bool lost = l->dead >= 0 && l->dead == l->rank;
+  pthread_mutex_unlock(&l->lock);
+  return lost;
+}
+
 void ep_live_fini(ep_live_t *l) {
   if (l->pidfds)
     for (int r = 0; r < l->nranks; r++)
@@ -137,4 +162,6 @@ void ep_live_fini(ep_live_t *l) {
   free(l->pids);
   l->pidfds = NULL;
   l->pids = NULL;
+  if (l->ready) pthread_mutex_destroy(&l->lock);
+  l->ready = false;
 }
