@@ -8,7 +8,7 @@
 # concurrent-buffers test and a dispatch/combine run. Any ThreadSanitizer report fails it.
 # Usage: tests/test_tsan.sh BUILD_DIR   (exit 0 pass, 1 fail, 77 skipped without TSan)
 set -u -o pipefail
-b=$(cd "${1:?usage: test_tsan.sh BUILD_DIR}" && pwd)
+b=$(cd "${1:?usage: test_tsan.sh BUILD_DIR}" && pwd) || exit 2
 src=$(cd "$(dirname "$0")/.." && pwd)
 t=$b/tsan
 say() { echo "test_tsan.sh: $*" >&2; exit 1; }
@@ -36,12 +36,12 @@ bash "$src/tests/test_failure.sh" "$t" >"$probe/failure.log" 2>&1 ||
 echo "failure scenarios, 3 channels: no race"
 
 run() { # ranks channels program args...
-  local n=$1 ch=$2; shift 2
-  EP_CHANNELS=$ch timeout 300 "$t/bin/epcomm" launch -n "$n" "$t/tests/$@" >"$probe/run.log" 2>&1 ||
-    say "$* at $n ranks, $ch channels: exit $? $(grep -m1 -A12 'ThreadSanitizer' "$probe/run.log")"
+  local n=$1 ch=$2 prog=$3; shift 3
+  EP_CHANNELS=$ch timeout 120 "$t/bin/epcomm" launch -n "$n" "$t/tests/$prog" "$@" >"$probe/run.log" 2>&1 ||
+    say "$prog at $n ranks, $ch channels: exit $? $(grep -m1 -A12 'ThreadSanitizer' "$probe/run.log")"
   ! grep -q ThreadSanitizer "$probe/run.log" ||
-    say "$* at $n ranks, $ch channels: $(grep -m1 -A12 'ThreadSanitizer' "$probe/run.log")"
-  echo "$* at $n ranks, $ch channels: no race"
+    say "$prog at $n ranks, $ch channels: $(grep -m1 -A12 'ThreadSanitizer' "$probe/run.log")"
+  echo "$prog at $n ranks, $ch channels: no race"
 }
 run 3 2 test_threads
 run 3 3 test_normal

@@ -34,10 +34,10 @@ int ep_live_init(ep_live_t *l, int rank, int nranks, int notify_fd) {
   pthread_mutex_init(&l->lock, NULL);
   l->ready = true;
   l->pidfds = malloc((size_t)nranks * sizeof(int));
+  if (l->pidfds) /* before any failure: ep_live_fini closes what is not -1 */
+    for (int r = 0; r < nranks; r++) l->pidfds[r] = -1;
   l->pids = calloc((size_t)nranks, sizeof(pid_t));
-  if (!l->pidfds || !l->pids) return -1;
-  for (int r = 0; r < nranks; r++) l->pidfds[r] = -1;
-  return 0;
+  return l->pidfds && l->pids ? 0 : -1;
 }
 
 static void set_pid(ep_live_t *l, int r, pid_t pid, int same_host) {
@@ -68,8 +68,9 @@ static bool launcher_gone(const ep_live_t *l) {
 }
 
 /* "dead rank=2 pid=1234 how=killed by signal 9 (Killed)\n" lines from epcomm launch. Peeked,
- * never consumed: every group of this process reads the same socket. */
-static int check_notify(ep_live_t *l) {
+ * never consumed: every group of this process reads the same socket. want: the rank whose
+ * notice is wanted, or -1 for the first notice; `how` is written only for the one returned. */
+static int check_notify(ep_live_t *l, int want) {
   if (l->notify_fd < 0) return -1;
   char buf[4096];
   ssize_t n = recv(l->notify_fd, buf, sizeof buf - 1, MSG_PEEK | MSG_DONTWAIT);
@@ -80,7 +81,8 @@ static int check_notify(ep_live_t *l) {
     if (nl) *nl = '\0';
     int r, pid, off = 0;
     if (sscanf(line, "dead rank=%d pid=%d how=%n", &r, &pid, &off) == 2 && off > 0 && r >= 0 &&
-        r < l->nranks && r != l->rank && (l->pids[r] == pid || l->pids[r] == 0)) {
+        r < l->nranks && r != l->rank && (l->pids[r] == pid || l->pids[r] == 0) &&
+        (want < 0 || r == want)) {
       snprintf(l->how, sizeof l->how, "%s", line + off);
       return r;
     }
@@ -113,7 +115,7 @@ void ep_live_set_pid(ep_live_t *l, int r, pid_t pid, int same_host) {
 
 static int check(ep_live_t *l) {
   if (l->dead >= 0) return l->dead;
-  int r = check_notify(l);
+  int r = check_notify(l, -1);
   if (r >= 0) return l->dead = r;
   if (l->notify_fd >= 0 && launcher_gone(l)) {
     snprintf(l->how, sizeof l->how, "lost its launcher: epcomm launch died (EOF on EP_NOTIFY_FD)");
@@ -130,7 +132,7 @@ static int check(ep_live_t *l) {
     if (gone) {
       snprintf(l->how, sizeof l->how, "exited");
       /* The launcher, if any, is about to say how (signal or status): worth a short wait. */
-      for (int i = 0; i < 20 && l->notify_fd >= 0 && check_notify(l) != r; i++)
+      for (int i = 0; i < 20 && l->notify_fd >= 0 && check_notify(l, r) != r; i++)
         nanosleep(&(struct timespec){0, 5 * 1000 * 1000}, NULL);
       return l->dead = r;
     }

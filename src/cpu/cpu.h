@@ -97,7 +97,7 @@ typedef struct cpu_state {
   bool job_err_set;
   char job_err[512];         /* message of the first failing channel (thread-local elsewhere) */
   _Atomic int local_abort;   /* a channel of this rank failed: the others stop */
-  _Atomic int culprit;       /* rank the first failing wait was about (-1: none) */
+  _Atomic int culprit;       /* group rank the first failing wait was about (-1: none) */
   _Atomic int lost_launcher; /* a wait saw this rank's launcher die (sticky) */
   struct cpu_ll *ll;         /* low-latency state, NULL when disabled */
 } cpu_state_t;
@@ -115,9 +115,10 @@ static inline cpu_bell_t *cpu_bell(cpu_state_t *s, int rank, int ch) {
 }
 /* Abort word: set once by the first rank that gives up on a call; says who failed (the culprit:
  * the rank that died or did not answer), who noticed, and why. Bits 0-23: culprit + 1, 24-47:
- * reporter + 1, 48-55: the status, 56: the reporter lost its launcher. That flag lets the peers
- * name the launcher even when their own notify socket's EOF has not shown yet: a killed launcher's
- * sockets close one by one, and a rank that looks between two closes saw only the abort. */
+ * reporter + 1, 48-55: the status, 56: the reporter lost its launcher (ranks: group ranks). That
+ * flag lets the peers name the launcher even when their own notify socket's EOF has not shown yet:
+ * a killed launcher's sockets close one by one, and a rank that looks between two closes saw only
+ * the abort. */
 static inline _Atomic uint64_t *cpu_abort_word(cpu_state_t *s, int rank) {
   return (_Atomic uint64_t *)(s->segs[rank].base + s->layout.off_abort);
 }
@@ -157,6 +158,11 @@ static inline cpu_ring_t *cpu_ring(cpu_state_t *s, int owner, int src, int ch) {
 }
 
 /* ---- waiting (cpu_wait.c) */
+/* The group rank of local index l (this host's ranks share the segments); -1 stays -1. Messages,
+ * the abort word and the culprit speak in group ranks, as the core's liveness does. */
+static inline int cpu_grank(const cpu_state_t *s, int l) {
+  return l < 0 ? l : s->topo->rank_at[s->topo->host * s->topo->local_size + l];
+}
 typedef struct {
   cpu_state_t *s;
   int channel;
@@ -171,7 +177,8 @@ static inline uint32_t cpu_bell_read(cpu_state_t *s, int ch) {
   return atomic_load(&cpu_bell(s, s->rank, ch)->bell);
 }
 /* Sleep until our bell moves from `seen`, the deadline passes, a peer dies or aborts.
- * EP_OK to re-scan; otherwise the failure, already recorded (with `waiting_for` named). */
+ * EP_OK to re-scan; otherwise the failure, already recorded (with `waiting_for`, a group rank or
+ * -1, named). */
 ep_status_t cpu_wait(cpu_waiter_t *w, uint32_t seen, int waiting_for, const char *what);
 void cpu_ring_bell(cpu_state_t *s, int rank, int ch);
 /* Tell every peer that this rank gave up on the current call (naming s->culprit). */

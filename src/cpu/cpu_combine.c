@@ -125,7 +125,8 @@ static ep_status_t loop(cpu_state_t *s, const job_t *j, int c, peer_t *out, cpu_
           who = r;
           break;
         }
-    ep_status_t st = cpu_wait(&w, seen, who, "rows to reduce, or room to send rows back");
+    ep_status_t st =
+        cpu_wait(&w, seen, cpu_grank(s, who), "rows to reduce, or room to send rows back");
     if (st) return st;
   }
 }

@@ -177,7 +177,7 @@ static ep_status_t loop(cpu_state_t *s, const cpu_dispatch_job_t *j, int c, peer
     if (moved) continue;
     char what[96];
     int who = laggard(s, out, in, what, sizeof what);
-    ep_status_t st = cpu_wait(&w, seen, who, what);
+    ep_status_t st = cpu_wait(&w, seen, cpu_grank(s, who), what);
     if (st) return st;
   }
 }

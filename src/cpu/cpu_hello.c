@@ -40,7 +40,8 @@ static int missing(cpu_state_t *s, char *list, size_t n) {
     cpu_hello_t *h = cpu_hello_from(s, r);
     if (atomic_load_explicit(&h->seq, memory_order_acquire) == s->seq + 1) continue;
     if (first < 0) first = r;
-    if (used + 16 < n) used += (size_t)snprintf(list + used, n - used, "%s%d", k ? ", " : "", r);
+    if (used + 16 < n)
+      used += (size_t)snprintf(list + used, n - used, "%s%d", k ? ", " : "", cpu_grank(s, r));
     k++;
   }
   return first;
@@ -57,7 +58,7 @@ ep_status_t cpu_hello_gather(cpu_state_t *s, const cpu_hello_t *mine, const char
     if (first < 0) break;
     snprintf(what, sizeof what, "no hello yet from rank(s) %s: they have not entered this call",
              list);
-    ep_status_t st = cpu_wait(&w, seen, first, what);
+    ep_status_t st = cpu_wait(&w, seen, cpu_grank(s, first), what);
     if (st) {
       cpu_abort_peers(s, st);
       return st;

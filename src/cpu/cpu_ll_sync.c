@@ -23,7 +23,7 @@ static ep_status_t wait_each(cpu_state_t *s, ready_fn ready, const void *arg, co
       if (ok < 0) *gave_up = r, *how = ok;
       if (ok) break;
       if (!armed) cpu_waiter_init(&w, s, 0, op, phase), armed = true;
-      ep_status_t st = cpu_wait(&w, seen, r, what);
+      ep_status_t st = cpu_wait(&w, seen, cpu_grank(s, r), what);
       if (st) {
         if (st != EP_ERR_INTERNAL) cpu_abort_peers(s, st);
         return st;

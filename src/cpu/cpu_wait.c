@@ -50,8 +50,11 @@ static void note_culprit(cpu_state_t *s, int rank) {
 }
 
 void cpu_abort_peers(cpu_state_t *s, ep_status_t why) {
-  uint64_t word = cpu_abort_pack(atomic_load(&s->culprit), s->rank, why);
-  if (atomic_load(&s->lost_launcher)) word |= CPU_ABORT_LAUNCHER;
+  int culprit = atomic_load(&s->culprit);
+  uint64_t word = cpu_abort_pack(culprit, s->grank, why);
+  /* Only when the launcher is this call's explanation: a channel that timed out on a peer first
+   * named that peer, and the peers should hear of it. */
+  if (atomic_load(&s->lost_launcher) && culprit == s->grank) word |= CPU_ABORT_LAUNCHER;
   for (int r = 0; r < s->nranks; r++) {
     if (r == s->rank) continue;
     uint64_t zero = 0;
@@ -84,7 +87,7 @@ static ep_status_t peer_aborted(cpu_waiter_t *w, uint64_t ab) {
                        "rank %d lost its launcher (epcomm launch died) and gave up on "
                        "this call",
                        reporter);
-  if (culprit == s->rank)
+  if (culprit == s->grank)
     return ep_ctx_fail(s->ctx, st, reporter, w->op, w->phase,
                        "this rank came too late: rank %d "
                        "gave up on the call (%s) before it arrived",
@@ -111,7 +114,7 @@ static ep_status_t check_world(cpu_waiter_t *w) {
   /* Except when the peers' verdict is that this rank came too late (it was stopped, say): they
    * may have left since, and their exit is the consequence, not the cause. */
   uint64_t ab = atomic_load(cpu_abort_word(s, s->rank));
-  if (ab && cpu_abort_culprit(ab) == s->rank) return peer_aborted(w, ab);
+  if (ab && cpu_abort_culprit(ab) == s->grank) return peer_aborted(w, ab);
   int dead;
   const char *how;
   if (ep_ctx_check_peers(s->ctx, &dead, &how) != EP_OK) {
@@ -123,7 +126,7 @@ static ep_status_t check_world(cpu_waiter_t *w) {
                ((ab & CPU_ABORT_LAUNCHER) && !ep_ctx_lost_launcher(s->ctx))))
       return peer_aborted(w, ab);
     note_culprit(s, dead);
-    if (ep_ctx_lost_launcher(s->ctx)) atomic_store(&s->lost_launcher, 1);
+    if (dead == s->grank && ep_ctx_lost_launcher(s->ctx)) atomic_store(&s->lost_launcher, 1);
     return ep_ctx_fail(s->ctx, EP_ERR_PEER_FAILED, dead, w->op, w->phase, "rank %d %s", dead, how);
   }
   ab = atomic_load(cpu_abort_word(s, s->rank));
