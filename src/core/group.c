@@ -54,6 +54,7 @@ void ep_group_free(ep_group *g) {
   free(g->buffers);
   pthread_mutex_destroy(&g->lock);
   pthread_mutex_destroy(&g->boot_lock);
+  pthread_mutex_destroy(&g->how_lock);
   ep_errbox_fini(&g->err);
   g->magic = 0;
   free(g);
@@ -197,6 +198,7 @@ static ep_status_t group_new(int rank, int nranks, const ep_group_config_t *cfg,
   g->live.dead = -1;
   pthread_mutex_init(&g->lock, NULL);
   pthread_mutex_init(&g->boot_lock, NULL);
+  pthread_mutex_init(&g->how_lock, NULL);
   ep_errbox_init(&g->err);
   *out = g;
   return EP_OK;

@@ -12,18 +12,27 @@
 
 #define EP_HOSTKEY_MAX 96
 
+typedef struct {
+  _Atomic bool set;
+  char text[160];
+} ep_how_t;
+
 struct ep_group_s {
   uint32_t magic;
   ep_id_t id;
   int rank, nranks;
   double timeout_s;
-  ep_topo_t topo;                   /* hosts; one host holding every rank unless the group spans
-                                       hosts (docs/ARCHITECTURE.md, "Across hosts") */
-  ep_world_t *world;                /* spanning hosts: the exchanges across hosts, else NULL */
-  ep_boot_t boot;                   /* the ranks of this host (all ranks when on one host) */
-  ep_live_t live;                   /* indexed like `boot`: local ranks */
-  char remote_how[160];             /* what a notice from another host said */
-  char local_how[160];              /* across hosts: a death on this host, with host and pid */
+  ep_topo_t topo;    /* hosts; one host holding every rank unless the group spans
+                        hosts (docs/ARCHITECTURE.md, "Across hosts") */
+  ep_world_t *world; /* spanning hosts: the exchanges across hosts, else NULL */
+  ep_boot_t boot;    /* the ranks of this host (all ranks when on one host) */
+  ep_live_t live;    /* indexed like `boot`: local ranks */
+  /* Explanations of a death, each written once (the first check that finds it; later checks
+   * find the same death) under how_lock, then read without it: channels' threads check at once. */
+  ep_how_t remote_how; /* what a notice from another host said */
+  ep_how_t local_how;  /* across hosts: a death on this host, with host and pid */
+  ep_how_t silent_how; /* across hosts: a host whose heartbeats stopped */
+  pthread_mutex_t how_lock;
   char (*hostkeys)[EP_HOSTKEY_MAX]; /* [nranks]: hostname + boot id */
   _Atomic bool broken;              /* a collective failed: destroys skip their exchanges */
   _Atomic bool peer_lost;           /* a rank died or did not answer: the world engine must not

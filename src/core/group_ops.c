@@ -1,5 +1,6 @@
 /* Groups in use: liveness, the collective calls on the bootstrap channel (numbered, so that a
  * rank in another call is named instead of paired with), and teardown. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,25 @@
 #include "group.h"
 
 /* ------------------------------------------------------------------ liveness */
+
+/* h's text, formatted by the first caller only: the text a caller gets stays put while another
+ * thread's check finds the same death. */
+static const char *explain_once(ep_group *g, ep_how_t *h, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static const char *explain_once(ep_group *g, ep_how_t *h, const char *fmt, ...) {
+  if (!atomic_load_explicit(&h->set, memory_order_acquire)) {
+    pthread_mutex_lock(&g->how_lock);
+    if (!atomic_load_explicit(&h->set, memory_order_relaxed)) {
+      va_list ap;
+      va_start(ap, fmt);
+      vsnprintf(h->text, sizeof h->text, fmt, ap);
+      va_end(ap);
+      atomic_store_explicit(&h->set, true, memory_order_release);
+    }
+    pthread_mutex_unlock(&g->how_lock);
+  }
+  return h->text;
+}
 
 /* A rank of this host died (local index l): tell the other hosts, once, and say so. */
 static ep_status_t local_death(ep_group *g, int l, int *dead, const char **how) {
@@ -20,11 +40,11 @@ static ep_status_t local_death(ep_group *g, int l, int *dead, const char **how) 
     return ep_err(EP_ERR_PEER_FAILED, "rank %d %s; giving up", r, g->live.how);
   if (!g->world)
     return ep_err(EP_ERR_PEER_FAILED, "rank %d (pid %d) %s", r, (int)g->live.pids[l], g->live.how);
-  snprintf(g->local_how, sizeof g->local_how, "(host %d, pid %d) %s", g->topo.host,
-           (int)g->live.pids[l], g->live.how);
-  if (how) *how = g->local_how;
-  ep_world_notify(g->world, r, g->local_how);
-  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, g->local_how);
+  const char *said = explain_once(g, &g->local_how, "(host %d, pid %d) %s", g->topo.host,
+                                  (int)g->live.pids[l], g->live.how);
+  if (how) *how = said;
+  ep_world_notify(g->world, r, said);
+  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, said);
 }
 
 /* A notice from another host first: it reports the first death, where a rank of this host may
@@ -35,12 +55,13 @@ static ep_status_t silent_host(ep_group *g, int r, double quiet, int *dead, cons
   if (dead) *dead = r;
   g->broken = true;
   g->peer_lost = true;
-  snprintf(g->local_how, sizeof g->local_how,
-           "(host %d) sent no heartbeat for %.1f s: its host is down or cut off (EP_HEARTBEAT_S)",
-           g->topo.host_of[r], quiet);
-  if (how) *how = g->local_how;
-  ep_world_notify(g->world, r, g->local_how);
-  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, g->local_how);
+  const char *said = explain_once(
+      g, &g->silent_how,
+      "(host %d) sent no heartbeat for %.1f s: its host is down or cut off (EP_HEARTBEAT_S)",
+      g->topo.host_of[r], quiet);
+  if (how) *how = said;
+  ep_world_notify(g->world, r, said);
+  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, said);
 }
 
 ep_status_t ep_group_check(ep_group *g, int *dead, const char **how) {
@@ -54,12 +75,12 @@ ep_status_t ep_group_check(ep_group *g, int *dead, const char **how) {
       return silent_host(g, r, quiet, dead, how);
     return EP_OK;
   }
-  snprintf(g->remote_how, sizeof g->remote_how, "%s (reported by rank %d)", said, reporter);
+  const char *text = explain_once(g, &g->remote_how, "%s (reported by rank %d)", said, reporter);
   if (dead) *dead = r;
-  if (how) *how = g->remote_how;
+  if (how) *how = text;
   g->broken = true;
   g->peer_lost = true;
-  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, g->remote_how);
+  return ep_err(EP_ERR_PEER_FAILED, "rank %d %s", r, text);
 }
 
 ep_status_t ep_group_explain(ep_group *g, ep_status_t st, int peer) {

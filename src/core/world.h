@@ -25,7 +25,7 @@ typedef struct {
   ep_net_xfer_t *rx, *tx; /* [R] standing receives of notices; sends of ours */
   ep_notice_t *rx_buf, tx_buf;
   bool told;          /* this rank sent its notice */
-  int heard;          /* first notice received (index into rx), -1: none */
+  _Atomic int heard;  /* first notice received (index into rx), -1: none; set under lock */
   ep_heartbeat_t *hb; /* heartbeats to and from the neighbouring hosts (heartbeat.c), or NULL */
 } ep_world_t;
 
