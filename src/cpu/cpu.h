@@ -102,6 +102,12 @@ typedef struct cpu_state {
   struct cpu_ll *ll;         /* low-latency state, NULL when disabled */
 } cpu_state_t;
 
+/* The group rank of local index l (this host's ranks share the segments); -1 stays -1. Messages,
+ * the abort word and the culprit speak in group ranks, as the core's liveness does. */
+static inline int cpu_grank(const cpu_state_t *s, int l) {
+  return l < 0 ? l : s->topo->rank_at[s->topo->host * s->topo->local_size + l];
+}
+
 /* ---- segments (cpu_seg.c) */
 /* nranks: ranks sharing the segments (rings, hellos); ll_ranks: ranks of the group (the
  * low-latency slabs hold rows of every rank). */
@@ -158,11 +164,6 @@ static inline cpu_ring_t *cpu_ring(cpu_state_t *s, int owner, int src, int ch) {
 }
 
 /* ---- waiting (cpu_wait.c) */
-/* The group rank of local index l (this host's ranks share the segments); -1 stays -1. Messages,
- * the abort word and the culprit speak in group ranks, as the core's liveness does. */
-static inline int cpu_grank(const cpu_state_t *s, int l) {
-  return l < 0 ? l : s->topo->rank_at[s->topo->host * s->topo->local_size + l];
-}
 typedef struct {
   cpu_state_t *s;
   int channel;

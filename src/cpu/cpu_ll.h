@@ -149,10 +149,6 @@ static inline void cpu_ll_part(int n, int parts, int p, int *begin, int *end) {
 static inline int cpu_ll_seg(const cpu_state_t *s, int rank) {
   return s->topo->host_of[rank] == s->topo->host ? s->topo->local_of[rank] : -1;
 }
-/* The rank of local index l. */
-static inline int cpu_ll_rank_of(const cpu_state_t *s, int l) {
-  return s->topo->rank_at[s->topo->host * s->topo->local_size + l];
-}
 
 /* ---- signals and waits (cpu_ll_sync.c) */
 /* Rank r's entry record of the current dispatch call: in its segment on one host, as exchanged

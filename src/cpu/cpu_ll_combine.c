@@ -86,7 +86,7 @@ static ep_status_t send_back(cpu_state_t *s, cpu_ll_slot_t *sl, const void *y, i
   count_local(s, sl);
   cpu_ll_run(s, (size_t)nrecv * 2 * (size_t)ll->H, &j.parts, back_part, &j);
   for (int i = 1; i <= s->nranks; i++) { /* every part is done: raise the flags */
-    int l = (s->rank + i) % s->nranks, src = cpu_ll_rank_of(s, l);
+    int l = (s->rank + i) % s->nranks, src = cpu_grank(s, l);
     unsigned char *base = cpu_ll_slot_base(s, l, sl->src_slot[src]);
     cpu_ll_post(s, l, cpu_ll_flag(base, ll->lay.comb, s->grank), ticket);
   }

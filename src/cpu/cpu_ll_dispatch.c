@@ -170,7 +170,7 @@ static ep_status_t send_all(cpu_state_t *s, cpu_ll_slot_t *sl, job_t *j, int nse
   cpu_ll_run(s, (size_t)nsel * (j->row + j->sbytes), &j->parts, send_part, j);
   count_local(s, j);
   for (int i = 1; i <= s->nranks; i++) { /* every part is done: raise the flags */
-    int l = (s->rank + i) % s->nranks, d = cpu_ll_rank_of(s, l);
+    int l = (s->rank + i) % s->nranks, d = cpu_grank(s, l);
     unsigned char *base = cpu_ll_slot_base(s, l, cpu_ll_record(s, d)->slot);
     cpu_ll_post(s, l, cpu_ll_flag(base, ll->lay.data, s->grank), ll->q + 1);
   }

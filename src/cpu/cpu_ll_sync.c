@@ -111,15 +111,15 @@ typedef struct {
 static int flag_ready(cpu_state_t *s, int r, const void *arg) {
   const flag_arg_t *f = arg;
   _Atomic uint64_t *flag =
-      cpu_ll_flag(cpu_ll_slot_base(s, s->rank, f->slot), f->off, cpu_ll_rank_of(s, r));
+      cpu_ll_flag(cpu_ll_slot_base(s, s->rank, f->slot), f->off, cpu_grank(s, r));
   if (atomic_load_explicit(flag, memory_order_acquire) == f->want) return 1;
   if (!f->combine) return 0; /* past its gate a dispatch sender always delivers */
   /* Its flag of this combine in another slot of ours: it combines the handle of another
    * dispatch (combine tickets are the same on every rank, and only this combine has this one). */
   for (int o = 0; o < CPU_LL_SLOTS; o++)
-    if (o != f->slot && atomic_load_explicit(cpu_ll_flag(cpu_ll_slot_base(s, s->rank, o), f->off,
-                                                         cpu_ll_rank_of(s, r)),
-                                             memory_order_acquire) == f->want)
+    if (o != f->slot &&
+        atomic_load_explicit(cpu_ll_flag(cpu_ll_slot_base(s, s->rank, o), f->off, cpu_grank(s, r)),
+                             memory_order_acquire) == f->want)
       return -2;
   /* A rejection of this combine or a later one; in the later case its flag for this one was
    * stored before that rejection, so the reload below sees it. */
@@ -133,14 +133,14 @@ ep_status_t cpu_ll_wait_flags(cpu_state_t *s, int slot, size_t off, uint64_t wan
   int gave_up, how;
   ep_status_t st = wait_each(s, flag_ready, &f, op, "recv", what, &gave_up, &how);
   if (!st && gave_up >= 0 && how == -2)
-    st = ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, cpu_ll_rank_of(s, gave_up), op, "recv",
+    st = ep_ctx_fail(s->ctx, EP_ERR_MISMATCH, cpu_grank(s, gave_up), op, "recv",
                      "rank %d combines the handle of another low-latency dispatch than this "
                      "rank: every rank must combine the same dispatch",
-                     cpu_ll_rank_of(s, gave_up));
+                     cpu_grank(s, gave_up));
   else if (!st && gave_up >= 0)
-    st = ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, cpu_ll_rank_of(s, gave_up), op, "recv",
+    st = ep_ctx_fail(s->ctx, EP_ERR_PEER_INVALID, cpu_grank(s, gave_up), op, "recv",
                      "rank %d rejected its arguments for this combine (see its error)",
-                     cpu_ll_rank_of(s, gave_up));
+                     cpu_grank(s, gave_up));
   return st;
 }
 

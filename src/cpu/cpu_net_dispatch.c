@@ -322,9 +322,8 @@ static int pull(cpu_state_t *s, const job_t *j, chan_t *ch, int c, bool *all_end
 static int laggard(const cpu_state_t *s, const chan_t *ch, char *what, size_t n) {
   for (int l = 0; l < s->nranks; l++)
     if (l != s->rank && !ch->ended[l]) {
-      snprintf(what, n, "rows forwarded by rank %d of this host",
-               s->topo->rank_at[s->topo->host * s->nranks + l]);
-      return s->topo->rank_at[s->topo->host * s->nranks + l];
+      snprintf(what, n, "rows forwarded by rank %d of this host", cpu_grank(s, l));
+      return cpu_grank(s, l);
     }
   snprintf(what, n, "room in a queue, or a network block");
   return -1;
