@@ -341,6 +341,9 @@ typedef struct {
   /* Dispatches on the allocator path that moved their rows before the allocation
    * (EP_CUDA_EARLY_DATA=1 on CUDA; 0 elsewhere): so a test can tell that the path ran. */
   uint64_t dispatches_early;
+  /* Dispatches whose receivers pulled their rows from the sources' staged tokens instead of
+   * the senders pushing every row (EP_CUDA_PULL on CUDA, counted by the GPU; 0 elsewhere). */
+  uint64_t dispatches_pulled;
 } ep_buffer_info_t;
 #define EP_BUFFER_INFO_INIT EP_ARGS_INIT_(ep_buffer_info_t)
 

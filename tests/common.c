@@ -58,6 +58,10 @@ bool t_early_data(void) {
   return cuda_switch("EP_CUDA_EARLY_DATA", false);
 }
 
+bool t_pull(void) {
+  return cuda_switch("EP_CUDA_PULL", false);
+}
+
 void t_require_backend(void) {
   char why[160];
   if (!t_cuda() || tk_dev_count(why, sizeof why) > 0) return;

@@ -3,7 +3,8 @@
 # size of a real H200 run (tests/fixtures/deepep_report: epcomm's bench JSON, the Python
 # bench's JSON, DeepEP's lines; 2026-12-04, tenth session; its layer step had plain outputs, so it
 # stands under the name the step without the out pool has). Checks ratios (the layer step's
-# too), the full - cached line, the copy-ceiling line, the full dispatch + combine line, that a
+# too), the full - cached line, the copy-ceiling line, the full dispatch + combine line, the
+# memory floors of the copy-out cells, that a
 # clean run has no notes, that a failed epcomm self-check is reported, and that files with
 # DeepEP's statistic (each rank's mean, the slowest rank's) are compared by it.
 # Usage: test_deepep_report.sh SRC
@@ -24,6 +25,10 @@ want=(
   'paired in one loop, medians: fp8 11\.5, bf16 9\.8$'
   'copy ceiling .*: fp8 0\.611, bf16 0\.799$'
   'combine of its view, epcomm / DeepEP: bf16 361\.4 / 964\.3 us = 2\.67x, fp8 314\.8 / 1173\.1 us = 3\.73x$'
+  # 2 ranks x (58.7 MB of x + 3 x 117.1 MB of rows) at 2 x 2 x 268.4 MB / 263.8 us of cudaMemcpy
+  'memory floor: bf16 dispatch into caller tensors, pushed: 1 x \+ 3 rows per rank, 201\.4 us at the copy ceiling.s 4\.07 TB/s, at most 2\.12x DeepEP \(426\.9 us\)$'
+  'memory floor: bf16 dispatch into caller tensors, pulled: 2 x \+ 2 rows per rank, 172\.7 us'
+  'memory floor: combine, x = separate tensor: 1 x \+ 3 rows per rank, 201\.4 us .* at most 2\.37x DeepEP \(477\.4 us\)$'
 )
 for w in "${want[@]}"; do
   grep -Eq "$w" <<<"$out" || fail "no line matching '$w' in:

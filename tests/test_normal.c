@@ -561,6 +561,18 @@ static void check_early(const ctx_t *x) {
           (unsigned long long)early, want ? "some" : "none");
 }
 
+/* EP_CUDA_PULL=1: the cases into caller arrays that fit the large buffer at once
+ * pulled their rows (on one host; across hosts the network engine moves them), and none did
+ * with it off, so a silent fall back to pushing (or a pull where it must not be) fails here. */
+static void check_pulled(const ctx_t *x) {
+  ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
+  T_OK(ep_buffer_query(x->buf, &info));
+  const bool want = t_pull() && x->nhosts == 1;
+  T_CHECK(want ? info.dispatches_pulled > 0 : info.dispatches_pulled == 0,
+          "%llu dispatches pulled their rows, expected %s",
+          (unsigned long long)info.dispatches_pulled, want ? "some" : "none");
+}
+
 int main(int argc, char **argv) {
   ep_group_t g;
   ctx_t x;
@@ -578,6 +590,7 @@ int main(int argc, char **argv) {
       run_case(&x, &cases[i], i + rep * 100);
   t_case = NULL;
   check_early(&x);
+  check_pulled(&x);
   T_OK(ep_buffer_destroy(x.small_buf));
   T_OK(ep_buffer_destroy(x.buf));
   t_fini(g);

@@ -415,12 +415,57 @@ def parse_epcomm(path):
             ops[op] = 1e3 * tm[stat]
         if tm.get("median") is not None:  # for full - cached: means at R = 8 swing by ~100 us
             ops[op + "@median"] = 1e3 * tm["median"]
+    memory_rates(d, dtype, ops)
     ceiling = d.get("summary", {}).get("ratio_dispatch_ceiling")
     if mode == "normal" and ceiling is not None:  # full dispatch GB/s over the copy ceiling's
         ops[f"_ceiling_{dtype}"] = ceiling
     if d.get("summary", {}).get("check") != "pass":
         ops["_check"] = "FAILED"
     return key, ops
+
+
+def memory_rates(d, dtype, ops):
+    """From a bf16 run: the bytes of x per rank (_xbytes), the received rows' bytes per rank
+    (_rbytes, the dispatch's logical bytes) and the copy ceiling's memory traffic, every rank's
+    cudaMemcpy together, read + write (_mem_bps)."""
+    cfg, ph = d.get("config", {}), d.get("phases", {})
+    disp, mc = ph.get("dispatch", {}).get("per_rank", []), ph.get("memcpy", {})
+    t_ms = mc.get("slowest_rank_mean_ms") or mc.get("time_ms", {}).get("mean")  # older files: mean
+    if dtype != "bf16" or not disp or not mc.get("per_rank") or not t_ms:
+        return
+    R = cfg.get("ranks", 0)
+    ops["_xbytes"] = cfg.get("tokens", 0) * cfg.get("hidden", 0) * 2
+    ops["_rbytes"] = sum(r["logical_bytes"] for r in disp) / len(disp)
+    ops["_mem_bps"] = R * 2 * mc["per_rank"][0]["logical_bytes"] / (t_ms / 1e3)
+
+
+# Memory passes of a copy-out call, in units of (x's bytes, the received rows' bytes) per rank:
+# a dispatch into unregistered arrays reads x and writes each row to the receiver's area, which
+# the receiver reads and writes out (pushed), or stages x once and the receivers read the staged
+# rows and write them out (pulled, EP_CUDA_PULL); a combine of an unregistered tensor must copy
+# its rows where the peers can read them (or push them) before they are read and reduced.
+FLOORS = [("bf16 dispatch into caller tensors, pushed", (1, 3), "dispatch_bf16_cached"),
+          ("bf16 dispatch into caller tensors, pulled", (2, 2), "dispatch_bf16_cached"),
+          ("combine, x = separate tensor", (1, 3), "combine")]
+# Below this much data (every rank's x and rows; four times the L2 of 50 MB on an H100, 60 on an
+# H200) the L2 holds a good part of it, and a floor from the memory's rate says little.
+FLOOR_MIN_BYTES = 240e6
+
+
+def floors(key, e, dp):
+    """Lines: each copy-out cell's time if every byte it must move crossed memory at the copy
+    ceiling's rate, and the most any implementation of that form could then beat DeepEP by."""
+    mode, R, sms, N = key
+    if "_mem_bps" not in e or R * (e["_xbytes"] + e["_rbytes"]) < FLOOR_MIN_BYTES:
+        return []
+    out = []
+    for label, (nx, nr), dop in FLOORS:
+        floor = R * (nx * e["_xbytes"] + nr * e["_rbytes"]) / e["_mem_bps"] * 1e6
+        dv = dp.get((mode, R, sms, N, dop))
+        best = f", at most {dv / floor:.2f}x DeepEP ({dv:.1f} us)" if dv else ""
+        out.append(f"{label}: {nx} x + {nr} rows per rank, {floor:.1f} us at the copy "
+                   f"ceiling's {e['_mem_bps'] / 1e12:.2f} TB/s{best}")
+    return out
 
 
 def parse_deepep(path):
@@ -575,6 +620,8 @@ def report(d):
             if shares:
                 print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full dispatch / copy ceiling "
                       f"(the bench's ratio of GB/s medians): {', '.join(shares)}")
+            for line in floors(key, ep[key], dp):
+                print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  memory floor: {line}")
         if ep[key].get("_check"):
             notes.append(f"epcomm {mode} R={R} tokens {N}: check FAILED")
     for k in sorted(set((m, R, s, N) for (m, R, s, N, _) in dp) - set(ep)):

@@ -3,6 +3,8 @@
 #   tools/gpu_check.sh WITH_MPS OUT_DIR [STEP...]
 #   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
 #   (suite: the normal-mode tests, or those matching $SUITEF)
+#   pull (pulled rows against pushed ones: the cached dispatch into caller arrays with
+#   EP_CUDA_PULL=1 and 0, alternated, R:SMs in $PULLR, tokens in $PULLT)
 #   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
 #   early (the allocator path's rows moved before the allocation: dispatch_alloc with
 #   EP_CUDA_EARLY_DATA=0 and 1)
@@ -53,6 +55,11 @@ ok=1
 # summary KEY FILE: a value of its summary block.
 us() {
   sed -n "s/^  \"$1\": {.*\"time_ms\": {\"median\": \([^,]*\),.*/\1/p" "$2" 2>/dev/null |
+    awk 'END { if (NR) printf "%.1f", $1 * 1000; else printf "-" }'
+}
+# rank_mean KEY FILE: the slowest rank's mean in us (DeepEP's statistic) of phase KEY.
+rank_mean() {
+  sed -n "s/^  \"$1\": {.*\"slowest_rank_mean_ms\": \([^,]*\),.*/\1/p" "$2" 2>/dev/null |
     awk 'END { if (NR) printf "%.1f", $1 * 1000; else printf "-" }'
 }
 summary() {
@@ -185,6 +192,32 @@ for s in $steps; do
           f="$out/py-r${rs%%:*}-t$N.log"
           echo "== $f"
           sed 's/^\[[0-9]*\] //' "$f" | grep -i -A8 '^layer' || tail -3 "$f"
+        done
+      done ;;
+    pull)
+      # Pulled rows against pushed ones (EP_CUDA_PULL 1 / 0, same build, one call, each twice,
+      # alternated): `epcomm bench`'s cached dispatch into unregistered caller arrays, median
+      # and slowest rank's mean, and how many of its calls pulled (the GPU counts them), at
+      # R:SMs in $PULLR (default "2:24 4:24 8:16"), tokens in $PULLT (default "4096 128"), dtypes
+      # in $PULLDT (default bf16).
+      for rs in ${PULLR:-2:24 4:24 8:16}; do
+        R=${rs%%:*} S=${rs#*:}
+        for N in ${PULLT:-4096 128}; do
+          for dt in ${PULLDT:-bf16}; do
+            line="R=$R, $S SMs, $N tokens, $dt, caller arrays, us (median/rank mean, pulled/calls):"
+            for rep in 1 2; do
+              for p in 0 1; do
+                f="$out/pull-r$R-t$N-$dt-p$p-$rep"
+                timeout 150 "$mps" env EP_CUDA_PULL=$p $b/bin/epcomm launch -n $R $b/bin/epcomm \
+                  bench --backend cuda --dtype $dt --tokens $N --sms $S --json "$f.json" \
+                  >"$f.log" 2>&1 || line="$line [exit $?]"
+                line="$line pull=$p $(us dispatch_cached_caller "$f.json")/$(rank_mean \
+                  dispatch_cached_caller "$f.json") ($(summary caller_pulled_min "$f.json")/$(summary \
+                  caller_calls "$f.json"), check $(summary check "$f.json"));"
+              done
+            done
+            echo "$line"
+          done
         done
       done ;;
     late)

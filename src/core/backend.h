@@ -300,9 +300,9 @@ struct ep_backend_ops {
   void (*traffic)(void *state, uint64_t *net, uint64_t *local);
   /* Optional, local: which paths normal-mode calls took (ep_buffer_info_t): combines and
    * dispatches that skipped the staging / copy-out pass, and allocator-path dispatches whose rows
-   * moved before the allocation. */
+   * moved before the allocation, and dispatches whose receivers pulled their rows. */
   void (*path_counts)(void *state, uint64_t *combines_in_place, uint64_t *dispatches_in_place,
-                      uint64_t *dispatches_early);
+                      uint64_t *dispatches_early, uint64_t *dispatches_pulled);
 };
 
 /* Every backend module defines one `const struct ep_backend_ops *ep_backend_<name>(void)`; the

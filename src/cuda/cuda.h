@@ -60,6 +60,7 @@ typedef struct {
   uint64_t paths[3];      /* combines read in place, dispatches written in place, allocator-path
                            dispatches with early data (one host) */
   bool late_hello;        /* EP_CUDA_LATE_HELLO: the allocator path may post a late hello */
+  bool pull;              /* EP_CUDA_PULL: copy-out dispatches may pull staged rows */
   bool early_data;        /* EP_CUDA_EARLY_DATA: the allocator path moves rows before allocating */
   ep_call_key_t prev_key; /* err_key of the call before, for its error seen during this one */
 } cuda_state_t;

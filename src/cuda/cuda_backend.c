@@ -89,12 +89,14 @@ static void trace_print(cuda_state_t *s) {
   free(t);
 }
 
-static void cuda_path_counts(void *state, uint64_t *combines, uint64_t *dispatches,
-                             uint64_t *early) {
+static void cuda_path_counts(void *state, uint64_t *combines, uint64_t *dispatches, uint64_t *early,
+                             uint64_t *pulled) {
   cuda_state_t *s = state;
   *combines = __atomic_load_n(&s->paths[0], __ATOMIC_RELAXED);
   *dispatches = __atomic_load_n(&s->paths[1], __ATOMIC_RELAXED);
   *early = __atomic_load_n(&s->paths[2], __ATOMIC_RELAXED);
+  /* The GPU decides and counts (dispatch.cu); a call still running may not be in yet. */
+  *pulled = __atomic_load_n(&s->host->pulled, __ATOMIC_ACQUIRE);
 }
 
 static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {
@@ -108,6 +110,7 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   s->queue_bytes = cfg->queue_bytes;
   s->device = -1;
   s->late_hello = ep_env_long("EP_CUDA_LATE_HELLO", 1) != 0;
+  s->pull = ep_env_long("EP_CUDA_PULL", 0) != 0;
   s->early_data = ep_env_long("EP_CUDA_EARLY_DATA", 0) != 0;
   int prev = -1;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;

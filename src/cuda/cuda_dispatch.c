@@ -13,7 +13,11 @@
  * outputs exist only after the hello: unless EP_CUDA_LATE_HELLO=0, and when this rank has
  * registrations at all, its hello
  * promises a late one, which the data kernel posts first (where the allocator's recv_x lies, if
- * in a registration), and the senders wait for it before choosing where x rows go. */
+ * in a registration), and the senders wait for it before choosing where x rows go. When every
+ * rank copies out into unregistered arrays and every rank's tokens and received rows fit area D
+ * at once, the rows are pulled instead (EP_CUDA_PULL): each source stages its tokens once in its
+ * own area D and the receivers copy from there, one pass over the tokens instead of one over the
+ * received rows (dispatch.cu). */
 #include <stdint.h>
 #include <string.h>
 
@@ -33,6 +37,7 @@ typedef struct {
   bool in_place; /* the hello asked the senders to write recv_x there */
   bool late;     /* allocator path: the hello promises a late one (post_late in dispatch.cu) */
   bool early;    /* allocator path in two data kernels (EPK_EARLY_*, launch_early) */
+  bool pull_ok;  /* this rank may take part in a pulled exchange (epk_hello_t.pull) */
 } call_t;
 
 static bool aligned16(const void *p) {
@@ -172,6 +177,7 @@ static ep_status_t launch_notify(cuda_state_t *s, call_t *c, cudaStream_t st, ui
   s->prev_key = s->err_key;
   s->err_key = c->c->key;
   c->in_place = n.xreg1 != 0;
+  n.pull = c->pull_ok && !c->in_place;
   return cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
 }
 
@@ -318,6 +324,9 @@ static ep_status_t run(cuda_state_t *s, call_t *c, cudaStream_t st, int *nr) {
   if (c->c->sync && c->plan->nr > cap) c->mode = EPK_MODE_DRAIN; /* cached, count known */
   alloc_src(c, cap); /* before the hello: a rank that drains must not have x written in place */
   c->reg_ok = c->mode == EPK_MODE_COPY && c->o->mode == EP_OUTPUT_CALLER;
+  /* Pulled rows (EP_CUDA_PULL): the source stages its tokens in its own area D, so they must
+   * fit there; the receiver copies out, so it must not be a view or drain (known here). */
+  c->pull_ok = s->pull && c->mode == EPK_MODE_COPY && c->a->num_tokens <= c->lay.rows;
   ep_status_t rc = launch_notify(s, c, st, 0);
   if (!rc) rc = launch_data(s, c, st, cap, t);
   *nr = c->c->sync ? c->plan->nr : -1;

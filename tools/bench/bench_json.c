@@ -34,17 +34,26 @@ static void summary_hosts(FILE *f, const bench_opts_t *o, const phases_t *ph,
           o->nhosts, m.net_d, m.net_c, m.local_d, m.local_c, m.flat_net_d, m.flat_net_c, m.pairs);
 }
 
-/* The registered allocator row: the fewest dispatches written in place on any rank that
- * receives rows (a rank that receives none writes nothing in place), of how many calls. */
-static void summary_in_place(FILE *f, int R, bench_rank_t *const *rk) {
+/* A fast-path row (bench_path_t): the fewest of its calls that took the path on any rank that
+ * receives rows (a rank that receives none writes nothing in place), of how many calls;
+ * `path` picks the row's counts from a rank's results. */
+static void summary_path(FILE *f, int R, bench_rank_t *const *rk,
+                         bench_path_t (*path)(const bench_rank_t *), const char *calls_key,
+                         const char *took_key) {
   int32_t least = -1, calls = -1;
   for (int r = 0; r < R; r++) {
-    if (rk[r]->alloc_reg_calls < 0 || rk[r]->recv_rows <= 0) continue;
-    calls = rk[r]->alloc_reg_calls;
-    if (least < 0 || rk[r]->alloc_reg_in_place < least) least = rk[r]->alloc_reg_in_place;
+    const bench_path_t p = path(rk[r]);
+    if (p.calls < 0 || rk[r]->recv_rows <= 0) continue;
+    calls = p.calls;
+    if (least < 0 || p.took < least) least = p.took;
   }
-  if (calls >= 0)
-    fprintf(f, "  \"alloc_reg_calls\": %d,\n  \"alloc_reg_in_place_min\": %d,\n", calls, least);
+  if (calls >= 0) fprintf(f, "  \"%s\": %d,\n  \"%s\": %d,\n", calls_key, calls, took_key, least);
+}
+static bench_path_t alloc_reg(const bench_rank_t *r) {
+  return r->alloc_reg;
+}
+static bench_path_t caller_pull(const bench_rank_t *r) {
+  return r->caller_pull;
 }
 
 static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ratios_t *q,
@@ -68,7 +77,8 @@ static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ra
   for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
     if (r[i].v > 0) fprintf(f, "  \"%s\": %.4f,\n", r[i].name, r[i].v);
   summary_hosts(f, o, ph, rk);
-  summary_in_place(f, ph->R, rk);
+  summary_path(f, ph->R, rk, alloc_reg, "alloc_reg_calls", "alloc_reg_in_place_min");
+  summary_path(f, ph->R, rk, caller_pull, "caller_calls", "caller_pulled_min");
   fprintf(f, "  \"check\": \"%s\"\n},\n", bench_passed(v) ? "pass" : "fail");
 }
 

@@ -38,6 +38,11 @@ typedef struct {
                    < 0: not measured */
 } bench_row_t;
 
+/* A row's calls and of those the ones that took the path it is about; -1: not run. */
+typedef struct {
+  int32_t calls, took;
+} bench_path_t;
+
 typedef struct {
   int32_t nrows, iters;
   int32_t recv_rows, self_rows; /* rows received in total and from itself (main dispatch) */
@@ -57,9 +62,11 @@ typedef struct {
    * ranks of other hosts and to other ranks of this host. */
   double net_d, net_c, local_d, local_c;
   double host_pairs, remote_rank_rows, local_rank_rows;
-  /* The allocator row with registered outputs (dispatch_alloc_reg, CUDA): its calls, and of
-   * those the dispatches whose recv_x the senders wrote in place (the late hello); -1: not run. */
-  int32_t alloc_reg_calls, alloc_reg_in_place;
+  /* Rows whose calls should take a fast path (CUDA), as the buffer counted them: the allocator
+   * row with registered outputs (dispatch_alloc_reg: recv_x written in place, the late hello)
+   * and the cached dispatch into caller arrays (dispatch_cached_caller: rows pulled,
+   * EP_CUDA_PULL). */
+  bench_path_t alloc_reg, caller_pull;
   bench_row_t row[BENCH_MAX_ROWS];
   double *t; /* [nrows][iters] seconds; not part of the packed form */
 } bench_rank_t;

@@ -4,7 +4,13 @@
  * destination's rows do not fit its area at once, they go in windows of W rows: the receiver
  * copies a window out to the caller's outputs, then frees it for the next one. Every block polls
  * both sides (its sends, and its share of the receive side), so no block ever waits on work that
- * only a waiting block could do. */
+ * only a waiting block could do.
+ * Pulled (every rank copies out into unregistered arrays and everything fits at once; the hellos'
+ * `pull`): a source writes each token's row once, into its own area D at row t, and only the
+ * metadata into the destinations' areas; the receiver copies each row from its source's area.
+ * Pushed, a row crosses memory three times per destination (sent, read back, written out);
+ * pulled, twice per destination and twice per token: 25% fewer bytes at R = 8 with top-8 of 256
+ * experts, where a copy-out dispatch is bound by the memory bandwidth the ranks share. */
 #include "cuda/kernels/common.cuh"
 
 /* Shape (tools/kernel_variants.sh times others): 16 warps x 8 vectors per lane; 256 threads x
@@ -33,6 +39,8 @@ struct dstate {
   int *open;      /* [R] is wcur[d] free to write now */
   uint8_t **xdst; /* [R] d's recv_x as mapped here when d's x rows go straight there (its hello
                      names a registration holding it, and its rows fit), else NULL */
+  int64_t *rbase; /* [R + 1] pulled: first row of source s's rows here, then the total */
+  bool pull;      /* rows pulled (every hello allows it and every destination's rows fit) */
 };
 
 __device__ __forceinline__ int4 ld_nc_v4(const int4 *p) {
@@ -96,23 +104,25 @@ __device__ void meta_fetch(const epk_dispatch_t &a, int t, bool hs, bool hk, tok
 /* Row and metadata of token t to every destination in `mask` (lane l: destination g + l, whose
  * area D is dst[l], whose window-local row is jw[l] and whose x row goes to dx[l]). */
 __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask, uint8_t **dst,
-                           int64_t *jw, uint8_t **dx) {
+                           int64_t *jw, uint8_t **dx, bool pull, uint8_t *stage) {
   __shared__ token_meta s_meta;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool hs = EPK_DMETA && a.num_scales <= 64, hk = EPK_DMETA && !a.cached && a.topk <= 32;
   meta_fetch(a, t, hs, hk, s_meta);
   const uint8_t *src = static_cast<const uint8_t *>(a.x) + (uint64_t)t * a.row;
   const int nv = (int)(a.row / 16);
-  for (int i0 = 0; i0 < nv; i0 += 32 * UNR) {
+  /* Pulled: the row goes once to this rank's own stage row (NULL: staged already) instead. */
+  const unsigned xmask = pull ? (stage ? 1u : 0u) : mask;
+  for (int i0 = 0; xmask && i0 < nv; i0 += 32 * UNR) {
     int4 v[UNR];
 #pragma unroll
     for (int u = 0; u < UNR; u++) {
       int i = i0 + 32 * u + lane;
       if (i < nv) v[u] = ld_nc_v4(reinterpret_cast<const int4 *>(src) + i);
     }
-    for (unsigned m = mask; m; m &= m - 1) {
+    for (unsigned m = xmask; m; m &= m - 1) {
       int l = __ffs(m) - 1;
-      int4 *out = reinterpret_cast<int4 *>(dx[l]);
+      int4 *out = reinterpret_cast<int4 *>(pull ? stage : dx[l]);
 #pragma unroll
       for (int u = 0; u < UNR; u++) {
         int i = i0 + 32 * u + lane;
@@ -172,7 +182,11 @@ __device__ void send_pass(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   const int R = b.nranks, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int32_t *pos = epk_plan_pos(const_cast<int32_t *>(a.plan), R);
   const int64_t W = a.lay.rows;
-  for (int t = t0 + warp; t < t1; t += DWARPS)
+  /* Pulled: token t's row goes once to row t of this rank's own area D (the first group of
+   * destinations that takes it stages it). */
+  uint8_t *const own = b.peers[b.rank] + b.off_area_d + a.lay.off_x;
+  for (int t = t0 + warp; t < t1; t += DWARPS) {
+    bool staged = !st.pull;
     for (int g = 0; g < R; g += 32) {
       int d = g + lane;
       bool ok = false;
@@ -189,9 +203,13 @@ __device__ void send_pass(const epk_buf_t &b, const epk_dispatch_t &a, const dst
       }
       unsigned mask = __ballot_sync(EPK_FULL, ok);
       __syncwarp();
-      if (mask) send_token(a, t, g, mask, s_dst[warp], s_jw[warp], s_dx[warp]);
+      if (mask)
+        send_token(a, t, g, mask, s_dst[warp], s_jw[warp], s_dx[warp], st.pull,
+                   staged ? nullptr : own + (uint64_t)t * a.row);
+      staged |= mask != 0;
       __syncwarp();
     }
+  }
 }
 
 /* Receiver: this block's share of window rw, from area D to the caller's outputs (COPY), and
@@ -200,7 +218,7 @@ __device__ void send_pass(const epk_buf_t &b, const epk_dispatch_t &a, const dst
  * x rows are in recv_x already (registered output), only the rest is copied; when that is just
  * source indices, one row per thread too. */
 __device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mode, bool xdirect,
-                            int rw, int64_t nr) {
+                            int rw, int64_t nr, const int64_t *rbase = nullptr) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t W = a.lay.rows, first = (int64_t)rw * W, n = min(W, nr - first);
   if (n <= 0 || mode == EPK_MODE_DRAIN) return;
@@ -224,9 +242,15 @@ __device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mod
     }
     return;
   }
+  int s = 0; /* pulled: the source of row r (a warp's rows ascend; rbase[R] = every row) */
   for (int64_t r = lo + warp; r < hi; r += DWARPS) {
     const int64_t gi = first + r;
     const int4 *src = reinterpret_cast<const int4 *>(ad + a.lay.off_x + (uint64_t)r * a.row);
+    if (rbase) {
+      while (s + 1 < b.nranks && rbase[s + 1] <= gi) s++;
+      src = reinterpret_cast<const int4 *>(b.peers[s] + b.off_area_d + a.lay.off_x +
+                                           (uint64_t)__ldcg(rsrc + r) * a.row);
+    }
     if (!xdirect)
       epk_warp_copy<true>(reinterpret_cast<int4 *>(static_cast<uint8_t *>(a.recv_x) + gi * a.row),
                           src, nv);
@@ -320,11 +344,12 @@ __device__ bool await_late(const epk_buf_t &b, const epk_hello_t *h, int d) {
 }
 
 /* false: a late hello did not come (failure recorded; the caller stops). */
-__device__ bool setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int64_t *nr) {
+__device__ bool setup(const epk_buf_t &b, const epk_dispatch_t &a, dstate &st, int64_t *nr) {
   const int R = b.nranks;
   const int32_t *cnt = epk_plan_cnt(const_cast<int32_t *>(a.plan));
   const int par = (int)(b.priv->seq & 1); /* this call's hellos (notify has gathered them) */
   bool ok = true;
+  int pull = 1;
   for (int d = threadIdx.x; d < R; d += DT) {
     int64_t n = 0, base = 0;
     for (int s = 0; s < R; s++) {
@@ -351,7 +376,15 @@ __device__ bool setup(const epk_buf_t &b, const epk_dispatch_t &a, const dstate 
     st.rounds[d] = (int)max((int64_t)1, (n + a.lay.rows - 1) / a.lay.rows);
     st.wcur[d] = 0;
     if (d == b.rank) *nr = n;
+    /* Written in d's hello before its release (never rewritten by a late one): every rank
+     * reads the same R flags and counts, so all choose alike. */
+    pull &= __ldcg(&h->pull) != 0 && n <= a.lay.rows;
+    int64_t rb = 0; /* where source d's rows start here */
+    for (int s = 0; s < d; s++) rb += cnt[s * R + b.rank];
+    st.rbase[d] = rb;
+    if (d == R - 1) st.rbase[R] = rb + cnt[d * R + b.rank];
   }
+  st.pull = __syncthreads_and(pull);
   return !__syncthreads_or(!ok);
 }
 
@@ -411,8 +444,8 @@ __device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
 }
 
 /* Copies out window *rw once every source's blocks have delivered it; true if it did. */
-__device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode, bool xdirect,
-                          int *s_rw, int my_rounds, int64_t nr) {
+__device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int mode,
+                          bool xdirect, int *s_rw, int my_rounds, int64_t nr) {
   const int rw = *s_rw;
   if (rw >= my_rounds) return false;
   int ok = 1;
@@ -421,7 +454,7 @@ __device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
           (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s];
   if (!__syncthreads_and(ok)) return false;
   epk_tr_max(b, EPK_TR_D_PEERS);
-  copy_window(b, a, mode, xdirect, rw, nr);
+  copy_window(b, a, mode, xdirect, rw, nr, st.pull ? st.rbase : nullptr);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -473,11 +506,14 @@ __global__ void __launch_bounds__(DT, 1) dispatch(epk_buf_t b, epk_dispatch_t a)
   if (a.late && blockIdx.x == 0) post_late(b, a);
   if (epk_stopped(b)) return; /* the count exchange failed: nothing moves */
   epk_tr_min(b, EPK_TR_D_START);
-  int *ints = reinterpret_cast<int *>(dsm + 2 * R);
-  dstate st = {dsm, ints, ints + R, ints + 2 * R, reinterpret_cast<uint8_t **>(dsm + R)};
+  int *ints = reinterpret_cast<int *>(dsm + 3 * R + 1);
+  dstate st = {dsm,         ints, ints + R, ints + 2 * R, reinterpret_cast<uint8_t **>(dsm + R),
+               dsm + 2 * R, false};
   if (threadIdx.x == 0) s_rw = 0;
   if (a.early && early_done(b, a)) return;
   if (!setup(b, a, st, &s_nr)) return;
+  if (st.pull && blockIdx.x == 0 && threadIdx.x == 0)
+    *reinterpret_cast<volatile uint32_t *>(&b.host->pulled) = ++b.priv->pulled;
   const int64_t nr = s_nr;
   const int my_rounds = st.rounds[b.rank];
   const bool xdirect = st.xdst[b.rank] != nullptr;
@@ -493,7 +529,7 @@ __global__ void __launch_bounds__(DT, 1) dispatch(epk_buf_t b, epk_dispatch_t a)
   w.reset();
   for (;;) {
     bool moved = send_step(b, a, st, t0, t1);
-    moved |= recv_step(b, a, mode, xdirect, &s_rw, my_rounds, nr);
+    moved |= recv_step(b, a, st, mode, xdirect, &s_rw, my_rounds, nr);
     __syncthreads();
     if (threadIdx.x == 0) {
       bool done = s_rw == my_rounds;
@@ -519,6 +555,6 @@ __global__ void __launch_bounds__(DT, 1) dispatch(epk_buf_t b, epk_dispatch_t a)
 
 extern "C" cudaError_t epk_launch_dispatch(const epk_buf_t *b, const epk_dispatch_t *a,
                                            cudaStream_t s) {
-  size_t smem = (size_t)b->nranks * (2 * sizeof(int64_t) + 3 * sizeof(int));
+  size_t smem = (size_t)b->nranks * (3 * sizeof(int64_t) + 3 * sizeof(int)) + sizeof(int64_t);
   return epk_launch_dependent(epcomm::normal::dispatch, b->blocks, DT, smem, s, *b, *a);
 }

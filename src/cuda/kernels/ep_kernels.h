@@ -18,6 +18,9 @@
  * - area D: dispatch receive area; senders write every row at its final row index (views).
  *   A receiver whose recv_x (EP_OUTPUT_CALLER) lies in one of its registrations says so in its
  *   hello (slot, offset, rows); senders then write x rows straight there, the rest still here.
+ *   When every rank copies out into unregistered arrays and everything fits at once (the
+ *   hellos' `pull`), each source instead stages its own x rows once in its own area D (row t =
+ *   token t) and the receivers read them from there: the metadata still goes to the receivers.
  * - area C: combine staging, used when a rank's combine input is not already in area D.
  * All counters go back to zero at the end of each call, by their owner, once every peer has
  * finished writing them for that call.
@@ -104,6 +107,9 @@ typedef struct {
   uint32_t late;   /* dispatch: EPK_LATE_*. An allocator's outputs exist only once the count
                       is known, after this hello: the writer's data kernel posts xreg1, xcap
                       and xoff again (its late hello), then late = POSTED; senders wait */
+  int32_t pull;    /* dispatch: 1 if the writer may stage its x rows in its own area D and pull
+                      its received rows from the peers' (its outputs are unregistered caller
+                      arrays, its tokens fit area D); the call pulls only if every rank may */
   int64_t xoff;    /* dispatch: byte offset of recv_x in that registration */
   /* then int32 to_rank[R] (tokens this source sends to each rank) and
    *      int32 experts[E/R] (its selections of the slot owner's local experts) */
@@ -122,7 +128,9 @@ typedef struct {
   int32_t comb_k, comb_tc;                /* combine rounds and tokens per round (from notify) */
   int32_t comb_hello; /* 1: every holder's x is read in place and nothing is staged: the
                          combine finds the rows from the hellos (xreg1, xoff), no "staged" round */
-  int32_t pad[3];
+  uint32_t pulled;    /* dispatches that pulled their rows; copied to the host's (a plain store:
+                         a read-modify-write of host memory would stall the kernel) */
+  int32_t pad[2];
 } epk_priv_t;
 
 /* What a low-latency kernel tells a host that waits for it (a call outside a graph capture):
@@ -152,7 +160,8 @@ typedef struct {
   int64_t bad_value;           /* notify/layout: the offending expert id */
   int32_t layout_bad;          /* layout: first bad slot + 1, 0 if none */
   uint32_t abort;              /* written by the host: every kernel stops waiting */
-  int32_t pad[8];
+  uint32_t pulled;             /* dispatches that pulled their rows (epk_priv_t.pulled) */
+  int32_t pad[7];
   epk_ll_report_t ll_send; /* low-latency send kernels: the gate's or the combine check's verdict */
   epk_ll_report_t ll_recv; /* low-latency combine receive: the peers' flags */
   epk_ll_report_t ll_defer; /* the verdict behind a deferred low-latency failure (err) */
@@ -363,7 +372,7 @@ typedef struct {
   int64_t xoff;        /* DISPATCH, CACHED: recv_x in a registration (epk_hello_t.xreg1) */
   int32_t xreg1, xcap;
   uint32_t late; /* DISPATCH, CACHED: the data kernel posts a late hello (EPK_LATE_PROMISED) */
-  int32_t pad;
+  int32_t pull;  /* DISPATCH, CACHED: epk_hello_t.pull */
 } epk_notify_t;
 
 typedef struct {

@@ -33,6 +33,7 @@ __device__ void fill_header(epk_hello_t *h, const epk_notify_t &a, int status) {
   h->xreg1 = a.xreg1;
   h->xcap = a.xcap;
   h->late = a.late;
+  h->pull = a.pull;
   h->xoff = a.xoff;
 }
 
