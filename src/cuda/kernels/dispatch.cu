@@ -183,7 +183,10 @@ __device__ void send_pass(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   const int32_t *pos = epk_plan_pos(const_cast<int32_t *>(a.plan), R);
   const int64_t W = a.lay.rows;
   /* Pulled: token t's row goes once to row t of this rank's own area D (the first group of
-   * destinations that takes it stages it). */
+   * destinations that takes it stages it). No reader of the previous call is still at it: this
+   * kernel starts after this call's notify saw every peer's hello, which each peer posts from a
+   * plain launch, after its previous call's kernels ended (the same order keeps pushing
+   * senders out of a receiver's area D). */
   uint8_t *const own = b.peers[b.rank] + b.off_area_d + a.lay.off_x;
   for (int t = t0 + warp; t < t1; t += DWARPS) {
     bool staged = !st.pull;
@@ -242,14 +245,20 @@ __device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mod
     }
     return;
   }
-  int s = 0; /* pulled: the source of row r (a warp's rows ascend; rbase[R] = every row) */
-  for (int64_t r = lo + warp; r < hi; r += DWARPS) {
+  /* Pulled: row r's source s (a warp's rows ascend; rbase[R] = every row) and its token there,
+   * the tokens of the warp's next 32 rows loaded at once (lane k: the k-th), so that a row's
+   * loads do not wait for its own index first. */
+  int s = 0, k = 0;
+  int32_t tok = 0;
+  for (int64_t r = lo + warp; r < hi; r += DWARPS, k = (k + 1) & 31) {
     const int64_t gi = first + r;
     const int4 *src = reinterpret_cast<const int4 *>(ad + a.lay.off_x + (uint64_t)r * a.row);
     if (rbase) {
+      const int64_t rk = r + (int64_t)lane * DWARPS;
+      if (k == 0) tok = rk < hi ? __ldcg(rsrc + rk) : 0;
       while (s + 1 < b.nranks && rbase[s + 1] <= gi) s++;
       src = reinterpret_cast<const int4 *>(b.peers[s] + b.off_area_d + a.lay.off_x +
-                                           (uint64_t)__ldcg(rsrc + r) * a.row);
+                                           (uint64_t)__shfl_sync(EPK_FULL, tok, k) * a.row);
     }
     if (!xdirect)
       epk_warp_copy<true>(reinterpret_cast<int4 *>(static_cast<uint8_t *>(a.recv_x) + gi * a.row),
