@@ -59,7 +59,7 @@ bool t_early_data(void) {
 }
 
 bool t_pull(void) {
-  return cuda_switch("EP_CUDA_PULL", false);
+  return cuda_switch("EP_CUDA_PULL", true);
 }
 
 void t_require_backend(void) {

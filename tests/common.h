@@ -93,7 +93,7 @@ bool t_late_hello(void);
 /* Whether this run's CUDA buffers move an allocator's rows before the allocation (off unless
  * EP_CUDA_EARLY_DATA is set and not 0; CUDA backend only). */
 bool t_early_data(void);
-/* EP_CUDA_PULL set and not 0 (CUDA backend): copy-out dispatches may pull their rows. */
+/* EP_CUDA_PULL unset or not 0 (CUDA backend): copy-out dispatches may pull their rows. */
 bool t_pull(void);
 /* For the CUDA backend: exit 77 with a visible "skipped: ..." line when it cannot run here (not
  * built, or no GPU). Call first, before the group. */

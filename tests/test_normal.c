@@ -561,7 +561,7 @@ static void check_early(const ctx_t *x) {
           (unsigned long long)early, want ? "some" : "none");
 }
 
-/* EP_CUDA_PULL=1: the cases into caller arrays that fit the large buffer at once
+/* EP_CUDA_PULL (on unless 0): the cases into caller arrays that fit the large buffer at once
  * pulled their rows (on one host; across hosts the network engine moves them), and none did
  * with it off, so a silent fall back to pushing (or a pull where it must not be) fails here. */
 static void check_pulled(const ctx_t *x) {

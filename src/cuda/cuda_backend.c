@@ -110,7 +110,7 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   s->queue_bytes = cfg->queue_bytes;
   s->device = -1;
   s->late_hello = ep_env_long("EP_CUDA_LATE_HELLO", 1) != 0;
-  s->pull = ep_env_long("EP_CUDA_PULL", 0) != 0;
+  s->pull = ep_env_long("EP_CUDA_PULL", 1) != 0;
   s->early_data = ep_env_long("EP_CUDA_EARLY_DATA", 0) != 0;
   int prev = -1;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;

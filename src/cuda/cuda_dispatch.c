@@ -15,9 +15,9 @@
  * promises a late one, which the data kernel posts first (where the allocator's recv_x lies, if
  * in a registration), and the senders wait for it before choosing where x rows go. When every
  * rank copies out into unregistered arrays and every rank's tokens and received rows fit area D
- * at once, the rows are pulled instead (EP_CUDA_PULL): each source stages its tokens once in its
- * own area D and the receivers copy from there, one pass over the tokens instead of one over the
- * received rows (dispatch.cu). */
+ * at once, the rows are pulled instead (EP_CUDA_PULL, on by default): each source stages its tokens
+ * once in its own area D and the receivers copy from there, one pass over the tokens instead of one
+ * over the received rows (dispatch.cu). */
 #include <stdint.h>
 #include <string.h>
 
