@@ -23,7 +23,9 @@
 # `epcomm bench --json` per size and dtype), which the report reads; nothing in the repository or
 # in DEEPEP_SRC is modified (DeepEP is built in a copy).
 # DeepEP's build: setup.py finds NVSHMEM through the nvidia-nvshmem wheel (low-latency kernels
-# need it); DS_NVSHMEM=0 builds without it (normal mode only). Build flags as seen working on the
+# need it); DS_NVSHMEM=0 builds without it (normal mode only; DeepEP 567632d built so does not
+# import: deep_ep_cpp lacks internode_ll::update_mask_buffer, seen on an H100 in the twenty-first
+# session). Build flags as seen working on the
 # H200 image (../shared/gpu/README.md): CPATH/NVCC_APPEND_FLAGS -I/usr/local/cuda/include/cccl,
 # TORCH_CUDA_ARCH_LIST=9.0.
 set -u -o pipefail
@@ -86,6 +88,7 @@ for s in $steps; do
         -name '*.hpp' -o -name '*.py' -o -name '*.h' \) -not -path './build/*' | LC_ALL=C sort |
         xargs md5sum | md5sum | cut -c1-16)
       echo "DeepEP source $src: checksum $sum" >>"$out/meta.txt"
+      sum="$sum nvshmem=${DS_NVSHMEM:-1}" # a build of the other kind is not this one
       if [ -f "$dbuild/stamp" ] && [ "$(cat "$dbuild/stamp")" = "$sum" ] &&
         ls "$dbuild"/src/deep_ep_cpp*.so >/dev/null 2>&1; then
         echo "DeepEP: already built from these sources ($dbuild)"
