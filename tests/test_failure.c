@@ -75,6 +75,14 @@ typedef struct {
   ep_handle_t h;
 } big_t;
 
+/* A call that timed out with a 1 s deadline took dt s: at least the deadline for the rank that
+ * gave up first; a rank that entered later and learns it from that rank's verdict ("reported by
+ * rank N") waits less, by the skew. */
+static void check_timeout_s(double dt) {
+  T_CHECK((dt > 0.9 || strstr(ep_last_error(), "reported by rank")) && dt < 3.0,
+          "timed out after %.2f s with a 1 s deadline: %s", dt, ep_last_error());
+}
+
 /* A dispatch long enough to be killed in the middle of: many tokens through small queues. */
 static void big_init(big_t *b, int R, int me) {
   b->n = 3000, b->H = 2048, b->K = 4, b->E = 4 * R;
@@ -260,10 +268,7 @@ static int slow_alloc(void) {
     T_CHECK(strstr(ep_last_error(), want) && (!late_hello || strstr(ep_last_error(), "late hello")),
             "the timeout does not name %s%s: %s", want, late_hello ? " and its late hello" : "",
             ep_last_error());
-    /* At least the deadline for the rank that gave up first; a rank that entered later and
-     * learns it from that rank's verdict ("reported by rank N") waits less, by the skew. */
-    T_CHECK((dt > 0.9 || strstr(ep_last_error(), "reported by rank")) && dt < 3.0,
-            "timed out after %.2f s with a 1 s deadline: %s", dt, ep_last_error());
+    check_timeout_s(dt);
   }
   printf("rank %d: %s after %.2f s: %s\n", w.me, ep_status_name(st), dt, ep_last_error());
   /* On CUDA the late rank's data kernel writes into the peers' pools once it runs: every rank's
@@ -383,10 +388,7 @@ static int timeout(bool gone) {
     T_CHECK(strstr(ep_last_error(), "ep_dispatch") && strstr(ep_last_error(), "hello") &&
                 (strstr(ep_last_error(), want) || strstr(ep_last_error(), "rank(s) 2")),
             "timeout message lacks operation, phase or missing rank: %s", ep_last_error());
-    /* At least the deadline for the rank that gave up first; a rank that entered later and
-     * learns it from that rank's verdict ("reported by rank N") waits less, by the skew. */
-    T_CHECK((dt > 0.9 || strstr(ep_last_error(), "reported by rank")) && dt < 3.0,
-            "timed out after %.2f s with a 1 s deadline: %s", dt, ep_last_error());
+    check_timeout_s(dt);
   }
   printf("rank %d: %s after %.2f s: %s\n", me, ep_status_name(st), dt, ep_last_error());
   T_OK(ep_buffer_destroy(buf));

@@ -51,17 +51,16 @@ b=build-gpu
 mkdir -p "$out"
 export EP_TIMEOUT_S=${EP_TIMEOUT_S:-15}
 ok=1
-# us KEY FILE: the median time in us of phase KEY of an `epcomm bench --json` file ("-": absent);
+# phase_us FIELD KEY FILE: a time of phase KEY of an `epcomm bench --json` file in us, FIELD
+# the JSON text before the milliseconds ("-": absent);
+# us KEY FILE: its median; rank_mean KEY FILE: the slowest rank's mean (DeepEP's statistic);
 # summary KEY FILE: a value of its summary block.
-us() {
-  sed -n "s/^  \"$1\": {.*\"time_ms\": {\"median\": \([^,]*\),.*/\1/p" "$2" 2>/dev/null |
+phase_us() {
+  sed -n "s/^  \"$2\": {.*$1\([^,]*\),.*/\1/p" "$3" 2>/dev/null |
     awk 'END { if (NR) printf "%.1f", $1 * 1000; else printf "-" }'
 }
-# rank_mean KEY FILE: the slowest rank's mean in us (DeepEP's statistic) of phase KEY.
-rank_mean() {
-  sed -n "s/^  \"$1\": {.*\"slowest_rank_mean_ms\": \([^,]*\),.*/\1/p" "$2" 2>/dev/null |
-    awk 'END { if (NR) printf "%.1f", $1 * 1000; else printf "-" }'
-}
+us() { phase_us '"time_ms": {"median": ' "$1" "$2"; }
+rank_mean() { phase_us '"slowest_rank_mean_ms": ' "$1" "$2"; }
 summary() {
   sed -n "s/^  \"$1\": \([^,]*\),*$/\1/p" "$2" 2>/dev/null | awk 'END { printf "%s", NR ? $1 : "-" }'
 }
