@@ -4,7 +4,7 @@
 #   steps: build quick suite sanitize bench epbench doctor scan trace ll llsan llbench llopt lltrace
 #   (suite: the normal-mode tests, or those matching $SUITEF)
 #   pull (pulled rows against pushed ones: the cached dispatch into caller arrays with
-#   EP_CUDA_PULL=1 and 0, alternated, R:SMs in $PULLR, tokens in $PULLT)
+#   EP_CUDA_PULL=1 and 0, alternated, R:SMs in $PULLR, tokens in $PULLT, values in $PULLP)
 #   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
 #   early (the allocator path's rows moved before the allocation: dispatch_alloc with
 #   EP_CUDA_EARLY_DATA=0 and 1)
@@ -39,6 +39,8 @@
 #   (low-latency mode: ll = the cuda.ll* and cuda.bench* tests, llsan = compute-sanitizer memcheck
 #   and racecheck on small R=2 low-latency cases, llbench = `epcomm bench --mode ll --backend
 #   cuda` at R=2/4/8 with 128 tokens (bf16 and fp8), then 16/32/64 tokens)
+# GPUB: the build directory (default build-gpu; another, e.g. a kernel variant's from
+# tools/kernel_variants.sh, for the steps after build).
 # WITH_MPS: path of shared/gpu/with-mps (ranks sharing one GPU run concurrently under MPS).
 # Every step is bounded by `timeout`; logs go to OUT_DIR; a one-line summary per step to stdout.
 set -u -o pipefail
@@ -46,7 +48,7 @@ mps=${1:?usage: gpu_check.sh WITH_MPS OUT_DIR [STEP...]}
 out=${2:?usage: gpu_check.sh WITH_MPS OUT_DIR [STEP...]}
 shift 2
 steps=${*:-build quick suite sanitize bench}
-b=build-gpu
+b=${GPUB:-build-gpu}
 . "$(dirname "$0")/gpu_steps.sh"
 mkdir -p "$out"
 export EP_TIMEOUT_S=${EP_TIMEOUT_S:-15}
@@ -195,24 +197,27 @@ for s in $steps; do
       done ;;
     pull)
       # Pulled rows against pushed ones (EP_CUDA_PULL 1 / 0, same build, one call, each twice,
-      # alternated): `epcomm bench`'s cached dispatch into unregistered caller arrays, median
-      # and slowest rank's mean, and how many of its calls pulled (the GPU counts them), at
+      # alternated): `epcomm bench`'s cached dispatch into unregistered caller arrays and its full
+      # dispatch into an allocator's (plain) arrays, median and slowest rank's mean, and how many
+      # of their calls pulled (the GPU counts them), at
       # R:SMs in $PULLR (default "2:24 4:24 8:16"), tokens in $PULLT (default "4096 128"), dtypes
-      # in $PULLDT (default bf16).
+      # in $PULLDT (default bf16), EP_CUDA_PULL values in $PULLP (default "0 1").
       for rs in ${PULLR:-2:24 4:24 8:16}; do
         R=${rs%%:*} S=${rs#*:}
         for N in ${PULLT:-4096 128}; do
           for dt in ${PULLDT:-bf16}; do
             line="R=$R, $S SMs, $N tokens, $dt, caller arrays, us (median/rank mean, pulled/calls):"
             for rep in 1 2; do
-              for p in 0 1; do
+              for p in ${PULLP:-0 1}; do
                 f="$out/pull-r$R-t$N-$dt-p$p-$rep"
                 timeout 150 "$mps" env EP_CUDA_PULL=$p $b/bin/epcomm launch -n $R $b/bin/epcomm \
                   bench --backend cuda --dtype $dt --tokens $N --sms $S --json "$f.json" \
                   >"$f.log" 2>&1 || line="$line [exit $?]"
                 line="$line pull=$p $(us dispatch_cached_caller "$f.json")/$(rank_mean \
                   dispatch_cached_caller "$f.json") ($(summary caller_pulled_min "$f.json")/$(summary \
-                  caller_calls "$f.json"), check $(summary check "$f.json"));"
+                  caller_calls "$f.json")), allocator $(us dispatch_alloc "$f.json")/$(rank_mean \
+                  dispatch_alloc "$f.json") ($(summary alloc_pulled_min "$f.json")/$(summary \
+                  alloc_calls "$f.json")), check $(summary check "$f.json");"
               done
             done
             echo "$line"

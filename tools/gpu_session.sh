@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 9; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 10; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -39,6 +39,10 @@
 #   9  the combine's reduce shapes at 128 tokens (R = 8 and 4, R = 8 again): holders x vectors
 #      in flight per lane of 2 x 4 (today's; CUDA 13.0's ptxas spills 40 bytes there), 4 x 2
 #      and 8 x 1 (no spills), tools/kernel_variants.sh; the table in OUT/c9/variants.txt
+#   10 pulled rows copied per source as each arrives (EPK_PULL_EACH=1, today's) against all at
+#      once (0, a kernel variant's build): gpu_check build suite (the normal-mode tests and the
+#      failure scenarios, $SUITEF10), then its pull step on each build at R:SMs in $PULLR
+#      (default "8:16 4:24"), 4096 tokens: EP_CUDA_PULL 0 / 1 on today's, 1 on the variant's
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -48,7 +52,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 9)" >&2; exit 2 ;; esac
+case $n in 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 10)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -56,16 +60,16 @@ mkdir -p "$d"
 t0=$SECONDS
 case $n in
   1)
-    SUITEF='^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg|ll_deferred|ll_graph|ll_failure)' \
+    SUITEF='^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg|ll_deferred|ll_graph|failure)' \
       timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build late suite ;;
   2)
     timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build python hostcost ;;
   4)
-    SUITEF=${SUITEF4:-'^cuda\.(normal\.r[238](\.early)?$|memreg_dispatch|overflow|ll\.r[234]$|ll_deferred|ll_failure|ll_timeout|timeout|ll_misuse\.r2)'} \
+    SUITEF=${SUITEF4:-'^cuda\.(normal\.r[238](\.early)?$|memreg_dispatch|overflow|ll\.r[234]$|ll_deferred|failure|ll_timeout|timeout|ll_misuse\.r2)'} \
       HCR="2 4" timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build suite python hostcost \
       hostearly pystep ;;
   5)
-    SUITEF=${SUITEF5:-'^cuda\.(normal\.r[238](\.early)?$|memreg_dispatch\.r3\.(early|copyout)|overflow|timeout|ll_deferred\.r2|ll_failure)'} \
+    SUITEF=${SUITEF5:-'^cuda\.(normal\.r[238](\.early)?$|memreg_dispatch\.r3\.(early|copyout)|overflow|timeout|ll_deferred\.r2|failure)'} \
       EARLYT=${EARLYT:-128 4096} timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build \
       suite pystep early ;;
   6)
@@ -98,6 +102,18 @@ case $n in
     rc9=$?
     cat "$d/variants.txt"
     [ "$rc9" = 0 ] ;;
+  10)
+    { cmake -S . -B build-v-all -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DCMAKE_CUDA_FLAGS=-DEPK_PULL_EACH=0 && ninja -C build-v-all bin/epcomm; } \
+      >"$d/build-v-all.log" 2>&1 &
+    SUITEF=${SUITEF10:-'^cuda\.(normal\.r[238]$|normal\.r[38]\.push|memreg_dispatch\.r3|failure)'} \
+      timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build suite
+    wait
+    export PULLR=${PULLR:-8:16 4:24} PULLT=4096
+    timeout -k 5 "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/each" pull
+    echo "variant EPK_PULL_EACH=0:"
+    GPUB=build-v-all PULLP=1 timeout -k 5 "$((limit - (SECONDS - t0)))" \
+      tools/gpu_check.sh .gpu/with-mps "$d/all" pull ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;

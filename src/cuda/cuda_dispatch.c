@@ -294,6 +294,10 @@ static ep_status_t run_alloc(cuda_state_t *s, call_t *c, cudaStream_t st, int *n
   const uint32_t t = arm_wait(s, wait);
   c->late = s->late_hello && cuda_reg_any(s);
   c->early = s->early_data && !c->late;
+  /* Pulled as in run(): the outputs exist only after the count, but the receiver copies out
+   * (or drains) either way; not when the senders write in place (late) or move the rows as
+   * views before the outputs exist (early). */
+  c->pull_ok = s->pull && !c->late && !c->early && c->a->num_tokens <= c->lay.rows;
   ep_status_t rc = launch_notify(s, c, st, t);
   if (!rc && c->early) rc = launch_early(s, c, st);
   *nr = c->plan->nr;

@@ -245,7 +245,12 @@ static uint64_t dispatches_pulled(bench_ctx_t *c) {
 /* The allocator path, where the main rows time views: its outputs plain, then registered. */
 static int full_allocator(normal_t *u) {
   bench_ctx_t *c = u->c;
+  const uint64_t pulled = dispatches_pulled(c);
   int rc = alloc_rows(u, "dispatch_alloc", "epcomm dispatch, allocator");
+  if (!rc) {
+    c->res->alloc_pull.calls = c->o->warmup + c->o->iters;
+    c->res->alloc_pull.took = (int32_t)(dispatches_pulled(c) - pulled);
+  }
   if (rc || !(c->caps & EP_CAP_REGISTER_MEMORY)) return rc;
   if (bench_normal_grow(u, u->nr > 0 ? u->nr : 1)) /* a rank that receives nothing registers too */
     return fprintf(stderr, "epcomm bench: out of memory for the allocator's outputs\n"), 1;

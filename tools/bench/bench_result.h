@@ -63,10 +63,10 @@ typedef struct {
   double net_d, net_c, local_d, local_c;
   double host_pairs, remote_rank_rows, local_rank_rows;
   /* Rows whose calls should take a fast path (CUDA), as the buffer counted them: the allocator
-   * row with registered outputs (dispatch_alloc_reg: recv_x written in place, the late hello)
-   * and the cached dispatch into caller arrays (dispatch_cached_caller: rows pulled,
-   * EP_CUDA_PULL). */
-  bench_path_t alloc_reg, caller_pull;
+   * row with registered outputs (dispatch_alloc_reg: recv_x written in place, the late hello),
+   * the cached dispatch into caller arrays (dispatch_cached_caller: rows pulled, EP_CUDA_PULL)
+   * and the allocator row with plain outputs (dispatch_alloc: rows pulled). */
+  bench_path_t alloc_reg, caller_pull, alloc_pull;
   bench_row_t row[BENCH_MAX_ROWS];
   double *t; /* [nrows][iters] seconds; not part of the packed form */
 } bench_rank_t;

@@ -29,6 +29,11 @@
 #ifndef EPK_DMETA
 #define EPK_DMETA 1
 #endif
+/* Pulled rows: 1: a source's rows copied as soon as it arrived; 0: once all have
+ * (kernel_variants.sh compares). */
+#ifndef EPK_PULL_EACH
+#define EPK_PULL_EACH 1
+#endif
 
 namespace {
 
@@ -40,6 +45,7 @@ struct dstate {
   uint8_t **xdst; /* [R] d's recv_x as mapped here when d's x rows go straight there (its hello
                      names a registration holding it, and its rows fit), else NULL */
   int64_t *rbase; /* [R + 1] pulled: first row of source s's rows here, then the total */
+  uint8_t *got;   /* [R] pulled: source s's rows (pull_step) */
   bool pull;      /* rows pulled (every hello allows it and every destination's rows fit) */
 };
 
@@ -215,17 +221,15 @@ __device__ void send_pass(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   }
 }
 
-/* Receiver: this block's share of window rw, from area D to the caller's outputs (COPY), and
- * the source index of every row into the handle (combine rounds search it). With views only the
- * latter, one row per thread (a row per warp left this a chain of dependent loads). xdirect: the
- * x rows are in recv_x already (registered output), only the rest is copied; when that is just
- * source indices, one row per thread too. */
-__device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mode, bool xdirect,
-                            int rw, int64_t nr, const int64_t *rbase = nullptr) {
+/* Receiver: rows [lo, hi) of window rw, from area D (or, pulled, from source `from`'s stage:
+ * every row of the range is that source's) to the caller's outputs (COPY), and the source index
+ * of every row into the handle (combine rounds search it). With views only the latter, one row
+ * per thread (a row per warp left this a chain of dependent loads). xdirect: the x rows are in
+ * recv_x already (registered output), only the rest is copied; when that is just source
+ * indices, one row per thread too. */
+__device__ void copy_rows(const epk_buf_t &b, const epk_dispatch_t &a, int mode, bool xdirect,
+                          int64_t first, int64_t lo, int64_t hi, int from) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t W = a.lay.rows, first = (int64_t)rw * W, n = min(W, nr - first);
-  if (n <= 0 || mode == EPK_MODE_DRAIN) return;
-  const int64_t lo = n * blockIdx.x / gridDim.x, hi = n * (blockIdx.x + 1) / gridDim.x;
   const uint8_t *ad = b.peers[b.rank] + b.off_area_d;
   const int32_t *rsrc = reinterpret_cast<const int32_t *>(ad + a.lay.off_src);
   const int nv = (int)(a.row / 16);
@@ -245,20 +249,18 @@ __device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mod
     }
     return;
   }
-  /* Pulled: row r's source s (a warp's rows ascend; rbase[R] = every row) and its token there,
-   * the tokens of the warp's next 32 rows loaded at once (lane k: the k-th), so that a row's
-   * loads do not wait for its own index first. */
-  int s = 0, k = 0;
+  /* Pulled: the row of token tok in the source's stage, the tokens of the warp's next 32 rows
+   * loaded at once (lane k: the k-th), so that a row's loads do not wait for its own index. */
+  const uint8_t *stage = from >= 0 ? b.peers[from] + b.off_area_d + a.lay.off_x : nullptr;
+  int k = 0;
   int32_t tok = 0;
   for (int64_t r = lo + warp; r < hi; r += DWARPS, k = (k + 1) & 31) {
     const int64_t gi = first + r;
     const int4 *src = reinterpret_cast<const int4 *>(ad + a.lay.off_x + (uint64_t)r * a.row);
-    if (rbase) {
+    if (stage) {
       const int64_t rk = r + (int64_t)lane * DWARPS;
       if (k == 0) tok = rk < hi ? __ldcg(rsrc + rk) : 0;
-      while (s + 1 < b.nranks && rbase[s + 1] <= gi) s++;
-      src = reinterpret_cast<const int4 *>(b.peers[s] + b.off_area_d + a.lay.off_x +
-                                           (uint64_t)__shfl_sync(EPK_FULL, tok, k) * a.row);
+      src = reinterpret_cast<const int4 *>(stage + (uint64_t)__shfl_sync(EPK_FULL, tok, k) * a.row);
     }
     if (!xdirect)
       epk_warp_copy<true>(reinterpret_cast<int4 *>(static_cast<uint8_t *>(a.recv_x) + gi * a.row),
@@ -275,6 +277,15 @@ __device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mod
     if (lane == 0 && a.recv_src) a.recv_src[gi] = __ldcg(rsrc + r);
     if (lane == 0 && a.hsrc && gi < a.hsrc_cap) a.hsrc[gi] = __ldcg(rsrc + r);
   }
+}
+
+/* This block's share of window rw (pushed rows: all in area D). */
+__device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mode, bool xdirect,
+                            int rw, int64_t nr) {
+  const int64_t W = a.lay.rows, first = (int64_t)rw * W, n = min(W, nr - first);
+  if (n <= 0 || mode == EPK_MODE_DRAIN) return;
+  copy_rows(b, a, mode, xdirect, first, n * blockIdx.x / gridDim.x,
+            n * (blockIdx.x + 1) / gridDim.x, -1);
 }
 
 /* Worst-case path: rows past the receive count carry ids -1, weights 0, source -1. */
@@ -391,6 +402,7 @@ __device__ bool setup(const epk_buf_t &b, const epk_dispatch_t &a, dstate &st, i
     int64_t rb = 0; /* where source d's rows start here */
     for (int s = 0; s < d; s++) rb += cnt[s * R + b.rank];
     st.rbase[d] = rb;
+    st.got[d] = 0;
     if (d == R - 1) st.rbase[R] = rb + cnt[d * R + b.rank];
   }
   st.pull = __syncthreads_and(pull);
@@ -452,29 +464,75 @@ __device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   return true;
 }
 
+/* Window rw copied out by this block: the last block frees it for the senders (when another
+ * follows), and the block goes on to the next. */
+__device__ void window_done(const epk_buf_t &b, int rw, int my_rounds, int *s_rw) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  unsigned old = atomicAdd(&b.priv->wdone, 1u);
+  if (old == (unsigned)(rw + 1) * gridDim.x - 1 && rw + 1 < my_rounds) {
+    __threadfence_system();
+    for (int s = 0; s < b.nranks; s++)
+      epk_st_rlx(epk_u32(b.peers[s], b.off_consumed, b.rank), (uint32_t)(rw + 1));
+  }
+  *s_rw = rw + 1;
+}
+
+/* Every block of source s has delivered window rw here. */
+__device__ __forceinline__ bool arrived(const epk_buf_t &b, int s, int rw) {
+  return epk_ld_acq(epk_u32(b.peers[b.rank], b.off_arrive, s)) >=
+         (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s];
+}
+
 /* Copies out window *rw once every source's blocks have delivered it; true if it did. */
-__device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int mode,
-                          bool xdirect, int *s_rw, int my_rounds, int64_t nr) {
+__device__ bool recv_step(const epk_buf_t &b, const epk_dispatch_t &a, int mode, bool xdirect,
+                          int *s_rw, int my_rounds, int64_t nr) {
   const int rw = *s_rw;
   if (rw >= my_rounds) return false;
   int ok = 1;
-  for (int s = threadIdx.x; s < b.nranks; s += DT)
-    ok &= epk_ld_acq(epk_u32(b.peers[b.rank], b.off_arrive, s)) >=
-          (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s];
+  for (int s = threadIdx.x; s < b.nranks; s += DT) ok &= arrived(b, s, rw);
   if (!__syncthreads_and(ok)) return false;
   epk_tr_max(b, EPK_TR_D_PEERS);
-  copy_window(b, a, mode, xdirect, rw, nr, st.pull ? st.rbase : nullptr);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    unsigned old = atomicAdd(&b.priv->wdone, 1u);
-    if (old == (unsigned)(rw + 1) * gridDim.x - 1 && rw + 1 < my_rounds) {
-      __threadfence_system();
-      for (int s = 0; s < b.nranks; s++)
-        epk_st_rlx(epk_u32(b.peers[s], b.off_consumed, b.rank), (uint32_t)(rw + 1));
+  copy_window(b, a, mode, xdirect, rw, nr);
+  window_done(b, rw, my_rounds, s_rw);
+  return true;
+}
+
+/* Pulled (one window): this block's share of each source's rows, copied as soon as that
+ * source's blocks have all staged theirs, sources in the order they arrive (got[s]: 0 not yet,
+ * 2 arrived since the last step, 1 copied), starting after this rank so that the receivers do
+ * not all read one source at first. With EPK_PULL_EACH 0, only once every source arrived (all
+ * rows in one pass, as a pushed window). True if it copied anything. */
+__device__ bool pull_step(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int mode,
+                          bool xdirect, int *s_rw) {
+  if (*s_rw >= 1) return false;
+  const int R = b.nranks;
+  int fresh = 0, left = 0;
+  for (int s = threadIdx.x; s < R; s += DT) {
+    if (st.got[s]) continue;
+    if (arrived(b, s, 0)) {
+      st.got[s] = 2;
+      fresh = 1;
+    } else {
+      left = 1;
     }
-    *s_rw = rw + 1;
   }
+  fresh = __syncthreads_or(fresh);
+  left = __syncthreads_or(left);
+  if (!fresh || (!EPK_PULL_EACH && left)) return false;
+  if (!left) epk_tr_max(b, EPK_TR_D_PEERS);
+  for (int i = 1; i <= R && mode != EPK_MODE_DRAIN; i++) {
+    const int s = (b.rank + i) % R;
+    if (st.got[s] != 2) continue;
+    const int64_t n = st.rbase[s + 1] - st.rbase[s];
+    copy_rows(b, a, mode, xdirect, 0, st.rbase[s] + n * blockIdx.x / gridDim.x,
+              st.rbase[s] + n * (blockIdx.x + 1) / gridDim.x, s);
+  }
+  __syncthreads(); /* every thread has read got[] */
+  for (int s = threadIdx.x; s < R; s += DT)
+    if (st.got[s] == 2) st.got[s] = 1;
+  if (!left) window_done(b, 0, 1, s_rw);
   return true;
 }
 
@@ -516,8 +574,14 @@ __global__ void __launch_bounds__(DT, 1) dispatch(epk_buf_t b, epk_dispatch_t a)
   if (epk_stopped(b)) return; /* the count exchange failed: nothing moves */
   epk_tr_min(b, EPK_TR_D_START);
   int *ints = reinterpret_cast<int *>(dsm + 3 * R + 1);
-  dstate st = {dsm,         ints, ints + R, ints + 2 * R, reinterpret_cast<uint8_t **>(dsm + R),
-               dsm + 2 * R, false};
+  dstate st = {dsm,
+               ints,
+               ints + R,
+               ints + 2 * R,
+               reinterpret_cast<uint8_t **>(dsm + R),
+               dsm + 2 * R,
+               reinterpret_cast<uint8_t *>(ints + 3 * R),
+               false};
   if (threadIdx.x == 0) s_rw = 0;
   if (a.early && early_done(b, a)) return;
   if (!setup(b, a, st, &s_nr)) return;
@@ -538,7 +602,8 @@ __global__ void __launch_bounds__(DT, 1) dispatch(epk_buf_t b, epk_dispatch_t a)
   w.reset();
   for (;;) {
     bool moved = send_step(b, a, st, t0, t1);
-    moved |= recv_step(b, a, st, mode, xdirect, &s_rw, my_rounds, nr);
+    moved |= st.pull ? pull_step(b, a, st, mode, xdirect, &s_rw)
+                     : recv_step(b, a, mode, xdirect, &s_rw, my_rounds, nr);
     __syncthreads();
     if (threadIdx.x == 0) {
       bool done = s_rw == my_rounds;
@@ -564,6 +629,7 @@ __global__ void __launch_bounds__(DT, 1) dispatch(epk_buf_t b, epk_dispatch_t a)
 
 extern "C" cudaError_t epk_launch_dispatch(const epk_buf_t *b, const epk_dispatch_t *a,
                                            cudaStream_t s) {
-  size_t smem = (size_t)b->nranks * (3 * sizeof(int64_t) + 3 * sizeof(int)) + sizeof(int64_t);
+  size_t smem = (size_t)b->nranks * (3 * sizeof(int64_t) + 3 * sizeof(int) + sizeof(uint8_t)) +
+                sizeof(int64_t);
   return epk_launch_dependent(epcomm::normal::dispatch, b->blocks, DT, smem, s, *b, *a);
 }
