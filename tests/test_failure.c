@@ -83,15 +83,23 @@ static void check_timeout_s(double dt) {
           "timed out after %.2f s with a 1 s deadline: %s", dt, ep_last_error());
 }
 
-/* A dispatch long enough to be killed in the middle of: many tokens through small queues. */
+/* A dispatch long enough to be killed in the middle of: many tokens through small queues. The
+ * tensors live where the backend reads them (device memory with EP_BACKEND=cuda). */
 static void big_init(big_t *b, int R, int me) {
   b->n = 3000, b->H = 2048, b->K = 4, b->E = 4 * R;
-  b->x = t_xmalloc((size_t)b->n * b->H * 2);
-  b->rx = t_xmalloc((size_t)b->n * R * b->H * 2);
-  b->out = t_xmalloc((size_t)b->n * b->H * 2);
-  b->idx = t_xmalloc((size_t)b->n * b->K * 8);
-  for (int i = 0; i < b->n * b->K; i++) b->idx[i] = (i * 5 + me + i / b->K) % b->E;
-  memset(b->x, 0x3f, (size_t)b->n * b->H * 2);
+  uint16_t *x = t_xmalloc((size_t)b->n * b->H * 2);
+  int64_t *idx = t_xmalloc((size_t)b->n * b->K * 8);
+  for (int i = 0; i < b->n * b->K; i++) idx[i] = (i * 5 + me + i / b->K) % b->E;
+  memset(x, 0x3f, (size_t)b->n * b->H * 2);
+  b->x = t_to_dev(x, (size_t)b->n * b->H * 2);
+  b->idx = t_to_dev(idx, (size_t)b->n * b->K * 8);
+  b->rx = t_dalloc((size_t)b->n * R * b->H * 2);
+  b->out = t_dalloc((size_t)b->n * b->H * 2);
+  free(x), free(idx);
+}
+
+static void big_free(big_t *b) {
+  t_dfree(b->x), t_dfree(b->rx), t_dfree(b->out), t_dfree(b->idx);
 }
 
 static ep_status_t big_dispatch(ep_buffer_t buf, big_t *b, int R) {
@@ -157,7 +165,7 @@ static int kill_in_op(const char *op) {
   T_STATUS(EP_ERR_BROKEN, big_dispatch(buf, &b, R)); /* the buffer is now unusable, and says so */
   T_OK(ep_buffer_destroy(buf)); /* still destroyable, without waiting for the dead */
   T_OK(ep_group_destroy(g));
-  free(b.x), free(b.rx), free(b.out), free(b.idx);
+  big_free(&b);
   return T_PASS;
 }
 
@@ -395,7 +403,7 @@ static int timeout(bool gone) {
   printf("rank %d: %s after %.2f s: %s\n", me, ep_status_name(st), dt, ep_last_error());
   T_OK(ep_buffer_destroy(buf));
   T_OK(ep_group_destroy(g));
-  free(b.x), free(b.rx), free(b.out), free(b.idx);
+  big_free(&b);
   return T_PASS;
 }
 
@@ -460,7 +468,7 @@ static int stopped_rank(bool in_barrier, bool gone) {
   T_OK(ep_group_destroy(g));                     /* broken by the timeout too: local, EP_OK */
   stopped_report(me, victim, st, msg, t_fail, tk_now_s() - t0, T,
                  in_barrier ? "barrier" : "combine", !(gone && me == 1));
-  free(b.x), free(b.rx), free(b.out), free(b.idx);
+  big_free(&b);
   return T_PASS;
 }
 
@@ -517,6 +525,7 @@ static int loop(const char *dir) {
   snprintf(msg, sizeof msg, "%s", ep_last_error());
   ep_buffer_destroy(buf);
   ep_group_destroy(g);
+  big_free(&b);
   snprintf(path, sizeof path, "%s/result.%d", dir, me);
   f = fopen(path, "w");
   T_CHECK(f, "cannot write %s", path);

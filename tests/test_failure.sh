@@ -3,8 +3,9 @@
 # test_failure under `epcomm launch -n R` and check that the survivors detected the failure in
 # time and exited 0, that the launcher named the dead rank and how, and that /dev/shm is clean.
 # Usage: tests/test_failure.sh BUILD_DIR        (exit 0 pass, 1 fail; silent when passing)
-#        tests/test_failure.sh BUILD_DIR cuda   the low-latency and allocator (late hello)
-#                                               scenarios on the CUDA backend
+#        tests/test_failure.sh BUILD_DIR cuda   the dispatch (pushed and pulled), low-latency
+#                                               and allocator (late hello) scenarios on the
+#                                               CUDA backend
 #                                               (exit 77 with "skipped: no GPU" without one)
 set -u
 b=${1:?usage: test_failure.sh BUILD_DIR}
@@ -45,6 +46,8 @@ if [ "${2:-}" = cuda ]; then
   timeout 60 "$prog" probe >"$tmp/probe" 2>&1
   if grep -q "skipped: no GPU" "$tmp/probe"; then grep -m1 skipped "$tmp/probe"; exit 77; fi
   scenario kill-ll 3 2
+  scenario kill-dispatch 3 2                   # windows of pushed rows
+  EP_QUEUE_BYTES=1M scenario kill-dispatch 3 2 # every row at once: pulled
   EP_CUDA_LATE_HELLO=1 scenario kill-alloc 3 2
   EP_CUDA_LATE_HELLO=1 survive slow-alloc
   EP_CUDA_LATE_HELLO=0 EP_CUDA_EARLY_DATA=1 scenario kill-alloc 3 2

@@ -39,10 +39,11 @@
 #   9  the combine's reduce shapes at 128 tokens (R = 8 and 4, R = 8 again): holders x vectors
 #      in flight per lane of 2 x 4 (today's; CUDA 13.0's ptxas spills 40 bytes there), 4 x 2
 #      and 8 x 1 (no spills), tools/kernel_variants.sh; the table in OUT/c9/variants.txt
-#   10 pulled rows copied per source as each arrives (EPK_PULL_EACH=1, today's) against all at
-#      once (0, a kernel variant's build): gpu_check build suite (the normal-mode tests and the
-#      failure scenarios, $SUITEF10), then its pull step on each build at R:SMs in $PULLR
-#      (default "8:16 4:24"), 4096 tokens: EP_CUDA_PULL 0 / 1 on today's, 1 on the variant's
+#   10 pulled rows, a block's slice copied per source as each arrives (today's) against two
+#      kernel variants' builds: a share of every source per block (EPK_PULL_SPLIT=1) and all
+#      sources waited for first (EPK_PULL_EACH=0): gpu_check build suite (the normal-mode tests
+#      and the failure scenarios, $SUITEF10), then its pull step on each build at R:SMs in
+#      $PULLR (default "8:16 4:24"), 4096 tokens: EP_CUDA_PULL 0 / 1 on today's, 1 on the others
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -103,17 +104,21 @@ case $n in
     cat "$d/variants.txt"
     [ "$rc9" = 0 ] ;;
   10)
-    { cmake -S . -B build-v-all -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-        -DCMAKE_CUDA_FLAGS=-DEPK_PULL_EACH=0 && ninja -C build-v-all bin/epcomm; } \
-      >"$d/build-v-all.log" 2>&1 &
+    for v in share:-DEPK_PULL_SPLIT=1 all:-DEPK_PULL_EACH=0; do
+      { cmake -S . -B build-v-${v%%:*} -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+          -DCMAKE_CUDA_FLAGS="${v#*:}" && ninja -C build-v-${v%%:*} bin/epcomm; } \
+        >"$d/build-v-${v%%:*}.log" 2>&1 &
+    done
     SUITEF=${SUITEF10:-'^cuda\.(normal\.r[238]$|normal\.r[38]\.push|memreg_dispatch\.r3|failure)'} \
       timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build suite
     wait
     export PULLR=${PULLR:-8:16 4:24} PULLT=4096
     timeout -k 5 "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/each" pull
-    echo "variant EPK_PULL_EACH=0:"
-    GPUB=build-v-all PULLP=1 timeout -k 5 "$((limit - (SECONDS - t0)))" \
-      tools/gpu_check.sh .gpu/with-mps "$d/all" pull ;;
+    for v in share all; do
+      echo "variant $v:"
+      GPUB=build-v-$v PULLP=1 timeout -k 5 "$((limit - (SECONDS - t0)))" \
+        tools/gpu_check.sh .gpu/with-mps "$d/$v" pull
+    done ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;

@@ -29,10 +29,16 @@
 #ifndef EPK_DMETA
 #define EPK_DMETA 1
 #endif
-/* Pulled rows: 1: a source's rows copied as soon as it arrived; 0: once all have
- * (kernel_variants.sh compares). */
+/* Pulled rows (tools/gpu_session.sh 10 times the variants): 1: a source's rows copied as soon as
+ * it arrived; 0: once all have. SPLIT 1: a block takes a share of every source's rows; 0: a
+ * slice of all rows (one or two sources at R = 8). On an H100, 4096 tokens, bf16: SPLIT 1 was 5%
+ * faster at R = 8 (every block busy with whichever source arrived) and 4% slower at R = 4;
+ * EACH 1 was 1-7% faster at R = 4 and within 1% at R = 8 (docs/PERFORMANCE.md). */
 #ifndef EPK_PULL_EACH
 #define EPK_PULL_EACH 1
+#endif
+#ifndef EPK_PULL_SPLIT
+#define EPK_PULL_SPLIT 1
 #endif
 
 namespace {
@@ -525,9 +531,16 @@ __device__ bool pull_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   for (int i = 1; i <= R && mode != EPK_MODE_DRAIN; i++) {
     const int s = (b.rank + i) % R;
     if (st.got[s] != 2) continue;
+#if EPK_PULL_SPLIT /* a share of every source's rows */
     const int64_t n = st.rbase[s + 1] - st.rbase[s];
-    copy_rows(b, a, mode, xdirect, 0, st.rbase[s] + n * blockIdx.x / gridDim.x,
-              st.rbase[s] + n * (blockIdx.x + 1) / gridDim.x, s);
+    const int64_t lo = st.rbase[s] + n * blockIdx.x / gridDim.x,
+                  hi = st.rbase[s] + n * (blockIdx.x + 1) / gridDim.x;
+#else /* the part from s of this block's slice of all rows */
+    const int64_t n = st.rbase[R];
+    const int64_t lo = max(st.rbase[s], n * blockIdx.x / gridDim.x),
+                  hi = min(st.rbase[s + 1], n * (blockIdx.x + 1) / gridDim.x);
+#endif
+    if (lo < hi) copy_rows(b, a, mode, xdirect, 0, lo, hi, s);
   }
   __syncthreads(); /* every thread has read got[] */
   for (int s = threadIdx.x; s < R; s += DT)
