@@ -344,6 +344,11 @@ typedef struct {
   /* Dispatches whose receivers pulled their rows from the sources' staged tokens instead of
    * the senders pushing every row (EP_CUDA_PULL on CUDA, counted by the GPU; 0 elsewhere). */
   uint64_t dispatches_pulled;
+  /* Combines whose x the peers could not read where it lies (not a view, the combine buffer or
+   * registered memory) and that copied it into the combine buffer before the kernel
+   * (EP_CUDA_COMBINE_COPY on CUDA, a cudaMemcpyAsync; 0 elsewhere) instead of staging it on the
+   * rank's SMs. */
+  uint64_t combines_copied;
 } ep_buffer_info_t;
 #define EP_BUFFER_INFO_INIT EP_ARGS_INIT_(ep_buffer_info_t)
 

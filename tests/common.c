@@ -62,6 +62,10 @@ bool t_pull(void) {
   return cuda_switch("EP_CUDA_PULL", true);
 }
 
+bool t_combine_copy(void) {
+  return cuda_switch("EP_CUDA_COMBINE_COPY", true);
+}
+
 void t_require_backend(void) {
   char why[160];
   if (!t_cuda() || tk_dev_count(why, sizeof why) > 0) return;

@@ -95,6 +95,9 @@ bool t_late_hello(void);
 bool t_early_data(void);
 /* EP_CUDA_PULL unset or not 0 (CUDA backend): copy-out dispatches may pull their rows. */
 bool t_pull(void);
+/* EP_CUDA_COMBINE_COPY unset or not 0 (CUDA backend): an unmapped combine input may be copied
+ * into the combine buffer. */
+bool t_combine_copy(void);
 /* For the CUDA backend: exit 77 with a visible "skipped: ..." line when it cannot run here (not
  * built, or no GPU). Call first, before the group. */
 void t_require_backend(void);

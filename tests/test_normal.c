@@ -573,6 +573,17 @@ static void check_pulled(const ctx_t *x) {
           (unsigned long long)info.dispatches_pulled, want ? "some" : "none");
 }
 
+/* EP_CUDA_COMBINE_COPY (on unless 0): the combines of a separate tensor on the large buffer
+ * copied it into the combine buffer (on one host), and none did with it off. */
+static void check_copied(const ctx_t *x) {
+  ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
+  T_OK(ep_buffer_query(x->buf, &info));
+  const bool want = t_combine_copy() && x->nhosts == 1;
+  T_CHECK(want ? info.combines_copied > 0 : info.combines_copied == 0,
+          "%llu combines copied their x into the combine buffer, expected %s",
+          (unsigned long long)info.combines_copied, want ? "some" : "none");
+}
+
 int main(int argc, char **argv) {
   ep_group_t g;
   ctx_t x;
@@ -591,6 +602,7 @@ int main(int argc, char **argv) {
   t_case = NULL;
   check_early(&x);
   check_pulled(&x);
+  check_copied(&x);
   T_OK(ep_buffer_destroy(x.small_buf));
   T_OK(ep_buffer_destroy(x.buf));
   t_fini(g);

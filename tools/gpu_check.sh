@@ -5,6 +5,8 @@
 #   (suite: the normal-mode tests, or those matching $SUITEF)
 #   pull (pulled rows against pushed ones: the cached dispatch into caller arrays with
 #   EP_CUDA_PULL=1 and 0, alternated, R:SMs in $PULLR, tokens in $PULLT, values in $PULLP)
+#   ccopy (the combine of a separate tensor with EP_CUDA_COMBINE_COPY=1 and 0, alternated, R:SMs
+#   in $CCR, tokens in $CCT)
 #   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
 #   early (the allocator path's rows moved before the allocation: dispatch_alloc with
 #   EP_CUDA_EARLY_DATA=0 and 1)
@@ -222,6 +224,30 @@ for s in $steps; do
             done
             echo "$line"
           done
+        done
+      done ;;
+    ccopy)
+      # The combine of a separate tensor with its x copied into the combine buffer first
+      # (EP_CUDA_COMBINE_COPY 1 / 0, same build, one call, each twice, alternated): `epcomm
+      # bench`'s main combine row, median and slowest rank's mean, and how many of its calls
+      # copied (fewest on a rank / calls), at R:SMs in $CCR (default "2:24 4:24 8:16"), tokens
+      # in $CCT (default "4096 128"), bf16.
+      for rs in ${CCR:-2:24 4:24 8:16}; do
+        R=${rs%%:*} S=${rs#*:}
+        for N in ${CCT:-4096 128}; do
+          line="R=$R, $S SMs, $N tokens, combine of a separate tensor, us (median/rank mean, copied/calls):"
+          for rep in 1 2; do
+            for p in 0 1; do
+              f="$out/ccopy-r$R-t$N-c$p-$rep"
+              timeout 150 "$mps" env EP_CUDA_COMBINE_COPY=$p $b/bin/epcomm launch -n $R \
+                $b/bin/epcomm bench --backend cuda --tokens $N --sms $S --json "$f.json" \
+                >"$f.log" 2>&1 || line="$line [exit $?]"
+              line="$line copy=$p $(us combine "$f.json")/$(rank_mean combine "$f.json") ($(summary \
+                combine_copied_min "$f.json")/$(summary combine_calls "$f.json")), check $(summary \
+                check "$f.json");"
+            done
+          done
+          echo "$line"
         done
       done ;;
     late)

@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 10; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 11; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -44,6 +44,10 @@
 #      sources waited for first (EPK_PULL_EACH=0): gpu_check build suite (the normal-mode tests
 #      and the failure scenarios, $SUITEF10), then its pull step on each build at R:SMs in
 #      $PULLR (default "8:16 4:24"), 4096 tokens: EP_CUDA_PULL 0 / 1 on today's, 1 on the others
+#   11 the combine of a separate tensor copied into the combine buffer first (EP_CUDA_COMBINE_COPY):
+#      gpu_check build suite ($SUITEF11: the normal-mode tests with it on and off, graph, combine
+#      buffer, registered combines, failure scenarios), its ccopy step at R = 2 / 4 / 8 and
+#      $CCT tokens (default 4096), then side by side with DeepEP at 4096 tokens (OUT/c11/sbs)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -53,9 +57,9 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 10)" >&2; exit 2 ;; esac
+case $n in 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 | 11) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 11)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
-case $n in 3 | 7) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
+case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
 mkdir -p "$d"
 t0=$SECONDS
@@ -119,6 +123,13 @@ case $n in
       GPUB=build-v-$v PULLP=1 timeout -k 5 "$((limit - (SECONDS - t0)))" \
         tools/gpu_check.sh .gpu/with-mps "$d/$v" pull
     done ;;
+  11)
+    SUITEF=${SUITEF11:-'^cuda\.(normal\.r[238]$|normal\.r[38]\.stage|graph\.r2|cbuf|memreg\.r[23]$|failure)'} \
+      timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build suite
+    CCT=${CCT:-4096} timeout -k 5 "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps \
+      "$d" ccopy
+    DS_TOKENS=4096 timeout -k 5 "$((limit - (SECONDS - t0)))" tools/deepep_side_by_side.sh \
+      .gpu/with-mps "$d/sbs" .deepep build normal report ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;

@@ -298,11 +298,9 @@ struct ep_backend_ops {
   void (*ll_reject)(void *state, bool combine);
   /* Optional, local: bytes sent so far through the network engine and to ranks of this host. */
   void (*traffic)(void *state, uint64_t *net, uint64_t *local);
-  /* Optional, local: which paths normal-mode calls took (ep_buffer_info_t): combines and
-   * dispatches that skipped the staging / copy-out pass, and allocator-path dispatches whose rows
-   * moved before the allocation, and dispatches whose receivers pulled their rows. */
-  void (*path_counts)(void *state, uint64_t *combines_in_place, uint64_t *dispatches_in_place,
-                      uint64_t *dispatches_early, uint64_t *dispatches_pulled);
+  /* Optional, local: which paths normal-mode calls took, into info's counters
+   * (ep_buffer_info_t: combines_in_place ... combines_copied). */
+  void (*path_counts)(void *state, ep_buffer_info_t *info);
 };
 
 /* Every backend module defines one `const struct ep_backend_ops *ep_backend_<name>(void)`; the

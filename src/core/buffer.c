@@ -202,9 +202,7 @@ ep_status_t ep_buffer_query(ep_buffer_t buffer, ep_buffer_info_t *info) {
   i.nhosts = t->nhosts, i.host = t->host, i.local_rank = t->local_rank,
   i.local_size = t->local_size;
   if (b->ops->traffic) b->ops->traffic(b->state, &i.net_bytes_sent, &i.local_bytes_sent);
-  if (b->ops->path_counts)
-    b->ops->path_counts(b->state, &i.combines_in_place, &i.dispatches_in_place, &i.dispatches_early,
-                        &i.dispatches_pulled);
+  if (b->ops->path_counts) b->ops->path_counts(b->state, &i);
   ep_reg_release(b->id);
   memcpy(info, &i, info->size); /* an older caller's smaller struct gets the fields it has */
   return EP_OK;

@@ -54,14 +54,16 @@ typedef struct {
   cuda_reg_t *regs;                 /* [EP_MAX_MEM_REGS] registrations of caller memory */
   cuda_map_t *maps;                 /* peers' allocations opened for them */
   int nmaps, capmaps;
-  uint8_t **reg_table;    /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
-  uint64_t *reg_bytes;    /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
-  struct cuda_net *net;   /* across hosts (cuda_net.h), NULL on one host */
-  uint64_t paths[3];      /* combines read in place, dispatches written in place, allocator-path
-                           dispatches with early data (one host) */
-  bool late_hello;        /* EP_CUDA_LATE_HELLO: the allocator path may post a late hello */
-  bool pull;              /* EP_CUDA_PULL: copy-out dispatches may pull staged rows */
-  bool early_data;        /* EP_CUDA_EARLY_DATA: the allocator path moves rows before allocating */
+  uint8_t **reg_table;  /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
+  uint64_t *reg_bytes;  /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
+  struct cuda_net *net; /* across hosts (cuda_net.h), NULL on one host */
+  uint64_t paths[4];    /* combines read in place, dispatches written in place, allocator-path
+                         dispatches with early data, combines whose x was copied into area C
+                         (one host) */
+  bool late_hello;      /* EP_CUDA_LATE_HELLO: the allocator path may post a late hello */
+  bool pull;            /* EP_CUDA_PULL: copy-out dispatches may pull staged rows */
+  bool early_data;      /* EP_CUDA_EARLY_DATA: the allocator path moves rows before allocating */
+  bool combine_copy;    /* EP_CUDA_COMBINE_COPY: an unmapped combine input is copied into area C */
   ep_call_key_t prev_key; /* err_key of the call before, for its error seen during this one */
 } cuda_state_t;
 

@@ -89,14 +89,14 @@ static void trace_print(cuda_state_t *s) {
   free(t);
 }
 
-static void cuda_path_counts(void *state, uint64_t *combines, uint64_t *dispatches, uint64_t *early,
-                             uint64_t *pulled) {
+static void cuda_path_counts(void *state, ep_buffer_info_t *i) {
   cuda_state_t *s = state;
-  *combines = __atomic_load_n(&s->paths[0], __ATOMIC_RELAXED);
-  *dispatches = __atomic_load_n(&s->paths[1], __ATOMIC_RELAXED);
-  *early = __atomic_load_n(&s->paths[2], __ATOMIC_RELAXED);
+  i->combines_in_place = __atomic_load_n(&s->paths[0], __ATOMIC_RELAXED);
+  i->dispatches_in_place = __atomic_load_n(&s->paths[1], __ATOMIC_RELAXED);
+  i->dispatches_early = __atomic_load_n(&s->paths[2], __ATOMIC_RELAXED);
+  i->combines_copied = __atomic_load_n(&s->paths[3], __ATOMIC_RELAXED);
   /* The GPU decides and counts (dispatch.cu); a call still running may not be in yet. */
-  *pulled = __atomic_load_n(&s->host->pulled, __ATOMIC_ACQUIRE);
+  i->dispatches_pulled = __atomic_load_n(&s->host->pulled, __ATOMIC_ACQUIRE);
 }
 
 static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {
@@ -112,6 +112,7 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   s->late_hello = ep_env_long("EP_CUDA_LATE_HELLO", 1) != 0;
   s->pull = ep_env_long("EP_CUDA_PULL", 1) != 0;
   s->early_data = ep_env_long("EP_CUDA_EARLY_DATA", 0) != 0;
+  s->combine_copy = ep_env_long("EP_CUDA_COMBINE_COPY", 1) != 0;
   int prev = -1;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
   ep_status_t st = cuda_mem_setup(s, cfg);

@@ -2,7 +2,8 @@
  * combine kernel; both on the caller's stream, no host synchronisation. When x lies in this rank's
  * receive area (for instance the bf16 dispatch view, overwritten in place by the expert), is the
  * combine buffer, or lies in memory this rank registered (ep_register_memory), peers read it
- * where it is; otherwise the kernel stages it in the combine area first. */
+ * where it is; otherwise it is copied into the combine buffer first (EP_CUDA_COMBINE_COPY, when it
+ * fits), or the kernel stages it in the combine area. */
 #include <stdint.h>
 #include <string.h>
 
@@ -50,6 +51,31 @@ ep_status_t cuda_combine_buffer(void *state, const ep_handle_info_t *h, void **x
   return EP_OK;
 }
 
+/* EP_CUDA_COMBINE_COPY: the bytes of x to copy into the combine buffer (its rows: the count,
+ * which the host knows after a synchronous dispatch; 0 after a worst-case one, whose x holds
+ * only the rows that arrived, and the host does not know how many), when no peer can read x
+ * where it lies, it fits the combine buffer (rows and weights) and does not overlap it; else 0. */
+static size_t copy_bytes(const cuda_state_t *s, const void *x, const ep_handle_info_t *h,
+                         bool has_w) {
+  const cuda_plan_t *p = h->priv;
+  const uint8_t *c = s->pool + s->kb.off_area_c, *q = x;
+  const size_t bytes = p->nr > 0 ? (size_t)p->nr * (size_t)h->hidden * 2 : 0;
+  const bool ok = s->combine_copy && bytes && fits_area_c(s, h, has_w ? 4ull * h->topk : 0) &&
+                  (q + bytes <= c || q >= c + s->kb.area_bytes);
+  return ok ? bytes : 0;
+}
+
+/* x into the combine buffer, by cudaMemcpyAsync on the call's stream, before the hello: the
+ * peers read it there as if the experts had written it (the speed of a view), and the copy runs
+ * at the memory's rate, where the kernel's staging pass ran on the rank's SMs. Stream order
+ * keeps it after this rank's previous combine, whose kernel returned only once every peer had
+ * read its area C, and the hello after it keeps the peers' reads after the copy. */
+static ep_status_t copy_in(cuda_state_t *s, const void *x, size_t bytes, cudaStream_t st) {
+  return cuda_check(
+      s, cudaMemcpyAsync(s->pool + s->kb.off_area_c, x, bytes, cudaMemcpyDeviceToDevice, st), OP,
+      "copy x");
+}
+
 static ep_status_t check(cuda_state_t *s, const ep_combine_args_t *a, const ep_handle_info_t *h,
                          bool has_w) {
   const void *ptrs[] = {a->x, a->out, a->bias[0], a->bias[1]};
@@ -91,9 +117,17 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
     return rc;
   }
   const uint64_t row = (uint64_t)h->hidden * 2;
-  const bool in_c = a->x == s->pool + s->kb.off_area_c;
+  bool in_c = a->x == s->pool + s->kb.off_area_c;
   int64_t xoff = in_c ? (int64_t)s->kb.off_area_c : direct_offset(s, a->x, h->recv_rows, row);
   const int x_reg = xoff >= 0 ? -1 : cuda_reg_find(s, a->x, (uint64_t)h->recv_rows * row, &xoff);
+  const size_t cbytes = xoff < 0 ? copy_bytes(s, a->x, h, has_w) : 0;
+  const bool copied = cbytes > 0;
+  if (copied && (rc = copy_in(s, a->x, cbytes, st))) {
+    cuda_leave(s, st, false);
+    cuda_reject(s);
+    return rc;
+  }
+  if (copied) in_c = true, xoff = (int64_t)s->kb.off_area_c;
   const int wgap256 = in_c ? (int)(c_rows_bytes(h) / 256) : 0;
   epk_notify_t n;
   memset(&n, 0, sizeof n);
@@ -132,7 +166,7 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
                      .x_reg = x_reg};
   rc = cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
   if (!rc) rc = cuda_check(s, epk_launch_combine(&s->kb, &k, st), OP, "launch");
-  if (!rc && k.direct) __atomic_fetch_add(&s->paths[0], 1, __ATOMIC_RELAXED);
+  if (!rc && k.direct) __atomic_fetch_add(&s->paths[copied ? 3 : 0], 1, __ATOMIC_RELAXED);
   cuda_leave(s, st, true);
   return rc;
 }

@@ -54,6 +54,11 @@ static const ep_env_row_t cuda_rows[] = {
                    "(default: on an H200 within the noise of a Python layer step at 128 "
                    "tokens, 1.14x at R = 2 with a C allocator): one data kernel after the "
                    "allocation"),
+    EP_ENV_ROW_INT("cuda", "EP_CUDA_COMBINE_COPY", "1", "0", "1",
+                   "1 (default): a normal-mode combine whose x the peers cannot read where it "
+                   "lies (not a dispatch view, the combine buffer or registered memory) copies "
+                   "it into the combine buffer with cudaMemcpyAsync first, when it fits, and "
+                   "the peers read it there; 0: the combine kernel stages it on the rank's SMs"),
     EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_TRACE", "0", "0", "1",
                    "1: time the phases of the low-latency kernels on the GPU (%globaltimer) "
                    "and print their means on stderr when the buffer is destroyed"),

@@ -58,6 +58,9 @@ static bench_path_t caller_pull(const bench_rank_t *r) {
 static bench_path_t alloc_pull(const bench_rank_t *r) {
   return r->alloc_pull;
 }
+static bench_path_t combine_copy(const bench_rank_t *r) {
+  return r->combine_copy;
+}
 
 static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ratios_t *q,
                     const verdict_t *v, bench_rank_t *const *rk) {
@@ -83,6 +86,7 @@ static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ra
   summary_path(f, ph->R, rk, alloc_reg, "alloc_reg_calls", "alloc_reg_in_place_min");
   summary_path(f, ph->R, rk, caller_pull, "caller_calls", "caller_pulled_min");
   summary_path(f, ph->R, rk, alloc_pull, "alloc_calls", "alloc_pulled_min");
+  summary_path(f, ph->R, rk, combine_copy, "combine_calls", "combine_copied_min");
   fprintf(f, "  \"check\": \"%s\"\n},\n", bench_passed(v) ? "pass" : "fail");
 }
 

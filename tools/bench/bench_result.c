@@ -12,7 +12,7 @@ bench_rank_t *bench_rank_new(int iters) {
   bench_rank_t *r = calloc(1, sizeof *r);
   if (!r) return NULL;
   r->iters = iters;
-  r->alloc_reg = r->caller_pull = r->alloc_pull = (bench_path_t){-1, -1};
+  r->alloc_reg = r->caller_pull = r->alloc_pull = r->combine_copy = (bench_path_t){-1, -1};
   r->t = calloc((size_t)BENCH_MAX_ROWS * (size_t)iters, sizeof *r->t);
   if (!r->t) return free(r), NULL;
   return r;

@@ -65,8 +65,9 @@ typedef struct {
   /* Rows whose calls should take a fast path (CUDA), as the buffer counted them: the allocator
    * row with registered outputs (dispatch_alloc_reg: recv_x written in place, the late hello),
    * the cached dispatch into caller arrays (dispatch_cached_caller: rows pulled, EP_CUDA_PULL)
-   * and the allocator row with plain outputs (dispatch_alloc: rows pulled). */
-  bench_path_t alloc_reg, caller_pull, alloc_pull;
+   * the allocator row with plain outputs (dispatch_alloc: rows pulled) and the combine of a
+   * separate tensor (combine: x copied into the combine buffer, EP_CUDA_COMBINE_COPY). */
+  bench_path_t alloc_reg, caller_pull, alloc_pull, combine_copy;
   bench_row_t row[BENCH_MAX_ROWS];
   double *t; /* [nrows][iters] seconds; not part of the packed form */
 } bench_rank_t;
