@@ -59,7 +59,8 @@ static size_t copy_bytes(const cuda_state_t *s, const void *x, const ep_handle_i
                          bool has_w) {
   const cuda_plan_t *p = h->priv;
   const uint8_t *c = s->pool + s->kb.off_area_c, *q = x;
-  const size_t bytes = p->nr > 0 ? (size_t)p->nr * (size_t)h->hidden * 2 : 0;
+  const size_t bytes =
+      p->nr > 0 && p->nr <= h->recv_rows ? (size_t)p->nr * (size_t)h->hidden * 2 : 0;
   const bool ok = s->combine_copy && bytes && fits_area_c(s, h, has_w ? 4ull * h->topk : 0) &&
                   (q + bytes <= c || q >= c + s->kb.area_bytes);
   return ok ? bytes : 0;
@@ -69,11 +70,14 @@ static size_t copy_bytes(const cuda_state_t *s, const void *x, const ep_handle_i
  * peers read it there as if the experts had written it (the speed of a view), and the copy runs
  * at the memory's rate, where the kernel's staging pass ran on the rank's SMs. Stream order
  * keeps it after this rank's previous combine, whose kernel returned only once every peer had
- * read its area C, and the hello after it keeps the peers' reads after the copy. */
-static ep_status_t copy_in(cuda_state_t *s, const void *x, size_t bytes, cudaStream_t st) {
-  return cuda_check(
-      s, cudaMemcpyAsync(s->pool + s->kb.off_area_c, x, bytes, cudaMemcpyDeviceToDevice, st), OP,
-      "copy x");
+ * read its area C, and the hello after it keeps the peers' reads after the copy. false: the copy
+ * could not be queued (the kernel stages x instead); its error is cleared, so that the next
+ * launch does not report it as its own. */
+static bool copy_in(cuda_state_t *s, const void *x, size_t bytes, cudaStream_t st) {
+  if (cudaMemcpyAsync(s->pool + s->kb.off_area_c, x, bytes, cudaMemcpyDefault, st) == cudaSuccess)
+    return true;
+  (void)cudaGetLastError();
+  return false;
 }
 
 static ep_status_t check(cuda_state_t *s, const ep_combine_args_t *a, const ep_handle_info_t *h,
@@ -121,12 +125,7 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
   int64_t xoff = in_c ? (int64_t)s->kb.off_area_c : direct_offset(s, a->x, h->recv_rows, row);
   const int x_reg = xoff >= 0 ? -1 : cuda_reg_find(s, a->x, (uint64_t)h->recv_rows * row, &xoff);
   const size_t cbytes = xoff < 0 ? copy_bytes(s, a->x, h, has_w) : 0;
-  const bool copied = cbytes > 0;
-  if (copied && (rc = copy_in(s, a->x, cbytes, st))) {
-    cuda_leave(s, st, false);
-    cuda_reject(s);
-    return rc;
-  }
+  const bool copied = cbytes > 0 && copy_in(s, a->x, cbytes, st);
   if (copied) in_c = true, xoff = (int64_t)s->kb.off_area_c;
   const int wgap256 = in_c ? (int)(c_rows_bytes(h) / 256) : 0;
   epk_notify_t n;
