@@ -546,42 +546,28 @@ static const tcase_t cases[] = {
     {1024, EP_DTYPE_BF16, 8, 256, RT_SKEW, NM_LARGE, P_ALLOC, 1, 1, 0, 1, 0},
 };
 
-/* EP_CUDA_EARLY_DATA=1: the allocator cases took the two-kernel path (on one host; across
- * hosts the network engine has its own), so a silent fallback to one kernel fails here. */
-static void check_early(const ctx_t *x) {
-  uint64_t early = 0;
-  const ep_buffer_t bufs[] = {x->buf, x->small_buf};
-  for (int i = 0; i < 2; i++) {
-    ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
-    T_OK(ep_buffer_query(bufs[i], &info));
-    early += info.dispatches_early;
-  }
-  const bool want = t_early_data() && x->nhosts == 1;
-  T_CHECK(want ? early > 0 : early == 0, "%llu dispatches with early data, expected %s",
-          (unsigned long long)early, want ? "some" : "none");
+/* A fast path's switch against the calls that took it: some with the switch on (on one host;
+ * across hosts the network engine moves the rows), none with it off, so that a silent fall back
+ * (or the path taken where it must not be) fails here. */
+static void check_path(const ctx_t *x, uint64_t took, bool on, const char *what) {
+  const bool want = on && x->nhosts == 1;
+  T_CHECK(want ? took > 0 : took == 0, "%llu %s, expected %s", (unsigned long long)took, what,
+          want ? "some" : "none");
 }
 
-/* EP_CUDA_PULL (on unless 0): the cases into caller arrays that fit the large buffer at once
- * pulled their rows (on one host; across hosts the network engine moves them), and none did
- * with it off, so a silent fall back to pushing (or a pull where it must not be) fails here. */
-static void check_pulled(const ctx_t *x) {
-  ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
-  T_OK(ep_buffer_query(x->buf, &info));
-  const bool want = t_pull() && x->nhosts == 1;
-  T_CHECK(want ? info.dispatches_pulled > 0 : info.dispatches_pulled == 0,
-          "%llu dispatches pulled their rows, expected %s",
-          (unsigned long long)info.dispatches_pulled, want ? "some" : "none");
-}
-
-/* EP_CUDA_COMBINE_COPY (on unless 0): the combines of a separate tensor on the large buffer
- * copied it into the combine buffer (on one host), and none did with it off. */
-static void check_copied(const ctx_t *x) {
-  ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
-  T_OK(ep_buffer_query(x->buf, &info));
-  const bool want = t_combine_copy() && x->nhosts == 1;
-  T_CHECK(want ? info.combines_copied > 0 : info.combines_copied == 0,
-          "%llu combines copied their x into the combine buffer, expected %s",
-          (unsigned long long)info.combines_copied, want ? "some" : "none");
+/* EP_CUDA_EARLY_DATA=1: the allocator cases took the two-kernel path, on either buffer.
+ * EP_CUDA_PULL: the cases into caller arrays that fit the large buffer at once pulled their rows.
+ * EP_CUDA_COMBINE_COPY: the large buffer's combines of a separate tensor copied it into the
+ * combine buffer. */
+static void check_paths(const ctx_t *x) {
+  ep_buffer_info_t big = EP_BUFFER_INFO_INIT, small = EP_BUFFER_INFO_INIT;
+  T_OK(ep_buffer_query(x->buf, &big));
+  T_OK(ep_buffer_query(x->small_buf, &small));
+  check_path(x, big.dispatches_early + small.dispatches_early, t_early_data(),
+             "dispatches with early data");
+  check_path(x, big.dispatches_pulled, t_pull(), "dispatches pulled their rows");
+  check_path(x, big.combines_copied, t_combine_copy(),
+             "combines copied their x into the combine buffer");
 }
 
 int main(int argc, char **argv) {
@@ -600,9 +586,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++, ran++)
       run_case(&x, &cases[i], i + rep * 100);
   t_case = NULL;
-  check_early(&x);
-  check_pulled(&x);
-  check_copied(&x);
+  check_paths(&x);
   T_OK(ep_buffer_destroy(x.small_buf));
   T_OK(ep_buffer_destroy(x.buf));
   t_fini(g);
