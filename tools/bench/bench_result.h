@@ -64,7 +64,7 @@ typedef struct {
   double host_pairs, remote_rank_rows, local_rank_rows;
   /* Rows whose calls should take a fast path (CUDA), as the buffer counted them: the allocator
    * row with registered outputs (dispatch_alloc_reg: recv_x written in place, the late hello),
-   * the cached dispatch into caller arrays (dispatch_cached_caller: rows pulled, EP_CUDA_PULL)
+   * the cached dispatch into caller arrays (dispatch_cached_caller: rows pulled, EP_CUDA_PULL),
    * the allocator row with plain outputs (dispatch_alloc: rows pulled) and the combine of a
    * separate tensor (combine: x copied into the combine buffer, EP_CUDA_COMBINE_COPY). */
   bench_path_t alloc_reg, caller_pull, alloc_pull, combine_copy;
