@@ -77,7 +77,14 @@ for s in $steps; do
   case $s in
     build)
       {
-        git -C "$root" log -1 --format='epcomm %h %s' 2>/dev/null
+        # The device's copy of the tree may carry a stale git HEAD (uncommitted or newer work
+        # copied over it): "-dirty" says so, and the sources' checksum names the tree itself
+        # (the same command on a checkout tells whether it is the one that ran).
+        echo "epcomm $(git -C "$root" describe --always --dirty 2>/dev/null):" \
+          "$(git -C "$root" log -1 --format=%s 2>/dev/null | cut -c1-100)"
+        echo "epcomm sources: checksum $(cd "$root" && find src include tools tests python -type f \
+          \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' \) |
+          LC_ALL=C sort | xargs md5sum | md5sum | cut -c1-16)"
         nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
         "$py" -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
       } >"$out/meta.txt" 2>&1
