@@ -5,7 +5,8 @@
 # stands under the name the step without the out pool has). Checks ratios (the layer step's
 # too), the full - cached line, the copy-ceiling line, the full dispatch + combine line, the
 # memory floors of the copy-out cells, that a
-# clean run has no notes, that a failed epcomm self-check is reported, and that files with
+# clean run has no notes, that a failed epcomm self-check is reported, that a fast path the bench
+# counted as not always taken is named, and that files with
 # DeepEP's statistic (each rank's mean, the slowest rank's) are compared by it.
 # Usage: test_deepep_report.sh SRC
 set -u -o pipefail
@@ -83,6 +84,18 @@ grep -Eq 'fp8 dispatch, full \(views\) +90\.0 +695\.7 +7\.73$' <<<"$out" ||
   fail "the C bench's slowest rank's mean is not what the table compares: $out"
 grep -Eq 'Python: write \+ combine \(mem_pool tensor\) +300\.0 +585\.3 +1\.95$' <<<"$out" ||
   fail "the Python bench's slowest rank's mean is not what the table compares: $out"
+# A fast path the bench counted as not always taken (a silent fallback inside the row's time) is
+# named; one taken by every call is not.
+python3 - "$tmp/epcomm-normal-r2-t4096-bf16.json" <<'PY' || fail "could not edit the fixture copy"
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["summary"].update({"caller_calls": 40, "caller_pulled_min": 12,
+                     "combine_calls": 40, "combine_copied_min": 40})
+json.dump(d, open(sys.argv[1], "w"))
+PY
+out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (paths)"
+grep -q '^note: epcomm normal R=2 tokens 4096 bf16: fast path not always taken: caller tensors pulled (EP_CUDA_PULL): 12 of 40 calls$' \
+  <<<"$out" || fail "a fast path's fallback is not reported (or a full one is): $out"
 # Low latency: epcomm by each rank's median, the slowest rank's (DeepEP's figure is that too),
 # not by the median of each iteration's slowest rank.
 ll=$tmp/ll

@@ -421,7 +421,22 @@ def parse_epcomm(path):
         ops[f"_ceiling_{dtype}"] = ceiling
     if d.get("summary", {}).get("check") != "pass":
         ops["_check"] = "FAILED"
+    sm = d.get("summary", {})
+    fell = [f"{what}: {sm[took_k]} of {sm[calls_k]} calls" for calls_k, took_k, what in PATHS
+            if calls_k in sm and took_k in sm and sm[took_k] < sm[calls_k]]
+    if fell:
+        ops[f"_fell_{dtype}"] = "; ".join(fell)
     return key, ops
+
+
+# The bench's fast-path counters (summary: calls of the row, fewest on a receiving rank that
+# took the path): fewer than all is a fallback the row's time silently includes.
+PATHS = [("caller_calls", "caller_pulled_min", "caller tensors pulled (EP_CUDA_PULL)"),
+         ("alloc_calls", "alloc_pulled_min", "allocator outputs pulled (EP_CUDA_PULL)"),
+         ("combine_calls", "combine_copied_min",
+          "separate tensor copied into the combine buffer (EP_CUDA_COMBINE_COPY)"),
+         ("alloc_reg_calls", "alloc_reg_in_place_min",
+          "registered allocator outputs written in place")]
 
 
 def memory_rates(d, dtype, ops):
@@ -624,6 +639,10 @@ def report(d):
                 print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  memory floor: {line}")
         if ep[key].get("_check"):
             notes.append(f"epcomm {mode} R={R} tokens {N}: check FAILED")
+        for t in ("bf16", "fp8"):
+            if ep[key].get(f"_fell_{t}"):
+                notes.append(f"epcomm {mode} R={R} tokens {N} {t}: fast path not always taken: "
+                             f"{ep[key][f'_fell_{t}']}")
     for k in sorted(set((m, R, s, N) for (m, R, s, N, _) in dp) - set(ep)):
         notes.append(f"DeepEP {k} has figures but no epcomm log matched")
     for n in notes:
