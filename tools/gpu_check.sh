@@ -83,6 +83,33 @@ host_cost() {
     bench/py_host_cost.py 128 >"$log" 2>&1
   echo "py_host_cost, R=$R, 128 tokens${*:+, $*}: exit $?"
 }
+# switch_runs VAR "VALUES" NAME R:SMS N DTYPE TITLE SAY=TAG ROW...: `epcomm bench` at R ranks, SMS
+# SMs each, N tokens, DTYPE, twice with VAR set to each of VALUES in turn (alternated), into
+# OUT/NAME-rR-tN-DTYPE-TAG<value>-<run>.{json,log}; prints one line: TITLE, then per run SAY<value>,
+# each ROW's figures and the self-check. A ROW is "LABEL|KEY|TOOK|CALLS": LABEL, phase KEY's
+# median/slowest rank's mean, and (summary TOOK/summary CALLS): how many of its calls took the
+# path the switch is about.
+switch_runs() {
+  local var=$1 vals=$2 name=$3 R=${4%%:*} S=${4#*:} N=$5 dt=$6 line="R=${4%%:*}, ${4#*:} SMs, $5 tokens, $6, $7"
+  local say=${8%%=*} tag=${8#*=} rep v f row label key took calls
+  shift 8
+  for rep in 1 2; do
+    for v in $vals; do
+      f="$out/$name-r$R-t$N-$dt-$tag$v-$rep"
+      timeout 150 "$mps" env "$var=$v" $b/bin/epcomm launch -n "$R" $b/bin/epcomm bench \
+        --backend cuda --dtype "$dt" --tokens "$N" --sms "$S" --json "$f.json" >"$f.log" 2>&1 ||
+        line="$line [exit $?]"
+      line="$line $say=$v"
+      for row in "$@"; do
+        IFS='|' read -r label key took calls <<<"$row"
+        line="$line $label$(us "$key" "$f.json")/$(rank_mean "$key" "$f.json") ($(summary \
+          "$took" "$f.json")/$(summary "$calls" "$f.json")),"
+      done
+      line="$line check $(summary check "$f.json");"
+    done
+  done
+  echo "$line"
+}
 late_gain() {
   local k off on
   for k in dispatch_alloc_reg dispatch_alloc; do
@@ -205,24 +232,12 @@ for s in $steps; do
       # R:SMs in $PULLR (default "2:24 4:24 8:16"), tokens in $PULLT (default "4096 128"), dtypes
       # in $PULLDT (default bf16), EP_CUDA_PULL values in $PULLP (default "0 1").
       for rs in ${PULLR:-2:24 4:24 8:16}; do
-        R=${rs%%:*} S=${rs#*:}
         for N in ${PULLT:-4096 128}; do
           for dt in ${PULLDT:-bf16}; do
-            line="R=$R, $S SMs, $N tokens, $dt, caller arrays, us (median/rank mean, pulled/calls):"
-            for rep in 1 2; do
-              for p in ${PULLP:-0 1}; do
-                f="$out/pull-r$R-t$N-$dt-p$p-$rep"
-                timeout 150 "$mps" env EP_CUDA_PULL=$p $b/bin/epcomm launch -n $R $b/bin/epcomm \
-                  bench --backend cuda --dtype $dt --tokens $N --sms $S --json "$f.json" \
-                  >"$f.log" 2>&1 || line="$line [exit $?]"
-                line="$line pull=$p $(us dispatch_cached_caller "$f.json")/$(rank_mean \
-                  dispatch_cached_caller "$f.json") ($(summary caller_pulled_min "$f.json")/$(summary \
-                  caller_calls "$f.json")), allocator $(us dispatch_alloc "$f.json")/$(rank_mean \
-                  dispatch_alloc "$f.json") ($(summary alloc_pulled_min "$f.json")/$(summary \
-                  alloc_calls "$f.json")), check $(summary check "$f.json");"
-              done
-            done
-            echo "$line"
+            switch_runs EP_CUDA_PULL "${PULLP:-0 1}" pull "$rs" "$N" "$dt" \
+              "caller arrays, us (median/rank mean, pulled/calls):" pull=p \
+              "|dispatch_cached_caller|caller_pulled_min|caller_calls" \
+              "allocator |dispatch_alloc|alloc_pulled_min|alloc_calls"
           done
         done
       done ;;
@@ -233,21 +248,10 @@ for s in $steps; do
       # copied (fewest on a rank / calls), at R:SMs in $CCR (default "2:24 4:24 8:16"), tokens
       # in $CCT (default "4096 128"), bf16.
       for rs in ${CCR:-2:24 4:24 8:16}; do
-        R=${rs%%:*} S=${rs#*:}
         for N in ${CCT:-4096 128}; do
-          line="R=$R, $S SMs, $N tokens, combine of a separate tensor, us (median/rank mean, copied/calls):"
-          for rep in 1 2; do
-            for p in 0 1; do
-              f="$out/ccopy-r$R-t$N-c$p-$rep"
-              timeout 150 "$mps" env EP_CUDA_COMBINE_COPY=$p $b/bin/epcomm launch -n $R \
-                $b/bin/epcomm bench --backend cuda --tokens $N --sms $S --json "$f.json" \
-                >"$f.log" 2>&1 || line="$line [exit $?]"
-              line="$line copy=$p $(us combine "$f.json")/$(rank_mean combine "$f.json") ($(summary \
-                combine_copied_min "$f.json")/$(summary combine_calls "$f.json")), check $(summary \
-                check "$f.json");"
-            done
-          done
-          echo "$line"
+          switch_runs EP_CUDA_COMBINE_COPY "0 1" ccopy "$rs" "$N" bf16 \
+            "combine of a separate tensor, us (median/rank mean, copied/calls):" copy=c \
+            "|combine|combine_copied_min|combine_calls"
         done
       done ;;
     late)

@@ -57,6 +57,12 @@ void bench_ctx_close(bench_ctx_t *c);
  * this host), added per timed iteration (it >= 0) to *net and *local. Read between the timed
  * steps, so the reading is never timed. */
 void bench_traffic_step(bench_ctx_t *c, int it, double *net, double *local);
+/* The buffer's counters now (zeros when the query fails). Read after a row: bench_run
+ * synchronizes the stream after its timed loop. */
+ep_buffer_info_t bench_info(bench_ctx_t *c);
+/* A fast-path row's verdict (bench_path_t): its calls, warm-up and timed, and of those the ones
+ * that took the path, from the path's counter before and after the row. */
+void bench_path_set(bench_ctx_t *c, bench_path_t *p, uint64_t before, uint64_t after);
 /* Tensors where the backend wants them (tk_dev.h): zero-filled, NULL on failure (said). */
 void *bench_alloc(bench_ctx_t *c, size_t n);
 void bench_free(bench_ctx_t *c, void *p);

@@ -190,12 +190,6 @@ static int check_combine(normal_t *u) {
 
 /* ------------------------------------------------------------------ main rows */
 
-/* Read after a row: bench_run synchronizes the stream after its timed loop. */
-static uint64_t combines_copied(bench_ctx_t *c) {
-  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
-  return ep_buffer_query(c->buf, &i) ? 0 : i.combines_copied;
-}
-
 /* CPU: one interleaved loop. GPU: each row alone, back to back; the combine along one handle
  * (its x a separate tensor: how many calls copied it into the combine buffer is reported). */
 static int main_rows(normal_t *u, int d, int cm, int m) {
@@ -215,10 +209,9 @@ static int main_rows(normal_t *u, int d, int cm, int m) {
   if (bench_run(c, u, sm, 1, "the copy ceiling") || bench_run(c, u, sd, 3, what) ||
       call_dispatch(c, u, 0))
     return 1;
-  const uint64_t copied = combines_copied(c);
+  const uint64_t copied = bench_info(c).combines_copied;
   if (bench_run(c, u, sc, 1, "normal mode, combine")) return 1;
-  c->res->combine_copy.calls = c->o->warmup + c->o->iters;
-  c->res->combine_copy.took = (int32_t)(combines_copied(c) - copied);
+  bench_path_set(c, &c->res->combine_copy, copied, bench_info(c).combines_copied);
   return check_combine(u) || call_drop(c, u, 0);
 }
 

@@ -231,26 +231,12 @@ static int alloc_rows(normal_t *u, const char *key, const char *label) {
   return bench_run(u->c, &v, s, 3, label);
 }
 
-static uint64_t dispatches_in_place(bench_ctx_t *c) {
-  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
-  return ep_buffer_query(c->buf, &i) ? 0 : i.dispatches_in_place;
-}
-
-/* Read after the row: bench_run synchronizes the stream after its timed loop. */
-static uint64_t dispatches_pulled(bench_ctx_t *c) {
-  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
-  return ep_buffer_query(c->buf, &i) ? 0 : i.dispatches_pulled;
-}
-
 /* The allocator path, where the main rows time views: its outputs plain, then registered. */
 static int full_allocator(normal_t *u) {
   bench_ctx_t *c = u->c;
-  const uint64_t pulled = dispatches_pulled(c);
+  const uint64_t pulled = bench_info(c).dispatches_pulled;
   int rc = alloc_rows(u, "dispatch_alloc", "epcomm dispatch, allocator");
-  if (!rc) {
-    c->res->alloc_pull.calls = c->o->warmup + c->o->iters;
-    c->res->alloc_pull.took = (int32_t)(dispatches_pulled(c) - pulled);
-  }
+  if (!rc) bench_path_set(c, &c->res->alloc_pull, pulled, bench_info(c).dispatches_pulled);
   if (rc || !(c->caps & EP_CAP_REGISTER_MEMORY)) return rc;
   if (bench_normal_grow(u, u->nr > 0 ? u->nr : 1)) /* a rank that receives nothing registers too */
     return fprintf(stderr, "epcomm bench: out of memory for the allocator's outputs\n"), 1;
@@ -261,12 +247,10 @@ static int full_allocator(normal_t *u) {
     return st != EP_ERR_UNSUPPORTED;
   }
   /* The routing is fixed: the count never grows, so the callback never frees registered memory. */
-  const uint64_t before = dispatches_in_place(c);
+  const uint64_t before = bench_info(c).dispatches_in_place;
   rc = alloc_rows(u, "dispatch_alloc_reg", "epcomm dispatch, allocator, reg.");
-  if (!rc) { /* a silent fallback to the copy-out would look like "no gain" */
-    c->res->alloc_reg.calls = c->o->warmup + c->o->iters;
-    c->res->alloc_reg.took = (int32_t)(dispatches_in_place(c) - before);
-  }
+  if (!rc) /* a silent fallback to the copy-out would look like "no gain" */
+    bench_path_set(c, &c->res->alloc_reg, before, bench_info(c).dispatches_in_place);
   if (bench_said(ep_deregister_memory(c->buf, mem), "ep_deregister_memory")) rc = 1;
   return rc;
 }
@@ -282,12 +266,10 @@ int bench_normal_variants(normal_t *u) {
   v.mode = EP_OUTPUT_CALLER, v.label = "epcomm dispatch, cached, caller";
   v.rx = rc ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->row);
   v.rs = rc || !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);
-  const uint64_t pulled = dispatches_pulled(c);
+  const uint64_t pulled = bench_info(c).dispatches_pulled;
   if (!rc) rc = !v.rx || (u->ns && !v.rs) || cached(u, &v, "dispatch_cached_caller");
-  if (!rc) { /* pulled or pushed is the GPU's choice: say which it made */
-    c->res->caller_pull.calls = c->o->warmup + c->o->iters;
-    c->res->caller_pull.took = (int32_t)(dispatches_pulled(c) - pulled);
-  }
+  if (!rc) /* pulled or pushed is the GPU's choice: say which it made */
+    bench_path_set(c, &c->res->caller_pull, pulled, bench_info(c).dispatches_pulled);
   bench_free(c, v.rx), bench_free(c, v.rs);
   if (!rc && (c->caps & EP_CAP_REGISTER_MEMORY)) rc = cached_registered(u, &v);
   if (!rc && u->views && c->o->dtype == BENCH_BF16) rc = combine_view(u);

@@ -41,6 +41,17 @@ void bench_traffic_step(bench_ctx_t *c, int it, double *net, double *local) {
   c->sent_net = n, c->sent_local = l;
 }
 
+ep_buffer_info_t bench_info(bench_ctx_t *c) {
+  ep_buffer_info_t i = EP_BUFFER_INFO_INIT;
+  if (ep_buffer_query(c->buf, &i)) i = (ep_buffer_info_t)EP_BUFFER_INFO_INIT;
+  return i;
+}
+
+void bench_path_set(bench_ctx_t *c, bench_path_t *p, uint64_t before, uint64_t after) {
+  p->calls = c->o->warmup + c->o->iters;
+  p->took = (int32_t)(after - before);
+}
+
 int bench_ctx_open(bench_ctx_t *c, ep_buffer_config_t *cfg) {
   const bench_opts_t *o = c->o;
   c->dev = o->backend == BENCH_CUDA;
