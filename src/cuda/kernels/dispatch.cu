@@ -31,14 +31,18 @@
 #endif
 /* Pulled rows (tools/gpu_session.sh 10 times the variants): 1: a source's rows copied as soon as
  * it arrived; 0: once all have. SPLIT 1: a block takes a share of every source's rows; 0: a
- * slice of all rows (one or two sources at R = 8). On an H100, 4096 tokens, bf16: SPLIT 1 was 5%
- * faster at R = 8 (every block busy with whichever source arrived) and 4% slower at R = 4;
- * EACH 1 was 1-7% faster at R = 4 and within 1% at R = 8 (docs/PERFORMANCE.md). */
+ * slice of all rows (one or two sources at R = 8); 2: the share from EPK_PULL_SHARE_R ranks up,
+ * else the slice. On an H100, 4096 tokens, bf16: the share was 5% faster at R = 8 (every block
+ * busy with whichever source arrived) and the slice 4% faster at R = 4; EACH 1 was 1-7% faster
+ * at R = 4 and within 1% at R = 8 (docs/PERFORMANCE.md). */
 #ifndef EPK_PULL_EACH
 #define EPK_PULL_EACH 1
 #endif
 #ifndef EPK_PULL_SPLIT
-#define EPK_PULL_SPLIT 1
+#define EPK_PULL_SPLIT 2
+#endif
+#ifndef EPK_PULL_SHARE_R
+#define EPK_PULL_SHARE_R 8
 #endif
 
 namespace {
@@ -528,18 +532,20 @@ __device__ bool pull_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   left = __syncthreads_or(left);
   if (!fresh || (!EPK_PULL_EACH && left)) return false;
   if (!left) epk_tr_max(b, EPK_TR_D_PEERS);
+  const bool share = EPK_PULL_SPLIT == 1 || (EPK_PULL_SPLIT == 2 && R >= EPK_PULL_SHARE_R);
   for (int i = 1; i <= R && mode != EPK_MODE_DRAIN; i++) {
     const int s = (b.rank + i) % R;
     if (st.got[s] != 2) continue;
-#if EPK_PULL_SPLIT /* a share of every source's rows */
-    const int64_t n = st.rbase[s + 1] - st.rbase[s];
-    const int64_t lo = st.rbase[s] + n * blockIdx.x / gridDim.x,
-                  hi = st.rbase[s] + n * (blockIdx.x + 1) / gridDim.x;
-#else /* the part from s of this block's slice of all rows */
-    const int64_t n = st.rbase[R];
-    const int64_t lo = max(st.rbase[s], n * blockIdx.x / gridDim.x),
-                  hi = min(st.rbase[s + 1], n * (blockIdx.x + 1) / gridDim.x);
-#endif
+    int64_t lo, hi;
+    if (share) { /* a share of every source's rows */
+      const int64_t n = st.rbase[s + 1] - st.rbase[s];
+      lo = st.rbase[s] + n * blockIdx.x / gridDim.x;
+      hi = st.rbase[s] + n * (blockIdx.x + 1) / gridDim.x;
+    } else { /* the part from s of this block's slice of all rows */
+      const int64_t n = st.rbase[R];
+      lo = max(st.rbase[s], n * blockIdx.x / gridDim.x);
+      hi = min(st.rbase[s + 1], n * (blockIdx.x + 1) / gridDim.x);
+    }
     if (lo < hi) copy_rows(b, a, mode, xdirect, 0, lo, hi, s);
   }
   __syncthreads(); /* every thread has read got[] */
