@@ -39,7 +39,8 @@
 #   9  the combine's reduce shapes at 128 tokens (R = 8 and 4, R = 8 again): holders x vectors
 #      in flight per lane of 2 x 4 (today's; CUDA 13.0's ptxas spills 40 bytes there), 4 x 2
 #      and 8 x 1 (no spills), tools/kernel_variants.sh; the table in OUT/c9/variants.txt
-#   10 pulled rows, a block's slice copied per source as each arrives (today's) against two
+#   10 pulled rows, copied per source as each arrives (today's: a slice of all rows per block
+#      below 8 ranks, a share of every source from 8 up, EPK_PULL_SPLIT=2) against two
 #      kernel variants' builds: a share of every source per block (EPK_PULL_SPLIT=1) and all
 #      sources waited for first (EPK_PULL_EACH=0): gpu_check build suite (the normal-mode tests
 #      and the failure scenarios, $SUITEF10), then its pull step on each build at R:SMs in
