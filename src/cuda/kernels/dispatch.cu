@@ -44,6 +44,15 @@
 #ifndef EPK_PULL_SHARE_R
 #define EPK_PULL_SHARE_R 8
 #endif
+/* CLAIM 1: the share taken in runs of RUN rows from a counter by whichever warp comes next
+ * (claim_rows), 0: a fixed share per block. */
+#ifndef EPK_PULL_CLAIM
+#define EPK_PULL_CLAIM 1
+#endif
+#ifndef EPK_PULL_RUN
+#define EPK_PULL_RUN 8
+#endif
+static_assert(EPK_PULL_RUN >= 1 && EPK_PULL_RUN <= 32, "a lane loads each row's token of a run");
 
 namespace {
 
@@ -231,6 +240,27 @@ __device__ void send_pass(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   }
 }
 
+/* Row r of area D's metadata (and its x row from src, unless xdirect) to output row gi. */
+__device__ __forceinline__ void copy_row(const epk_dispatch_t &a, const uint8_t *ad, bool xdirect,
+                                         int64_t gi, int64_t r, const int4 *src) {
+  const int lane = threadIdx.x & 31;
+  const int32_t *rsrc = reinterpret_cast<const int32_t *>(ad + a.lay.off_src);
+  if (!xdirect)
+    epk_warp_copy<true>(reinterpret_cast<int4 *>(static_cast<uint8_t *>(a.recv_x) + gi * a.row),
+                        src, (int)(a.row / 16));
+  const float *sc = reinterpret_cast<const float *>(ad + a.lay.off_s) + r * a.num_scales;
+  for (int i = lane; a.recv_scales && i < a.num_scales; i += 32)
+    a.recv_scales[gi * a.num_scales + i] = __ldcg(sc + i);
+  const long long *ids = reinterpret_cast<const long long *>(ad + a.lay.off_i) + r * a.topk;
+  const float *ws = reinterpret_cast<const float *>(ad + a.lay.off_w) + r * a.topk;
+  for (int k = lane; !a.cached && k < a.topk; k += 32) {
+    if (a.recv_idx) a.recv_idx[gi * a.topk + k] = __ldcg(ids + k);
+    if (a.recv_w && a.has_w) a.recv_w[gi * a.topk + k] = __ldcg(ws + k);
+  }
+  if (lane == 0 && a.recv_src) a.recv_src[gi] = __ldcg(rsrc + r);
+  if (lane == 0 && a.hsrc && gi < a.hsrc_cap) a.hsrc[gi] = __ldcg(rsrc + r);
+}
+
 /* Receiver: rows [lo, hi) of window rw, from area D (or, pulled, from source `from`'s stage:
  * every row of the range is that source's) to the caller's outputs (COPY), and the source index
  * of every row into the handle (combine rounds search it). With views only the latter, one row
@@ -242,7 +272,6 @@ __device__ void copy_rows(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const uint8_t *ad = b.peers[b.rank] + b.off_area_d;
   const int32_t *rsrc = reinterpret_cast<const int32_t *>(ad + a.lay.off_src);
-  const int nv = (int)(a.row / 16);
   if (mode != EPK_MODE_COPY) { /* views: only the handle's source index, a row per thread */
     for (int64_t r = lo + threadIdx.x; a.hsrc && r < hi && first + r < a.hsrc_cap; r += DT)
       a.hsrc[first + r] = __ldcg(rsrc + r);
@@ -265,29 +294,44 @@ __device__ void copy_rows(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
   int k = 0;
   int32_t tok = 0;
   for (int64_t r = lo + warp; r < hi; r += DWARPS, k = (k + 1) & 31) {
-    const int64_t gi = first + r;
     const int4 *src = reinterpret_cast<const int4 *>(ad + a.lay.off_x + (uint64_t)r * a.row);
     if (stage) {
       const int64_t rk = r + (int64_t)lane * DWARPS;
       if (k == 0) tok = rk < hi ? __ldcg(rsrc + rk) : 0;
       src = reinterpret_cast<const int4 *>(stage + (uint64_t)__shfl_sync(EPK_FULL, tok, k) * a.row);
     }
-    if (!xdirect)
-      epk_warp_copy<true>(reinterpret_cast<int4 *>(static_cast<uint8_t *>(a.recv_x) + gi * a.row),
-                          src, nv);
-    const float *sc = reinterpret_cast<const float *>(ad + a.lay.off_s) + r * a.num_scales;
-    for (int i = lane; a.recv_scales && i < a.num_scales; i += 32)
-      a.recv_scales[gi * a.num_scales + i] = __ldcg(sc + i);
-    const long long *ids = reinterpret_cast<const long long *>(ad + a.lay.off_i) + r * a.topk;
-    const float *ws = reinterpret_cast<const float *>(ad + a.lay.off_w) + r * a.topk;
-    for (int k = lane; !a.cached && k < a.topk; k += 32) {
-      if (a.recv_idx) a.recv_idx[gi * a.topk + k] = __ldcg(ids + k);
-      if (a.recv_w && a.has_w) a.recv_w[gi * a.topk + k] = __ldcg(ws + k);
-    }
-    if (lane == 0 && a.recv_src) a.recv_src[gi] = __ldcg(rsrc + r);
-    if (lane == 0 && a.hsrc && gi < a.hsrc_cap) a.hsrc[gi] = __ldcg(rsrc + r);
+    copy_row(a, ad, xdirect, first + r, r, src);
   }
 }
+
+#if EPK_PULL_CLAIM
+/* Pulled, from EPK_PULL_SHARE_R ranks up: source s's rows taken by this rank's warps in runs of
+ * EPK_PULL_RUN rows from a counter, whichever warp comes next (a block on an SM that moves less
+ * takes fewer, where a fixed share made its rank wait for it). The counter is this rank's
+ * consumed[s]: a pulled call has one window, so no receiver frees one there, and finish() clears
+ * it with the rest. */
+__device__ void claim_rows(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st,
+                           bool xdirect, int s) {
+  const int lane = threadIdx.x & 31;
+  const uint8_t *ad = b.peers[b.rank] + b.off_area_d;
+  const int32_t *rsrc = reinterpret_cast<const int32_t *>(ad + a.lay.off_src);
+  const uint8_t *stage = b.peers[s] + b.off_area_d + a.lay.off_x;
+  uint32_t *cnt = epk_u32(b.peers[b.rank], b.off_consumed, s);
+  const int64_t base = st.rbase[s], n = st.rbase[s + 1] - base;
+  for (;;) {
+    uint32_t c = 0;
+    if (lane == 0) c = atomicAdd(cnt, (uint32_t)EPK_PULL_RUN);
+    c = __shfl_sync(EPK_FULL, c, 0);
+    if ((int64_t)c >= n) return;
+    const int64_t lo = base + c, hi = base + min(n, (int64_t)c + EPK_PULL_RUN);
+    const int32_t tok = lo + lane < hi ? __ldcg(rsrc + lo + lane) : 0; /* the run's tokens */
+    for (int64_t r = lo; r < hi; r++) {
+      const int32_t t = __shfl_sync(EPK_FULL, tok, (int)(r - lo));
+      copy_row(a, ad, xdirect, r, r, reinterpret_cast<const int4 *>(stage + (uint64_t)t * a.row));
+    }
+  }
+}
+#endif
 
 /* This block's share of window rw (pushed rows: all in area D). */
 __device__ void copy_window(const epk_buf_t &b, const epk_dispatch_t &a, int mode, bool xdirect,
@@ -537,6 +581,12 @@ __device__ bool pull_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
     const int s = (b.rank + i) % R;
     if (st.got[s] != 2) continue;
     int64_t lo, hi;
+#if EPK_PULL_CLAIM
+    if (share) {
+      claim_rows(b, a, st, xdirect, s);
+      continue;
+    }
+#endif
     if (share) { /* a share of every source's rows */
       const int64_t n = st.rbase[s + 1] - st.rbase[s];
       lo = st.rbase[s] + n * blockIdx.x / gridDim.x;
