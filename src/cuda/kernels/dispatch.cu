@@ -44,8 +44,9 @@
 #ifndef EPK_PULL_SHARE_R
 #define EPK_PULL_SHARE_R 8
 #endif
-/* CLAIM 1: the share taken in runs of RUN rows from a counter by whichever warp comes next
- * (claim_rows), 0: a fixed share per block. */
+/* Where blocks take a share of every source (SPLIT 1, or 2 from SHARE_R up), CLAIM 1: the
+ * share taken in runs of RUN rows from a counter by whichever warp comes next (claim_rows); 0:
+ * a fixed share per block. */
 #ifndef EPK_PULL_CLAIM
 #define EPK_PULL_CLAIM 1
 #endif
@@ -305,13 +306,14 @@ __device__ void copy_rows(const epk_buf_t &b, const epk_dispatch_t &a, int mode,
 }
 
 #if EPK_PULL_CLAIM
-/* Pulled, from EPK_PULL_SHARE_R ranks up: source s's rows taken by this rank's warps in runs of
+/* Pulled, wherever blocks would take a share of every source (by default from EPK_PULL_SHARE_R
+ * ranks up): source s's rows (copied out, not xdirect) taken by this rank's warps in runs of
  * EPK_PULL_RUN rows from a counter, whichever warp comes next (a block on an SM that moves less
  * takes fewer, where a fixed share made its rank wait for it). The counter is this rank's
- * consumed[s]: a pulled call has one window, so no receiver frees one there, and finish() clears
- * it with the rest. */
-__device__ void claim_rows(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st,
-                           bool xdirect, int s) {
+ * consumed[s]: a pulled call has a single window (every destination's rows fit), so send_step
+ * never reads it and no receiver frees a window there; finish() clears it with the rest. A
+ * pulled call with several windows would need a counter of its own. */
+__device__ void claim_rows(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int s) {
   const int lane = threadIdx.x & 31;
   const uint8_t *ad = b.peers[b.rank] + b.off_area_d;
   const int32_t *rsrc = reinterpret_cast<const int32_t *>(ad + a.lay.off_src);
@@ -327,7 +329,7 @@ __device__ void claim_rows(const epk_buf_t &b, const epk_dispatch_t &a, const ds
     const int32_t tok = lo + lane < hi ? __ldcg(rsrc + lo + lane) : 0; /* the run's tokens */
     for (int64_t r = lo; r < hi; r++) {
       const int32_t t = __shfl_sync(EPK_FULL, tok, (int)(r - lo));
-      copy_row(a, ad, xdirect, r, r, reinterpret_cast<const int4 *>(stage + (uint64_t)t * a.row));
+      copy_row(a, ad, false, r, r, reinterpret_cast<const int4 *>(stage + (uint64_t)t * a.row));
     }
   }
 }
@@ -582,8 +584,8 @@ __device__ bool pull_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
     if (st.got[s] != 2) continue;
     int64_t lo, hi;
 #if EPK_PULL_CLAIM
-    if (share) {
-      claim_rows(b, a, st, xdirect, s);
+    if (share && mode == EPK_MODE_COPY && !xdirect) { /* always so when pulled (the hellos) */
+      claim_rows(b, a, st, s);
       continue;
     }
 #endif
