@@ -28,6 +28,16 @@ typedef struct cuda_arena cuda_arena_t;
 typedef struct cuda_reg cuda_reg_t; /* one registration (cuda_reg.c) */
 typedef struct cuda_map cuda_map_t; /* one peer allocation opened for registrations */
 
+/* Fast paths the host counts per buffer (ep_buffer_info_t; dispatches that pulled their rows are
+ * counted by the GPU). */
+typedef enum {
+  CUDA_PATH_COMBINE_IN_PLACE,  /* combines whose x the peers read where it lies */
+  CUDA_PATH_DISPATCH_IN_PLACE, /* dispatches whose senders wrote recv_x in place */
+  CUDA_PATH_DISPATCH_EARLY,    /* allocator-path dispatches with early data */
+  CUDA_PATH_COMBINE_COPIED,    /* combines whose x was copied into area C first */
+  CUDA_PATHS
+} cuda_path_t;
+
 typedef struct {
   ep_ctx_t *ctx;
   int rank, nranks, device, channels;
@@ -54,18 +64,24 @@ typedef struct {
   cuda_reg_t *regs;                 /* [EP_MAX_MEM_REGS] registrations of caller memory */
   cuda_map_t *maps;                 /* peers' allocations opened for them */
   int nmaps, capmaps;
-  uint8_t **reg_table;  /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
-  uint64_t *reg_bytes;  /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
-  struct cuda_net *net; /* across hosts (cuda_net.h), NULL on one host */
-  uint64_t paths[4];    /* combines read in place, dispatches written in place, allocator-path
-                         dispatches with early data, combines whose x was copied into area C
-                         (one host) */
-  bool late_hello;      /* EP_CUDA_LATE_HELLO: the allocator path may post a late hello */
-  bool pull;            /* EP_CUDA_PULL: copy-out dispatches may pull staged rows */
-  bool early_data;      /* EP_CUDA_EARLY_DATA: the allocator path moves rows before allocating */
-  bool combine_copy;    /* EP_CUDA_COMBINE_COPY: an unmapped combine input is copied into area C */
+  uint8_t **reg_table;        /* device: kb.regs, [EP_MAX_MEM_REGS][R] */
+  uint64_t *reg_bytes;        /* device: kb.reg_bytes, [EP_MAX_MEM_REGS][R] */
+  struct cuda_net *net;       /* across hosts (cuda_net.h), NULL on one host */
+  uint64_t paths[CUDA_PATHS]; /* calls that took each path (cuda_path_t; one host) */
+  bool late_hello;            /* EP_CUDA_LATE_HELLO: the allocator path may post a late hello */
+  bool pull;                  /* EP_CUDA_PULL: copy-out dispatches may pull staged rows */
+  bool early_data;   /* EP_CUDA_EARLY_DATA: the allocator path moves rows before allocating */
+  bool combine_copy; /* EP_CUDA_COMBINE_COPY: an unmapped combine input is copied into area C */
   ep_call_key_t prev_key; /* err_key of the call before, for its error seen during this one */
 } cuda_state_t;
+
+/* A call took path p (cuda_path_t), and how many have. */
+static inline void cuda_path_took(cuda_state_t *s, cuda_path_t p) {
+  __atomic_fetch_add(&s->paths[p], 1, __ATOMIC_RELAXED);
+}
+static inline uint64_t cuda_path_count(const cuda_state_t *s, cuda_path_t p) {
+  return __atomic_load_n(&s->paths[p], __ATOMIC_RELAXED);
+}
 
 /* A dispatch's layout as a handle keeps it (the handle's priv). */
 typedef struct {

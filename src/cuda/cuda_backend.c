@@ -91,10 +91,10 @@ static void trace_print(cuda_state_t *s) {
 
 static void cuda_path_counts(void *state, ep_buffer_info_t *i) {
   cuda_state_t *s = state;
-  i->combines_in_place = __atomic_load_n(&s->paths[0], __ATOMIC_RELAXED);
-  i->dispatches_in_place = __atomic_load_n(&s->paths[1], __ATOMIC_RELAXED);
-  i->dispatches_early = __atomic_load_n(&s->paths[2], __ATOMIC_RELAXED);
-  i->combines_copied = __atomic_load_n(&s->paths[3], __ATOMIC_RELAXED);
+  i->combines_in_place = cuda_path_count(s, CUDA_PATH_COMBINE_IN_PLACE);
+  i->dispatches_in_place = cuda_path_count(s, CUDA_PATH_DISPATCH_IN_PLACE);
+  i->dispatches_early = cuda_path_count(s, CUDA_PATH_DISPATCH_EARLY);
+  i->combines_copied = cuda_path_count(s, CUDA_PATH_COMBINE_COPIED);
   /* The GPU decides and counts (dispatch.cu); a call still running may not be in yet. */
   i->dispatches_pulled = __atomic_load_n(&s->host->pulled, __ATOMIC_ACQUIRE);
 }

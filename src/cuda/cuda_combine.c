@@ -165,7 +165,8 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
                      .x_reg = x_reg};
   rc = cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
   if (!rc) rc = cuda_check(s, epk_launch_combine(&s->kb, &k, st), OP, "launch");
-  if (!rc && k.direct) __atomic_fetch_add(&s->paths[copied ? 3 : 0], 1, __ATOMIC_RELAXED);
+  if (!rc && k.direct)
+    cuda_path_took(s, copied ? CUDA_PATH_COMBINE_COPIED : CUDA_PATH_COMBINE_IN_PLACE);
   cuda_leave(s, st, true);
   return rc;
 }

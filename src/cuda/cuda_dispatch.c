@@ -364,8 +364,8 @@ ep_status_t cuda_dispatch(void *state, ep_dispatch_call_t *d, ep_handle_info_t *
   int nr = -1;
   rc = run(s, &c, st, &nr);
   cuda_leave(s, st, true);
-  if (!rc && c.in_place) __atomic_fetch_add(&s->paths[1], 1, __ATOMIC_RELAXED);
-  if (!rc && c.early) __atomic_fetch_add(&s->paths[2], 1, __ATOMIC_RELAXED);
+  if (!rc && c.in_place) cuda_path_took(s, CUDA_PATH_DISPATCH_IN_PLACE);
+  if (!rc && c.early) cuda_path_took(s, CUDA_PATH_DISPATCH_EARLY);
   if (rc || d->cached) {
     if (!d->cached) cuda_plan_free(c.plan);
     if (!rc) d->out.num_recv_tokens = nr >= 0 ? nr : c.plan->nr;

@@ -356,6 +356,12 @@ __device__ void fill_tail(const epk_dispatch_t &a, int64_t nr) {
   for (int64_t i = me; a.recv_src && i < rows; i += step) a.recv_src[nr + i] = -1;
 }
 
+/* Every block of source s has delivered window rw here. */
+__device__ __forceinline__ bool arrived(const epk_buf_t &b, int s, int rw) {
+  return epk_ld_acq(epk_u32(b.peers[b.rank], b.off_arrive, s)) >=
+         (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s];
+}
+
 /* Who we wait for, for a timeout message: a window not freed, else rows not arrived. */
 __device__ int laggard(const epk_buf_t &b, const dstate &st, int rw, uint32_t *phase) {
   for (int d = 0; d < b.nranks; d++)
@@ -365,9 +371,7 @@ __device__ int laggard(const epk_buf_t &b, const dstate &st, int rw, uint32_t *p
     }
   *phase = EPK_PH_ARRIVE;
   for (int s = 0; s < b.nranks; s++)
-    if (epk_ld_acq(epk_u32(b.peers[b.rank], b.off_arrive, s)) <
-        (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s])
-      return s;
+    if (!arrived(b, s, rw)) return s;
   return -1;
 }
 
@@ -533,12 +537,6 @@ __device__ void window_done(const epk_buf_t &b, int rw, int my_rounds, int *s_rw
       epk_st_rlx(epk_u32(b.peers[s], b.off_consumed, b.rank), (uint32_t)(rw + 1));
   }
   *s_rw = rw + 1;
-}
-
-/* Every block of source s has delivered window rw here. */
-__device__ __forceinline__ bool arrived(const epk_buf_t &b, int s, int rw) {
-  return epk_ld_acq(epk_u32(b.peers[b.rank], b.off_arrive, s)) >=
-         (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s];
 }
 
 /* Copies out window *rw once every source's blocks have delivered it; true if it did. */
