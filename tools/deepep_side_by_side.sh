@@ -72,6 +72,11 @@ summary() { # LOG: the lines a reader wants from a log
     "$1" | grep -v '^DEEPEP' | sed 's/^\[0\] //' | tail -"${2:-12}"
 }
 
+# sources_sum DIR FIND-ARGS...: a checksum of the files find selects in DIR (names and contents,
+# in a fixed order), which names a tree whatever its git metadata says.
+sources_sum() {
+  (cd "$1" && shift && find "$@" | LC_ALL=C sort | xargs md5sum | md5sum | cut -c1-16)
+}
 for s in $steps; do
   t0=$SECONDS
   case $s in
@@ -82,18 +87,16 @@ for s in $steps; do
         # (the same command on a checkout tells whether it is the one that ran).
         echo "epcomm $(git -C "$root" describe --always --dirty 2>/dev/null):" \
           "$(git -C "$root" log -1 --format=%s 2>/dev/null | cut -c1-100)"
-        echo "epcomm sources: checksum $(cd "$root" && find src include tools tests python -type f \
-          \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' \) |
-          LC_ALL=C sort | xargs md5sum | md5sum | cut -c1-16)"
+        echo "epcomm sources: checksum $(sources_sum "$root" src include tools tests python -type f \
+          \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.py' \))"
         nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv
         "$py" -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
       } >"$out/meta.txt" 2>&1
       { cmake -S . -B $b -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
           ninja -C $b; } >"$out/build-epcomm.log" 2>&1 &
       epid=$!
-      sum=$(cd "$src" && find . -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' -o \
-        -name '*.hpp' -o -name '*.py' -o -name '*.h' \) -not -path './build/*' | LC_ALL=C sort |
-        xargs md5sum | md5sum | cut -c1-16)
+      sum=$(sources_sum "$src" . -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.cpp' -o \
+        -name '*.hpp' -o -name '*.py' -o -name '*.h' \) -not -path './build/*')
       echo "DeepEP source $src: checksum $sum" >>"$out/meta.txt"
       sum="$sum nvshmem=${DS_NVSHMEM:-1}" # a build of the other kind is not this one
       if [ -f "$dbuild/stamp" ] && [ "$(cat "$dbuild/stamp")" = "$sum" ] &&

@@ -2,6 +2,7 @@
  * with awk), the configuration, every phase with its aggregate and per-rank figures, the
  * baseline's status and the checks. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,30 +37,17 @@ static void summary_hosts(FILE *f, const bench_opts_t *o, const phases_t *ph,
 
 /* A fast-path row (bench_path_t): the fewest of its calls that took the path on any rank that
  * receives rows (a rank that receives none writes nothing in place), of how many calls;
- * `path` picks the row's counts from a rank's results. */
-static void summary_path(FILE *f, int R, bench_rank_t *const *rk,
-                         bench_path_t (*path)(const bench_rank_t *), const char *calls_key,
-                         const char *took_key) {
+ * `path` is the offset of the row's counts in a rank's results (offsetof(bench_rank_t, ...)). */
+static void summary_path(FILE *f, int R, bench_rank_t *const *rk, size_t path,
+                         const char *calls_key, const char *took_key) {
   int32_t least = -1, calls = -1;
   for (int r = 0; r < R; r++) {
-    const bench_path_t p = path(rk[r]);
+    const bench_path_t p = *(const bench_path_t *)((const char *)rk[r] + path);
     if (p.calls < 0 || rk[r]->recv_rows <= 0) continue;
     calls = p.calls;
     if (least < 0 || p.took < least) least = p.took;
   }
   if (calls >= 0) fprintf(f, "  \"%s\": %d,\n  \"%s\": %d,\n", calls_key, calls, took_key, least);
-}
-static bench_path_t alloc_reg(const bench_rank_t *r) {
-  return r->alloc_reg;
-}
-static bench_path_t caller_pull(const bench_rank_t *r) {
-  return r->caller_pull;
-}
-static bench_path_t alloc_pull(const bench_rank_t *r) {
-  return r->alloc_pull;
-}
-static bench_path_t combine_copy(const bench_rank_t *r) {
-  return r->combine_copy;
 }
 
 static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ratios_t *q,
@@ -83,10 +71,13 @@ static void summary(FILE *f, const bench_opts_t *o, const phases_t *ph, const ra
   for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
     if (r[i].v > 0) fprintf(f, "  \"%s\": %.4f,\n", r[i].name, r[i].v);
   summary_hosts(f, o, ph, rk);
-  summary_path(f, ph->R, rk, alloc_reg, "alloc_reg_calls", "alloc_reg_in_place_min");
-  summary_path(f, ph->R, rk, caller_pull, "caller_calls", "caller_pulled_min");
-  summary_path(f, ph->R, rk, alloc_pull, "alloc_calls", "alloc_pulled_min");
-  summary_path(f, ph->R, rk, combine_copy, "combine_calls", "combine_copied_min");
+  summary_path(f, ph->R, rk, offsetof(bench_rank_t, alloc_reg), "alloc_reg_calls",
+               "alloc_reg_in_place_min");
+  summary_path(f, ph->R, rk, offsetof(bench_rank_t, caller_pull), "caller_calls",
+               "caller_pulled_min");
+  summary_path(f, ph->R, rk, offsetof(bench_rank_t, alloc_pull), "alloc_calls", "alloc_pulled_min");
+  summary_path(f, ph->R, rk, offsetof(bench_rank_t, combine_copy), "combine_calls",
+               "combine_copied_min");
   fprintf(f, "  \"check\": \"%s\"\n},\n", bench_passed(v) ? "pass" : "fail");
 }
 
