@@ -41,7 +41,8 @@
 #      and 8 x 1 (no spills), tools/kernel_variants.sh; the table in OUT/c9/variants.txt
 #   10 pulled rows, copied per source as each arrives (today's: a slice of all rows per block
 #      below 8 ranks, a share of every source from 8 up, EPK_PULL_SPLIT=2) against two
-#      kernel variants' builds: a share of every source per block (EPK_PULL_SPLIT=1) and all
+#      kernel variants' builds: a share of every source at every R (EPK_PULL_SPLIT=1, taken in
+#      claimed runs as today's from 8 up; -DEPK_PULL_CLAIM=0 builds the fixed share) and all
 #      sources waited for first (EPK_PULL_EACH=0): gpu_check build suite (the normal-mode tests
 #      and the failure scenarios, $SUITEF10), then its pull step on each build at R:SMs in
 #      $PULLR (default "8:16 4:24"), 4096 tokens: EP_CUDA_PULL 0 / 1 on today's, 1 on the others
