@@ -131,6 +131,11 @@ static void test_size_suffix(ep_group_t g) {
   T_OK(ep_buffer_create(g, NULL, &b));
   T_OK(ep_buffer_destroy(b));
   unsetenv("EP_QUEUE_BYTES");
+  /* Unset, the registry row's default_value is what the buffer takes (the one place it is
+   * written; the code once repeated each default at its read). */
+  T_CHECK(!strcmp(ep_env_var_find("EP_QUEUE_BYTES")->default_value, "1M"), "row's default");
+  T_OK(ep_buffer_size_hint(NULL, 4, &got));
+  T_CHECK(got == dflt, "unset: hint %zu, want the 1 MiB default's %zu", got, dflt);
 }
 
 static void test_backends(void) {

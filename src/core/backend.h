@@ -88,9 +88,11 @@ void ep_ctx_mark_broken(ep_ctx_t *ctx);
 bool ep_ctx_peer_lost(const ep_ctx_t *ctx);
 
 /* Integer from the environment registry (src/core/env.c), e.g. EP_SPIN_US; a size row's
- * N[K|M|G] is in bytes. Group and buffer creation have checked every set variable, so `dflt` is
- * what an unset or empty one means. */
-long ep_env_long(const char *name, long dflt);
+ * N[K|M|G] is in bytes. Group and buffer creation have checked every set variable. An unset or
+ * empty one means its row's default_value (written there only): ep_env_int; ep_env_long's
+ * `unset` is for rows whose default is derived (default_value ""), such as EP_CUDA_DEVICE. */
+long ep_env_int(const char *name);
+long ep_env_long(const char *name, long unset);
 /* Text of a registered variable, NULL when unset or empty. */
 const char *ep_env_text(const char *name);
 

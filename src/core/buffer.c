@@ -279,8 +279,8 @@ ep_status_t ep_buffer_resolve_config(const ep_buffer_config_t *cfg, double group
   ep_status_t st = cfg ? ep_struct_load(c, sizeof *c, cfg, "cfg", true) : EP_OK;
   if (!st) st = ep_env_check(); /* an invalid EP_* value fails here, named, never defaulted */
   if (st) return st;
-  if (!c->queue_bytes) c->queue_bytes = (size_t)ep_env_long("EP_QUEUE_BYTES", 1 << 20);
-  if (!c->num_channels) c->num_channels = (int)ep_env_long("EP_CHANNELS", 1);
+  if (!c->queue_bytes) c->queue_bytes = (size_t)ep_env_int("EP_QUEUE_BYTES");
+  if (!c->num_channels) c->num_channels = (int)ep_env_int("EP_CHANNELS");
   if (c->timeout_s <= 0) c->timeout_s = group_timeout;
   if (c->num_channels < 1 || c->num_channels > 64)
     return ep_err(EP_ERR_OUT_OF_RANGE, "cfg->num_channels: %d, must be in [1, 64]",

@@ -170,18 +170,35 @@ static const char *valid_value(const char *name, const ep_env_row_t **row) {
   return s && *s && !judge(*row, s) ? s : NULL;
 }
 
-double ep_env_double(const char *name, double dflt) {
-  const ep_env_row_t *r;
-  const char *s = valid_value(name, &r);
-  return s ? strtod(s, NULL) : dflt;
+static bool number_of(const ep_env_row_t *r, const char *s, long long *v) {
+  return r->kind == EP_ENV_SIZE ? parse_size(s, v) : parse_int(s, v);
 }
 
-long ep_env_long(const char *name, long dflt) {
+/* A set, valid value as a number, else the row's default (its default_value, the one place a
+ * default is written), else `unset`: only for rows whose default is derived (default_value "").
+ * Creation has rejected invalid values, so "valid" only matters for reads outside it. */
+static double env_double(const char *name, double unset) {
+  const ep_env_row_t *r;
+  const char *s = valid_value(name, &r);
+  double d;
+  if (s) return strtod(s, NULL);
+  return r && *r->pub.default_value && parse_float(r->pub.default_value, &d) ? d : unset;
+}
+
+long ep_env_long(const char *name, long unset) {
   const ep_env_row_t *r;
   const char *s = valid_value(name, &r);
   long long v;
-  if (!s || !(r->kind == EP_ENV_SIZE ? parse_size(s, &v) : parse_int(s, &v))) return dflt;
-  return (long)v;
+  if (s && number_of(r, s, &v)) return (long)v;
+  return r && *r->pub.default_value && number_of(r, r->pub.default_value, &v) ? (long)v : unset;
+}
+
+long ep_env_int(const char *name) {
+  return ep_env_long(name, 0);
+}
+
+double ep_env_real(const char *name) {
+  return env_double(name, 0.0);
 }
 
 /* Called once from the logger's one-time initialisation. */

@@ -33,7 +33,7 @@ static void host_key(char *out) {
 
 static double resolve_timeout(double cfg) {
   if (cfg > 0) return cfg;
-  double t = ep_env_double("EP_TIMEOUT_S", 100.0);
+  double t = ep_env_real("EP_TIMEOUT_S");
   return t > 0 ? t : 100.0;
 }
 

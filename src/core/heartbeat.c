@@ -66,7 +66,7 @@ static ep_status_t post_rx(ep_heartbeat_t *h) {
 }
 
 int32_t ep_heartbeat_wanted_ms(const ep_world_t *w) {
-  double s = ep_env_double("EP_HEARTBEAT_S", 5.0);
+  double s = ep_env_real("EP_HEARTBEAT_S");
   if (s <= 0 || !w->e->own_threads_ok || !w->e->own_threads_ok()) return 0;
   return s * 1e3 > 1e9 ? 1000000000 : s * 1e3 < 1 ? 1 : (int32_t)(s * 1e3);
 }

@@ -41,8 +41,12 @@ void ep_log_raw(int level, int rank, const char *phase, const char *fmt, va_list
 
 /* ---- environment registry (env.c) */
 const char *ep_env_str(const char *name); /* NULL if unset; name must be registered */
-double ep_env_double(const char *name, double dflt);
-long ep_env_long(const char *name, long dflt);
+/* A number from the registry: its set value, else its row's default_value (the one place a
+ * default is written); ep_env_long's `unset` only for rows whose default is derived
+ * (default_value ""). */
+long ep_env_int(const char *name);
+double ep_env_real(const char *name);
+long ep_env_long(const char *name, long unset);
 void ep_env_check_unknown(void); /* warn once about unknown EP_* (typos) */
 
 /* ---- object registry (registry.c): opaque ids with generations, so that a stale or doubled

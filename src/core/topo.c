@@ -18,7 +18,7 @@
 void ep_ident_fill(ep_ident_t *me, const char *hostkey) {
   memset(me, 0, sizeof *me);
   me->pid = (int32_t)getpid();
-  me->hosts = (int32_t)ep_env_long("EP_HOSTS", 1);
+  me->hosts = (int32_t)ep_env_int("EP_HOSTS");
   const char *id = ep_env_str("EP_HOST_ID");
   me->has_id = id && *id;
   if (me->has_id) snprintf(me->host_id, sizeof me->host_id, "%s", id);

@@ -53,7 +53,7 @@ static ep_status_t cpu_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void
   s->nranks = s->topo->local_size;
   s->channels = cfg->num_channels;
   s->queue_bytes = cfg->queue_bytes;
-  s->spin_s = 1e-6 * (double)ep_env_long("EP_SPIN_US", 50);
+  s->spin_s = 1e-6 * (double)ep_env_int("EP_SPIN_US");
   ep_status_t st = cpu_workers_start(s);
   if (!st) st = cpu_seg_setup(s, cfg);
   if (!st) st = cpu_ll_create(s, cfg);

@@ -84,7 +84,7 @@ ep_status_t cpu_ll_create(cpu_state_t *s, const ep_buffer_config_t *cfg) {
                        "out of memory for the low-latency state");
   }
   cpu_ll_kernels_pick(&ll->k);
-  long wide = ep_env_long("EP_LL_WIDE_BYTES", 1 << 20);
+  long wide = ep_env_int("EP_LL_WIDE_BYTES");
   ll->wide_bytes = wide > 0 ? (size_t)wide : 0;
   return EP_OK;
 }

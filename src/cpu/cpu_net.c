@@ -36,7 +36,7 @@ ep_status_t cpu_net_create(cpu_state_t *s) {
   cpu_net_t *n = calloc(1, sizeof *n);
   if (!n) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
   s->net = n;
-  n->chunk = (size_t)ep_env_long("EP_NET_CHUNK", 1 << 20);
+  n->chunk = (size_t)ep_env_int("EP_NET_CHUNK");
   n->cw = (int)(sizeof(ep_call_key_t) / 4) + s->gnranks + s->topo->nhosts;
   n->counts = malloc((size_t)s->gnranks * (size_t)n->cw * sizeof *n->counts);
   if (!n->counts)

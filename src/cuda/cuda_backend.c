@@ -11,7 +11,7 @@ static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, siz
   epk_buf_t kb;
   epk_ll_layout_t ll;
   uint64_t off_ll;
-  long arena_mb = ep_env_long("EP_CUDA_ARENA_MB", 64);
+  long arena_mb = ep_env_int("EP_CUDA_ARENA_MB");
   /* pool (low-latency region included) + handle arena + private words and scratch */
   *bytes = cuda_pool_layout(nranks, cfg->num_channels, cfg->queue_bytes,
                             cuda_ll_region_bytes(cfg, nranks, &ll), &off_ll, &kb) +
@@ -23,7 +23,7 @@ static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, siz
 
 /* EP_CUDA_TRACE=1: device memory for the phase sums of normal-mode calls (ep_kernels.h). */
 static ep_status_t trace_setup(cuda_state_t *s) {
-  if (!ep_env_long("EP_CUDA_TRACE", 0)) return EP_OK;
+  if (!ep_env_int("EP_CUDA_TRACE")) return EP_OK;
   epk_trace_t *t = calloc(1, sizeof *t); /* ~51 KiB: not on the stack */
   if (!t) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "trace", "oom");
   epk_trace_fold(t); /* no call yet: points cleared, kind -1 */
@@ -109,10 +109,10 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   s->channels = cfg->num_channels;
   s->queue_bytes = cfg->queue_bytes;
   s->device = -1;
-  s->late_hello = ep_env_long("EP_CUDA_LATE_HELLO", 1) != 0;
-  s->pull = ep_env_long("EP_CUDA_PULL", 1) != 0;
-  s->early_data = ep_env_long("EP_CUDA_EARLY_DATA", 0) != 0;
-  s->combine_copy = ep_env_long("EP_CUDA_COMBINE_COPY", 1) != 0;
+  s->late_hello = ep_env_int("EP_CUDA_LATE_HELLO") != 0;
+  s->pull = ep_env_int("EP_CUDA_PULL") != 0;
+  s->early_data = ep_env_int("EP_CUDA_EARLY_DATA") != 0;
+  s->combine_copy = ep_env_int("EP_CUDA_COMBINE_COPY") != 0;
   int prev = -1;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
   ep_status_t st = cuda_mem_setup(s, cfg);

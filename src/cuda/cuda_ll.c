@@ -53,7 +53,7 @@ static ep_status_t shared_memory(cuda_state_t *s, cuda_ll_t *ll) {
  * send's blocks are placed first as SMs free up; non-blocking, so that it never waits for the
  * legacy default stream. */
 static ep_status_t hook_stream(cuda_state_t *s, cuda_ll_t *ll) {
-  const long how = ep_env_long("EP_CUDA_LL_HOOK_STREAM", 0);
+  const long how = ep_env_int("EP_CUDA_LL_HOOK_STREAM");
   if (!how) return EP_OK;
   int least = 0, greatest = 0;
   ep_status_t st =
@@ -91,11 +91,11 @@ ep_status_t cuda_ll_create(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   /* Every SM of this rank's share of its GPU, unless the config or EP_CUDA_SMS says fewer: like
    * DeepEP's low-latency kernels, which take most of a GPU. Blocks that wait for peers are at
    * most this share per rank, so that every rank's waiting blocks fit on the GPU at once. */
-  long want = cfg->num_sms > 0 ? cfg->num_sms : ep_env_long("EP_CUDA_SMS", 0);
+  long want = cfg->num_sms > 0 ? cfg->num_sms : ep_env_int("EP_CUDA_SMS");
   ll->k.blocks = want > 0 && want < s->fit_blocks ? (int)want : s->fit_blocks;
-  ll->async = ep_env_long("EP_CUDA_LL_ASYNC", 0) != 0;
-  ll->k.opt = (int)ep_env_long("EP_CUDA_LL_OPT", EPK_LL_OPT_ALL) & EPK_LL_OPT_ALL;
-  ll->k.trace = ep_env_long("EP_CUDA_LL_TRACE", 0) != 0;
+  ll->async = ep_env_int("EP_CUDA_LL_ASYNC") != 0;
+  ll->k.opt = (int)ep_env_int("EP_CUDA_LL_OPT") & EPK_LL_OPT_ALL;
+  ll->k.trace = ep_env_int("EP_CUDA_LL_TRACE") != 0;
   ep_status_t st = hook_stream(s, ll);
   if (st) return st;
   st = cuda_check(s, cudaMalloc(&ll->priv_mem, lay.p_total), OP, "private memory");

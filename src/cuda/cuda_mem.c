@@ -64,7 +64,7 @@ static ep_status_t local_setup(cuda_state_t *s, const ep_buffer_config_t *cfg, p
   if ((st = cuda_check(s, cudaGetDeviceProperties(&p, s->device), OP, "init"))) return st;
   memcpy(me->uuid, p.uuid.bytes, 16);
   me->sms = p.multiProcessorCount;
-  me->want_blocks = cfg->num_sms > 0 ? cfg->num_sms : (int)ep_env_long("EP_CUDA_SMS", 0);
+  me->want_blocks = cfg->num_sms > 0 ? cfg->num_sms : (int)ep_env_int("EP_CUDA_SMS");
   epk_ll_layout_t ll;
   uint64_t ll_bytes = cuda_ll_region_bytes(cfg, s->nranks, &ll);
   size_t bytes =
@@ -161,7 +161,7 @@ static ep_status_t host_setup(cuda_state_t *s) {
   void *dev = NULL;
   if ((st = cuda_check(s, cudaHostGetDevicePointer(&dev, s->host, 0), OP, "host block"))) return st;
   s->kb.host = dev;
-  long mib = ep_env_long("EP_CUDA_ARENA_MB", 64);
+  long mib = ep_env_int("EP_CUDA_ARENA_MB");
   if ((st = cuda_arena_new((size_t)(mib > 1 ? mib : 1) << 20, &s->arena))) return st;
   if ((st =
            cuda_check(s, cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking), OP, "stream")))

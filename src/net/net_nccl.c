@@ -158,7 +158,7 @@ static ep_status_t exchange_id(const ep_net_open_t *how, ncclUniqueId *id) {
  * over loopback sockets, as it would over a cluster's network. Values the user set win; real
  * hosts (EP_HOST_ID or the hostname) are left alone. Before NCCL reads its environment. */
 static void pretend_hosts(int rank) {
-  if (ep_env_long("EP_HOSTS", 1) <= 1) return;
+  if (ep_env_int("EP_HOSTS") <= 1) return;
   char id[48];
   snprintf(id, sizeof id, "epcomm-pretend-rank-%d", rank);
   setenv("NCCL_HOSTID", id, 0);
