@@ -27,8 +27,8 @@ the count, the outputs are allocated then) + the combine of its rows (tools/deep
 DeepEP's the same way: "layer"), several ways: the package's defaults, default outputs from the
 Buffer's registered pool (``out_pool_bytes``, num_nvl_bytes / 2, with the late hello: the senders
 write recv_x there, the combine reads it in place); the same without the spares (the next calls'
-outputs made while the dispatch waits for its count, ``epcomm._spares``, off through
-``Spares.ENABLED``; off and on alternated twice); the same buffer with that pool switched off
+outputs made while the dispatch waits for its count, ``epcomm._spares``, off through the
+Buffer's ``_spares.enabled``; off and on alternated twice); the same buffer with that pool switched off
 (plain tensors while the late hello is still promised: what the promise costs when the outputs are
 not registered); a fresh buffer with the out pool and the late hello off (the combine reads recv_x
 in place, the dispatch copies it out: parts the late hello's wait from the pool's allocation); and,
@@ -52,7 +52,6 @@ import torch
 
 import epcomm
 from epcomm import _mempool, deep_ep
-from epcomm._spares import Spares
 from ranks import event_times, gather
 
 H, TOPK, E = 7168, 8, 256
@@ -217,11 +216,11 @@ def main():
         # Off, on, off, on: a loop's order of its own moves a median by more than they do.
         pairs = []
         for _ in range(2):
-            Spares.ENABLED = False
+            buf._spares.enabled = False
             try:
                 off = timed(group, layer, o.iters, "layer step, spares off", spikes)
             finally:
-                Spares.ENABLED = True
+                buf._spares.enabled = True
             pairs.append((off, timed(group, layer, o.iters, "layer step, defaults", spikes)))
         lnospare = tuple(statistics.mean(p[0][i] for p in pairs) for i in range(3))
         # The defaults' figures: the two loops alternated with the spares off (the first loop,

@@ -41,7 +41,6 @@ import torch
 
 import epcomm
 from epcomm import _events, deep_ep
-from epcomm._spares import Spares
 from ranks import event_times, gather
 
 H, TOPK, E = 7168, 8, 256
@@ -239,11 +238,11 @@ def main():
         spares_taken = buf._spares.used - u0
         # The same without the spares (epcomm._spares): their share of the host's phases;
         # then with them once more (the order of the runs moves a phase too).
-        Spares.ENABLED = False
+        buf._spares.enabled = False
         try:
             bare_phases, _ = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
         finally:
-            Spares.ENABLED = True
+            buf._spares.enabled = True
         again, _ = layer_phases(group, buf, x, idx, w, E) if pool else (None, [])
         pool_inpl = (c1[1] - c0[1], c1[0] - c0[0])
         rx_bytes = recv_x.numel() * recv_x.element_size()

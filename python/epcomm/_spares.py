@@ -34,18 +34,18 @@ def combine_spec(n, H):
 
 
 class Spares:
-    """One Buffer's spares (CUDA only). ``ENABLED = False`` turns them off for every Buffer
+    """One Buffer's spares (CUDA only). ``enabled = False`` turns this Buffer's off
     (bench/py_host_cost.py times both)."""
 
-    ENABLED = True
     # A combine output is made ahead only up to this size: beyond it the host is not what bounds
     # a step, and the output would be held through the experts' work for nothing.
     COMBINE_LIMIT = 8 << 20
 
-    __slots__ = ("device", "R", "layout", "prefix", "_job", "used", "combines")
+    __slots__ = ("device", "R", "enabled", "layout", "prefix", "_job", "used", "combines")
 
     def __init__(self, device, R):
         self.device, self.R = device, R
+        self.enabled = True
         self.layout = None  # (stream, n, E, (tokens_per_rank, tokens_per_expert, in_rank))
         self.prefix = None  # (stream, rank_prefix [R][R])
         self._job = None
@@ -59,7 +59,7 @@ class Spares:
         or None when off: step by step the combine output for its handle (finish() hands it
         over after the call), the next dispatch's rank prefix, the next layout's three
         outputs."""
-        if not self.ENABLED:
+        if not self.enabled:
             return None
         self._job = _Job(self, stream, n, E, H)
         return self._job.step

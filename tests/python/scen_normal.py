@@ -450,7 +450,7 @@ def spares_steps(ctx, seed, sizes, H, E, topk, steps=3, default_device=False):
     meanwhile (_spares: the combine's output, the next layout's and rank prefix) are taken by
     the calls they were made for, on the stream they were made on, and every result keeps the
     reference's bits; a combine on another stream, a layout of another size, and
-    Spares.ENABLED = False take none. CPU has no spares. default_device: the Buffer made and
+    spares turned off (``_spares.enabled = False``) take none. CPU has no spares. default_device: the Buffer made and
     used under ``with torch.device(dev)``, as DeepEP's test_intranode.py runs
     (torch.set_default_device): what the package allocates for itself must still name its
     device (a page-locked count buffer on the GPU failed there)."""
@@ -472,7 +472,6 @@ def spares_steps(ctx, seed, sizes, H, E, topk, steps=3, default_device=False):
 
 
 def _spares_scenario(ck, ctx, E, xs, idxs, ws, ys, want, out_want, lay, steps):
-    from epcomm._spares import Spares
     me, dev = ctx.rank, ctx.device
     cuda = torch.device(dev).type == "cuda"
     buf = deep_ep.Buffer(ctx.pg, int(1e8), 0, explicitly_destroy=True, device=dev)
@@ -526,16 +525,16 @@ def _spares_scenario(ck, ctx, E, xs, idxs, ws, ys, want, out_want, lay, steps):
             u0 = sp.used
             buf.get_dispatch_layout(idx[: max(idx.size(0) - 1, 0)], E)
             ck.eq(sp.used - u0, 0, "a layout of another size takes no spare")
-            saved, Spares.ENABLED = Spares.ENABLED, False
+            sp.enabled = False
             try:
                 spare1, _ = step("spares off")  # may still take one made before
                 u0 = sp.used
                 spare2, _ = step("spares off, again")
                 ck.true(spare1 is None and spare2 is None and sp.used == u0,
-                        f"Spares.ENABLED = False: none made ({spare1}, {spare2}, "
+                        f"enabled = False: none made ({spare1}, {spare2}, "
                         f"{sp.used - u0} taken)")
             finally:
-                Spares.ENABLED = saved
+                sp.enabled = True
     finally:
         buf.destroy()
     ck.true(buf._spares is None, "destroy() drops the spares")

@@ -54,12 +54,10 @@ def test_steps_cut_short_leave_no_partial_layout():
 
 
 def test_disabled_makes_no_job():
-    saved, Spares.ENABLED = Spares.ENABLED, False
-    try:
-        sp = Spares(DEV, 2)
-        assert sp.job(7, 5, 8, 16) is None and sp.finish() is None
-    finally:
-        Spares.ENABLED = saved
+    sp, other = Spares(DEV, 2), Spares(DEV, 2)
+    sp.enabled = False
+    assert sp.job(7, 5, 8, 16) is None and sp.finish() is None
+    assert other.job(7, 5, 8, 16) is not None  # another Buffer's spares stay on
 
 
 def test_no_combine_output_past_the_limit():
