@@ -21,6 +21,11 @@
 #ifndef EPK_SU
 #define EPK_SU 8
 #endif
+/* 1: a block with fewer tokens than warps reduces each token's channels in parts, a warp each
+ * (reduce); 0: a warp per token (kernel_variants.sh compares). */
+#ifndef EPK_CSPLIT
+#define EPK_CSPLIT 1
+#endif
 
 namespace {
 
@@ -166,7 +171,7 @@ __device__ __forceinline__ void add8(float *acc, int4 v) {
 #define RU EPK_RU
 #define HG EPK_HG
 __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int t,
-                             const uint8_t **sx, const float **sw) {
+                             int it0, int it1, bool weights, const uint8_t **sx, const float **sw) {
   const int lane = threadIdx.x & 31, R = b.nranks, nv = a.hidden / 8;
   const int64_t H = a.hidden;
   const int4 *b0 =
@@ -177,13 +182,14 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
               : nullptr;
   int4 *out = reinterpret_cast<int4 *>(static_cast<uint16_t *>(a.out) + t * H);
   unsigned mask = 0;
-  for (int i0 = 0; i0 < nv; i0 += 32 * RU) {
+  const int first = it0 * 32 * RU, end = min(nv, it1 * 32 * RU);
+  for (int i0 = first; i0 < end; i0 += 32 * RU) {
     float acc[RU][8];
 #pragma unroll
     for (int u = 0; u < RU; u++)
       if (i0 + 32 * u + lane < nv) epk_init8(acc[u], b0, b1, i0 + 32 * u + lane);
     for (int g = 0; g < R; g += 32) {
-      if (R > 32 || i0 == 0) mask = load_group(b, a, c, t, g, sx, sw);
+      if (R > 32 || i0 == first) mask = load_group(b, a, c, t, g, sx, sw);
       for (unsigned m = mask; m;) {
         const int4 *src[HG];
 #pragma unroll
@@ -208,11 +214,11 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
     for (int u = 0; u < RU; u++)
       if (i0 + 32 * u + lane < nv) out[i0 + 32 * u + lane] = epk_pack8(acc[u]);
   }
-  for (int k0 = 0; a.has_w && k0 < a.topk; k0 += 32) {
+  for (int k0 = 0; weights && a.has_w && k0 < a.topk; k0 += 32) {
     const int k = k0 + lane;
     float acc = 0.0f;
     for (int g = 0; g < R; g += 32) {
-      if (R > 32 || nv == 0 || k0 == 0) mask = load_group(b, a, c, t, g, sx, sw);
+      if (R > 32 || first >= end || k0 == 0) mask = load_group(b, a, c, t, g, sx, sw);
       for (unsigned m = mask; m; m &= m - 1)
         if (k < a.topk) acc += __ldcg(sw[__ffs(m) - 1] + k);
     }
@@ -269,8 +275,19 @@ __device__ void reduce(const epk_buf_t &b, const epk_combine_t &a, const cstate 
   const int64_t t0 = (int64_t)k * tc, t1 = min((int64_t)a.num_tokens, t0 + tc), n = t1 - t0;
   if (n <= 0) return;
   const int64_t lo = t0 + n * blockIdx.x / gridDim.x, hi = t0 + n * (blockIdx.x + 1) / gridDim.x;
-  for (int64_t t = lo + warp; t < hi; t += CWARPS)
-    reduce_token(b, a, c, (int)t, s_x[warp], s_w[warp]);
+  /* Fewer tokens than warps (small batches): a token's channels in S parts, a warp each, of
+   * whole steps of 32 x RU vectors. A warp's token is a chain of dependent load waves, one per
+   * step, and one warp per token left most of the block idle (128 tokens at R = 4: 5 of 12
+   * warps). Every channel is still summed by one lane in ascending rank order. */
+  const int steps = (a.hidden / 8 + 32 * RU - 1) / (32 * RU);
+  const int64_t nb = hi - lo;
+  const int S =
+      EPK_CSPLIT && nb > 0 ? (int)max((int64_t)1, min((int64_t)steps, (int64_t)CWARPS / nb)) : 1;
+  for (int64_t i = warp; i < nb * S; i += CWARPS) {
+    const int part = (int)(i % S);
+    reduce_token(b, a, c, (int)(lo + i / S), part * steps / S, (part + 1) * steps / S, part == 0,
+                 s_x[warp], s_w[warp]);
+  }
 }
 
 __device__ void finish(const epk_buf_t &b) {
