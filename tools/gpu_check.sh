@@ -7,6 +7,8 @@
 #   EP_CUDA_PULL=1 and 0, alternated, R:SMs in $PULLR, tokens in $PULLT, values in $PULLP)
 #   ccopy (the combine of a separate tensor with EP_CUDA_COMBINE_COPY=1 and 0, alternated, R:SMs
 #   in $CCR, tokens in $CCT)
+#   scope (flags between ranks at system scope and the GPU's: EP_CUDA_SCOPE=sys and auto,
+#   alternated, R:SMs in $SCR, tokens in $SCT)
 #   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
 #   early (the allocator path's rows moved before the allocation: dispatch_alloc with
 #   EP_CUDA_EARLY_DATA=0 and 1)
@@ -252,6 +254,21 @@ for s in $steps; do
           switch_runs EP_CUDA_COMBINE_COPY "0 1" ccopy "$rs" "$N" bf16 \
             "combine of a separate tensor, us (median/rank mean, copied/calls):" copy=c \
             "|combine|combine_copied_min|combine_calls"
+        done
+      done ;;
+    scope)
+      # Flags between ranks at system scope against the GPU's (EP_CUDA_SCOPE sys / auto, same
+      # build, one call, each twice, alternated; auto is .gpu here, every rank on one GPU): `epcomm
+      # bench`'s full and cached dispatch into views and combine of a view, median and slowest
+      # rank's mean, at R:SMs in $SCR (default "2:24 4:24 8:16"), tokens in $SCT (default "128
+      # 4096"), dtypes in $SCDT (default bf16); the parentheses hold the self-check.
+      for rs in ${SCR:-2:24 4:24 8:16}; do
+        for N in ${SCT:-128 4096}; do
+          for dt in ${SCDT:-bf16}; do
+            switch_runs EP_CUDA_SCOPE "sys auto" scope "$rs" "$N" "$dt" "us (median/rank mean):" \
+              scope=s "full |dispatch|check|check" "cached |dispatch_cached|check|check" \
+              "combine |combine_view|check|check"
+          done
         done
       done ;;
     late)

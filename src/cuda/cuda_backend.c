@@ -125,8 +125,11 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
     free(s);
   } else {
     *state = s;
-    EP_LOG(ctx, EP_LOG_INFO, "init", "cuda buffer on device %d: %d blocks, pool %llu bytes",
-           s->device, s->kb.blocks, (unsigned long long)s->kb.pool_bytes);
+    EP_LOG(ctx, EP_LOG_INFO, "init",
+           "cuda buffer on device %d: %d blocks, pool %llu bytes, flags between ranks at %s "
+           "scope",
+           s->device, s->kb.blocks, (unsigned long long)s->kb.pool_bytes,
+           s->kb.one_gpu ? "gpu (every rank on this GPU)" : "system");
   }
   if (prev >= 0) cudaSetDevice(prev);
   return st;

@@ -59,6 +59,11 @@ static const ep_env_row_t cuda_rows[] = {
                    "lies (not a dispatch view, the combine buffer or registered memory) copies "
                    "it into the combine buffer with cudaMemcpyAsync first, when it fits, and "
                    "the peers read it there; 0: the combine kernel stages it on the rank's SMs"),
+    EP_ENV_ROW_ENUM("cuda", "EP_CUDA_SCOPE", "auto", "auto|sys",
+                    "auto (default): when every rank of a buffer runs on one GPU (ranks sharing "
+                    "it under MPS), the normal-mode kernels order their flags between ranks at "
+                    "the GPU's scope (5-9% faster calls at 128 tokens on an H100), else at the "
+                    "system's; sys: always the system's, as for ranks on other GPUs"),
     EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_TRACE", "0", "0", "1",
                    "1: time the phases of the low-latency kernels on the GPU (%globaltimer) "
                    "and print their means on stderr when the buffer is destroyed"),

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cuda/cuda.h"
 #include "cuda/cuda_ll.h"
@@ -94,6 +95,18 @@ static void block_table(const peer_info_t *all, int R, int32_t *blocks) {
     int fit = fair_share(all, R, r), want = all[r].want_blocks > 0 ? all[r].want_blocks : 24;
     blocks[r] = want < fit ? want : fit;
   }
+}
+
+/* Whether every rank runs on this GPU (one host, one device UUID; a MIG instance has its own):
+ * the normal-mode kernels then order their flags between ranks at .gpu scope, which is
+ * cheaper than .sys (common.cuh). EP_CUDA_SCOPE=sys keeps .sys, as for peers on other GPUs;
+ * ranks that differ in it still agree, since either scope orders ranks on one GPU. */
+static int one_gpu(const cuda_state_t *s, const peer_info_t *all) {
+  const char *v = ep_env_text("EP_CUDA_SCOPE");
+  if ((v && !strcasecmp(v, "sys")) || ep_ctx_topo(s->ctx)->nhosts > 1) return 0;
+  for (int r = 0; r < s->nranks; r++)
+    if (memcmp(all[r].uuid, all[s->rank].uuid, 16)) return 0;
+  return 1;
 }
 
 static ep_status_t open_peers(cuda_state_t *s, const peer_info_t *all) {
@@ -201,6 +214,7 @@ static ep_status_t exchange(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   if (!st && !mine) {
     block_table(all, R, blocks);
     s->fit_blocks = fair_share(all, R, s->rank);
+    s->kb.one_gpu = one_gpu(s, all);
     mine = open_peers(s, all);
     if (!mine) mine = private_setup(s, blocks);
     if (!mine) mine = host_setup(s);

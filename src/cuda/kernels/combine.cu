@@ -55,7 +55,7 @@ __device__ bool wait_all(const epk_buf_t &b, uint64_t off, uint32_t target, uint
     const uint32_t *f = epk_u32(b.peers[b.rank], off, r);
     epk_waiter w;
     w.reset();
-    while (epk_ld_acq(f) < target)
+    while (epk_ld_peer(b, f) < target)
       if (w.tick(b, r, phase)) {
         fail = true;
         break;
@@ -68,10 +68,10 @@ __device__ bool wait_all(const epk_buf_t &b, uint64_t off, uint32_t target, uint
 __device__ void signal_all(const epk_buf_t &b, unsigned *counter, unsigned round, uint64_t off) {
   __syncthreads();
   if (threadIdx.x != 0) return;
-  __threadfence_system();
+  epk_fence_peers(b);
   if (atomicAdd(counter, 1u) != (round + 1) * gridDim.x - 1) return;
-  __threadfence_system();
-  for (int s = 0; s < b.nranks; s++) epk_st_rlx(epk_u32(b.peers[s], off, b.rank), round + 1);
+  epk_fence_peers(b);
+  for (int s = 0; s < b.nranks; s++) epk_st_peer(b, epk_u32(b.peers[s], off, b.rank), round + 1);
 }
 
 __device__ void round_rows(const epk_buf_t &b, const epk_combine_t &a, const cstate &c, int k,
@@ -302,7 +302,7 @@ __device__ void finish(const epk_buf_t &b) {
   b.priv->cnt_a = 0;
   b.priv->cnt_b = 0;
   b.priv->finished = 0;
-  __threadfence_system();
+  epk_fence_peers(b);
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
-/* Device helpers shared by the kernels: system-scope flags, deadlines, failure records, scans.
+/* Device helpers shared by the kernels: flags between ranks, deadlines, failure records, scans.
  *
- * Flags between ranks use system scope (peers may be other processes on this GPU or other GPUs
- * over NVLink/PCIe): data is written with plain stores, then one thread fences and publishes a
+ * Flags between ranks: data is written with plain stores, then one thread fences and publishes a
  * flag with release semantics; the reader acquires the flag, then reads the data through L2
- * (ld.cg), never through a possibly stale L1 line. */
+ * (ld.cg), never through a possibly stale L1 line. The scope is the system's (peers may be
+ * other GPUs over NVLink/PCIe), except for the normal-mode kernels of a buffer whose ranks all
+ * run on one GPU (epk_buf_t.one_gpu, the *_peer helpers below): the GPU's. */
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,6 +43,39 @@ static __device__ __forceinline__ void epk_st_rlx(uint32_t *p, uint32_t v) {
 }
 static __device__ __forceinline__ void epk_add_rlx(uint32_t *p, uint32_t v) {
   asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+/* The normal-mode kernels' flags and fences between ranks: at .gpu scope when every rank of the
+ * buffer runs on this GPU (processes sharing it under MPS: one L2 orders them all), .sys
+ * otherwise. Under MPS a .sys fence cost ~1.5 us, and at 128 tokens the .gpu scope made the
+ * calls 5-9% faster on an H100 (docs/PERFORMANCE.md). b.one_gpu is the buffer's constant: every
+ * thread takes the same branch. */
+static __device__ __forceinline__ void epk_fence_peers(const epk_buf_t &b) {
+  if (b.one_gpu)
+    __threadfence();
+  else
+    __threadfence_system();
+}
+static __device__ __forceinline__ uint32_t epk_ld_peer(const epk_buf_t &b, const uint32_t *p) {
+  uint32_t v;
+  if (b.one_gpu)
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  else
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+/* Relaxed, after one epk_fence_peers (the release pattern of epk_st_rlx). */
+static __device__ __forceinline__ void epk_st_peer(const epk_buf_t &b, uint32_t *p, uint32_t v) {
+  if (b.one_gpu)
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  else
+    asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void epk_add_peer(const epk_buf_t &b, uint32_t *p, uint32_t v) {
+  if (b.one_gpu)
+    asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  else
+    asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 static __device__ __forceinline__ uint32_t *epk_u32(uint8_t *base, uint64_t off, int i) {

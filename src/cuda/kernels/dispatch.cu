@@ -358,7 +358,7 @@ __device__ void fill_tail(const epk_dispatch_t &a, int64_t nr) {
 
 /* Every block of source s has delivered window rw here. */
 __device__ __forceinline__ bool arrived(const epk_buf_t &b, int s, int rw) {
-  return epk_ld_acq(epk_u32(b.peers[b.rank], b.off_arrive, s)) >=
+  return epk_ld_peer(b, epk_u32(b.peers[b.rank], b.off_arrive, s)) >=
          (uint32_t)(rw + 1) * (uint32_t)b.peer_blocks[s];
 }
 
@@ -387,7 +387,7 @@ __device__ void finish(const epk_buf_t &b) {
   }
   b.priv->wdone = 0;
   b.priv->finished = 0;
-  __threadfence_system();
+  epk_fence_peers(b);
 }
 
 /* The late hello (allocator path): where this rank's outputs are, now that they exist, into this
@@ -402,8 +402,9 @@ __device__ void post_late(const epk_buf_t &b, const epk_dispatch_t &a) {
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence_system();
-    for (int d = 0; d < R; d++) epk_st_rlx(&epk_hello(b, d, par, b.rank)->late, EPK_LATE_POSTED);
+    epk_fence_peers(b);
+    for (int d = 0; d < R; d++)
+      epk_st_peer(b, &epk_hello(b, d, par, b.rank)->late, EPK_LATE_POSTED);
   }
   __syncthreads(); /* the block goes on together (its stop check below) */
 }
@@ -413,12 +414,12 @@ __device__ void post_late(const epk_buf_t &b, const epk_dispatch_t &a) {
  * sender waits for all of them before it sends anything, so the slowest sets the start (to be
  * measured). */
 __device__ bool await_late(const epk_buf_t &b, const epk_hello_t *h, int d) {
-  uint32_t v = epk_ld_acq(&h->late); /* acquire: the fields after it are read next */
+  uint32_t v = epk_ld_peer(b, &h->late); /* acquire: the fields after it are read next */
   epk_waiter w;
   w.reset();
   while (v == EPK_LATE_PROMISED) {
     if (w.tick(b, d, EPK_PH_LATE)) return false;
-    v = epk_ld_acq(&h->late);
+    v = epk_ld_peer(b, &h->late);
   }
   return true;
 }
@@ -505,7 +506,7 @@ __device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   for (int d = threadIdx.x; d < b.nranks; d += DT) {
     int w = st.wcur[d];
     int o = w < st.rounds[d] &&
-            (w == 0 || epk_ld_acq(epk_u32(b.peers[b.rank], b.off_consumed, d)) >= (uint32_t)w);
+            (w == 0 || epk_ld_peer(b, epk_u32(b.peers[b.rank], b.off_consumed, d)) >= (uint32_t)w);
     st.open[d] = o;
     any |= o;
   }
@@ -514,10 +515,10 @@ __device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   __syncthreads();
   epk_tr_max(b, EPK_TR_D_OWN);
   if (threadIdx.x == 0) {
-    __threadfence_system();
+    epk_fence_peers(b);
     for (int d = 0; d < b.nranks; d++)
       if (st.open[d]) {
-        epk_add_rlx(epk_u32(b.peers[d], b.off_arrive, b.rank), 1);
+        epk_add_peer(b, epk_u32(b.peers[d], b.off_arrive, b.rank), 1);
         st.wcur[d]++;
       }
   }
@@ -532,9 +533,9 @@ __device__ void window_done(const epk_buf_t &b, int rw, int my_rounds, int *s_rw
   __threadfence();
   unsigned old = atomicAdd(&b.priv->wdone, 1u);
   if (old == (unsigned)(rw + 1) * gridDim.x - 1 && rw + 1 < my_rounds) {
-    __threadfence_system();
+    epk_fence_peers(b);
     for (int s = 0; s < b.nranks; s++)
-      epk_st_rlx(epk_u32(b.peers[s], b.off_consumed, b.rank), (uint32_t)(rw + 1));
+      epk_st_peer(b, epk_u32(b.peers[s], b.off_consumed, b.rank), (uint32_t)(rw + 1));
   }
   *s_rw = rw + 1;
 }

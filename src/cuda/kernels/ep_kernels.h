@@ -280,7 +280,9 @@ EPK_HD int epk_plan_tiles(int n) {
 
 /* What every kernel knows about its buffer; constant from create to destroy. */
 typedef struct {
-  int rank, nranks, blocks, pad0;
+  int rank, nranks, blocks;
+  int one_gpu; /* every rank on this GPU (under MPS): normal-mode flags and fences between ranks
+                  at .gpu scope, else .sys (common.cuh, epk_fence_peers) */
   uint8_t *const *peers;      /* device array [R]: each rank's pool as mapped here */
   const int32_t *peer_blocks; /* device array [R]: blocks of each rank's main kernels */
   epk_priv_t *priv;

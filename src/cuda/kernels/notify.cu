@@ -52,8 +52,8 @@ __device__ void post(const epk_buf_t &b, const epk_notify_t &a, uint32_t seq, in
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence_system();
-    for (int d = 0; d < R; d++) epk_st_rlx(&hello_slot(b, d, par, me)->seq, seq);
+    epk_fence_peers(b);
+    for (int d = 0; d < R; d++) epk_st_peer(b, &hello_slot(b, d, par, me)->seq, seq);
   }
   /* The expert counts are zero again for the next call (they were read above). */
   for (int i = threadIdx.x; a.kind == EPK_NOTIFY_DISPATCH && i < a.num_experts; i += NT)
@@ -67,7 +67,7 @@ __device__ bool gather(const epk_buf_t &b, uint32_t seq) {
     epk_hello_t *h = hello_slot(b, b.rank, seq & 1, r);
     epk_waiter w;
     w.reset();
-    while (epk_ld_acq(&h->seq) != seq)
+    while (epk_ld_peer(b, &h->seq) != seq)
       if (w.tick(b, r, EPK_PH_NOTIFY)) {
         fail = true;
         break;
