@@ -259,15 +259,17 @@ for s in $steps; do
     scope)
       # Flags between ranks at system scope against the GPU's (EP_CUDA_SCOPE sys / auto, same
       # build, one call, each twice, alternated; auto is .gpu here, every rank on one GPU): `epcomm
-      # bench`'s full and cached dispatch into views and combine of a view, median and slowest
-      # rank's mean, at R:SMs in $SCR (default "2:24 4:24 8:16"), tokens in $SCT (default "128
-      # 4096"), dtypes in $SCDT (default bf16); the parentheses hold the self-check.
+      # bench`'s full and cached dispatch into views, combine of a view, and the full and cached
+      # dispatch timed in one loop (full - cached), median and slowest rank's mean, at R:SMs in
+      # $SCR (default "2:24 4:24 8:16"), tokens in $SCT (default "128 4096"), dtypes in $SCDT
+      # (default bf16); the parentheses hold the self-check.
       for rs in ${SCR:-2:24 4:24 8:16}; do
         for N in ${SCT:-128 4096}; do
           for dt in ${SCDT:-bf16}; do
             switch_runs EP_CUDA_SCOPE "sys auto" scope "$rs" "$N" "$dt" "us (median/rank mean):" \
               scope=s "full |dispatch|check|check" "cached |dispatch_cached|check|check" \
-              "combine |combine_view|check|check"
+              "combine |combine_view|check|check" "paired full |dispatch_pair_full|check|check" \
+              "paired cached |dispatch_pair_cached|check|check"
           done
         done
       done ;;
