@@ -3,10 +3,10 @@
 #   tools/kernel_variants.sh WITH_MPS OUT_DIR "NAME[@SRC_DIR]:FLAGS" ...
 # SRC_DIR (default: this tree) builds another source tree, e.g. the previous commit's
 # (`git archive REV | tar -x -C DIR`), to time it against this one in the same call.
-# FLAGS are nvcc -D options (EPK_CT/EPK_RU/EPK_HG/EPK_SU for combine, EPK_DT/EPK_UNR/EPK_DMETA for
-# dispatch, EPK_PLAN_GRID for the full dispatch's notify grid, EPK_NOTIFY_NT for its block size,
-# which is also the tokens of a plan tile: 128 gives 32 tiles at 4096 tokens instead of 16);
-# each variant gets its own build (only the epcomm tool), then `epcomm bench --backend cuda` runs
+# FLAGS are nvcc -D options (EPK_CT/EPK_RU/EPK_HG/EPK_SU/EPK_CSPLIT for combine,
+# EPK_DT/EPK_UNR/EPK_DMETA for dispatch, EPK_PLAN_GRID for the full dispatch's notify grid,
+# EPK_NOTIFY_NT for its block size, which is also the tokens of a plan tile: 128 gives 32 tiles at
+# 4096 tokens instead of 16); each variant gets its own build (only the epcomm tool), then `epcomm bench --backend cuda` runs
 # at R=2, 4, 8 (24, 24, 16 SMs per rank), bf16 and fp8. Prints one line of median times (us) per
 # variant and R, from the runs' JSON (bf16pair / fp8pair: full - cached dispatch timed in one
 # loop, the paired rows); a run whose self-check did not pass says so. VR: rank counts (2 4 8);
