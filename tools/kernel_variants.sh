@@ -6,11 +6,11 @@
 # FLAGS are nvcc -D options (EPK_CT/EPK_RU/EPK_HG/EPK_SU/EPK_CSPLIT for combine,
 # EPK_DT/EPK_UNR/EPK_DMETA for dispatch, EPK_PLAN_GRID for the full dispatch's notify grid,
 # EPK_NOTIFY_NT for its block size, which is also the tokens of a plan tile: 128 gives 32 tiles at
-# 4096 tokens instead of 16); each variant gets its own build (only the epcomm tool), then
-# `epcomm bench --backend cuda` runs at R=2, 4, 8 (24, 24, 16 SMs per rank), bf16 and fp8. Prints one line of median times (us) per
-# variant and R, from the runs' JSON (bf16pair / fp8pair: full - cached dispatch timed in one
-# loop, the paired rows); a run whose self-check did not pass says so. VR: rank counts (2 4 8);
-# KV_TOKENS: tokens per rank (the bench's default, 4096).
+# 4096 tokens instead of 16); each variant gets its own build (only the epcomm tool), then `epcomm
+# bench --backend cuda` runs at R=2, 4, 8 (24, 24, 16 SMs per rank), bf16 and fp8. Prints one line
+# of median times (us) per variant and R, from the runs' JSON (bf16pair / fp8pair: full - cached
+# dispatch timed in one loop, the paired rows); a run whose self-check did not pass says so. VR:
+# rank counts (2 4 8); KV_TOKENS: tokens per rank (the bench's default, 4096).
 set -u -o pipefail
 mps=${1:?usage}; out=${2:?usage}; shift 2
 mkdir -p "$out"
