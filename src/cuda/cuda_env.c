@@ -62,7 +62,7 @@ static const ep_env_row_t cuda_rows[] = {
     EP_ENV_ROW_ENUM("cuda", "EP_CUDA_SCOPE", "auto", "auto|sys",
                     "auto (default): when every rank of a buffer runs on one GPU (ranks sharing "
                     "it under MPS), the normal-mode kernels order their flags between ranks at "
-                    "the GPU's scope (5-9% faster calls at 128 tokens on an H100), else at the "
+                    "the GPU's scope (2-12% faster calls at 128 tokens on an H100), else at the "
                     "system's; sys: always the system's, as for ranks on other GPUs"),
     EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_TRACE", "0", "0", "1",
                    "1: time the phases of the low-latency kernels on the GPU (%globaltimer) "

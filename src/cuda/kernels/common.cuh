@@ -48,7 +48,7 @@ static __device__ __forceinline__ void epk_add_rlx(uint32_t *p, uint32_t v) {
 /* The normal-mode kernels' flags and fences between ranks: at .gpu scope when every rank of the
  * buffer runs on this GPU (processes sharing it under MPS: one L2 orders them all), .sys
  * otherwise. Under MPS a .sys fence cost ~1.5 us, and at 128 tokens the .gpu scope made the
- * calls 5-9% faster on an H100 (docs/PERFORMANCE.md). b.one_gpu is the buffer's constant: every
+ * calls 2-12% faster on an H100 (docs/PERFORMANCE.md). b.one_gpu is the buffer's constant: every
  * thread takes the same branch. */
 static __device__ __forceinline__ void epk_fence_peers(const epk_buf_t &b) {
   if (b.one_gpu)
