@@ -37,6 +37,8 @@ typedef struct {
   cudaIpcMemHandle_t handle;
   unsigned char uuid[16];
   int32_t ok, sms, want_blocks, pad;
+  int32_t pci[3]; /* domain, bus, device */
+  int32_t pad2;
 } peer_info_t;
 
 static ep_status_t pick_device(cuda_state_t *s, const ep_buffer_config_t *cfg) {
@@ -64,6 +66,7 @@ static ep_status_t local_setup(cuda_state_t *s, const ep_buffer_config_t *cfg, p
   struct cudaDeviceProp p;
   if ((st = cuda_check(s, cudaGetDeviceProperties(&p, s->device), OP, "init"))) return st;
   memcpy(me->uuid, p.uuid.bytes, 16);
+  me->pci[0] = p.pciDomainID, me->pci[1] = p.pciBusID, me->pci[2] = p.pciDeviceID;
   me->sms = p.multiProcessorCount;
   me->want_blocks = cfg->num_sms > 0 ? cfg->num_sms : (int)ep_env_int("EP_CUDA_SMS");
   epk_ll_layout_t ll;
@@ -97,15 +100,20 @@ static void block_table(const peer_info_t *all, int R, int32_t *blocks) {
   }
 }
 
-/* Whether every rank runs on this GPU (one host, one device UUID; a MIG instance has its own):
- * the normal-mode kernels then order their flags between ranks at .gpu scope, which is
- * cheaper than .sys (common.cuh). EP_CUDA_SCOPE=sys keeps .sys, as for peers on other GPUs;
- * ranks that differ in it still agree, since either scope orders ranks on one GPU. */
+/* Whether every rank runs on this GPU (one host, one device UUID and PCI address; a MIG
+ * instance has its own UUID): the normal-mode kernels then order their flags between ranks at
+ * .gpu scope, which is cheaper than .sys (common.cuh). An all-zero UUID (a virtualised device
+ * may report one) proves nothing: .sys. EP_CUDA_SCOPE=sys keeps .sys, as for peers on other
+ * GPUs; ranks that differ in it still agree, since either scope orders ranks on one GPU. */
 static int one_gpu(const cuda_state_t *s, const peer_info_t *all) {
+  static const unsigned char zero[16];
+  const peer_info_t *me = &all[s->rank];
   const char *v = ep_env_text("EP_CUDA_SCOPE");
-  if ((v && !strcasecmp(v, "sys")) || ep_ctx_topo(s->ctx)->nhosts > 1) return 0;
+  if ((v && !strcasecmp(v, "sys")) || ep_ctx_topo(s->ctx)->nhosts > 1 ||
+      !memcmp(me->uuid, zero, 16))
+    return 0;
   for (int r = 0; r < s->nranks; r++)
-    if (memcmp(all[r].uuid, all[s->rank].uuid, 16)) return 0;
+    if (memcmp(all[r].uuid, me->uuid, 16) || memcmp(all[r].pci, me->pci, sizeof me->pci)) return 0;
   return 1;
 }
 

@@ -36,6 +36,7 @@ __global__ void __launch_bounds__(LT, 1) layout(epk_buf_t b, epk_layout_t a) {
   if (bad != INT64_MAX) {
     if (threadIdx.x == 0 && a.report) { /* else the host is not waiting: nobody would read it */
       b.host->bad_value = a.topk_idx[bad];
+      __threadfence_system(); /* the host reads it once it sees layout_bad */
       b.host->layout_bad = (int32_t)(bad + 1);
       __threadfence_system();
     }

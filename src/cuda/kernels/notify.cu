@@ -266,6 +266,7 @@ __global__ void __launch_bounds__(NT) notify(epk_buf_t b, epk_notify_t a) {
     status = EPK_HELLO_REJECTED;
     if (threadIdx.x == 0) {
       b.host->bad_value = a.topk_idx[bad];
+      __threadfence_system(); /* the host reads it once it sees the error word */
       epk_fail(b, EP_ERR_OUT_OF_RANGE, EPK_PH_CHECK, -1, (uint32_t)bad, true);
     }
   }
