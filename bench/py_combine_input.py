@@ -28,9 +28,9 @@ DeepEP's the same way: "layer"), several ways: the package's defaults, default o
 Buffer's registered pool (``out_pool_bytes``, num_nvl_bytes / 2, with the late hello: the senders
 write recv_x there, the combine reads it in place); the same without the spares (the next calls'
 outputs made while the dispatch waits for its count, ``epcomm._spares``, off through the
-Buffer's ``_spares.enabled``; off and on alternated twice); the same buffer with that pool switched off
-(plain tensors while the late hello is still promised: what the promise costs when the outputs are
-not registered); a fresh buffer with the out pool and the late hello off (the combine reads recv_x
+Buffer's ``_spares.enabled``; off and on alternated twice); the same buffer with that pool
+switched off (plain tensors while the late hello is still promised: what the promise costs when
+the outputs are not registered); a fresh buffer with the out pool and the late hello off (the combine reads recv_x
 in place, the dispatch copies it out: parts the late hello's wait from the pool's allocation); and,
 the baseline of the same run, a fresh buffer without the out pool (``out_pool_bytes=0``,
 ``EP_CUDA_LATE_HELLO=0``, no registration: the receiver copies the rows out, the combine stages

@@ -5,7 +5,8 @@
 # would silently read 0 or NULL).
 # Usage: tests/test_env_names.sh BUILD_DIR SRC_DIR   (exit 0 pass, 1 fail)
 set -u
-b=${1:?usage: test_env_names.sh BUILD_DIR SRC_DIR} src=${2:?usage: test_env_names.sh BUILD_DIR SRC_DIR}
+use="usage: test_env_names.sh BUILD_DIR SRC_DIR"
+b=${1:?$use} src=${2:?$use}
 rows=$("$b/bin/epcomm" info 2>/dev/null | awk '$1 ~ /^EP_/ { print $1 }' | sort -u)
 [ -n "$rows" ] || { echo "test_env_names.sh: epcomm info listed no EP_* rows" >&2; exit 1; }
 read=$(grep -rhoE 'ep_env_(int|real|long|str|text)\("EP_[A-Z0-9_]+"' "$src/src" |

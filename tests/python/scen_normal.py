@@ -449,9 +449,9 @@ def spares_steps(ctx, seed, sizes, H, E, topk, steps=3, default_device=False):
     stream held by a sleep first, so that the host does wait): the outputs the Buffer made
     meanwhile (_spares: the combine's output, the next layout's and rank prefix) are taken by
     the calls they were made for, on the stream they were made on, and every result keeps the
-    reference's bits; a combine on another stream, a layout of another size, and
-    spares turned off (``_spares.enabled = False``) take none. CPU has no spares. default_device: the Buffer made and
-    used under ``with torch.device(dev)``, as DeepEP's test_intranode.py runs
+    reference's bits; a combine on another stream, a layout of another size, and spares turned
+    off (``_spares.enabled = False``) take none. CPU has no spares. default_device: the Buffer
+    made and used under ``with torch.device(dev)``, as DeepEP's test_intranode.py runs
     (torch.set_default_device): what the package allocates for itself must still name its
     device (a page-locked count buffer on the GPU failed there)."""
     R, me, dev = ctx.nranks, ctx.rank, ctx.device
