@@ -31,20 +31,6 @@ static __device__ __forceinline__ void epk_st_rel(uint32_t *p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-static __device__ __forceinline__ void epk_add_rel(uint32_t *p, uint32_t v) {
-  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-/* After one __threadfence_system(), flags to many peers: the fence followed by relaxed stores is
- * a release pattern for every one of them (PTX memory model), where a st.release per peer would
- * fence again each time (measured: ~1.5 us per peer under MPS, serial in one thread). */
-static __device__ __forceinline__ void epk_st_rlx(uint32_t *p, uint32_t v) {
-  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-static __device__ __forceinline__ void epk_add_rlx(uint32_t *p, uint32_t v) {
-  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 /* The normal-mode kernels' flags and fences between ranks: at .gpu scope when every rank of the
  * buffer runs on this GPU (processes sharing it under MPS: one L2 orders them all), .sys
  * otherwise. Under MPS a .sys fence cost ~1.5 us, and at 128 tokens the .gpu scope made the
@@ -64,7 +50,9 @@ static __device__ __forceinline__ uint32_t epk_ld_peer(const epk_buf_t &b, const
     asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-/* Relaxed, after one epk_fence_peers (the release pattern of epk_st_rlx). */
+/* Flags to many peers after one epk_fence_peers: the fence followed by relaxed stores is a
+ * release pattern for every one of them (PTX memory model), where a st.release per peer would
+ * fence again each time (measured: ~1.5 us per peer under MPS, serial in one thread). */
 static __device__ __forceinline__ void epk_st_peer(const epk_buf_t &b, uint32_t *p, uint32_t v) {
   if (b.one_gpu)
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
