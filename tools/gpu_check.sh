@@ -90,7 +90,7 @@ host_cost() {
 # OUT/NAME-rR-tN-DTYPE-TAG<value>-<run>.{json,log}; prints one line: TITLE, then per run SAY<value>,
 # each ROW's figures and the self-check. A ROW is "LABEL|KEY|TOOK|CALLS": LABEL, phase KEY's
 # median/slowest rank's mean, and (summary TOOK/summary CALLS): how many of its calls took the
-# path the switch is about.
+# path the switch is about; "LABEL|KEY" when the bench counts none.
 switch_runs() {
   local var=$1 vals=$2 name=$3 R=${4%%:*} S=${4#*:} N=$5 dt=$6 line="R=${4%%:*}, ${4#*:} SMs, $5 tokens, $6, $7"
   local say=${8%%=*} tag=${8#*=} rep v f row label key took calls
@@ -104,13 +104,25 @@ switch_runs() {
       line="$line $say=$v"
       for row in "$@"; do
         IFS='|' read -r label key took calls <<<"$row"
-        line="$line $label$(us "$key" "$f.json")/$(rank_mean "$key" "$f.json") ($(summary \
-          "$took" "$f.json")/$(summary "$calls" "$f.json")),"
+        line="$line $label$(us "$key" "$f.json")/$(rank_mean "$key" "$f.json")"
+        [ -z "$took" ] || line="$line ($(summary "$took" "$f.json")/$(summary "$calls" "$f.json"))"
+        line="$line,"
       done
       line="$line check $(summary check "$f.json");"
     done
   done
   echo "$line"
+}
+# switch_grid "R:SMS..." "N..." "DTYPE..." VAR "VALUES" NAME TITLE SAY=TAG ROW...: switch_runs
+# at every R:SMs, token count and dtype.
+switch_grid() {
+  local sets=$1 toks=$2 dts=$3 rs N dt
+  shift 3
+  for rs in $sets; do
+    for N in $toks; do
+      for dt in $dts; do switch_runs "$1" "$2" "$3" "$rs" "$N" "$dt" "${@:4}"; done
+    done
+  done
 }
 late_gain() {
   local k off on
@@ -233,46 +245,30 @@ for s in $steps; do
       # of their calls pulled (the GPU counts them), at
       # R:SMs in $PULLR (default "2:24 4:24 8:16"), tokens in $PULLT (default "4096 128"), dtypes
       # in $PULLDT (default bf16), EP_CUDA_PULL values in $PULLP (default "0 1").
-      for rs in ${PULLR:-2:24 4:24 8:16}; do
-        for N in ${PULLT:-4096 128}; do
-          for dt in ${PULLDT:-bf16}; do
-            switch_runs EP_CUDA_PULL "${PULLP:-0 1}" pull "$rs" "$N" "$dt" \
-              "caller arrays, us (median/rank mean, pulled/calls):" pull=p \
-              "|dispatch_cached_caller|caller_pulled_min|caller_calls" \
-              "allocator |dispatch_alloc|alloc_pulled_min|alloc_calls"
-          done
-        done
-      done ;;
+      switch_grid "${PULLR:-2:24 4:24 8:16}" "${PULLT:-4096 128}" "${PULLDT:-bf16}" \
+        EP_CUDA_PULL "${PULLP:-0 1}" pull "caller arrays, us (median/rank mean, pulled/calls):" \
+        pull=p "|dispatch_cached_caller|caller_pulled_min|caller_calls" \
+        "allocator |dispatch_alloc|alloc_pulled_min|alloc_calls" ;;
     ccopy)
       # The combine of a separate tensor with its x copied into the combine buffer first
       # (EP_CUDA_COMBINE_COPY 1 / 0, same build, one call, each twice, alternated): `epcomm
       # bench`'s main combine row, median and slowest rank's mean, and how many of its calls
       # copied (fewest on a rank / calls), at R:SMs in $CCR (default "2:24 4:24 8:16"), tokens
       # in $CCT (default "4096 128"), bf16.
-      for rs in ${CCR:-2:24 4:24 8:16}; do
-        for N in ${CCT:-4096 128}; do
-          switch_runs EP_CUDA_COMBINE_COPY "0 1" ccopy "$rs" "$N" bf16 \
-            "combine of a separate tensor, us (median/rank mean, copied/calls):" copy=c \
-            "|combine|combine_copied_min|combine_calls"
-        done
-      done ;;
+      switch_grid "${CCR:-2:24 4:24 8:16}" "${CCT:-4096 128}" bf16 EP_CUDA_COMBINE_COPY "0 1" \
+        ccopy "combine of a separate tensor, us (median/rank mean, copied/calls):" copy=c \
+        "|combine|combine_copied_min|combine_calls" ;;
     scope)
       # Flags between ranks at system scope against the GPU's (EP_CUDA_SCOPE sys / auto, same
       # build, one call, each twice, alternated; auto is .gpu here, every rank on one GPU): `epcomm
       # bench`'s full and cached dispatch into views, combine of a view, and the full and cached
       # dispatch timed in one loop (full - cached), median and slowest rank's mean, at R:SMs in
       # $SCR (default "2:24 4:24 8:16"), tokens in $SCT (default "128 4096"), dtypes in $SCDT
-      # (default bf16); the parentheses hold the self-check.
-      for rs in ${SCR:-2:24 4:24 8:16}; do
-        for N in ${SCT:-128 4096}; do
-          for dt in ${SCDT:-bf16}; do
-            switch_runs EP_CUDA_SCOPE "sys auto" scope "$rs" "$N" "$dt" "us (median/rank mean):" \
-              scope=s "full |dispatch|check|check" "cached |dispatch_cached|check|check" \
-              "combine |combine_view|check|check" "paired full |dispatch_pair_full|check|check" \
-              "paired cached |dispatch_pair_cached|check|check"
-          done
-        done
-      done ;;
+      # (default bf16).
+      switch_grid "${SCR:-2:24 4:24 8:16}" "${SCT:-128 4096}" "${SCDT:-bf16}" EP_CUDA_SCOPE \
+        "sys auto" scope "us (median/rank mean):" scope=s "full |dispatch" \
+        "cached |dispatch_cached" "combine |combine_view" "paired full |dispatch_pair_full" \
+        "paired cached |dispatch_pair_cached" ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
       # the allocator-path rows of `epcomm bench` (plain outputs, then registered ones), bf16,
