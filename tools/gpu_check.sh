@@ -9,6 +9,8 @@
 #   in $CCR, tokens in $CCT)
 #   scope (flags between ranks at system scope and the GPU's: EP_CUDA_SCOPE=sys and auto,
 #   alternated, R:SMs in $SCR, tokens in $SCT)
+#   l2hint (rows through L2 at evict-first priority or not: EP_CUDA_L2_HINT=off and on,
+#   alternated (or the values in $L2V), R:SMs in $L2R, tokens in $L2T, dtypes in $L2DT)
 #   late (the late hello: allocator-path bench rows with EP_CUDA_LATE_HELLO=0 and 1)
 #   early (the allocator path's rows moved before the allocation: dispatch_alloc with
 #   EP_CUDA_EARLY_DATA=0 and 1)
@@ -269,6 +271,17 @@ for s in $steps; do
         "sys auto" scope "us (median/rank mean):" scope=s "full |dispatch" \
         "cached |dispatch_cached" "combine |combine_view" "paired full |dispatch_pair_full" \
         "paired cached |dispatch_pair_cached" ;;
+    l2hint)
+      # The rows a call moves through L2 at normal priority against evict-first
+      # (EP_CUDA_L2_HINT off / on, same build, one call, each twice, alternated): `epcomm bench`'s
+      # full and cached dispatch into views, the combine of a view and of a separate tensor, and
+      # the full and cached dispatch timed in one loop, median and slowest rank's mean, at R:SMs
+      # in $L2R (default "2:24 4:24 8:16"), tokens in $L2T (default "128 4096"), dtypes in $L2DT
+      # (default "bf16 fp8").
+      switch_grid "${L2R:-2:24 4:24 8:16}" "${L2T:-128 4096}" "${L2DT:-bf16 fp8}" EP_CUDA_L2_HINT \
+        "${L2V:-off on}" l2hint "us (median/rank mean):" l2=h "full |dispatch" \
+        "cached |dispatch_cached" "combine |combine_view" "combine tensor |combine" \
+        "paired full |dispatch_pair_full" "paired cached |dispatch_pair_cached" ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
       # the allocator-path rows of `epcomm bench` (plain outputs, then registered ones), bf16,

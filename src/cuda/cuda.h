@@ -72,8 +72,16 @@ typedef struct {
   bool pull;                  /* EP_CUDA_PULL: copy-out dispatches may pull staged rows */
   bool early_data;   /* EP_CUDA_EARLY_DATA: the allocator path moves rows before allocating */
   bool combine_copy; /* EP_CUDA_COMBINE_COPY: an unmapped combine input is copied into area C */
-  ep_call_key_t prev_key; /* err_key of the call before, for its error seen during this one */
+  uint64_t l2_stream_bytes; /* EP_CUDA_L2_HINT: calls moving this many bytes and more stream
+                               their rows through L2 evict-first (cuda_l2_stream) */
+  ep_call_key_t prev_key;   /* err_key of the call before, for its error seen during this one */
 } cuda_state_t;
+
+/* Whether a call whose rows, over all ranks, come to about `bytes` streams them through L2
+ * evict-first (epk_l2_policy in common.cuh). */
+static inline int cuda_l2_stream(const cuda_state_t *s, uint64_t bytes) {
+  return bytes >= s->l2_stream_bytes;
+}
 
 /* A call took path p (cuda_path_t), and how many have. */
 static inline void cuda_path_took(cuda_state_t *s, cuda_path_t p) {

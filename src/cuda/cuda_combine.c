@@ -162,7 +162,9 @@ ep_status_t cuda_combine(void *state, const ep_combine_args_t *a, const ep_handl
                      .plan = p->plan,
                      .hsrc = p->src,
                      .hsrc_cap = p->src_cap,
-                     .x_reg = x_reg};
+                     .x_reg = x_reg,
+                     /* our rows read over all ranks, about R x ours (EP_CUDA_L2_HINT) */
+                     .stream = cuda_l2_stream(s, (uint64_t)s->nranks * h->recv_rows * row)};
   rc = cuda_check(s, epk_launch_notify(&s->kb, &n, st), OP, "launch");
   if (!rc) rc = cuda_check(s, epk_launch_combine(&s->kb, &k, st), OP, "launch");
   if (!rc && k.direct)

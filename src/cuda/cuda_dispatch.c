@@ -104,6 +104,14 @@ static void fill_notify(const cuda_state_t *s, const call_t *c, epk_notify_t *n)
   fill_reg(s, c, n);
 }
 
+/* The bytes of x rows a dispatch writes over all ranks (EP_CUDA_L2_HINT), were every rank's
+ * routing uniform and its tokens as many as ours: a token reaches R (1 - (1 - 1/R)^topk) ranks. */
+static uint64_t rows_written(const cuda_state_t *s, int tokens, int topk, size_t row) {
+  double miss = 1.0;
+  for (int k = 0; k < topk && k < 64; k++) miss *= 1.0 - 1.0 / s->nranks;
+  return (uint64_t)((double)s->nranks * tokens * (double)row * s->nranks * (1.0 - miss));
+}
+
 static void fill_data(cuda_state_t *s, const call_t *c, int64_t cap, epk_dispatch_t *k) {
   const ep_dispatch_args_t *a = c->a;
   const ep_dispatch_call_t *d = c->c;
@@ -140,7 +148,9 @@ static void fill_data(cuda_state_t *s, const call_t *c, int64_t cap, epk_dispatc
                         0,
                         0,
                         0,
+                        0,
                         0};
+  k->stream = cuda_l2_stream(s, rows_written(s, a->num_tokens, d->topk, d->row_bytes));
   if (c->mode != EPK_MODE_VIEW) return;
   uint8_t *ad = s->pool + s->kb.off_area_d;
   k->recv_x = ad + c->lay.off_x;

@@ -182,6 +182,7 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
               : nullptr;
   int4 *out = reinterpret_cast<int4 *>(static_cast<uint16_t *>(a.out) + t * H);
   unsigned mask = 0;
+  const uint64_t pol = epk_l2_policy(a.stream);
   const int first = it0 * 32 * RU, end = min(nv, it1 * 32 * RU);
   for (int i0 = first; i0 < end; i0 += 32 * RU) {
     float acc[RU][8];
@@ -202,7 +203,7 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
         for (int h = 0; h < HG; h++)
 #pragma unroll
           for (int u = 0; u < RU; u++)
-            if (src[h] && i0 + 32 * u + lane < nv) v[h][u] = __ldcg(src[h] + 32 * u);
+            if (src[h] && i0 + 32 * u + lane < nv) v[h][u] = epk_ld_cg(src[h] + 32 * u, pol);
 #pragma unroll
         for (int h = 0; h < HG; h++)
 #pragma unroll
@@ -212,7 +213,7 @@ __device__ void reduce_token(const epk_buf_t &b, const epk_combine_t &a, const c
     }
 #pragma unroll
     for (int u = 0; u < RU; u++)
-      if (i0 + 32 * u + lane < nv) out[i0 + 32 * u + lane] = epk_pack8(acc[u]);
+      if (i0 + 32 * u + lane < nv) epk_st_hint(out + i0 + 32 * u + lane, epk_pack8(acc[u]), pol);
   }
   for (int k0 = 0; weights && a.has_w && k0 < a.topk; k0 += 32) {
     const int k = k0 + lane;

@@ -69,10 +69,6 @@ struct dstate {
   bool pull;      /* rows pulled (every hello allows it and every destination's rows fit) */
 };
 
-__device__ __forceinline__ int4 ld_nc_v4(const int4 *p) {
-  return __ldg(p);
-}
-
 /* Asynchronous copies global -> shared (no register holds the value meanwhile); before sm_80,
  * which has no cp.async, plain copies. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -139,12 +135,13 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
   const int nv = (int)(a.row / 16);
   /* Pulled: the row goes once to this rank's own stage row (NULL: staged already) instead. */
   const unsigned xmask = pull ? (stage ? 1u : 0u) : mask;
+  const uint64_t pol = epk_l2_policy(a.stream);
   for (int i0 = 0; xmask && i0 < nv; i0 += 32 * UNR) {
     int4 v[UNR];
 #pragma unroll
     for (int u = 0; u < UNR; u++) {
       int i = i0 + 32 * u + lane;
-      if (i < nv) v[u] = ld_nc_v4(reinterpret_cast<const int4 *>(src) + i);
+      if (i < nv) v[u] = epk_ld_once(reinterpret_cast<const int4 *>(src) + i, pol);
     }
     for (unsigned m = xmask; m; m &= m - 1) {
       int l = __ffs(m) - 1;
@@ -152,7 +149,7 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
 #pragma unroll
       for (int u = 0; u < UNR; u++) {
         int i = i0 + 32 * u + lane;
-        if (i < nv) out[i] = v[u];
+        if (i < nv) epk_st_hint(out + i, v[u], pol);
       }
     }
   }

@@ -404,6 +404,7 @@ typedef struct {
   int32_t late, lreg1, lcap;
   int32_t early; /* allocator path in two kernels (EPK_EARLY_*), else 0 */
   int64_t loff;
+  int32_t stream; /* the rows through L2 evict-first (epk_l2_policy, EP_CUDA_L2_HINT) */
 } epk_dispatch_t;
 
 /* The allocator path's two data kernels (EP_CUDA_EARLY_DATA): SEND runs before the outputs exist,
@@ -426,9 +427,9 @@ typedef struct {
   const int32_t *plan;
   const int32_t *hsrc;
   int64_t hsrc_cap;
-  int x_reg; /* direct: -1, x_off is in the pool; else x_off is in this rank's registration
-                x_reg of caller memory */
-  int pad;
+  int x_reg;  /* direct: -1, x_off is in the pool; else x_off is in this rank's registration
+                 x_reg of caller memory */
+  int stream; /* the rows through L2 evict-first (epk_l2_policy, EP_CUDA_L2_HINT) */
 } epk_combine_t;
 
 cudaError_t epk_launch_layout(const epk_buf_t *b, const epk_layout_t *a, cudaStream_t s);
