@@ -653,7 +653,7 @@ __global__ void __launch_bounds__(DT, 1) dispatch(epk_buf_t b, epk_dispatch_t a)
   if (a.early && early_done(b, a)) return;
   if (!setup(b, a, st, &s_nr)) return;
   if (st.pull && blockIdx.x == 0 && threadIdx.x == 0)
-    *reinterpret_cast<volatile uint32_t *>(&b.host->pulled) = ++b.priv->pulled;
+    *reinterpret_cast<volatile unsigned long long *>(&b.host->pulled) = ++b.priv->pulled;
   const int64_t nr = s_nr;
   const int my_rounds = st.rounds[b.rank];
   const bool xdirect = st.xdst[b.rank] != nullptr;

@@ -128,9 +128,10 @@ typedef struct {
   int32_t comb_k, comb_tc;                /* combine rounds and tokens per round (from notify) */
   int32_t comb_hello; /* 1: every holder's x is read in place and nothing is staged: the
                          combine finds the rows from the hellos (xreg1, xoff), no "staged" round */
-  uint32_t pulled;    /* dispatches that pulled their rows; copied to the host's (a plain store:
-                         a read-modify-write of host memory would stall the kernel) */
-  int32_t pad[2];
+  int32_t pad;
+  unsigned long long pulled; /* dispatches that pulled their rows; copied to the host's (a plain
+                                store: a read-modify-write of host memory would stall the
+                                kernel). 64 bits: 2^32 calls are days of a training job */
 } epk_priv_t;
 
 /* What a low-latency kernel tells a host that waits for it (a call outside a graph capture):
@@ -160,8 +161,9 @@ typedef struct {
   int64_t bad_value;           /* notify/layout: the offending expert id */
   int32_t layout_bad;          /* layout: first bad slot + 1, 0 if none */
   uint32_t abort;              /* written by the host: every kernel stops waiting */
-  uint32_t pulled;             /* dispatches that pulled their rows (epk_priv_t.pulled) */
-  int32_t pad[7];
+  uint32_t pad0;
+  unsigned long long pulled; /* dispatches that pulled their rows (epk_priv_t.pulled) */
+  int32_t pad[5];
   epk_ll_report_t ll_send; /* low-latency send kernels: the gate's or the combine check's verdict */
   epk_ll_report_t ll_recv; /* low-latency combine receive: the peers' flags */
   epk_ll_report_t ll_defer; /* the verdict behind a deferred low-latency failure (err) */
