@@ -107,14 +107,15 @@ static void cuda_path_counts(void *state, ep_buffer_info_t *i) {
 static void l2_hint_setup(cuda_state_t *s) {
   const char *v = ep_env_text("EP_CUDA_L2_HINT");
   int l2 = 0;
+  s->l2_stream_bytes = UINT64_MAX;
   if (v && !strcasecmp(v, "on"))
     s->l2_stream_bytes = 0;
-  else if ((v && !strcasecmp(v, "off")) ||
-           cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, s->device) != cudaSuccess || l2 <= 0)
-    s->l2_stream_bytes = UINT64_MAX;
-  else
+  else if (v && !strcasecmp(v, "off"))
+    return;
+  else if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, s->device) != cudaSuccess)
+    (void)cudaGetLastError(); /* this call's own error only: the caller's stay for it */
+  else if (l2 > 0)
     s->l2_stream_bytes = (uint64_t)l2 / 5;
-  (void)cudaGetLastError();
 }
 
 static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {

@@ -161,9 +161,8 @@ typedef struct {
   int64_t bad_value;           /* notify/layout: the offending expert id */
   int32_t layout_bad;          /* layout: first bad slot + 1, 0 if none */
   uint32_t abort;              /* written by the host: every kernel stops waiting */
-  uint32_t pad0;
-  unsigned long long pulled; /* dispatches that pulled their rows (epk_priv_t.pulled) */
-  int32_t pad[5];
+  unsigned long long pulled;   /* dispatches that pulled their rows (epk_priv_t.pulled) */
+  int32_t pad[6];
   epk_ll_report_t ll_send; /* low-latency send kernels: the gate's or the combine check's verdict */
   epk_ll_report_t ll_recv; /* low-latency combine receive: the peers' flags */
   epk_ll_report_t ll_defer; /* the verdict behind a deferred low-latency failure (err) */
