@@ -274,14 +274,16 @@ for s in $steps; do
     l2hint)
       # The rows a call moves through L2 at normal priority against evict-first
       # (EP_CUDA_L2_HINT off / on, same build, one call, each twice, alternated): `epcomm bench`'s
-      # full and cached dispatch into views, the combine of a view and of a separate tensor, and
+      # full and cached dispatch into views, the cached one into caller tensors (pulled), the
+      # combine of a view and of a separate tensor, and
       # the full and cached dispatch timed in one loop, median and slowest rank's mean, at R:SMs
       # in $L2R (default "2:24 4:24 8:16"), tokens in $L2T (default "128 4096"), dtypes in $L2DT
       # (default "bf16 fp8").
       switch_grid "${L2R:-2:24 4:24 8:16}" "${L2T:-128 4096}" "${L2DT:-bf16 fp8}" EP_CUDA_L2_HINT \
         "${L2V:-off on}" l2hint "us (median/rank mean):" l2=h "full |dispatch" \
-        "cached |dispatch_cached" "combine |combine_view" "combine tensor |combine" \
-        "paired full |dispatch_pair_full" "paired cached |dispatch_pair_cached" ;;
+        "cached |dispatch_cached" "caller |dispatch_cached_caller" "combine |combine_view" \
+        "combine tensor |combine" "paired full |dispatch_pair_full" \
+        "paired cached |dispatch_pair_cached" ;;
     late)
       # The late hello against the copy-out (EP_CUDA_LATE_HELLO 0 / 1, same build, one call):
       # the allocator-path rows of `epcomm bench` (plain outputs, then registered ones), bf16,

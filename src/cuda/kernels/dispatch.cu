@@ -135,13 +135,15 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
   const int nv = (int)(a.row / 16);
   /* Pulled: the row goes once to this rank's own stage row (NULL: staged already) instead. */
   const unsigned xmask = pull ? (stage ? 1u : 0u) : mask;
-  const uint64_t pol = epk_l2_policy(a.stream);
+  /* The token's row is read once; a destination's copy is written once, but a staged row is
+   * read by every destination that pulls it: normal priority there. */
+  const uint64_t lpol = epk_l2_policy(a.stream), pol = epk_l2_policy(a.stream && !pull);
   for (int i0 = 0; xmask && i0 < nv; i0 += 32 * UNR) {
     int4 v[UNR];
 #pragma unroll
     for (int u = 0; u < UNR; u++) {
       int i = i0 + 32 * u + lane;
-      if (i < nv) v[u] = epk_ld_once(reinterpret_cast<const int4 *>(src) + i, pol);
+      if (i < nv) v[u] = epk_ld_once(reinterpret_cast<const int4 *>(src) + i, lpol);
     }
     for (unsigned m = xmask; m; m &= m - 1) {
       int l = __ffs(m) - 1;
