@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 11; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 12; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -50,6 +50,13 @@
 #      gpu_check build suite ($SUITEF11: the normal-mode tests with it on and off, graph, combine
 #      buffer, registered combines, failure scenarios), its ccopy step at R = 2 / 4 / 8 and
 #      $CCT tokens (default 4096), then side by side with DeepEP at 4096 tokens (OUT/c11/sbs)
+#   12 where R = 8's ids and weights cost (the twenty-fifth session found it is where their lines
+#      land, not their stores): a copy of this tree with the measurement-only patch
+#      docs/gpu-runs/2026-12-06-s25/idw-sink/measurement-only.patch (each warp's ids and
+#      weights into one slot of its own; wrong outputs), Nsight Compute's DRAM and L2 write
+#      counters of the full dispatch for this tree and that one (R = 8, 16 SMs, bf16, 4096
+#      tokens, gpu_check's ncu step), then both timed alternately (tools/kernel_variants.sh, R
+#      = 8); OUT/c12/ncu-{base,sink}/ and OUT/c12/variants.txt
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -59,7 +66,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 | 11) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 11)" >&2; exit 2 ;; esac
+case $n in [1-9] | 1[0-2]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 12)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -132,6 +139,25 @@ case $n in
       "$d" ccopy
     DS_TOKENS=4096 timeout -k 5 "$((limit - (SECONDS - t0)))" tools/deepep_side_by_side.sh \
       .gpu/with-mps "$d/sbs" .deepep build normal report ;;
+  12)
+    sink=build-sink-src # outside OUT: the sources do not go back
+    rm -rf "$sink" && mkdir -p "$sink" && cp -r CMakeLists.txt cmake include src tools bench examples \
+      tests python "$sink"/ && patch -s -d "$sink" -p1 <docs/gpu-runs/2026-12-06-s25/idw-sink/measurement-only.patch ||
+      exit 1
+    for v in base:. "sink:$sink"; do
+      { cmake -S "${v#*:}" -B "build-v-${v%%:*}" -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+          -DCMAKE_CUDA_FLAGS="$([ "${v%%:*}" = sink ] && echo -DEPK_IDW_SINK=1)" &&
+          ninja -C "build-v-${v%%:*}" bin/epcomm; } >"$d/build-v-${v%%:*}.log" 2>&1 &
+    done
+    wait
+    for v in base sink; do
+      GPUB=build-v-$v NCUR=8 NCUSMS=16 NCUDT=bf16 NCUT=4096 NCUSECT=0 \
+        NCUM=${NCUM12:-gpu__time_duration.sum,dram__bytes_write.sum,dram__bytes_read.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_write_lookup_miss.sum} \
+        timeout -k 5 "$((limit / 3))" tools/gpu_check.sh .gpu/with-mps "$d/ncu-$v" ncu
+    done
+    VR="8 8" timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh .gpu/with-mps "$d" \
+      base: "sink@$sink:-DEPK_IDW_SINK=1" >"$d/variants.txt" 2>&1
+    cat "$d/variants.txt" ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
