@@ -141,22 +141,25 @@ case $n in
       .gpu/with-mps "$d/sbs" .deepep build normal report ;;
   12)
     sink=build-sink-src # outside OUT: the sources do not go back
-    rm -rf "$sink" && mkdir -p "$sink" && cp -r CMakeLists.txt cmake include src tools bench examples \
-      tests python "$sink"/ && patch -s -d "$sink" -p1 <docs/gpu-runs/2026-12-06-s25/idw-sink/measurement-only.patch ||
-      exit 1
-    for v in base:. "sink:$sink"; do
-      { cmake -S "${v#*:}" -B "build-v-${v%%:*}" -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-          -DCMAKE_CUDA_FLAGS="$([ "${v%%:*}" = sink ] && echo -DEPK_IDW_SINK=1)" &&
-          ninja -C "build-v-${v%%:*}" bin/epcomm; } >"$d/build-v-${v%%:*}.log" 2>&1 &
+    patch=docs/gpu-runs/2026-12-06-s25/idw-sink/measurement-only.patch
+    rm -rf "$sink" && mkdir -p "$sink" &&
+      cp -r CMakeLists.txt cmake include src tools bench examples tests python "$sink"/ &&
+      patch -s -d "$sink" -p1 <"$patch" || exit 1
+    for v in base:.: "sink:$sink:-DEPK_IDW_SINK=1"; do
+      IFS=: read -r name dir flags <<<"$v"
+      { cmake -S "$dir" -B "build-v-$name" -G Ninja -DEP_CUDA=ON \
+          -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_FLAGS="$flags" &&
+          ninja -C "build-v-$name" bin/epcomm; } >"$d/build-v-$name.log" 2>&1 &
     done
     wait
+    m=gpu__time_duration.sum,dram__bytes_write.sum,dram__bytes_read.sum
+    m=$m,lts__t_sectors_op_write.sum,lts__t_sectors_op_write_lookup_miss.sum
     for v in base sink; do
-      GPUB=build-v-$v NCUR=8 NCUSMS=16 NCUDT=bf16 NCUT=4096 NCUSECT=0 \
-        NCUM=${NCUM12:-gpu__time_duration.sum,dram__bytes_write.sum,dram__bytes_read.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_write_lookup_miss.sum} \
+      GPUB=build-v-$v NCUR=8 NCUSMS=16 NCUDT=bf16 NCUT=4096 NCUSECT=0 NCUM=${NCUM12:-$m} \
         timeout -k 5 "$((limit / 3))" tools/gpu_check.sh .gpu/with-mps "$d/ncu-$v" ncu
     done
-    VR="8 8" timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh .gpu/with-mps "$d" \
-      base: "sink@$sink:-DEPK_IDW_SINK=1" >"$d/variants.txt" 2>&1
+    VR="8 8" timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh .gpu/with-mps \
+      "$d" base: "sink@$sink:-DEPK_IDW_SINK=1" >"$d/variants.txt" 2>&1
     cat "$d/variants.txt" ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
