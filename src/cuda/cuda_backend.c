@@ -2,7 +2,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "cuda/cuda.h"
 #include "cuda/cuda_ll.h"
@@ -100,24 +99,6 @@ static void cuda_path_counts(void *state, ep_buffer_info_t *i) {
   i->dispatches_pulled = __atomic_load_n(&s->host->pulled, __ATOMIC_ACQUIRE);
 }
 
-/* EP_CUDA_L2_HINT: from how many bytes of rows, over all ranks, a call streams them through L2
- * (cuda_l2_stream). auto: a fifth of this GPU's L2 (10.5 MB on an H100), between the calls
- * measured slower with the hint (bf16, R = 2, 128 tokens: ~7.3 MB) and faster (fp8, R = 4, 128
- * tokens: ~13.2 MB; docs/PERFORMANCE.md); a GPU that does not say: never. */
-static void l2_hint_setup(cuda_state_t *s) {
-  const char *v = ep_env_text("EP_CUDA_L2_HINT");
-  int l2 = 0;
-  s->l2_stream_bytes = UINT64_MAX;
-  if (v && !strcasecmp(v, "on"))
-    s->l2_stream_bytes = 0;
-  else if (v && !strcasecmp(v, "off"))
-    return;
-  else if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, s->device) != cudaSuccess)
-    (void)cudaGetLastError(); /* this call's own error only: the caller's stay for it */
-  else if (l2 > 0)
-    s->l2_stream_bytes = (uint64_t)l2 / 5;
-}
-
 static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, void **state) {
   cuda_state_t *s = calloc(1, sizeof *s);
   if (!s) return ep_ctx_fail(ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "init", "oom");
@@ -135,7 +116,6 @@ static ep_status_t cuda_create(ep_ctx_t *ctx, const ep_buffer_config_t *cfg, voi
   int prev = -1;
   if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
   ep_status_t st = cuda_mem_setup(s, cfg);
-  if (!st) l2_hint_setup(s);
   if (!st) st = trace_setup(s);
   if (!st && hosts > 1) st = cuda_net_create(s, cfg);
   if (st) {

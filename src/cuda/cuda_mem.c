@@ -41,6 +41,17 @@ typedef struct {
   int32_t pad2;
 } peer_info_t;
 
+/* EP_CUDA_L2_HINT: from how many bytes of rows, over all ranks, a call streams them through L2
+ * (cuda_l2_stream), for a GPU of l2 bytes of L2. auto: a fifth of it (10.5 MB on an H100),
+ * between the calls measured slower with the hint (bf16, R = 2, 128 tokens: ~7.3 MB) and faster
+ * (fp8, R = 4, 128 tokens: ~13.2 MB; docs/PERFORMANCE.md); a GPU that does not say: never. */
+static uint64_t l2_stream_bytes(int l2) {
+  const char *v = ep_env_text("EP_CUDA_L2_HINT");
+  if (v && !strcasecmp(v, "on")) return 0;
+  if ((v && !strcasecmp(v, "off")) || l2 <= 0) return UINT64_MAX;
+  return (uint64_t)l2 / 5;
+}
+
 static ep_status_t pick_device(cuda_state_t *s, const ep_buffer_config_t *cfg) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -67,6 +78,7 @@ static ep_status_t local_setup(cuda_state_t *s, const ep_buffer_config_t *cfg, p
   if ((st = cuda_check(s, cudaGetDeviceProperties(&p, s->device), OP, "init"))) return st;
   memcpy(me->uuid, p.uuid.bytes, 16);
   me->pci[0] = p.pciDomainID, me->pci[1] = p.pciBusID, me->pci[2] = p.pciDeviceID;
+  s->l2_stream_bytes = l2_stream_bytes(p.l2CacheSize);
   me->sms = p.multiProcessorCount;
   me->want_blocks = cfg->num_sms > 0 ? cfg->num_sms : (int)ep_env_int("EP_CUDA_SMS");
   epk_ll_layout_t ll;
