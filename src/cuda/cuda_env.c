@@ -67,8 +67,9 @@ static const ep_env_row_t cuda_rows[] = {
     EP_ENV_ROW_ENUM("cuda", "EP_CUDA_L2_HINT", "auto", "auto|on|off",
                     "auto (default): a normal-mode dispatch or combine whose rows, over all "
                     "ranks, come to a fifth of the GPU's L2 cache and more reads and writes "
-                    "them at evict-first priority in L2 (up to 14% faster calls on an H100; "
-                    "~3% slower below that size); on: every call; off: none"),
+                    "them (and a full dispatch's ids and weights) at evict-first priority in "
+                    "L2 (up to 14% faster calls on an H100; ~3% slower below that size); on: "
+                    "every call; off: none"),
     EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_TRACE", "0", "0", "1",
                    "1: time the phases of the low-latency kernels on the GPU (%globaltimer) "
                    "and print their means on stderr when the buffer is destroyed"),
