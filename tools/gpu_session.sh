@@ -53,10 +53,10 @@
 #   12 where R = 8's ids and weights cost (the twenty-fifth session found it is where their lines
 #      land, not their stores): a copy of this tree with the measurement-only patch
 #      docs/gpu-runs/2026-12-06-s25/idw-sink/measurement-only.patch (each warp's ids and
-#      weights into one slot of its own; wrong outputs), Nsight Compute's DRAM and L2 write
-#      counters of the full dispatch for this tree and that one (R = 8, 16 SMs, bf16, 4096
-#      tokens, gpu_check's ncu step), then both timed alternately (tools/kernel_variants.sh, R
-#      = 8); OUT/c12/ncu-{base,sink}/ and OUT/c12/variants.txt
+#      weights into one slot of its own; wrong outputs), built beside this tree and timed
+#      alternately (tools/kernel_variants.sh, R = 8); OUT/c12/variants.txt. Nsight Compute's
+#      DRAM and L2 write counters are not collected: they need replays, which stop under MPS at
+#      R = 8 (twenty-sixth session, docs/gpu-runs/2026-12-06-s26/ncu-r8-failed/)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -145,19 +145,6 @@ case $n in
     rm -rf "$sink" && mkdir -p "$sink" &&
       cp -r CMakeLists.txt cmake include src tools bench examples tests python "$sink"/ &&
       patch -s -d "$sink" -p1 <"$patch" || exit 1
-    for v in base:.: "sink:$sink:-DEPK_IDW_SINK=1"; do
-      IFS=: read -r name dir flags <<<"$v"
-      { cmake -S "$dir" -B "build-v-$name" -G Ninja -DEP_CUDA=ON \
-          -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_FLAGS="$flags" &&
-          ninja -C "build-v-$name" bin/epcomm; } >"$d/build-v-$name.log" 2>&1 &
-    done
-    wait
-    m=gpu__time_duration.sum,dram__bytes_write.sum,dram__bytes_read.sum
-    m=$m,lts__t_sectors_op_write.sum,lts__t_sectors_op_write_lookup_miss.sum
-    for v in base sink; do
-      GPUB=build-v-$v NCUR=8 NCUSMS=16 NCUDT=bf16 NCUT=4096 NCUSECT=0 NCUM=${NCUM12:-$m} \
-        timeout -k 5 "$((limit / 3))" tools/gpu_check.sh .gpu/with-mps "$d/ncu-$v" ncu
-    done
     VR="8 8" timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh .gpu/with-mps \
       "$d" base: "sink@$sink:-DEPK_IDW_SINK=1" >"$d/variants.txt" 2>&1
     cat "$d/variants.txt" ;;
