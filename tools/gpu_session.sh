@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 12; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 13; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -57,6 +57,11 @@
 #      alternately (tools/kernel_variants.sh, R = 8); OUT/c12/variants.txt. Nsight Compute's
 #      DRAM and L2 write counters are not collected: they need replays, which stop under MPS at
 #      R = 8 (twenty-sixth session, docs/gpu-runs/2026-12-06-s26/ncu-r8-failed/)
+#   13 the kernels' buffer descriptor as `const __grid_constant__` (3aed2ed, compile-checked only
+#      when it landed): gpu_check build suite ($SUITEF13: the normal-mode and low-latency tests
+#      and the failure scenarios), then tools/kernel_variants.sh with it (gc1) and without it
+#      (gc0, -DEPK_GRID_CONST=0), R = 2 / 4 / 8, at 128 tokens and then at 4096;
+#      OUT/c13/variants-t128.txt and variants-t4096.txt
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -66,7 +71,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in [1-9] | 1[0-2]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 12)" >&2; exit 2 ;; esac
+case $n in [1-9] | 1[0-3]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -148,6 +153,15 @@ case $n in
     VR="8 8" timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh .gpu/with-mps \
       "$d" base: "sink@$sink:-DEPK_IDW_SINK=1" >"$d/variants.txt" 2>&1
     cat "$d/variants.txt" ;;
+  13)
+    SUITEF=${SUITEF13:-'^cuda\.(normal|graph|memreg|cbuf|ll|failure|timeout)'} \
+      timeout -k 5 250 tools/gpu_check.sh .gpu/with-mps "$d" build suite
+    for t in 128 4096; do
+      KV_TOKENS=$t timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh \
+        .gpu/with-mps "$d/kv$t" gc1: gc0:-DEPK_GRID_CONST=0 >"$d/variants-t$t.txt" 2>&1
+      echo "tokens $t:"
+      cat "$d/variants-t$t.txt"
+    done ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;

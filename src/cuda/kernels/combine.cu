@@ -310,8 +310,7 @@ __device__ void finish(const epk_buf_t &b) {
 
 /* The kernel's name: ep_kernels.h says why. */
 namespace epcomm::normal {
-__global__ void __launch_bounds__(CT, 1)
-    combine(const __grid_constant__ epk_buf_t b, epk_combine_t a) {
+__global__ void __launch_bounds__(CT, 1) combine(EPK_BUF_ARG b, epk_combine_t a) {
   extern __shared__ long long csm[];
   const int R = b.nranks;
   epk_grid_wait();            /* for the notify kernel before it (epk_launch_dependent) */

@@ -633,8 +633,7 @@ __device__ void publish_count(const epk_buf_t &b, const epk_dispatch_t &a) {
 
 /* The kernel's name: ep_kernels.h says why. */
 namespace epcomm::normal {
-__global__ void __launch_bounds__(DT, 1)
-    dispatch(const __grid_constant__ epk_buf_t b, epk_dispatch_t a) {
+__global__ void __launch_bounds__(DT, 1) dispatch(EPK_BUF_ARG b, epk_dispatch_t a) {
   extern __shared__ int64_t dsm[];
   __shared__ int64_t s_nr;
   __shared__ int s_rw, s_flag;

@@ -284,7 +284,15 @@ EPK_HD int epk_plan_tiles(int n) {
  * reference, and without the qualifier every thread copied its 192 bytes from the parameter bank
  * to local memory at each launch and read its fields back from there (ptxas: a 192-byte stack
  * frame in every normal-mode and low-latency kernel; with it none, and the spills of combine and
- * notify went too). */
+ * notify went too). EPK_GRID_CONST=0 builds the old form, for tools/kernel_variants.sh. */
+#ifndef EPK_GRID_CONST
+#define EPK_GRID_CONST 1
+#endif
+#if EPK_GRID_CONST
+#define EPK_BUF_ARG const __grid_constant__ epk_buf_t
+#else
+#define EPK_BUF_ARG epk_buf_t
+#endif
 typedef struct {
   int rank, nranks, blocks;
   int one_gpu; /* every rank on this GPU (under MPS): normal-mode flags and fences between ranks

@@ -320,8 +320,7 @@ __device__ __forceinline__ void send(const epk_buf_t &b, const epk_ll_t &ll,
 }
 
 /* A handle whose combine was not received: its readers' marks go up all the same. */
-__global__ void __launch_bounds__(128, 1)
-    ll_release_kernel(const __grid_constant__ epk_buf_t b, epk_ll_t ll, int slot) {
+__global__ void __launch_bounds__(128, 1) ll_release_kernel(EPK_BUF_ARG b, epk_ll_t ll, int slot) {
   const int32_t *ps = slot_arr<int32_t>(ll, slot, ll.lay.ps_peer);
   const uint32_t done = *reinterpret_cast<volatile uint32_t *>(&priv(ll)->c);
   __threadfence_system();
@@ -334,8 +333,7 @@ __global__ void __launch_bounds__(128, 1)
 /* Both phases are one kernel, epcomm::ll::combine, as the dispatch's (ep_kernels.h, kernel
  * names). */
 namespace epcomm::ll {
-__global__ void __launch_bounds__(CT, 1)
-    combine(const __grid_constant__ epk_buf_t b, epk_ll_t ll, epk_ll_combine_t a) {
+__global__ void __launch_bounds__(CT, 1) combine(EPK_BUF_ARG b, epk_ll_t ll, epk_ll_combine_t a) {
   if (a.recv_only)
     reduce(b, ll, a);
   else

@@ -485,7 +485,7 @@ __device__ __forceinline__ void arrive(const epk_buf_t &b, const epk_ll_t &ll, i
 /* A rejected dispatch still takes its number: after every rank entered q-1, the record of q
  * says REJECTED, so that the peers' gate fails at once. */
 __global__ void __launch_bounds__(128, 1)
-    ll_reject_kernel(const __grid_constant__ epk_buf_t b, epk_ll_t ll, int combine) {
+    ll_reject_kernel(EPK_BUF_ARG b, epk_ll_t ll, int combine) {
   epk_ll_priv_t *p = priv(ll);
   if (combine) {
     if (threadIdx.x == 0) {
@@ -527,8 +527,7 @@ __global__ void __launch_bounds__(128, 1)
 /* Both phases are one kernel, epcomm::ll::dispatch: a profiler counts the receive hook's launch
  * as the dispatch's second phase (ep_kernels.h, kernel names). */
 namespace epcomm::ll {
-__global__ void __launch_bounds__(DT, 1)
-    dispatch(const __grid_constant__ epk_buf_t b, epk_ll_t ll, epk_ll_dispatch_t a) {
+__global__ void __launch_bounds__(DT, 1) dispatch(EPK_BUF_ARG b, epk_ll_t ll, epk_ll_dispatch_t a) {
   if (a.recv_only)
     arrive(b, ll, a.slot);
   else

@@ -221,7 +221,7 @@ __device__ void publish(const epk_buf_t &b, const epk_notify_t &a, bool failed) 
 
 /* The kernel's name: ep_kernels.h says why. */
 namespace epcomm::normal {
-__global__ void __launch_bounds__(NT) notify(const __grid_constant__ epk_buf_t b, epk_notify_t a) {
+__global__ void __launch_bounds__(NT) notify(EPK_BUF_ARG b, epk_notify_t a) {
   __shared__ uint32_t s_seq;
   if (threadIdx.x == 0) {
     /* Stored back by the block that goes on alone (below). A plan block that starts after that
