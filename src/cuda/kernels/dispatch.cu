@@ -180,7 +180,8 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
     for (int i = lane; !hs && i < a.num_scales; i += 32)
       sc[i] = a.x_scales[t * a.scale_tok + i * a.scale_hid];
     if (a.cached) continue;
-    /* The ids and weights at the rows' priority: held at normal priority, their ~96 bytes a
+    /* The ids and weights at the token loads' priority (evict-first when the call streams,
+     * pulled too: each is read once, not staged): held at normal priority, their ~96 bytes a
      * row (16.6 MB a call over 8 ranks at 4096 tokens, bf16) made the full dispatch ~5% slower
      * and the call after it ~4% (an H100 under MPS, docs/PERFORMANCE.md). */
     const int64_t lo = (int64_t)(g + l) * a.local_experts;

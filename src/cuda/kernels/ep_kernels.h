@@ -279,11 +279,12 @@ EPK_HD int epk_plan_tiles(int n) {
   return n > 0 ? (n + tt - 1) / tt : 1;
 }
 
-/* What every kernel knows about its buffer; constant from create to destroy. The kernels take it
- * as `const __grid_constant__`: the error paths (epk_fail, epk_err_post: not inlined) take it by
- * reference, and without the qualifier every thread copied its 192 bytes from the parameter bank
- * to local memory at each launch and read its fields back from there (ptxas: a 192-byte stack
- * frame in every normal-mode and low-latency kernel; with it none, and the spills of combine and
+/* What every kernel knows about its buffer; constant from create to destroy. The normal-mode and
+ * low-latency kernels take it as `const __grid_constant__` (layout's and the error-clearing one
+ * have no stack frame either way): the error paths (epk_fail, epk_err_post: not inlined) take
+ * it by reference, and without the qualifier every thread copied its 192 bytes from the
+ * parameter bank to local memory at each launch and read its fields back from there (ptxas: a
+ * 192-byte stack frame in each of those kernels; with it none, and the spills of combine and
  * notify went too). EPK_GRID_CONST=0 builds the old form, for tools/kernel_variants.sh. */
 #ifndef EPK_GRID_CONST
 #define EPK_GRID_CONST 1
