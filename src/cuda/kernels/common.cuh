@@ -250,23 +250,23 @@ static __device__ __forceinline__ void epk_st_hint(int4 *p, int4 v, uint64_t pol
   *p = v;
 #endif
 }
-/* One int64 / float store at the policy's L2 priority (a full dispatch's ids and weights). */
-static __device__ __forceinline__ void epk_st_hint_b64(int64_t *p, int64_t v, uint64_t pol) {
+/* One scalar store at the policy's L2 priority (a full dispatch's ids and weights): NAME(p, v,
+ * pol) for T, its PTX type and its asm constraint. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("st.global.L2::cache_hint.b64 [%0], %1, %2;" ::"l"(p), "l"(v), "l"(pol) : "memory");
+#define EPK_ST_HINT_SCALAR(NAME, T, PTX, CON)                                                \
+  static __device__ __forceinline__ void NAME(T *p, T v, uint64_t pol) {                     \
+    asm volatile("st.global.L2::cache_hint." PTX " [%0], %1, %2;" ::"l"(p), CON(v), "l"(pol) \
+                 : "memory");                                                                \
+  }
 #else
-  (void)pol;
-  *p = v;
+#define EPK_ST_HINT_SCALAR(NAME, T, PTX, CON)                            \
+  static __device__ __forceinline__ void NAME(T *p, T v, uint64_t pol) { \
+    (void)pol;                                                           \
+    *p = v;                                                              \
+  }
 #endif
-}
-static __device__ __forceinline__ void epk_st_hint_f32(float *p, float v, uint64_t pol) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(v), "l"(pol) : "memory");
-#else
-  (void)pol;
-  *p = v;
-#endif
-}
+EPK_ST_HINT_SCALAR(epk_st_hint_b64, int64_t, "b64", "l")
+EPK_ST_HINT_SCALAR(epk_st_hint_f32, float, "f32", "f")
 
 /* EP_CUDA_TRACE points (ep_kernels.h): thread 0 of the calling block. */
 static __device__ __forceinline__ void epk_tr_set(const epk_buf_t &b, int i) {
