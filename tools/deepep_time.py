@@ -350,6 +350,9 @@ EP_NORMAL = {
 for _t in ("bf16", "fp8"):  # full and cached paired in one loop (full - cached only)
     EP_NORMAL[_t].update({"dispatch_pair_full": f"dispatch_{_t}_pair_full",
                           "dispatch_pair_cached": f"dispatch_{_t}_pair_cached"})
+# the same pair with a combine after each dispatch (bf16 only)
+EP_NORMAL["bf16"].update({"dispatch_lpair_full": "dispatch_bf16_lpair_full",
+                          "dispatch_lpair_cached": "dispatch_bf16_lpair_cached"})
 # epcomm op -> the DeepEP op it is compared with
 VS_NORMAL = [
     ("dispatch_fp8_full", "dispatch_fp8_full", "fp8 dispatch, full (views)"),
@@ -614,10 +617,13 @@ def report(d):
                          for k in ("full", "cached")]
                     return ("" if None in m else
                             f"; {what}: fp8 {m[0] - m[1]:.1f}, bf16 {m[2] - m[3]:.1f}")
+                lp = [ep[key].get(f"dispatch_bf16_lpair_{k}@median") for k in ("full", "cached")]
+                lps = ("" if None in lp else
+                       f"; paired, each followed by a combine: bf16 {lp[0] - lp[1]:.1f}")
                 print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full - cached (count exchange), "
                       f"by the table's statistic: fp8 {f - c:.1f}, bf16 {b - bc:.1f} us"
                       f"{gaps('medians of the slowest rank per iteration', '')}"
-                      f"{gaps('paired in one loop, medians', '_pair')}")
+                      f"{gaps('paired in one loop, medians', '_pair')}{lps}")
             # Issue 15's small-batch goal: a full dispatch + the combine of its view, both timed
             # alone, their sums compared.
             pairs = []

@@ -9,8 +9,9 @@
 # 4096 tokens instead of 16); each variant gets its own build (only the epcomm tool), then `epcomm
 # bench --backend cuda` runs at R=2, 4, 8 (24, 24, 16 SMs per rank), bf16 and fp8. Prints one line
 # of median times (us) per variant and R, from the runs' JSON (bf16pair / fp8pair: full - cached
-# dispatch timed in one loop, the paired rows); a run whose self-check did not pass says so. VR:
-# rank counts (2 4 8); KV_TOKENS: tokens per rank (the bench's default, 4096).
+# dispatch timed in one loop, the paired rows; bf16lpair: the same with a combine after each
+# dispatch); a run whose self-check did not pass says so. VR: rank counts (2 4 8); KV_TOKENS:
+# tokens per rank (the bench's default, 4096).
 set -u -o pipefail
 mps=${1:?usage}; out=${2:?usage}; shift 2
 mkdir -p "$out"
@@ -29,13 +30,14 @@ us() {
   sed -n "s/^  \"$1\": {.*\"time_ms\": {\"median\": \([^,]*\),.*/\1/p" "$2" |
     awk 'END { if (NR) printf "%.1f", $1 * 1000; else printf "-" }'
 }
-# gap FILE: full - cached dispatch of the paired loop (both in each iteration), medians, us.
+# gap FILE [INFIX]: full - cached dispatch of the paired loop (both in each iteration; INFIX
+# lpair: the loop with a combine after each dispatch), medians, us.
 gap() {
-  awk -v a="$(us dispatch_pair_full "$1")" -v b="$(us dispatch_pair_cached "$1")" \
+  awk -v a="$(us "dispatch_${2:-pair}_full" "$1")" -v b="$(us "dispatch_${2:-pair}_cached" "$1")" \
     'BEGIN { if (a == "-" || b == "-") printf "-"; else printf "%.1f", a - b }'
 }
-printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s\n' variant R bf16full bf16cach fp8full fp8cach \
-  comb_view comb_tens bf16pair fp8pair
+printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' variant R bf16full bf16cach fp8full \
+  fp8cach comb_view comb_tens bf16pair fp8pair bf16lpair
 for R in ${VR:-2 4 8}; do
   for v in "$@"; do
     n=$(name "$v") note=""
@@ -47,8 +49,9 @@ for R in ${VR:-2 4 8}; do
       grep -q '"check": "pass"' "$out/v-$n-r$R-$dt.json" 2>/dev/null || note="$note $dt: check failed"
     done
     b=$out/v-$n-r$R-bf16.json f=$out/v-$n-r$R-fp8.json
-    printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s%s\n' "$n" "$R" "$(us dispatch "$b")" \
+    printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s %9s%s\n' "$n" "$R" "$(us dispatch "$b")" \
       "$(us dispatch_cached "$b")" "$(us dispatch "$f")" "$(us dispatch_cached "$f")" \
-      "$(us combine_view "$b")" "$(us combine "$b")" "$(gap "$b")" "$(gap "$f")" "$note"
+      "$(us combine_view "$b")" "$(us combine "$b")" "$(gap "$b")" "$(gap "$f")" \
+      "$(gap "$b" lpair)" "$note"
   done
 done

@@ -1,5 +1,6 @@
 /* Normal-mode variants, after the main rows: a cached dispatch (what DeepEP's tuning loop
- * times) with the main output mode, a full and a cached dispatch paired in one loop, into caller
+ * times) with the main output mode, a full and a cached dispatch paired in one loop (and, bf16,
+ * the same pair with a combine after each dispatch), into caller
  * tensors, and into caller tensors registered with
  * the buffer (backends that write registered memory in place: recv_x written by the senders, no
  * copy-out pass); a combine whose input is the bf16
@@ -217,6 +218,32 @@ static int full_cached_pair(normal_t *u, ep_output_mode_t mode) {
   return bench_run(u->c, &v, s, 4, "full and cached dispatch, paired");
 }
 
+/* The same pair in a MoE layer's order: each dispatch followed by a combine of its received rows
+ * (untimed; a view where the backend has them), so that the two dispatches follow the same kind
+ * of call. Above, the cached call
+ * follows the full one and pays for what it left behind: on an H100 under MPS at R = 8 the full
+ * call's ids and weights lines cost the cached call after it ~75 us (twenty-sixth session). */
+static int layer_combine(bench_ctx_t *c, void *state, int it) {
+  var_t *v = state;
+  v->h = v->u->h, v->x = v->u->last.recv_x;
+  return call_combine(c, state, it);
+}
+
+static int full_cached_layer(normal_t *u, ep_output_mode_t mode) {
+  var_t v = {u, NULL, mode, NULL, NULL, NULL, "epcomm dispatch + combine pair, cached"};
+  bench_step_t s[] = {
+      {pair_full,
+       bench_row(u->c, "dispatch_lpair_full", "epcomm dispatch + combine pair, full",
+                 BENCH_K_DISPATCH),
+       0},
+      {layer_combine, -1, 0},
+      {pair_cached, bench_row(u->c, "dispatch_lpair_cached", v.label, BENCH_K_DISPATCH), 0},
+      {layer_combine, -1, 0},
+      {check_rows, -1, 0},
+      {pair_drop, -1, 0}};
+  return bench_run(u->c, &v, s, 6, "full and cached dispatch, each with a combine, paired");
+}
+
 /* Full dispatches into the allocator's outputs (bench_normal.c), the handle dropped each time. */
 static int full_alloc(bench_ctx_t *c, void *state, int it) {
   var_t *v = state;
@@ -273,6 +300,7 @@ int bench_normal_variants(normal_t *u) {
   bench_free(c, v.rx), bench_free(c, v.rs);
   if (!rc && (c->caps & EP_CAP_REGISTER_MEMORY)) rc = cached_registered(u, &v);
   if (!rc && u->views && c->o->dtype == BENCH_BF16) rc = combine_view(u);
+  if (!rc && c->o->dtype == BENCH_BF16) rc = full_cached_layer(u, main_mode);
   if (!rc && (c->caps & EP_CAP_COMBINE_BUFFER)) rc = combine_buffer(u, main_mode);
   if (!rc && (c->caps & EP_CAP_REGISTER_MEMORY)) rc = combine_registered(u, main_mode);
   if (!rc && u->views) rc = full_allocator(u);

@@ -105,7 +105,10 @@ static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, s
                "loop times)."},
               {"dispatch_pair_full",
                " pair: a full dispatch and a cached one along its handle in each iteration, "
-               "timed apart (full - cached from calls that see the same GPU state)."},
+               "timed apart (full - cached; the cached call follows the full one)."},
+              {"dispatch_lpair_full",
+               " dispatch + combine pair: the same pair, each dispatch followed by a combine of "
+               "its received rows (untimed), a MoE layer's order."},
               {"dispatch_cached_caller", " caller: the rows copied into the caller's tensors."},
               {"dispatch_alloc",
                " allocator: a full dispatch whose outputs come from an allocator callback "

@@ -15,7 +15,7 @@
 
 #include "bench_common.h"
 
-#define BENCH_MAX_ROWS 24
+#define BENCH_MAX_ROWS 32
 #define BENCH_MSG 240
 
 /* What a row's bytes are, for GB/s: a dispatch's received bytes, a combine's returned bytes, a
