@@ -61,7 +61,8 @@
 #      when it landed): gpu_check build suite ($SUITEF13: the normal-mode and low-latency tests
 #      and the failure scenarios), then tools/kernel_variants.sh with it (gc1) and without it
 #      (gc0, -DEPK_GRID_CONST=0), R = 2 / 4 / 8, at 128 tokens and then at 4096;
-#      OUT/c13/variants-t128.txt and variants-t4096.txt
+#      OUT/c13/variants-t128.txt and variants-t4096.txt (their bf16lpair column: the bench's
+#      full / cached pair with a combine after each dispatch, first run on a GPU there)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
