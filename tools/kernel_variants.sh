@@ -33,7 +33,8 @@ us() {
 # gap FILE [INFIX]: full - cached dispatch of the paired loop (both in each iteration; INFIX
 # lpair: the loop with a combine after each dispatch), medians, us.
 gap() {
-  awk -v a="$(us "dispatch_${2:-pair}_full" "$1")" -v b="$(us "dispatch_${2:-pair}_cached" "$1")" \
+  local k=dispatch_${2:-pair}
+  awk -v a="$(us "${k}_full" "$1")" -v b="$(us "${k}_cached" "$1")" \
     'BEGIN { if (a == "-" || b == "-") printf "-"; else printf "%.1f", a - b }'
 }
 printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' variant R bf16full bf16cach fp8full \
