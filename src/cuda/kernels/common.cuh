@@ -195,9 +195,10 @@ static cudaError_t epk_launch_dependent(void (*k)(P...), int grid, int block, si
 /* L2 eviction priority of the rows a call moves (EP_CUDA_L2_HINT; the kernel arguments'
  * `stream`). A dispatch reads each token's row once and writes it once per destination (a row
  * staged for pulling, read by every destination, keeps normal priority); a combine reads each
- * received row once and writes each output row once. Streamed evict-first, those
- * bytes stop pushing out of L2 what is still being filled or reused: the ids, weights and
- * source indices that several warps write a line of, the flags, the plan. Measured on an H100
+ * received row once and writes each output row once; a full dispatch's ids and weights, read
+ * once too, take the same priority (epk_st_hint_b64 / _f32). Streamed evict-first, those bytes
+ * stop pushing out of L2 what is still being filled or reused: the source indices that several
+ * warps write a line of, the flags, the plan. Measured on an H100
  * (docs/PERFORMANCE.md): up to 14% faster calls from ~13 MB of rows over all ranks (R = 4 and 8
  * at 128 tokens, R = 2 from 512), within 1% at R = 4 and 4096 tokens, ~3% slower at ~7 MB (bf16,
  * R = 2, 128 tokens): whence the host's size test (cuda_l2_stream). */
