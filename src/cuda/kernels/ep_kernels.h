@@ -285,7 +285,9 @@ EPK_HD int epk_plan_tiles(int n) {
  * it by reference, and without the qualifier every thread copied its 192 bytes from the
  * parameter bank to local memory at each launch and read its fields back from there (ptxas: a
  * 192-byte stack frame in each of those kernels; with it none, and the spills of combine and
- * notify went too). EPK_GRID_CONST=0 builds the old form, for tools/kernel_variants.sh. */
+ * notify went too). On an H100 under MPS at R = 8 and 4096 tokens that made the bf16 dispatch
+ * 16% faster and the combine 9% (docs/PERFORMANCE.md, twenty-seventh session). EPK_GRID_CONST=0
+ * builds the old form, for tools/kernel_variants.sh. */
 #ifndef EPK_GRID_CONST
 #define EPK_GRID_CONST 1
 #endif
