@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 13; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 14; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -63,6 +63,11 @@
 #      (gc0, -DEPK_GRID_CONST=0), R = 2 / 4 / 8, at 128 tokens and then at 4096;
 #      OUT/c13/variants-t128.txt and variants-t4096.txt (their bf16lpair column: the bench's
 #      full / cached pair with a combine after each dispatch, first run on a GPU there)
+#   14 a full dispatch's ids and weights written after the rows in one pass per block
+#      (EPK_IDW_BATCH=1, compile-checked only when it landed) against today's form and a
+#      measurement-only build without those stores (EPK_MEAS_IDW=3, wrong outputs):
+#      tools/kernel_variants.sh, R = 8 and 4, 4096 tokens (OUT/c14/variants.txt); then the
+#      normal-mode suite on a build with EPK_IDW_BATCH=1 ($SUITEF14)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -72,7 +77,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in [1-9] | 1[0-3]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13)" >&2; exit 2 ;; esac
+case $n in [1-9] | 1[0-4]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 14)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -163,6 +168,14 @@ case $n in
       echo "tokens $t:"
       cat "$d/variants-t$t.txt"
     done ;;
+  14)
+    VR="8 4" timeout -k 5 240 tools/kernel_variants.sh .gpu/with-mps "$d" base: \
+      batch:-DEPK_IDW_BATCH=1 none:-DEPK_MEAS_IDW=3 >"$d/variants.txt" 2>&1
+    cat "$d/variants.txt"
+    # A build of its own (CMake takes CUDAFLAGS when it first configures a build directory).
+    GPUB=build-v-suite14 CUDAFLAGS=-DEPK_IDW_BATCH=1 \
+      SUITEF=${SUITEF14:-'^cuda\.(normal|graph|memreg|failure)'} \
+      timeout -k 5 "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d" build suite ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
