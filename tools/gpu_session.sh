@@ -63,11 +63,13 @@
 #      (gc0, -DEPK_GRID_CONST=0), R = 2 / 4 / 8, at 128 tokens and then at 4096;
 #      OUT/c13/variants-t128.txt and variants-t4096.txt (their bf16lpair column: the bench's
 #      full / cached pair with a combine after each dispatch, first run on a GPU there)
+#      (ran in the twenty-seventh session: R = 8's bf16 dispatch 16% faster with it)
 #   14 a full dispatch's ids and weights written after the rows in one pass per block
-#      (EPK_IDW_BATCH=1, compile-checked only when it landed) against today's form and a
-#      measurement-only build without those stores (EPK_MEAS_IDW=3, wrong outputs):
-#      tools/kernel_variants.sh, R = 8 and 4, 4096 tokens (OUT/c14/variants.txt); then the
-#      normal-mode suite on a build with EPK_IDW_BATCH=1 ($SUITEF14)
+#      (EPK_IDW_BATCH=1 at the rows' L2 priority, 2 at normal priority; compile-checked only
+#      when it landed) against today's form and a measurement-only build without those stores
+#      (EPK_MEAS_IDW=3, wrong outputs): tools/kernel_variants.sh, R = 8 and 4, 4096 tokens
+#      (OUT/c14/variants.txt); then the normal-mode suite on a build with EPK_IDW_BATCH=1
+#      ($SUITEF14; 2 differs from it only in the stores' L2 policy)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -169,8 +171,9 @@ case $n in
       cat "$d/variants-t$t.txt"
     done ;;
   14)
-    VR="8 4" timeout -k 5 240 tools/kernel_variants.sh .gpu/with-mps "$d" base: \
-      batch:-DEPK_IDW_BATCH=1 none:-DEPK_MEAS_IDW=3 >"$d/variants.txt" 2>&1
+    VR="8 4" timeout -k 5 280 tools/kernel_variants.sh .gpu/with-mps "$d" base: \
+      batch:-DEPK_IDW_BATCH=1 batchn:-DEPK_IDW_BATCH=2 none:-DEPK_MEAS_IDW=3 \
+      >"$d/variants.txt" 2>&1
     cat "$d/variants.txt"
     # A build of its own (CMake takes CUDAFLAGS when it first configures a build directory).
     GPUB=build-v-suite14 CUDAFLAGS=-DEPK_IDW_BATCH=1 \

@@ -30,7 +30,8 @@
 #define EPK_DMETA 1
 #endif
 /* 1: a full dispatch's ids and weights written after the rows, in one pass per block
- * (send_meta); 0: with each token's row. */
+ * (send_meta), at the rows' L2 priority; 2: the same at normal priority (written whole at once,
+ * their lines need not leave early); 0: with each token's row. */
 #ifndef EPK_IDW_BATCH
 #define EPK_IDW_BATCH 0
 #endif
@@ -224,7 +225,7 @@ __device__ void send_meta(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   const int R = b.nranks, K = a.topk;
   const int32_t *pos = epk_plan_pos(const_cast<int32_t *>(a.plan), R);
   const int64_t W = a.lay.rows, n = (int64_t)(t1 - t0) * K;
-  const uint64_t lpol = epk_l2_policy(a.stream);
+  const uint64_t lpol = epk_l2_policy(EPK_IDW_BATCH == 1 && a.stream);
   for (int64_t i = threadIdx.x; i < n; i += DT) {
     const int t = t0 + (int)(i / K), k = (int)(i % K);
     const int64_t e = a.topk_idx[(int64_t)t * K + k];
