@@ -218,31 +218,53 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
 /* A full dispatch's ids and weights for the tokens of [t0, t1) whose rows went in this pass
  * (EPK_IDW_BATCH): thread i takes slot k = i % K of token t0 + i / K for every open destination,
  * so that a warp's stores to one destination cover consecutive rows whole (a block's tokens'
- * rows there are consecutive), instead of each token's 64 + 32 bytes between its rows. */
+ * rows there are consecutive), instead of each token's 64 + 32 bytes between its rows. A thread
+ * takes two slots at a time and loads their ids, weights and positions (eight destinations at a
+ * time) before it stores any: the stores are asm with a memory clobber, which no load crosses,
+ * so loads between them would wait one L2 round trip each. */
+__device__ void meta_store(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int d,
+                           int p, int64_t e, float wt, int k, uint64_t pol) {
+  if (p < 0 || !st.open[d]) return;
+  const int64_t j = st.base[d] + p, w = st.rounds[d] == 1 ? 0 : j / a.lay.rows;
+  if (w != st.wcur[d]) return;
+  uint8_t *ad = b.peers[d] + b.off_area_d;
+  const int64_t r = (j - w * a.lay.rows) * a.topk + k, lo = (int64_t)d * a.local_experts;
+  const int64_t le = e >= lo && e < lo + a.local_experts ? e - lo : -1;
+  epk_st_hint_b64(reinterpret_cast<int64_t *>(ad + a.lay.off_i) + r, le, pol);
+  if (a.has_w)
+    epk_st_hint_f32(reinterpret_cast<float *>(ad + a.lay.off_w) + r, le >= 0 ? wt : 0.0f, pol);
+}
+
 __device__ void send_meta(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int t0,
                           int t1) {
   if (a.cached || a.topk > 32) return;
-  const int R = b.nranks, K = a.topk;
+  const int R = b.nranks, K = a.topk, n = (t1 - t0) * K;
   const int32_t *pos = epk_plan_pos(const_cast<int32_t *>(a.plan), R);
-  const int64_t W = a.lay.rows, n = (int64_t)(t1 - t0) * K;
-  const uint64_t lpol = epk_l2_policy(EPK_IDW_BATCH == 1 && a.stream);
-  for (int64_t i = threadIdx.x; i < n; i += DT) {
-    const int t = t0 + (int)(i / K), k = (int)(i % K);
-    const int64_t e = a.topk_idx[(int64_t)t * K + k];
-    const float wt = a.has_w ? a.topk_weights[(int64_t)t * K + k] : 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < R; d++) {
-      const int p = pos[(int64_t)t * R + d];
-      if (p < 0 || !st.open[d]) continue;
-      const int64_t j = st.base[d] + p, w = st.rounds[d] == 1 ? 0 : j / W;
-      if (w != st.wcur[d]) continue;
-      uint8_t *ad = b.peers[d] + b.off_area_d;
-      const int64_t r = j - w * W, lo = (int64_t)d * a.local_experts;
-      const int64_t le = e >= lo && e < lo + a.local_experts ? e - lo : -1;
-      epk_st_hint_b64(reinterpret_cast<int64_t *>(ad + a.lay.off_i) + r * K + k, le, lpol);
-      if (a.has_w)
-        epk_st_hint_f32(reinterpret_cast<float *>(ad + a.lay.off_w) + r * K + k,
-                        le >= 0 ? wt : 0.0f, lpol);
+  const uint64_t pol = epk_l2_policy(EPK_IDW_BATCH == 1 && a.stream);
+  for (int i0 = threadIdx.x; i0 < n; i0 += 2 * DT) {
+    int t[2], k[2];
+    int64_t e[2];
+    float wt[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+      const int i = min(i0 + u * DT, n - 1); /* past the end: a repeat of slot n - 1, not stored */
+      t[u] = t0 + i / K, k[u] = i - (i / K) * K;
+      e[u] = a.topk_idx[(int64_t)t[u] * K + k[u]];
+      wt[u] = a.has_w ? a.topk_weights[(int64_t)t[u] * K + k[u]] : 0.0f;
+    }
+    const bool second = i0 + DT < n;
+    for (int d0 = 0; d0 < R; d0 += 8) {
+      int p[2][8];
+#pragma unroll
+      for (int u = 0; u < 2; u++)
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+          p[u][v] = d0 + v < R && (u == 0 || second) ? pos[(int64_t)t[u] * R + d0 + v] : -1;
+#pragma unroll
+      for (int u = 0; u < 2; u++)
+#pragma unroll
+        for (int v = 0; v < 8; v++)
+          if (p[u][v] >= 0) meta_store(b, a, st, d0 + v, p[u][v], e[u], wt[u], k[u], pol);
     }
   }
 }
