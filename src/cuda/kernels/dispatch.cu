@@ -215,13 +215,8 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
   }
 }
 
-/* A full dispatch's ids and weights for the tokens of [t0, t1) whose rows went in this pass
- * (EPK_IDW_BATCH): thread i takes slot k = i % K of token t0 + i / K for every open destination,
- * so that a warp's stores to one destination cover consecutive rows whole (a block's tokens'
- * rows there are consecutive), instead of each token's 64 + 32 bytes between its rows. A thread
- * takes two slots at a time and loads their ids, weights and positions (eight destinations at a
- * time) before it stores any: the stores are asm with a memory clobber, which no load crosses,
- * so loads between them would wait one L2 round trip each. */
+/* Slot k's id and weight (e, wt) of a token whose row is p-th among this rank's rows to d, when
+ * that row is in d's open window (send_pass's test). */
 __device__ void meta_store(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int d,
                            int p, int64_t e, float wt, int k, uint64_t pol) {
   if (p < 0 || !st.open[d]) return;
@@ -235,6 +230,13 @@ __device__ void meta_store(const epk_buf_t &b, const epk_dispatch_t &a, const ds
     epk_st_hint_f32(reinterpret_cast<float *>(ad + a.lay.off_w) + r, le >= 0 ? wt : 0.0f, pol);
 }
 
+/* A full dispatch's ids and weights for the tokens of [t0, t1) whose rows went in this pass
+ * (EPK_IDW_BATCH): thread i takes slot k = i % K of token t0 + i / K for every open destination,
+ * so that a warp's stores to one destination cover consecutive rows whole (a block's tokens'
+ * rows there are consecutive), instead of each token's 64 + 32 bytes between its rows. A thread
+ * takes two slots at a time and loads their ids, weights and positions (eight destinations at a
+ * time) before it stores any: the stores are asm with a memory clobber, which no load crosses,
+ * so loads between them would wait one L2 round trip each. */
 __device__ void send_meta(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int t0,
                           int t1) {
   if (a.cached || a.topk > 32) return;
