@@ -68,7 +68,8 @@
 #      (EPK_IDW_BATCH=1 at the rows' L2 priority, 2 at normal priority; compile-checked only
 #      when it landed) against today's form and a measurement-only build without those stores
 #      (EPK_MEAS_IDW=3, wrong outputs): tools/kernel_variants.sh, R = 8 and 4, 4096 tokens
-#      (OUT/c14/variants.txt); then the normal-mode suite on a build with EPK_IDW_BATCH=1
+#      (OUT/c14/variants.txt); EP_CUDA_TRACE's phases at R = 8 (bf16) for base and batch
+#      (OUT/c14/trace-*/); then the normal-mode suite on a build with EPK_IDW_BATCH=1
 #      ($SUITEF14; 2 differs from it only in the stores' L2 policy)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
@@ -175,6 +176,12 @@ case $n in
       batch:-DEPK_IDW_BATCH=1 batchn:-DEPK_IDW_BATCH=2 none:-DEPK_MEAS_IDW=3 \
       >"$d/variants.txt" 2>&1
     cat "$d/variants.txt"
+    # Where R = 8's full - cached goes, today's form and the batched one (their builds above).
+    for v in base batch; do
+      mkdir -p "$d/trace-$v"
+      GPUB=build-v-$v TRR="8:16" TRDT=bf16 TRT=4096 timeout -k 5 90 \
+        tools/gpu_check.sh .gpu/with-mps "$d/trace-$v" trace
+    done
     # A build of its own (CMake takes CUDAFLAGS when it first configures a build directory).
     GPUB=build-v-suite14 CUDAFLAGS=-DEPK_IDW_BATCH=1 \
       SUITEF=${SUITEF14:-'^cuda\.(normal|graph|memreg|failure)'} \
