@@ -612,25 +612,24 @@ def report(d):
             f, c = ep[key].get("dispatch_fp8_full"), ep[key].get("dispatch_fp8_cached")
             b, bc = ep[key].get("dispatch_bf16_full"), ep[key].get("dispatch_bf16_cached")
             if f and c and b and bc:
-                def gaps(what, infix):  # full - cached by medians, rows dispatch_{t}{infix}*
-                    m = [ep[key].get(f"dispatch_{t}{infix}_{k}@median") for t in ("fp8", "bf16")
-                         for k in ("full", "cached")]
+                def gaps(what, get):  # "; what: fp8 X, bf16 Y", X and Y full - cached by get
+                    m = [get(t, k) for t in ("fp8", "bf16") for k in ("full", "cached")]
                     return ("" if None in m else
                             f"; {what}: fp8 {m[0] - m[1]:.1f}, bf16 {m[2] - m[3]:.1f}")
+
+                def med(infix):  # epcomm's medians, rows dispatch_{t}{infix}_{k}
+                    return lambda t, k: ep[key].get(f"dispatch_{t}{infix}_{k}@median")
                 lp = [ep[key].get(f"dispatch_bf16_lpair_{k}@median") for k in ("full", "cached")]
                 lps = ("" if None in lp else
                        f"; paired, each followed by a combine: bf16 {lp[0] - lp[1]:.1f}")
                 # DeepEP's own, by the same statistic: issue 15's goal is absolute, and DeepEP's
                 # gap is what a user moving from it has now.
-                dg = [dp.get((mode, R, sms, N, f"dispatch_{t}_{k}")) for t in ("fp8", "bf16")
-                      for k in ("full", "cached")]
-                dps = ("" if None in dg else
-                       f"; DeepEP's, by the same statistic: fp8 {dg[0] - dg[1]:.1f}, "
-                       f"bf16 {dg[2] - dg[3]:.1f}")
+                deepep = gaps("DeepEP's, by the same statistic",
+                              lambda t, k: dp.get((mode, R, sms, N, f"dispatch_{t}_{k}")))
                 print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  epcomm full - cached (count exchange), "
                       f"by the table's statistic: fp8 {f - c:.1f}, bf16 {b - bc:.1f} us"
-                      f"{gaps('medians of the slowest rank per iteration', '')}"
-                      f"{gaps('paired in one loop, medians', '_pair')}{lps}{dps}")
+                      f"{gaps('medians of the slowest rank per iteration', med(''))}"
+                      f"{gaps('paired in one loop, medians', med('_pair'))}{lps}{deepep}")
             # Issue 15's small-batch goal: a full dispatch + the combine of its view, both timed
             # alone, their sums compared.
             pairs = []
