@@ -10,7 +10,8 @@
 # bench --backend cuda` runs at R=2, 4, 8 (24, 24, 16 SMs per rank), bf16 and fp8. Prints one line
 # of median times (us) per variant and R, from the runs' JSON (bf16pair / fp8pair: full - cached
 # dispatch timed in one loop, the paired rows; bf16lpair: the same with a combine after each
-# dispatch); a run whose self-check did not pass says so. VR: rank counts (2 4 8); KV_TOKENS:
+# dispatch; bf16wc / fp8wc: the full dispatch in the worst-case form, no host wait for the count);
+# a run whose self-check did not pass says so. VR: rank counts (2 4 8); KV_TOKENS:
 # tokens per rank (the bench's default, 4096).
 set -u -o pipefail
 mps=${1:?usage}; out=${2:?usage}; shift 2
@@ -37,8 +38,8 @@ gap() {
   awk -v a="$(us "${k}_full" "$1")" -v b="$(us "${k}_cached" "$1")" \
     'BEGIN { if (a == "-" || b == "-") printf "-"; else printf "%.1f", a - b }'
 }
-printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' variant R bf16full bf16cach fp8full \
-  fp8cach comb_view comb_tens bf16pair fp8pair bf16lpair
+printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' variant R bf16full bf16cach fp8full \
+  fp8cach comb_view comb_tens bf16pair fp8pair bf16lpair bf16wc fp8wc
 for R in ${VR:-2 4 8}; do
   for v in "$@"; do
     n=$(name "$v") note=""
@@ -50,9 +51,10 @@ for R in ${VR:-2 4 8}; do
       grep -q '"check": "pass"' "$out/v-$n-r$R-$dt.json" 2>/dev/null || note="$note $dt: check failed"
     done
     b=$out/v-$n-r$R-bf16.json f=$out/v-$n-r$R-fp8.json
-    printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s %9s%s\n' "$n" "$R" "$(us dispatch "$b")" \
+    printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s%s\n' "$n" "$R" "$(us dispatch "$b")" \
       "$(us dispatch_cached "$b")" "$(us dispatch "$f")" "$(us dispatch_cached "$f")" \
       "$(us combine_view "$b")" "$(us combine "$b")" "$(gap "$b")" "$(gap "$f")" \
-      "$(gap "$b" lpair)" "$note"
+      "$(gap "$b" lpair)" "$(us dispatch_wc "$b")" \
+      "$(us dispatch_wc "$f")" "$note"
   done
 done

@@ -55,8 +55,9 @@ static double trace_median(const epk_trace_t *t, int k, int i) {
 /* Per kind of call, one line of means and one of medians (of the last EPK_TR_RING calls) of
  * every phase, in microseconds, on stderr (kernels quiesced). */
 static void trace_print(cuda_state_t *s) {
-  static const char *kind[EPK_TR_KINDS] = {"dispatch (full)", "dispatch (cached)", "combine",
-                                           "dispatch (full, arrays)", "dispatch (cached, arrays)"};
+  static const char *kind[EPK_TR_KINDS] = {
+      "dispatch (full)",         "dispatch (cached)",         "combine",
+      "dispatch (full, arrays)", "dispatch (cached, arrays)", "dispatch (full, no wait)"};
   static const char *pt[EPK_TR_POINTS] = {
       "",          "notify: plan", "post",           "wait peers",
       "finish",    "gap to data",  "data: own part", "data: peers",

@@ -100,6 +100,7 @@ static void fill_notify(const cuda_state_t *s, const call_t *c, epk_notify_t *n)
   n->recv_per_expert = d->cached ? NULL : c->o->recv_tokens_per_expert;
   n->align = a->expert_alignment;
   n->out_arrays = !d->views;
+  n->no_wait = !d->sync;
   n->late = c->late ? EPK_LATE_PROMISED : EPK_LATE_NONE;
   fill_reg(s, c, n);
 }

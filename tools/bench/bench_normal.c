@@ -49,10 +49,13 @@ int bench_normal_dispatch(normal_t *u, ep_handle_t cached, ep_output_mode_t mode
   a.topk = o->topk, a.num_experts = o->experts, a.cached = cached, a.stream = u->c->stream;
   ep_dispatch_out_t d = EP_DISPATCH_OUT_INIT;
   d.mode = mode, d.alloc = alloc_cb, d.alloc_ctx = u;
-  d.capacity = u->nr, d.recv_x = recv_x, d.recv_x_scales = recv_scales;
+  d.worst_case = u->worst_case && !cached;
+  d.capacity = d.worst_case && u->nr < 1 ? 1 : u->nr; /* worst case: at least a row */
+  d.recv_x = recv_x, d.recv_x_scales = recv_scales;
   d.rank_prefix = cached ? NULL : u->prefix, d.recv_tokens_per_expert = cached ? NULL : u->tpe;
   TRY(ep_dispatch(u->c->buf, &a, &d));
-  u->last = d, u->nr = d.num_recv_tokens;
+  u->last = d;
+  if (d.num_recv_tokens >= 0) u->nr = d.num_recv_tokens; /* -1: worst case, routing fixed */
   if (!cached) u->h = d.handle;
   return 0;
 fail:

@@ -23,9 +23,10 @@ typedef struct {
     int32_t *src;
     int cap;
   } alloc;
-  ep_dispatch_out_t last;                     /* outputs of the last dispatch */
-  ep_handle_t h;                              /* of the last full dispatch, until dropped */
-  int nr;                                     /* rows this rank receives */
+  ep_dispatch_out_t last; /* outputs of the last dispatch */
+  ep_handle_t h;          /* of the last full dispatch, until dropped */
+  int nr;                 /* rows this rank receives */
+  int worst_case;         /* full dispatches in the worst-case form: capacity nr, no host wait */
   uint64_t digest_x, digest_rows, digest_out; /* of the checked main outputs */
   bench_bytes_t bytes; /* of this rank's calls, once the first dispatch is checked */
 } normal_t;

@@ -1,6 +1,7 @@
 /* Normal-mode variants, after the main rows: a cached dispatch (what DeepEP's tuning loop
  * times) with the main output mode, a full and a cached dispatch paired in one loop (and, bf16,
- * the same pair with a combine after each dispatch), into caller
+ * the same pair with a combine after each dispatch), where the backend has views a full
+ * dispatch in the worst-case form (no host wait for the count), into caller
  * tensors, and into caller tensors registered with
  * the buffer (backends that write registered memory in place: recv_x written by the senders, no
  * copy-out pass); a combine whose input is the bf16
@@ -244,6 +245,20 @@ static int full_cached_layer(normal_t *u, ep_output_mode_t mode) {
   return bench_run(u->c, &v, s, 6, "full and cached dispatch, each with a combine, paired");
 }
 
+/* Full dispatches in the worst-case form (views of nr rows, the routing being fixed): the same
+ * kernels with no host wait for the count, so that full - worst case is what that wait costs
+ * and worst case - cached what the count exchange costs on the GPU. */
+static int worst_case(normal_t *u, ep_output_mode_t mode) {
+  var_t v = {u, NULL, mode, NULL, NULL, NULL, "epcomm dispatch, worst case"};
+  bench_step_t s[] = {{pair_full, bench_row(u->c, "dispatch_wc", v.label, BENCH_K_DISPATCH), 0},
+                      {check_rows, -1, 0},
+                      {pair_drop, -1, 0}};
+  u->worst_case = 1;
+  int rc = bench_run(u->c, &v, s, 3, v.label);
+  u->worst_case = 0;
+  return rc;
+}
+
 /* Full dispatches into the allocator's outputs (bench_normal.c), the handle dropped each time. */
 static int full_alloc(bench_ctx_t *c, void *state, int it) {
   var_t *v = state;
@@ -290,6 +305,7 @@ int bench_normal_variants(normal_t *u) {
   u->h = NULL;
   int rc = cached(u, &v, "dispatch_cached");
   if (!rc) rc = full_cached_pair(u, main_mode);
+  if (!rc && u->views) rc = worst_case(u, main_mode);
   v.mode = EP_OUTPUT_CALLER, v.label = "epcomm dispatch, cached, caller";
   v.rx = rc ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->row);
   v.rs = rc || !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);

@@ -106,6 +106,9 @@ static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, s
               {"dispatch_pair_full",
                " pair: a full dispatch and a cached one along its handle in each iteration, "
                "timed apart (full - cached; the cached call follows the full one)."},
+              {"dispatch_wc",
+               " worst case: a full dispatch whose views hold a fixed number of rows (the "
+               "count), so the host does not wait for the count exchange."},
               {"dispatch_lpair_full",
                " dispatch + combine pair: the same pair, each dispatch followed by a combine of "
                "its received rows (untimed), a MoE layer's order."},

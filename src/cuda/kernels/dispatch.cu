@@ -29,17 +29,6 @@
 #ifndef EPK_DMETA
 #define EPK_DMETA 1
 #endif
-/* 1: a full dispatch's ids and weights written after the rows, in one pass per block
- * (send_meta), at the rows' L2 priority; 2: the same at normal priority (written whole at once,
- * their lines need not leave early); 0: with each token's row. */
-#ifndef EPK_IDW_BATCH
-#define EPK_IDW_BATCH 0
-#endif
-/* Measurement only (tools/gpu_session.sh 14; wrong outputs): bit 0 leaves out the weights'
- * stores of a full dispatch, bit 1 the ids' (their form with each token's row). */
-#ifndef EPK_MEAS_IDW
-#define EPK_MEAS_IDW 0
-#endif
 /* Pulled rows (tools/gpu_session.sh 10 times the variants): 1: a source's rows copied as soon as
  * it arrived; 0: once all have. SPLIT 1: a block takes a share of every source's rows; 0: a
  * slice of all rows (one or two sources at R = 8); 2: the share from EPK_PULL_SHARE_R ranks up,
@@ -140,9 +129,7 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
                            int64_t *jw, uint8_t **dx, bool pull, uint8_t *stage) {
   __shared__ token_meta s_meta;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool batch = EPK_IDW_BATCH && a.topk <= 32; /* ids and weights: send_meta */
-  const bool hs = EPK_DMETA && a.num_scales <= 64,
-             hk = EPK_DMETA && !a.cached && !batch && a.topk <= 32;
+  const bool hs = EPK_DMETA && a.num_scales <= 64, hk = EPK_DMETA && !a.cached && a.topk <= 32;
   meta_fetch(a, t, hs, hk, s_meta);
   const uint8_t *src = static_cast<const uint8_t *>(a.x) + (uint64_t)t * a.row;
   const int nv = (int)(a.row / 16);
@@ -192,7 +179,7 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
     }
     for (int i = lane; !hs && i < a.num_scales; i += 32)
       sc[i] = a.x_scales[t * a.scale_tok + i * a.scale_hid];
-    if (a.cached || batch) continue;
+    if (a.cached) continue;
     /* The ids and weights at the token loads' priority (evict-first when the call streams,
      * pulled too: each is read once, not staged): held at normal priority, their ~96 bytes a
      * row (16.6 MB a call over 8 ranks at 4096 tokens, bf16) made the full dispatch ~5% slower
@@ -202,8 +189,8 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
     float *ws = reinterpret_cast<float *>(ad + a.lay.off_w) + r * a.topk;
     if (hk && lane < a.topk) {
       const int64_t le = ek >= lo && ek < lo + a.local_experts ? ek - lo : -1;
-      if (!(EPK_MEAS_IDW & 2)) epk_st_hint_b64(ids + lane, le, lpol);
-      if (a.has_w && !(EPK_MEAS_IDW & 1)) epk_st_hint_f32(ws + lane, le >= 0 ? wk : 0.0f, lpol);
+      epk_st_hint_b64(ids + lane, le, lpol);
+      if (a.has_w) epk_st_hint_f32(ws + lane, le >= 0 ? wk : 0.0f, lpol);
     }
     for (int k = lane; !hk && k < a.topk; k += 32) {
       int64_t e = a.topk_idx[(int64_t)t * a.topk + k];
@@ -211,62 +198,6 @@ __device__ void send_token(const epk_dispatch_t &a, int t, int g, unsigned mask,
       epk_st_hint_b64(ids + k, le, lpol);
       if (a.has_w)
         epk_st_hint_f32(ws + k, le >= 0 ? a.topk_weights[(int64_t)t * a.topk + k] : 0.0f, lpol);
-    }
-  }
-}
-
-/* Slot k's id and weight (e, wt) of a token whose row is p-th among this rank's rows to d, when
- * that row is in d's open window (send_pass's test). */
-__device__ void meta_store(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int d,
-                           int p, int64_t e, float wt, int k, uint64_t pol) {
-  if (p < 0 || !st.open[d]) return;
-  const int64_t j = st.base[d] + p, w = st.rounds[d] == 1 ? 0 : j / a.lay.rows;
-  if (w != st.wcur[d]) return;
-  uint8_t *ad = b.peers[d] + b.off_area_d;
-  const int64_t r = (j - w * a.lay.rows) * a.topk + k, lo = (int64_t)d * a.local_experts;
-  const int64_t le = e >= lo && e < lo + a.local_experts ? e - lo : -1;
-  epk_st_hint_b64(reinterpret_cast<int64_t *>(ad + a.lay.off_i) + r, le, pol);
-  if (a.has_w)
-    epk_st_hint_f32(reinterpret_cast<float *>(ad + a.lay.off_w) + r, le >= 0 ? wt : 0.0f, pol);
-}
-
-/* A full dispatch's ids and weights for the tokens of [t0, t1) whose rows went in this pass
- * (EPK_IDW_BATCH): thread i takes slot k = i % K of token t0 + i / K for every open destination,
- * so that a warp's stores to one destination cover consecutive rows whole (a block's tokens'
- * rows there are consecutive), instead of each token's 64 + 32 bytes between its rows. A thread
- * takes two slots at a time and loads their ids, weights and positions (eight destinations at a
- * time) before it stores any: the stores are asm with a memory clobber, which no load crosses,
- * so loads between them would wait one L2 round trip each. */
-__device__ void send_meta(const epk_buf_t &b, const epk_dispatch_t &a, const dstate &st, int t0,
-                          int t1) {
-  if (a.cached || a.topk > 32) return;
-  const int R = b.nranks, K = a.topk, n = (t1 - t0) * K;
-  const int32_t *pos = epk_plan_pos(const_cast<int32_t *>(a.plan), R);
-  const uint64_t pol = epk_l2_policy(EPK_IDW_BATCH == 1 && a.stream);
-  for (int i0 = threadIdx.x; i0 < n; i0 += 2 * DT) {
-    int t[2], k[2];
-    int64_t e[2];
-    float wt[2];
-#pragma unroll
-    for (int u = 0; u < 2; u++) {
-      const int i = min(i0 + u * DT, n - 1); /* past the end: a repeat of slot n - 1, not stored */
-      t[u] = t0 + i / K, k[u] = i - (i / K) * K;
-      e[u] = a.topk_idx[(int64_t)t[u] * K + k[u]];
-      wt[u] = a.has_w ? a.topk_weights[(int64_t)t[u] * K + k[u]] : 0.0f;
-    }
-    const bool second = i0 + DT < n;
-    for (int d0 = 0; d0 < R; d0 += 8) {
-      int p[2][8];
-#pragma unroll
-      for (int u = 0; u < 2; u++)
-#pragma unroll
-        for (int v = 0; v < 8; v++)
-          p[u][v] = d0 + v < R && (u == 0 || second) ? pos[(int64_t)t[u] * R + d0 + v] : -1;
-#pragma unroll
-      for (int u = 0; u < 2; u++)
-#pragma unroll
-        for (int v = 0; v < 8; v++)
-          if (p[u][v] >= 0) meta_store(b, a, st, d0 + v, p[u][v], e[u], wt[u], k[u], pol);
     }
   }
 }
@@ -585,7 +516,6 @@ __device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   }
   if (!__syncthreads_or(any)) return false;
   send_pass(b, a, st, t0, t1);
-  if (EPK_IDW_BATCH) send_meta(b, a, st, t0, t1);
   __syncthreads();
   epk_tr_max(b, EPK_TR_D_OWN);
   if (threadIdx.x == 0) {

@@ -192,6 +192,7 @@ enum {
   EPK_TR_COMBINE,
   EPK_TR_FULL_ARR,
   EPK_TR_CACHED_ARR,
+  EPK_TR_FULL_NOWAIT, /* views, the host not waiting for the count (worst case) */
   EPK_TR_KINDS
 };
 enum {
@@ -387,6 +388,7 @@ typedef struct {
   int32_t *rank_prefix, *recv_per_expert; /* optional outputs */
   uint32_t ticket;                        /* != 0: publish the receive count to the host */
   uint32_t out_arrays; /* DISPATCH, CACHED: rows go to arrays, not views (trace kind only) */
+  uint32_t no_wait;    /* DISPATCH: the host does not wait for the count (trace kind only) */
   uint64_t xrow, wrow; /* COMBINE: staging bytes per row of this call */
   int64_t xoff;        /* DISPATCH, CACHED: recv_x in a registration (epk_hello_t.xreg1) */
   int32_t xreg1, xcap;

@@ -232,7 +232,9 @@ __global__ void __launch_bounds__(NT) notify(EPK_BUF_ARG b, epk_notify_t a) {
     if (b.trace && blockIdx.x == 0) { /* the previous call's data kernel has ended: fold it */
       epk_trace_fold(b.trace);
       const bool arr = a.out_arrays != 0;
-      b.trace->kind = a.kind == EPK_NOTIFY_DISPATCH  ? (arr ? EPK_TR_FULL_ARR : EPK_TR_FULL)
+      b.trace->kind = a.kind == EPK_NOTIFY_DISPATCH  ? (arr         ? EPK_TR_FULL_ARR
+                                                        : a.no_wait ? EPK_TR_FULL_NOWAIT
+                                                                    : EPK_TR_FULL)
                       : a.kind == EPK_NOTIFY_CACHED  ? (arr ? EPK_TR_CACHED_ARR : EPK_TR_CACHED)
                       : a.kind == EPK_NOTIFY_COMBINE ? EPK_TR_COMBINE
                                                      : -1;
