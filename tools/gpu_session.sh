@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 14; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 13, 15; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -70,7 +70,14 @@
 #      (EPK_MEAS_IDW=3, wrong outputs): tools/kernel_variants.sh, R = 8 and 4, 4096 tokens
 #      (OUT/c14/variants.txt); EP_CUDA_TRACE's phases at R = 8 (bf16) for base and batch
 #      (OUT/c14/trace-*/); then the normal-mode suite on a build with EPK_IDW_BATCH=1
-#      ($SUITEF14; 2 differs from it only in the stores' L2 policy)
+#      ($SUITEF14; 2 differs from it only in the stores' L2 policy) (ran in the twenty-eighth
+#      session: no gain from either; both forms were removed, the step with them)
+#   15 where R = 8's full - cached goes, two tests: the full dispatch in the worst-case form (no
+#      host wait for the count; the bench's dispatch_wc row, kernel_variants.sh's bf16wc /
+#      fp8wc columns) and a build whose cached calls take a full call's area-D layout
+#      (docs/gpu-runs/2026-12-06-s28/cached-full-layout.patch: room for ids and weights, so
+#      fewer rows a window and other offsets); R = 8 and 4, 4096 tokens (OUT/c15/variants.txt),
+#      then EP_CUDA_TRACE's phases of today's tree at R = 8 (bf16, fp8) and R = 4 (bf16)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -80,7 +87,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in [1-9] | 1[0-4]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 14)" >&2; exit 2 ;; esac
+case $n in [1-9] | 1[0-35]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -171,21 +178,19 @@ case $n in
       echo "tokens $t:"
       cat "$d/variants-t$t.txt"
     done ;;
-  14)
-    VR="8 4" timeout -k 5 280 tools/kernel_variants.sh .gpu/with-mps "$d" base: \
-      batch:-DEPK_IDW_BATCH=1 batchn:-DEPK_IDW_BATCH=2 none:-DEPK_MEAS_IDW=3 \
+  15)
+    cfl=build-cfl-src # outside OUT: the sources do not go back
+    patch=docs/gpu-runs/2026-12-06-s28/cached-full-layout.patch
+    rm -rf "$cfl" && mkdir -p "$cfl" &&
+      cp -r CMakeLists.txt cmake include src tools bench examples tests python "$cfl"/ &&
+      patch -s -d "$cfl" -p1 <"$patch" || exit 1
+    VR="8 4" timeout -k 5 330 tools/kernel_variants.sh .gpu/with-mps "$d" base: "cfl@$cfl:" \
       >"$d/variants.txt" 2>&1
     cat "$d/variants.txt"
-    # Where R = 8's full - cached goes, today's form and the batched one (their builds above).
-    for v in base batch; do
-      mkdir -p "$d/trace-$v"
-      GPUB=build-v-$v TRR="8:16" TRDT=bf16 TRT=4096 timeout -k 5 90 \
-        tools/gpu_check.sh .gpu/with-mps "$d/trace-$v" trace
-    done
-    # A build of its own (CMake takes CUDAFLAGS when it first configures a build directory).
-    GPUB=build-v-suite14 CUDAFLAGS=-DEPK_IDW_BATCH=1 \
-      SUITEF=${SUITEF14:-'^cuda\.(normal|graph|memreg|failure)'} \
-      timeout -k 5 "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d" build suite ;;
+    GPUB=build-v-base TRR="8:16" TRDT="bf16 fp8" TRT=4096 timeout -k 5 100 \
+      tools/gpu_check.sh .gpu/with-mps "$d/trace" trace
+    GPUB=build-v-base TRR="4:24" TRDT=bf16 TRT=4096 timeout -k 5 \
+      "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/trace" trace ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
