@@ -76,8 +76,10 @@
 #      host wait for the count; the bench's dispatch_wc row, kernel_variants.sh's bf16wc /
 #      fp8wc columns) and a build whose cached calls take a full call's area-D layout
 #      (docs/gpu-runs/2026-12-06-s28/cached-full-layout.patch: room for ids and weights, so
-#      fewer rows a window and other offsets); R = 8 and 4, 4096 tokens (OUT/c15/variants.txt),
-#      then EP_CUDA_TRACE's phases of today's tree at R = 8 (bf16, fp8) and R = 4 (bf16)
+#      fewer rows a window and other offsets) and one whose full calls' data kernel does what a
+#      cached one does (as-cached.patch: no ids or weights fetched or written; wrong outputs);
+#      R = 8 and 4, 4096 tokens (OUT/c15/variants.txt),
+#      then EP_CUDA_TRACE's phases of today's tree at R = 8 (bf16, fp8)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -179,17 +181,17 @@ case $n in
       cat "$d/variants-t$t.txt"
     done ;;
   15)
-    cfl=build-cfl-src # outside OUT: the sources do not go back
-    patch=docs/gpu-runs/2026-12-06-s28/cached-full-layout.patch
-    rm -rf "$cfl" && mkdir -p "$cfl" &&
-      cp -r CMakeLists.txt cmake include src tools bench examples tests python "$cfl"/ &&
-      patch -s -d "$cfl" -p1 <"$patch" || exit 1
-    VR="8 4" timeout -k 5 330 tools/kernel_variants.sh .gpu/with-mps "$d" base: "cfl@$cfl:" \
-      >"$d/variants.txt" 2>&1
+    # Copies of the tree with a measurement patch each (outside OUT: the sources do not go back).
+    for v in cached-full-layout:cfl as-cached:asc; do
+      src=build-${v#*:}-src
+      rm -rf "$src" && mkdir -p "$src" &&
+        cp -r CMakeLists.txt cmake include src tools bench examples tests python "$src"/ &&
+        patch -s -d "$src" -p1 <"docs/gpu-runs/2026-12-06-s28/${v%%:*}.patch" || exit 1
+    done
+    VR="8 4" timeout -k 5 420 tools/kernel_variants.sh .gpu/with-mps "$d" base: \
+      cfl@build-cfl-src: asc@build-asc-src: >"$d/variants.txt" 2>&1
     cat "$d/variants.txt"
-    GPUB=build-v-base TRR="8:16" TRDT="bf16 fp8" TRT=4096 timeout -k 5 100 \
-      tools/gpu_check.sh .gpu/with-mps "$d/trace" trace
-    GPUB=build-v-base TRR="4:24" TRDT=bf16 TRT=4096 timeout -k 5 \
+    GPUB=build-v-base TRR="8:16" TRDT="bf16 fp8" TRT=4096 timeout -k 5 \
       "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/trace" trace ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
