@@ -58,10 +58,17 @@ static void trace_print(cuda_state_t *s) {
   static const char *kind[EPK_TR_KINDS] = {
       "dispatch (full)",         "dispatch (cached)",         "combine",
       "dispatch (full, arrays)", "dispatch (cached, arrays)", "dispatch (full, no wait)"};
-  static const char *pt[EPK_TR_POINTS] = {
-      "",          "notify: plan", "post",           "wait peers",
-      "finish",    "gap to data",  "data: own part", "data: peers",
-      "data: rest"};
+  static const char *pt[EPK_TR_POINTS] = {"",
+                                          "notify: plan",
+                                          "post",
+                                          "wait peers",
+                                          "finish",
+                                          "gap to data",
+                                          "data: blocks' start spread",
+                                          "data: first own part done",
+                                          "data: own part, the rest",
+                                          "data: peers",
+                                          "data: rest"};
   epk_trace_t *t = malloc(sizeof *t);
   if (!t || cudaMemcpy(t, s->trace_mem, sizeof *t, cudaMemcpyDeviceToHost) != cudaSuccess) {
     free(t);
@@ -70,7 +77,7 @@ static void trace_print(cuda_state_t *s) {
   epk_trace_fold(t); /* the last call */
   for (int k = 0; k < EPK_TR_KINDS; k++) {
     for (int med = 0; t->n[k] && med < 2; med++) {
-      char line[512];
+      char line[768];
       const double n = (double)t->n[k];
       int o =
           snprintf(line, sizeof line, "epcomm trace rank %d: %-25s %6llu calls, %s us: total %.1f",

@@ -316,6 +316,7 @@ __global__ void __launch_bounds__(CT, 1) combine(EPK_BUF_ARG b, epk_combine_t a)
   epk_grid_wait();            /* for the notify kernel before it (epk_launch_dependent) */
   if (epk_stopped(b)) return; /* the hello failed: nothing moves */
   epk_tr_min(b, EPK_TR_D_START);
+  epk_tr_max(b, EPK_TR_D_START_LAST);
   int *ints = reinterpret_cast<int *>(csm + 2 * R);
   cstate c = {csm, csm + R, ints, ints + R, ints + 2 * R, ints + 3 * R, ints + 4 * R};
   const int K = b.priv->comb_k, tc = b.priv->comb_tc;
@@ -338,6 +339,7 @@ __global__ void __launch_bounds__(CT, 1) combine(EPK_BUF_ARG b, epk_combine_t a)
     reduce(b, a, c, k, tc, hello);
     signal_all(b, &b.priv->cnt_b, (unsigned)k, b.off_cdone);
   }
+  epk_tr_min(b, EPK_TR_D_OWN_FIRST);
   epk_tr_max(b, EPK_TR_D_OWN);
   /* Our rows (perhaps the caller's x itself) stay readable until every source is done. */
   if (!wait_all(b, b.off_cdone, (uint32_t)K, EPK_PH_CDONE)) return;

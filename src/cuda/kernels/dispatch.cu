@@ -517,6 +517,7 @@ __device__ bool send_step(const epk_buf_t &b, const epk_dispatch_t &a, const dst
   if (!__syncthreads_or(any)) return false;
   send_pass(b, a, st, t0, t1);
   __syncthreads();
+  epk_tr_min(b, EPK_TR_D_OWN_FIRST);
   epk_tr_max(b, EPK_TR_D_OWN);
   if (threadIdx.x == 0) {
     epk_fence_peers(b);
@@ -647,6 +648,7 @@ __global__ void __launch_bounds__(DT, 1) dispatch(EPK_BUF_ARG b, epk_dispatch_t 
   if (a.late && blockIdx.x == 0) post_late(b, a);
   if (epk_stopped(b)) return; /* the count exchange failed: nothing moves */
   epk_tr_min(b, EPK_TR_D_START);
+  epk_tr_max(b, EPK_TR_D_START_LAST);
   int *ints = reinterpret_cast<int *>(dsm + 3 * R + 1);
   dstate st = {dsm,
                ints,

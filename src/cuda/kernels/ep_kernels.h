@@ -173,11 +173,12 @@ typedef struct {
  * means and the medians are printed when the buffer is destroyed (medians: a few slow calls, for
  * instance the first after a host-side pause of one rank, move a mean far). Points: the
  * notify kernel's start, plan done, hello posted, every peer's hello seen, end; the data
- * kernel's first block start, its own part done in every block (a dispatch: this rank's rows
- * written; a combine: its tokens reduced), the peers' part (a dispatch: every source's rows
- * arrived; a combine: every source done reading this rank's rows), and its last block's end
- * (each point the latest block's; a point reached before the one it follows, as a dispatch
- * whose own sends end after its last arrival, folds to zero and its time into the next). A
+ * kernel's first and last block start, its own part done in the first block and in every block
+ * (a dispatch: this rank's rows written; a combine: its tokens reduced), the peers' part (a
+ * dispatch: every source's rows arrived; a combine: every source done reading this rank's rows),
+ * and its last block's end (each point the latest block's, except the first start and the first
+ * own part done; a point reached before the one it follows, as a dispatch whose own sends end
+ * after its last arrival, folds to zero and its time into the next). A
  * call's points are folded into the sums by the next call's notify (or by the host at
  * destroy). Apart from the phases, each call's idle time before it: from the previous call's data
  * kernel end to this call's notify start (0 for a buffer's first call). It holds the kernel
@@ -202,6 +203,8 @@ enum {
   EPK_TR_N_GATHER,
   EPK_TR_N_END,
   EPK_TR_D_START,
+  EPK_TR_D_START_LAST, /* the last block's start (the spread of the blocks' starts) */
+  EPK_TR_D_OWN_FIRST,  /* the first block's own part done */
   EPK_TR_D_OWN,
   EPK_TR_D_PEERS,
   EPK_TR_D_END,
@@ -240,7 +243,7 @@ EPK_HD void epk_trace_fold(epk_trace_t *t) {
   }
   if (t->at[EPK_TR_D_END]) t->last_end = t->at[EPK_TR_D_END];
   for (int i = 0; i < EPK_TR_POINTS; i++) t->at[i] = 0;
-  t->at[EPK_TR_D_START] = ~0ull;
+  t->at[EPK_TR_D_START] = t->at[EPK_TR_D_OWN_FIRST] = ~0ull; /* minima */
   t->kind = -1;
 }
 
