@@ -82,7 +82,7 @@
 #      then EP_CUDA_TRACE's phases of today's tree at R = 8 (bf16, fp8)
 #   16 EP_CUDA_TRACE with the data kernel's own part split (the spread of its blocks' starts, the
 #      first block's own part done, the rest): gpu_check build trace at R = 8 (16 SMs) and 4
-#      (24), bf16 and fp8, 4096 tokens (OUT/c16/trace-*.log)
+#      (24), bf16 and fp8, 4096 tokens (OUT/c16/trace-*.log), then cuda.normal.r2 and its trace test
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -197,8 +197,8 @@ case $n in
     GPUB=build-v-base TRR="8:16" TRDT="bf16 fp8" TRT=4096 timeout -k 5 \
       "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/trace" trace ;;
   16)
-    TRR="8:16 4:24" TRDT="bf16 fp8" TRT=4096 timeout -k 5 "$limit" \
-      tools/gpu_check.sh .gpu/with-mps "$d" build trace ;;
+    SUITEF='^cuda\.normal\.r2(\.trace)?$' TRR="8:16 4:24" TRDT="bf16 fp8" TRT=4096 \
+      timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build trace suite ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
