@@ -1,7 +1,8 @@
 /* Normal-mode variants, after the main rows: a cached dispatch (what DeepEP's tuning loop
  * times) with the main output mode, a full and a cached dispatch paired in one loop (and, bf16,
  * the same pair with a combine after each dispatch), where the backend has views a full
- * dispatch in the worst-case form (no host wait for the count), into caller
+ * dispatch in the worst-case form (no host wait for the count) and a full dispatch followed by
+ * two cached ones, into caller
  * tensors, and into caller tensors registered with
  * the buffer (backends that write registered memory in place: recv_x written by the senders, no
  * copy-out pass); a combine whose input is the bf16
@@ -219,6 +220,24 @@ static int full_cached_pair(normal_t *u, ep_output_mode_t mode) {
   return bench_run(u->c, &v, s, 4, "full and cached dispatch, paired");
 }
 
+/* A full dispatch and two cached ones along its handle in every iteration: whether a cached
+ * call right after a full one pays for a state that full call left (the second then does not)
+ * or for the fresh handle itself (both do). */
+static int full_cached_triple(normal_t *u, ep_output_mode_t mode) {
+  var_t v = {u, NULL, mode, NULL, NULL, NULL, "epcomm dispatch triple, second cached"};
+  bench_step_t s[] = {
+      {pair_full,
+       bench_row(u->c, "dispatch_tri_full", "epcomm dispatch triple, full", BENCH_K_DISPATCH), 0},
+      {pair_cached,
+       bench_row(u->c, "dispatch_tri_cached1", "epcomm dispatch triple, first cached",
+                 BENCH_K_DISPATCH),
+       0},
+      {pair_cached, bench_row(u->c, "dispatch_tri_cached2", v.label, BENCH_K_DISPATCH), 0},
+      {check_rows, -1, 0},
+      {pair_drop, -1, 0}};
+  return bench_run(u->c, &v, s, 5, "full and two cached dispatches");
+}
+
 /* The same pair in a MoE layer's order: each dispatch followed by a combine of its received rows
  * (untimed; a view where the backend has them), so that the two dispatches follow the same kind
  * of call. Above, the cached call follows the full one and pays for what it left behind: on an
@@ -306,6 +325,7 @@ int bench_normal_variants(normal_t *u) {
   int rc = cached(u, &v, "dispatch_cached");
   if (!rc) rc = full_cached_pair(u, main_mode);
   if (!rc && u->views) rc = worst_case(u, main_mode);
+  if (!rc && u->views) rc = full_cached_triple(u, main_mode);
   v.mode = EP_OUTPUT_CALLER, v.label = "epcomm dispatch, cached, caller";
   v.rx = rc ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->row);
   v.rs = rc || !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);

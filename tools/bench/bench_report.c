@@ -109,6 +109,9 @@ static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, s
               {"dispatch_wc",
                " worst case: a full dispatch whose views hold a fixed number of rows (the "
                "count), so the host does not wait for the count exchange."},
+              {"dispatch_tri_full",
+               " triple: a full dispatch and two cached ones along its handle in each "
+               "iteration, timed apart."},
               {"dispatch_lpair_full",
                " dispatch + combine pair: the same pair, each dispatch followed by a combine of "
                "its received rows (untimed), a MoE layer's order."},
