@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 13, 15, 16; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 17; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -83,6 +83,10 @@
 #   16 EP_CUDA_TRACE with the data kernel's own part split (the spread of its blocks' starts, the
 #      first block's own part done, the rest): gpu_check build trace at R = 8 (16 SMs) and 4
 #      (24), bf16 and fp8, 4096 tokens (OUT/c16/trace-*.log), then cuda.normal.r2 and its trace test
+#   17 whether what a full dispatch leaves for the next one is in the L2: the bench's
+#      dispatch_flush_* rows (a full dispatch, a 64 MB device copy, a cached one) beside the
+#      triple and the cached loop, gpu_check build trace at R = 8, bf16 and fp8, then the bench
+#      tests
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -92,7 +96,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in [1-9] | 1[0-356]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15, 16)" >&2; exit 2 ;; esac
+case $n in [1-9] | 1[0-35-7]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 17)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -198,6 +202,9 @@ case $n in
       "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/trace" trace ;;
   16)
     SUITEF='^cuda\.normal\.r2(\.trace)?$' TRR="8:16 4:24" TRDT="bf16 fp8" TRT=4096 \
+      timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build trace suite ;;
+  17)
+    SUITEF='^cuda\.bench\.' TRR="8:16" TRDT="bf16 fp8" TRT=4096 \
       timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build trace suite ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \

@@ -2,7 +2,7 @@
  * times) with the main output mode, a full and a cached dispatch paired in one loop (and, bf16,
  * the same pair with a combine after each dispatch), where the backend has views a full
  * dispatch in the worst-case form (no host wait for the count) and a full dispatch followed by
- * two cached ones, into caller
+ * two cached ones, and one followed by an L2 flush and a cached one, into caller
  * tensors, and into caller tensors registered with
  * the buffer (backends that write registered memory in place: recv_x written by the senders, no
  * copy-out pass); a combine whose input is the bf16
@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bench_gpu.h"
 #include "bench_normal.h"
 
 typedef struct {
@@ -238,6 +239,42 @@ static int full_cached_triple(normal_t *u, ep_output_mode_t mode) {
   return bench_run(u->c, &v, s, 5, "full and two cached dispatches");
 }
 
+/* A full dispatch, then a device copy of 64 MB (untimed; it reads and writes more than the L2 of
+ * any GPU this runs on holds, so the full call's lines leave it), then a cached one along its
+ * handle: when
+ * the cached call is then as fast as in its own loop, what a full call leaves for the next one
+ * (dispatch_tri_cached1) is in the L2. */
+#define FLUSH_BYTES (64u << 20)
+typedef struct {
+  var_t v;       /* first: the dispatch steps take the state as a var_t */
+  void *scratch; /* the copy's two halves */
+} flush_t;
+
+static int flush_l2(bench_ctx_t *c, void *state, int it) {
+  uint8_t *s = ((flush_t *)state)->scratch;
+  if (!bgpu_copy(s + FLUSH_BYTES, s, FLUSH_BYTES, c->stream)) return 0;
+  fprintf(stderr, "epcomm bench: L2 flush copy: %s\n", bgpu_error());
+  return 1;
+}
+
+static int full_flush_cached(normal_t *u, ep_output_mode_t mode) {
+  flush_t f = {{u, NULL, mode, NULL, NULL, NULL, "epcomm dispatch, cached after flush"}, NULL};
+  if (!(f.scratch = bench_alloc(u->c, 2 * (size_t)FLUSH_BYTES)))
+    return fprintf(stderr, "epcomm bench: out of device memory for the L2 flush\n"), 1;
+  bench_step_t s[] = {
+      {pair_full,
+       bench_row(u->c, "dispatch_flush_full", "epcomm dispatch, full before flush",
+                 BENCH_K_DISPATCH),
+       0},
+      {flush_l2, -1, 0},
+      {pair_cached, bench_row(u->c, "dispatch_flush_cached", f.v.label, BENCH_K_DISPATCH), 0},
+      {check_rows, -1, 0},
+      {pair_drop, -1, 0}};
+  int rc = bench_run(u->c, &f, s, 5, "full dispatch, L2 flush, cached dispatch");
+  bench_free(u->c, f.scratch);
+  return rc;
+}
+
 /* The same pair in a MoE layer's order: each dispatch followed by a combine of its received rows
  * (untimed; a view where the backend has them), so that the two dispatches follow the same kind
  * of call. Above, the cached call follows the full one and pays for what it left behind: on an
@@ -326,6 +363,7 @@ int bench_normal_variants(normal_t *u) {
   if (!rc) rc = full_cached_pair(u, main_mode);
   if (!rc && u->views) rc = worst_case(u, main_mode);
   if (!rc && u->views) rc = full_cached_triple(u, main_mode);
+  if (!rc && u->views) rc = full_flush_cached(u, main_mode);
   v.mode = EP_OUTPUT_CALLER, v.label = "epcomm dispatch, cached, caller";
   v.rx = rc ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->row);
   v.rs = rc || !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);
