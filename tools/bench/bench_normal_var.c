@@ -278,8 +278,8 @@ static int full_flush_cached(normal_t *u, ep_output_mode_t mode) {
 /* The same pair in a MoE layer's order: each dispatch followed by a combine of its received rows
  * (untimed; a view where the backend has them), so that the two dispatches follow the same kind
  * of call. Above, the cached call follows the full one and pays for what it left behind: on an
- * H100 under MPS at R = 8 the full call's ids and weights lines cost the cached call after it
- * ~75 us (twenty-sixth session). */
+ * H100 under MPS at R = 8, ~90 us in bf16 and ~170 in fp8, not for its ids and weights (a build
+ * without them pays as much; twenty-eighth session, docs/PERFORMANCE.md). */
 static int layer_combine(bench_ctx_t *c, void *state, int it) {
   var_t *v = state;
   v->h = v->u->h, v->x = v->u->last.recv_x;
