@@ -2,10 +2,9 @@
  * times) with the main output mode, a full and a cached dispatch paired in one loop (and, bf16,
  * the same pair with a combine after each dispatch), where the backend has views a full
  * dispatch in the worst-case form (no host wait for the count) and a full dispatch followed by
- * two cached ones, and one followed by an L2 flush and a cached one, into caller
- * tensors, and into caller tensors registered with
- * the buffer (backends that write registered memory in place: recv_x written by the senders, no
- * copy-out pass); a combine whose input is the bf16
+ * two cached ones, and one followed by an L2 flush and a cached one, into caller tensors, and
+ * into caller tensors registered with the buffer (backends that write registered memory in
+ * place: recv_x written by the senders, no copy-out pass); a combine whose input is the bf16
  * dispatch view the experts wrote into (backends with views); a combine whose input is
  * ep_get_combine_buffer's memory, alone and with the experts' write, beside the same write into
  * a separate tensor (backends with a combine buffer); a combine whose input is a separate tensor
@@ -241,9 +240,8 @@ static int full_cached_triple(normal_t *u, ep_output_mode_t mode) {
 
 /* A full dispatch, then a device copy of 64 MB (untimed; it reads and writes more than the L2 of
  * any GPU this runs on holds, so the full call's lines leave it), then a cached one along its
- * handle: when
- * the cached call is then as fast as in its own loop, what a full call leaves for the next one
- * (dispatch_tri_cached1) is in the L2. */
+ * handle: when the cached call is then as fast as in its own loop, what a full call leaves for
+ * the next one (dispatch_tri_cached1) is in the L2. */
 #define FLUSH_BYTES (64u << 20)
 typedef struct {
   var_t v;       /* first: the dispatch steps take the state as a var_t */
