@@ -84,7 +84,8 @@
 #      first block's own part done, the rest): gpu_check build trace at R = 8 (16 SMs) and 4
 #      (24), bf16 and fp8, 4096 tokens (OUT/c16/trace-*.log), then cuda.normal.r2 and its trace test
 #   17 whether what a full dispatch leaves for the next one is in the L2: the bench's
-#      dispatch_flush_* rows (a full dispatch, a 64 MB device copy, a cached one) beside the
+#      dispatch_flush_* rows (a full dispatch, a 64 MB device copy, the stream's end and a
+#      barrier, a cached one) and dispatch_sync_* (the same without the copy) beside the
 #      triple and the cached loop, gpu_check build trace at R = 8, bf16 and fp8, then the bench
 #      tests
 #

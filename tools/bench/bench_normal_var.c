@@ -238,37 +238,45 @@ static int full_cached_triple(normal_t *u, ep_output_mode_t mode) {
   return bench_run(u->c, &v, s, 5, "full and two cached dispatches");
 }
 
-/* A full dispatch, then a device copy of 64 MB (untimed; it reads and writes more than the L2 of
- * any GPU this runs on holds, so the full call's lines leave it), then a cached one along its
- * handle: when the cached call is then as fast as in its own loop, what a full call leaves for
- * the next one (dispatch_tri_cached1) is in the L2. */
+/* A full dispatch, then (untimed) a device copy of 64 MB, which reads and writes more than the
+ * L2 of any GPU this runs on holds, so the full call's lines leave it, the stream's end and a
+ * barrier of the ranks (on one GPU the ranks' copies would otherwise run beside the next call),
+ * then a cached one along its handle; and the same without the copy. When the cached call is as
+ * fast as in its own loop with the copy only, what a full call leaves for the next one
+ * (dispatch_tri_cached1) is in the L2. */
 #define FLUSH_BYTES (64u << 20)
 typedef struct {
   var_t v;       /* first: the dispatch steps take the state as a var_t */
-  void *scratch; /* the copy's two halves */
+  void *scratch; /* the copy's two halves; NULL: no copy */
 } flush_t;
 
 static int flush_l2(bench_ctx_t *c, void *state, int it) {
   uint8_t *s = ((flush_t *)state)->scratch;
-  if (!bgpu_copy(s + FLUSH_BYTES, s, FLUSH_BYTES, c->stream)) return 0;
-  fprintf(stderr, "epcomm bench: L2 flush copy: %s\n", bgpu_error());
-  return 1;
+  if (s && bgpu_copy(s + FLUSH_BYTES, s, FLUSH_BYTES, c->stream))
+    return fprintf(stderr, "epcomm bench: L2 flush copy: %s\n", bgpu_error()), 1;
+  if (bench_sync(c)) return fprintf(stderr, "epcomm bench: %s\n", bench_dev_error()), 1;
+  if (ep_group_barrier(c->g))
+    return fprintf(stderr, "epcomm bench: ep_group_barrier: %s\n", ep_last_error()), 1;
+  return 0;
 }
 
-static int full_flush_cached(normal_t *u, ep_output_mode_t mode) {
-  flush_t f = {{u, NULL, mode, NULL, NULL, NULL, "epcomm dispatch, cached after flush"}, NULL};
-  if (!(f.scratch = bench_alloc(u->c, 2 * (size_t)FLUSH_BYTES)))
+static int full_flush_cached(normal_t *u, ep_output_mode_t mode, int copy) {
+  const char *key[2][2] = {{"dispatch_sync_full", "dispatch_sync_cached"},
+                           {"dispatch_flush_full", "dispatch_flush_cached"}};
+  const char *label[2][2] = {
+      {"epcomm dispatch, full before barrier", "epcomm dispatch, cached after barrier"},
+      {"epcomm dispatch, full before flush", "epcomm dispatch, cached after flush"}};
+  flush_t f = {{u, NULL, mode, NULL, NULL, NULL, label[copy][1]}, NULL};
+  if (copy && !(f.scratch = bench_alloc(u->c, 2 * (size_t)FLUSH_BYTES)))
     return fprintf(stderr, "epcomm bench: out of device memory for the L2 flush\n"), 1;
   bench_step_t s[] = {
-      {pair_full,
-       bench_row(u->c, "dispatch_flush_full", "epcomm dispatch, full before flush",
-                 BENCH_K_DISPATCH),
-       0},
+      {pair_full, bench_row(u->c, key[copy][0], label[copy][0], BENCH_K_DISPATCH), 0},
       {flush_l2, -1, 0},
-      {pair_cached, bench_row(u->c, "dispatch_flush_cached", f.v.label, BENCH_K_DISPATCH), 0},
+      {pair_cached, bench_row(u->c, key[copy][1], label[copy][1], BENCH_K_DISPATCH), 0},
       {check_rows, -1, 0},
       {pair_drop, -1, 0}};
-  int rc = bench_run(u->c, &f, s, 5, "full dispatch, L2 flush, cached dispatch");
+  int rc = bench_run(u->c, &f, s, 5,
+                     copy ? "full dispatch, L2 flush, cached" : "full dispatch, barrier, cached");
   bench_free(u->c, f.scratch);
   return rc;
 }
@@ -361,7 +369,8 @@ int bench_normal_variants(normal_t *u) {
   if (!rc) rc = full_cached_pair(u, main_mode);
   if (!rc && u->views) rc = worst_case(u, main_mode);
   if (!rc && u->views) rc = full_cached_triple(u, main_mode);
-  if (!rc && u->views) rc = full_flush_cached(u, main_mode);
+  if (!rc && u->views) rc = full_flush_cached(u, main_mode, 0);
+  if (!rc && u->views) rc = full_flush_cached(u, main_mode, 1);
   v.mode = EP_OUTPUT_CALLER, v.label = "epcomm dispatch, cached, caller";
   v.rx = rc ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->row);
   v.rs = rc || !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);

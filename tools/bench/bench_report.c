@@ -112,9 +112,11 @@ static void legend_rows(const bench_opts_t *o, const phases_t *ph, char *text, s
               {"dispatch_tri_full",
                " triple: a full dispatch and two cached ones along its handle in each "
                "iteration, timed apart."},
+              {"dispatch_sync_full",
+               " after barrier: a full dispatch, the stream's end and a barrier (untimed), and "
+               "a cached dispatch along its handle in each iteration."},
               {"dispatch_flush_full",
-               " after flush: a full dispatch, an untimed 64 MB device copy, and a cached "
-               "dispatch along its handle in each iteration."},
+               " after flush: the same with a 64 MB device copy before the barrier."},
               {"dispatch_lpair_full",
                " dispatch + combine pair: the same pair, each dispatch followed by a combine of "
                "its received rows (untimed), a MoE layer's order."},
