@@ -87,7 +87,8 @@
 #      dispatch_flush_* rows (a full dispatch, a 64 MB device copy, the stream's end and a
 #      barrier, a cached one) and dispatch_sync_* (the same without the copy) beside the
 #      triple and the cached loop, gpu_check build trace at R = 8, bf16 and fp8, then the bench
-#      tests
+#      tests (ran in the twenty-eighth session without the barrier, which the loop needs on one
+#      GPU; the next session's first call)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
