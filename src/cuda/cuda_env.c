@@ -19,8 +19,9 @@ static const ep_env_row_t cuda_rows[] = {
                    "graph capture: a failure is returned by the next call, counts are -1)"),
     EP_ENV_ROW_INT("cuda", "EP_CUDA_TRACE", "0", "0", "1",
                    "1: time the phases of normal-mode calls on the GPU (%globaltimer: count "
-                   "exchange plan, hello, wait for peers; the data kernel's own rows, the peers', "
-                   "the rest; the idle time before each call) and print their means and medians "
+                   "exchange plan, hello, wait for peers; the data kernel's blocks' start "
+                   "spread, its first and last block's own rows, the peers', the rest; the idle "
+                   "time before each call) and print their means and medians "
                    "per kind of call on stderr when the buffer is destroyed"),
     EP_ENV_ROW_INT("cuda", "EP_CUDA_LL_OPT", "31", "0", "31",
                    "low-latency kernel variants, a bit mask (same results, for timing them): "
