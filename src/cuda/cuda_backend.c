@@ -24,7 +24,7 @@ static ep_status_t cuda_size_hint(const ep_buffer_config_t *cfg, int nranks, siz
 /* EP_CUDA_TRACE=1: device memory for the phase sums of normal-mode calls (ep_kernels.h). */
 static ep_status_t trace_setup(cuda_state_t *s) {
   if (!ep_env_int("EP_CUDA_TRACE")) return EP_OK;
-  epk_trace_t *t = calloc(1, sizeof *t); /* ~51 KiB: not on the stack */
+  epk_trace_t *t = calloc(1, sizeof *t); /* ~74 KiB: not on the stack */
   if (!t) return ep_ctx_fail(s->ctx, EP_ERR_NO_MEMORY, -1, "ep_buffer_create", "trace", "oom");
   epk_trace_fold(t); /* no call yet: points cleared, kind -1 */
   ep_status_t st =

@@ -204,7 +204,8 @@ enum {
   EPK_TR_N_END,
   EPK_TR_D_START,
   EPK_TR_D_START_LAST, /* the last block's start (the spread of the blocks' starts) */
-  EPK_TR_D_OWN_FIRST,  /* the first block's own part done */
+  EPK_TR_D_OWN_FIRST,  /* the first send pass done in any block (the first window's; a block
+                          without tokens, at small sizes, ends its pass at once) */
   EPK_TR_D_OWN,
   EPK_TR_D_PEERS,
   EPK_TR_D_END,
