@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 17; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 18; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -89,6 +89,12 @@
 #      triple and the cached loop, gpu_check build trace at R = 8, bf16 and fp8, then the bench
 #      tests (ran in the twenty-eighth session without the barrier, which the loop needs on one
 #      GPU; the next session's first call)
+#   18 whether R = 8's full - cached is the SMs' L1 / shared-memory split (the notify kernel's
+#      default split differs from the data kernels', and a full dispatch runs its notify on ~17
+#      SMs a rank): tools/kernel_variants.sh, the tree against every normal-mode kernel asking
+#      for the most L1 (-DEPK_CARVEOUT=0) and for the most shared memory (=100), R = 8 and 4,
+#      4096 tokens (OUT/c18/variants.txt), then EP_CUDA_TRACE at R = 8 (bf16) on the first
+#      of them (OUT/c18/trace/)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -98,7 +104,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in [1-9] | 1[0-35-7]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 17)" >&2; exit 2 ;; esac
+case $n in [1-9] | 1[0-35-8]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 18)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -208,6 +214,12 @@ case $n in
   17)
     SUITEF='^cuda\.bench\.' TRR="8:16" TRDT="bf16 fp8" TRT=4096 \
       timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build trace suite ;;
+  18)
+    VR="8 4" timeout -k 5 420 tools/kernel_variants.sh .gpu/with-mps "$d" base: \
+      co0:-DEPK_CARVEOUT=0 co100:-DEPK_CARVEOUT=100 >"$d/variants.txt" 2>&1
+    cat "$d/variants.txt"
+    GPUB=build-v-co0 TRR="8:16" TRDT=bf16 TRT=4096 timeout -k 5 \
+      "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/trace" trace ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;

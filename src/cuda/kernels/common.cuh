@@ -161,6 +161,24 @@ struct epk_waiter {
   }
 };
 
+/* Measurement (tools/gpu_session.sh 18; default -1: the driver's choice): every normal-mode
+ * kernel asks for the same split of an SM's L1 and shared memory, EPK_CARVEOUT percent of the
+ * most shared memory. By default the notify kernel (26 KB a block, up to four blocks an SM) gets
+ * a larger shared part than the data kernels (one block an SM): a full dispatch runs its notify
+ * on ~17 SMs a rank, a cached one on one, and an SM keeps a split until it is idle for a kernel
+ * that wants another; the question is whether R = 8's data kernels then run with less L1. */
+#ifndef EPK_CARVEOUT
+#define EPK_CARVEOUT -1
+#endif
+template <typename... P>
+static void epk_carveout(void (*k)(P...)) {
+#if EPK_CARVEOUT >= 0
+  (void)cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, EPK_CARVEOUT);
+#else
+  (void)k;
+#endif
+}
+
 /* Programmatic dependent launch (sm_90): a data kernel is launched to overlap the end of the
  * notify kernel before it in the stream (its launch and block scheduling, ~6-9 us between the two
  * kernels under MPS, EP_CUDA_TRACE "gap to data"). It must wait for the notify grid, whose
@@ -179,6 +197,7 @@ static __device__ __forceinline__ void epk_grid_trigger() {
 template <typename... P, typename... A>
 static cudaError_t epk_launch_dependent(void (*k)(P...), int grid, int block, size_t smem,
                                         cudaStream_t s, A... args) {
+  epk_carveout(k);
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;

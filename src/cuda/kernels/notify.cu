@@ -298,6 +298,7 @@ extern "C" cudaError_t epk_launch_notify(const epk_buf_t *b, const epk_notify_t 
   /* R > 32 plans in one block (plan_rows); so does every other kind of call, which has no plan. */
   const bool tiled = a->kind == EPK_NOTIFY_DISPATCH && b->nranks <= 32;
   const int grid = tiled ? min(epk_plan_tiles(a->num_tokens) + 1, EPK_PLAN_GRID) : 1;
+  epk_carveout(epcomm::normal::notify);
   epcomm::normal::notify<<<grid, NT, 0, s>>>(*b, *a);
   return cudaGetLastError();
 }
