@@ -110,6 +110,13 @@ case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep"
 d=$out/c$n
 mkdir -p "$d"
 t0=$SECONDS
+# patched DIR PATCH: a copy of this tree's sources in DIR (outside OUT: the sources do not go
+# back) with a measurement patch applied, for tools/kernel_variants.sh's NAME@DIR form.
+patched() {
+  rm -rf "$1" && mkdir -p "$1" &&
+    cp -r CMakeLists.txt cmake include src tools bench examples tests python "$1"/ &&
+    patch -s -d "$1" -p1 <"$2"
+}
 case $n in
   1)
     SUITEF='^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg|ll_deferred|ll_graph|failure)' \
@@ -178,11 +185,8 @@ case $n in
     DS_TOKENS=4096 timeout -k 5 "$((limit - (SECONDS - t0)))" tools/deepep_side_by_side.sh \
       .gpu/with-mps "$d/sbs" .deepep build normal report ;;
   12)
-    sink=build-sink-src # outside OUT: the sources do not go back
-    patch=docs/gpu-runs/2026-12-06-s25/idw-sink/measurement-only.patch
-    rm -rf "$sink" && mkdir -p "$sink" &&
-      cp -r CMakeLists.txt cmake include src tools bench examples tests python "$sink"/ &&
-      patch -s -d "$sink" -p1 <"$patch" || exit 1
+    sink=build-sink-src
+    patched "$sink" docs/gpu-runs/2026-12-06-s25/idw-sink/measurement-only.patch || exit 1
     VR="8 8" timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh .gpu/with-mps \
       "$d" base: "sink@$sink:-DEPK_IDW_SINK=1" >"$d/variants.txt" 2>&1
     cat "$d/variants.txt" ;;
@@ -196,12 +200,8 @@ case $n in
       cat "$d/variants-t$t.txt"
     done ;;
   15)
-    # Copies of the tree with a measurement patch each (outside OUT: the sources do not go back).
     for v in cached-full-layout:cfl as-cached:asc; do
-      src=build-${v#*:}-src
-      rm -rf "$src" && mkdir -p "$src" &&
-        cp -r CMakeLists.txt cmake include src tools bench examples tests python "$src"/ &&
-        patch -s -d "$src" -p1 <"docs/gpu-runs/2026-12-06-s28/${v%%:*}.patch" || exit 1
+      patched "build-${v#*:}-src" "docs/gpu-runs/2026-12-06-s28/${v%%:*}.patch" || exit 1
     done
     VR="8 4" timeout -k 5 420 tools/kernel_variants.sh .gpu/with-mps "$d" base: \
       cfl@build-cfl-src: asc@build-asc-src: >"$d/variants.txt" 2>&1
