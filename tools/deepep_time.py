@@ -612,16 +612,14 @@ def report(d):
             f, c = ep[key].get("dispatch_fp8_full"), ep[key].get("dispatch_fp8_cached")
             b, bc = ep[key].get("dispatch_bf16_full"), ep[key].get("dispatch_bf16_cached")
             if f and c and b and bc:
-                def gaps(what, get):  # "; what: fp8 X, bf16 Y", X and Y full - cached by get
-                    m = [get(t, k) for t in ("fp8", "bf16") for k in ("full", "cached")]
-                    return ("" if None in m else
-                            f"; {what}: fp8 {m[0] - m[1]:.1f}, bf16 {m[2] - m[3]:.1f}")
+                def gaps(what, get, dts=("fp8", "bf16")):  # "; what: fp8 X, bf16 Y", by get
+                    m = [(get(t, "full"), get(t, "cached")) for t in dts]
+                    return ("" if None in sum(m, ()) else f"; {what}: " +
+                            ", ".join(f"{t} {a - b:.1f}" for t, (a, b) in zip(dts, m)))
 
                 def med(infix):  # epcomm's medians, rows dispatch_{t}{infix}_{k}
                     return lambda t, k: ep[key].get(f"dispatch_{t}{infix}_{k}@median")
-                lp = [ep[key].get(f"dispatch_bf16_lpair_{k}@median") for k in ("full", "cached")]
-                lps = ("" if None in lp else
-                       f"; paired, each followed by a combine: bf16 {lp[0] - lp[1]:.1f}")
+                lps = gaps("paired, each followed by a combine", med("_lpair"), ("bf16",))
                 # DeepEP's own, by the same statistic: issue 15's goal is absolute, and DeepEP's
                 # gap is what a user moving from it has now.
                 deepep = gaps("DeepEP's, by the same statistic",
