@@ -83,6 +83,30 @@ PY
 out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (lpair)"
 lwant='paired in one loop, medians: fp8 11\.5, bf16 9\.8; paired, each followed by a combine: '
 grep -Eq "${lwant}bf16 12\.5; DeepEP" <<<"$out" || fail "the pair with combines is not reported: $out"
+# The full and the cached dispatch after the same drain and barrier (dispatch_sync_*, newer than
+# the fixture: added as both runs write them), epcomm's and DeepEP's by the table's statistic;
+# no line while only one side has them.
+sline="after the full one, the stream's end and a barrier"
+! grep -q "$sline" <<<"$out" || fail "a barrier line without the figures: $out"
+python3 - "$tmp" <<'PY' || fail "could not edit the fixture copies"
+import json, sys
+for t, full, cached in (("fp8", 0.1000, 0.0950), ("bf16", 0.2000, 0.1880)):
+    p = f"{sys.argv[1]}/epcomm-normal-r2-t4096-{t}.json"
+    d = json.load(open(p))
+    for k, ms in (("full", full), ("cached", cached)):
+        row = dict(d["phases"]["dispatch_pair_" + k], slowest_rank_mean_ms=ms)
+        d["phases"]["dispatch_sync_" + k] = row
+    json.dump(d, open(p, "w"))
+PY
+out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (sync)"
+! grep -q "$sline" <<<"$out" || fail "a barrier line without DeepEP's figures: $out"
+for r in fp8_sync_full:700.0 fp8_sync_cached:640.0 bf16_sync_full:490.0 bf16_sync_cached:455.5; do
+  printf 'DEEPEP {"impl": "deepep", "mode": "normal", "R": 2, "sms": 24, "tokens": 4096, "op": "dispatch_%s", "us": %s, "chunk": "default"}\n' \
+    "${r%%:*}" "${r#*:}" >>"$tmp/deepep-normal-r2.log"
+done
+out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (sync, DeepEP)"
+grep -Eq "${sline}; epcomm: fp8 5\.0, bf16 12\.0; DeepEP: fp8 60\.0, bf16 34\.5$" <<<"$out" ||
+  fail "full - cached after a barrier is not reported for both: $out"
 # Files with DeepEP's own statistic (each rank's mean, the slowest rank's) are compared by it.
 python3 - "$tmp/epcomm-normal-r2-t4096-fp8.json" "$tmp/py-r2-t4096.json" <<'PY' ||
 import json, sys

@@ -157,6 +157,21 @@ def normal_worker(rank, args, port):
                 mark(1)
             return f
 
+        def synced(xx, cfg):
+            def f(mark):
+                mark(0)
+                pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
+                h = buf.dispatch(xx, num_tokens_per_rank=pr, is_token_in_rank=ir,
+                                 num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w,
+                                 config=cfg)[4]
+                mark(1)
+                torch.cuda.synchronize()
+                dist.barrier(group=group)
+                mark(2)
+                buf.dispatch(xx, handle=h, config=cfg)
+                mark(3)
+            return f
+
         res, recv, dcfg = {}, {}, {}
         for dt, xx in (("bf16", x), ("fp8", x8)):
             pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
@@ -174,6 +189,12 @@ def normal_worker(rank, args, port):
             dcfg[dt] = (cname, ccfg)
             res[f"dispatch_{dt}_cached"] = (t, cname)
             res[f"dispatch_{dt}_full"] = (mean_us(full(xx, ccfg), args.warmup, args.iters), cname)
+            # epcomm bench's dispatch_sync_* loop: a full dispatch, the stream's end and a
+            # barrier (untimed), a cached dispatch along the new handle; each timed apart.
+            ev = time_seq(torch, dist, group, synced(xx, ccfg), 4, args.warmup, args.iters)
+            for k, (i, j) in (("full", (0, 1)), ("cached", (2, 3))):
+                res[f"dispatch_{dt}_sync_{k}"] = (slowest(dist, group, R, stats(ev(i, j))[0]),
+                                                  cname)
 
         recv_x, h16 = recv["bf16"][0], recv["bf16"][4]
         # Check: the combine of the dispatched rows gives x * (ranks the token went to), exactly.
@@ -350,6 +371,9 @@ EP_NORMAL = {
 for _t in ("bf16", "fp8"):  # full and cached paired in one loop (full - cached only)
     EP_NORMAL[_t].update({"dispatch_pair_full": f"dispatch_{_t}_pair_full",
                           "dispatch_pair_cached": f"dispatch_{_t}_pair_cached"})
+    # a full dispatch, the stream's end and a barrier, a cached one (both dtypes)
+    EP_NORMAL[_t].update({"dispatch_sync_full": f"dispatch_{_t}_sync_full",
+                          "dispatch_sync_cached": f"dispatch_{_t}_sync_cached"})
 # the same pair with a combine after each dispatch (bf16 only)
 EP_NORMAL["bf16"].update({"dispatch_lpair_full": "dispatch_bf16_lpair_full",
                           "dispatch_lpair_cached": "dispatch_bf16_lpair_cached"})
@@ -628,6 +652,15 @@ def report(d):
                       f"by the table's statistic: fp8 {f - c:.1f}, bf16 {b - bc:.1f} us"
                       f"{gaps('medians of the slowest rank per iteration', med(''))}"
                       f"{gaps('paired in one loop, medians', med('_pair'))}{lps}{deepep}")
+                # Both after the same drain and barrier (on one GPU a cached dispatch right
+                # after a full one is slower than in a loop of its own), by the table's
+                # statistic for both.
+                sync = [gaps(who, lambda t, k, g=g: g(f"dispatch_{t}_sync_{k}")) for who, g in
+                        (("epcomm", ep[key].get),
+                         ("DeepEP", lambda op: dp.get((mode, R, sms, N, op))))]
+                if all(sync):
+                    print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  full - cached, each cached dispatch "
+                          f"after the full one, the stream's end and a barrier{''.join(sync)}")
             # Issue 15's small-batch goal: a full dispatch + the combine of its view, both timed
             # alone, their sums compared.
             pairs = []

@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 18; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 20; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -95,6 +95,17 @@
 #      for the most L1 (-DEPK_CARVEOUT=0) and for the most shared memory (=100), R = 8 and 4,
 #      4096 tokens (OUT/c18/variants.txt), then EP_CUDA_TRACE at R = 8 (bf16) on the first
 #      of them (OUT/c18/trace/)
+#   19 how much of R = 8's full - cached the full call's own fetch of the ids and weights is, in
+#      loops that start each cached dispatch right after a full one: tools/kernel_variants.sh,
+#      the tree against as-cached.patch (the twenty-eighth session's: no ids or weights fetched
+#      or written) and docs/gpu-runs/2026-12-06-s29/nofetch.patch (written but not fetched),
+#      both wrong outputs; R = 8, then 8 and 4 again (OUT/c19/a.txt, b.txt; every loop's medians
+#      in the runs' JSON)
+#   20 whether the GPU's clocks move during the bench at R = 8 (a state that outlives a drain and a
+#      barrier, and that a full dispatch's ids and weights make worse, could be its power
+#      management): nvidia-smi samples the SM and memory clocks, power, temperature and the
+#      active clock-event reasons every 20 ms (OUT/c20/clocks.csv) while tools/kernel_variants.sh
+#      times the tree at R = 8 (OUT/c20/variants.txt); a summary of the samples follows
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -104,7 +115,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in [1-9] | 1[0-35-8]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 18)" >&2; exit 2 ;; esac
+case $n in [1-9] | 1[0-35-9] | 20) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 20)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -220,6 +231,27 @@ case $n in
     cat "$d/variants.txt"
     GPUB=build-v-co0 TRR="8:16" TRDT=bf16 TRT=4096 timeout -k 5 \
       "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/trace" trace ;;
+  19)
+    s28=docs/gpu-runs/2026-12-06-s28 s29=docs/gpu-runs/2026-12-06-s29
+    patched /tmp/gs-asc "$s28/as-cached.patch" && patched /tmp/gs-nof "$s29/nofetch.patch" || exit 1
+    for p in a b; do
+      VR=$([ $p = a ] && echo 8 || echo "8 4") timeout -k 5 270 tools/kernel_variants.sh \
+        .gpu/with-mps "$d/$p" base: asc@/tmp/gs-asc: nof@/tmp/gs-nof: >"$d/$p.txt" 2>&1
+      cat "$d/$p.txt"
+    done ;;
+  20)
+    q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
+    nvidia-smi --query-gpu=$q --format=csv >/dev/null 2>&1 || q=${q/clocks_event/clocks_throttle}
+    nvidia-smi --query-gpu=$q --format=csv,noheader,nounits -lms 20 >"$d/clocks.csv" 2>&1 &
+    smi=$!
+    VR=8 timeout -k 5 300 tools/kernel_variants.sh .gpu/with-mps "$d/v" base: >"$d/variants.txt" 2>&1
+    kill $smi
+    cat "$d/variants.txt"
+    # Samples while the GPU was busy (power above 200 W): the SM clock's spread and the reasons.
+    awk -F', ' '$4 + 0 > 200 { n++; c[$2]++; r[$6]++; p += $4 }
+      END { printf "%d busy samples, mean power %.0f W\n", n, n ? p / n : 0
+            for (k in c) printf "  sm clock %s MHz: %d\n", k, c[k]
+            for (k in r) printf "  event reasons %s: %d\n", k, r[k] }' "$d/clocks.csv" ;;
   3)
     DS_TOKENS="${DS_TOKENS:-4096 128}" timeout -k 5 "$limit" tools/deepep_side_by_side.sh .gpu/with-mps "$d" \
       .deepep build normal python report ;;
