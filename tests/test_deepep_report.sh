@@ -7,7 +7,7 @@
 # dispatch + combine line, the memory floors of the copy-out cells, that a clean run has no
 # notes, that a failed epcomm self-check is reported, that a fast path the bench counted as not
 # always taken is named, and that files with DeepEP's statistic (each rank's mean, the slowest
-# rank's) are compared by it.
+# rank's) are compared by it; full - cached after a barrier, both sides; tools/bench_rows.py.
 # Usage: test_deepep_report.sh SRC
 set -u -o pipefail
 src=${1:?usage: test_deepep_report.sh SRC}
@@ -107,6 +107,13 @@ done
 out=$(python3 "$src/tools/deepep_time.py" report "$tmp") || fail "report exited $? (sync, DeepEP)"
 grep -Eq "${sline}; epcomm: fp8 5\.0, bf16 12\.0; DeepEP: fp8 60\.0, bf16 34\.5$" <<<"$out" ||
   fail "full - cached after a barrier is not reported for both: $out"
+# tools/bench_rows.py: the loops' medians of a file, "-" for a loop it lacks.
+rows=$(python3 "$src/tools/bench_rows.py" "$fix/epcomm-normal-r2-t4096-bf16.json" \
+  "$tmp/epcomm-normal-r2-t4096-bf16.json") || fail "bench_rows.py exited $?"
+grep -Eq '^epcomm-normal-r2-t4096-bf16\.json +143\.5 +134\.5 +143\.8 +133\.9 +- +- +- +- +- ' \
+  <<<"$rows" || fail "bench_rows.py: the fixture's loops: $rows"
+grep -Eq ' 143\.8 +133\.9 +- +- +- +143\.8 +133\.9 +- +- +-$' <<<"$rows" ||
+  fail "bench_rows.py: the sync loop added to the copy: $rows"
 # Files with DeepEP's own statistic (each rank's mean, the slowest rank's) are compared by it.
 python3 - "$tmp/epcomm-normal-r2-t4096-fp8.json" "$tmp/py-r2-t4096.json" <<'PY' ||
 import json, sys
