@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 20; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 21; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -106,6 +106,10 @@
 #      management): nvidia-smi samples the SM and memory clocks, power, temperature and the
 #      active clock-event reasons every 20 ms (OUT/c20/clocks.csv) while tools/kernel_variants.sh
 #      times the tree at R = 8 (OUT/c20/variants.txt); a summary of the samples follows
+#   21 whether the full call's fetch slows it and the next call by what it reads (the caller's
+#      topk_idx / topk_weights, pages a cached call never touches) or by fetching at all: the tree
+#      against nofetch.patch and planfetch.patch (the same fetches from the plan's first 64 KB,
+#      which the kernel reads anyway; wrong outputs), R = 8 twice (OUT/c21/a.txt, b.txt)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -115,7 +119,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in [1-9] | 1[0-35-9] | 20) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 20)" >&2; exit 2 ;; esac
+case $n in [1-9] | 1[0-35-9] | 2[01]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 21)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -237,6 +241,14 @@ case $n in
     for p in a b; do
       VR=$([ $p = a ] && echo 8 || echo "8 4") timeout -k 5 270 tools/kernel_variants.sh \
         .gpu/with-mps "$d/$p" base: asc@/tmp/gs-asc: nof@/tmp/gs-nof: >"$d/$p.txt" 2>&1
+      cat "$d/$p.txt"
+    done ;;
+  21)
+    s29=docs/gpu-runs/2026-12-06-s29
+    patched /tmp/gs-nof "$s29/nofetch.patch" && patched /tmp/gs-pfe "$s29/planfetch.patch" || exit 1
+    for p in a b; do
+      VR=8 timeout -k 5 250 tools/kernel_variants.sh .gpu/with-mps "$d/$p" base: \
+        nof@/tmp/gs-nof: pfe@/tmp/gs-pfe: >"$d/$p.txt" 2>&1
       cat "$d/$p.txt"
     done ;;
   20)
