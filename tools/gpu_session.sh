@@ -109,7 +109,10 @@
 #   21 whether the full call's fetch slows it and the next call by what it reads (the caller's
 #      topk_idx / topk_weights, pages a cached call never touches) or by fetching at all: the tree
 #      against nofetch.patch and planfetch.patch (the same fetches from the plan's first 64 KB,
-#      which the kernel reads anyway; wrong outputs), R = 8 twice (OUT/c21/a.txt, b.txt)
+#      which the kernel reads anyway; wrong outputs), R = 8 twice (OUT/c21/a.txt, b.txt). The
+#      64 KB wrap every 1024 tokens, so pfe also reads less than the 384 KB of a rank's ids and
+#      weights: a pfe as slow as the tree says "fetching at all"; one as fast as nof does not yet
+#      tell pages from bytes
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -129,6 +132,16 @@ t0=$SECONDS
 # back) with a measurement patch applied, for tools/kernel_variants.sh's NAME@DIR form.
 # A patch that does not apply is said; the step then skips its runs (`patched ... || break` in
 # a one-pass loop), so that the packing below still runs.
+# kv TABLE OUT_DIR VARIANT...: tools/kernel_variants.sh (VR etc. from the environment) within
+# the call's time left, its table into TABLE and to stdout; its failure or deadline becomes the
+# call's status (the steps end on printing the table).
+kv() {
+  local f=$1
+  shift
+  timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh .gpu/with-mps "$@" \
+    >"$f" 2>&1 || step_rc=$?
+  cat "$f"
+}
 patched() {
   rm -rf "$1" && mkdir -p "$1" &&
     cp -r CMakeLists.txt cmake include src tools bench examples tests python "$1"/ &&
@@ -208,9 +221,7 @@ case $n in
     sink=build-sink-src
     for _ in once; do
       patched "$sink" docs/gpu-runs/2026-12-06-s25/idw-sink/measurement-only.patch || break
-      VR="8 8" timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh .gpu/with-mps \
-        "$d" base: "sink@$sink:-DEPK_IDW_SINK=1" >"$d/variants.txt" 2>&1
-      cat "$d/variants.txt"
+      VR="8 8" kv "$d/variants.txt" "$d" base: "sink@$sink:-DEPK_IDW_SINK=1"
     done ;;
   13)
     SUITEF=${SUITEF13:-'^cuda\.(normal|graph|memreg|cbuf|ll|failure|timeout)'} \
@@ -249,27 +260,23 @@ case $n in
     for p in a b; do
       [ $p = b ] || { patched /tmp/gs-asc "$s28/as-cached.patch" &&
         patched /tmp/gs-nof "$s29/nofetch.patch"; } || break
-      VR=$([ $p = a ] && echo 8 || echo "8 4") timeout -k 5 270 tools/kernel_variants.sh \
-        .gpu/with-mps "$d/$p" base: asc@/tmp/gs-asc: nof@/tmp/gs-nof: >"$d/$p.txt" 2>&1
-      cat "$d/$p.txt"
+      VR=$([ $p = a ] && echo 8 || echo "8 4") kv "$d/$p.txt" "$d/$p" base: asc@/tmp/gs-asc: \
+        nof@/tmp/gs-nof:
     done ;;
   21)
     s29=docs/gpu-runs/2026-12-06-s29
     for p in a b; do
       [ $p = b ] || { patched /tmp/gs-nof "$s29/nofetch.patch" &&
         patched /tmp/gs-pfe "$s29/planfetch.patch"; } || break
-      VR=8 timeout -k 5 250 tools/kernel_variants.sh .gpu/with-mps "$d/$p" base: \
-        nof@/tmp/gs-nof: pfe@/tmp/gs-pfe: >"$d/$p.txt" 2>&1
-      cat "$d/$p.txt"
+      VR=8 kv "$d/$p.txt" "$d/$p" base: nof@/tmp/gs-nof: pfe@/tmp/gs-pfe:
     done ;;
   20)
     q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
     nvidia-smi --query-gpu=$q --format=csv >/dev/null 2>&1 || q=${q/clocks_event/clocks_throttle}
     nvidia-smi --query-gpu=$q --format=csv,noheader,nounits -lms 20 >"$d/clocks.csv" 2>&1 &
     smi=$!
-    VR=8 timeout -k 5 300 tools/kernel_variants.sh .gpu/with-mps "$d/v" base: >"$d/variants.txt" 2>&1
-    kill $smi
-    cat "$d/variants.txt"
+    VR=8 kv "$d/variants.txt" "$d/v" base:
+    kill $smi 2>/dev/null
     # Samples while the GPU was busy (power above 200 W): the SM clock's spread and the reasons.
     awk -F', ' '$4 + 0 > 200 { n++; c[$2]++; r[$6]++; p += $4 }
       END { printf "%d busy samples, mean power %.0f W\n", n, n ? p / n : 0
@@ -280,6 +287,7 @@ case $n in
       .deepep build normal python report ;;
 esac
 rc=$?
+[ "$rc" != 0 ] || rc=${step_rc:-0}
 [ -z "${patch_failed:-}" ] || rc=1
 case $rc in 124 | 137) echo "gpu_session: call $n stopped at its deadline ($limit s)" ;; esac
 # A test that tests/run.sh bounds with its own timeout runs in a process group of its own, which

@@ -21,6 +21,10 @@ name() { local n=${1%%:*}; echo "${n%%@*}"; }
 src() { local n=${1%%:*}; case $n in *@*) echo "${n#*@}" ;; *) echo . ;; esac; }
 for v in "$@"; do
   n=$(name "$v"); f=${v#*:}
+  # A build folder configured from another source tree (a variant name reused for another
+  # patch) is started afresh: cmake refuses a cache that names another source folder.
+  grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$(cd "$(src "$v")" && pwd -P)" \
+    build-v-$n/CMakeCache.txt 2>/dev/null || rm -rf build-v-$n
   { cmake -S "$(src "$v")" -B build-v-$n -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CUDA_FLAGS="$f" && ninja -C build-v-$n bin/epcomm; } \
     >"build-v-$n.log" 2>&1 &
