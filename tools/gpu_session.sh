@@ -132,16 +132,6 @@ t0=$SECONDS
 # back) with a measurement patch applied, for tools/kernel_variants.sh's NAME@DIR form.
 # A patch that does not apply is said; the step then skips its runs (`patched ... || break` in
 # a one-pass loop), so that the packing below still runs.
-# kv TABLE OUT_DIR VARIANT...: tools/kernel_variants.sh (VR etc. from the environment) within
-# the call's time left, its table into TABLE and to stdout; its failure or deadline becomes the
-# call's status (the steps end on printing the table).
-kv() {
-  local f=$1
-  shift
-  timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh .gpu/with-mps "$@" \
-    >"$f" 2>&1 || step_rc=$?
-  cat "$f"
-}
 patched() {
   rm -rf "$1" && mkdir -p "$1" &&
     cp -r CMakeLists.txt cmake include src tools bench examples tests python "$1"/ &&
@@ -149,6 +139,16 @@ patched() {
   echo "gpu_session: $2 does not apply to this tree" >&2
   patch_failed=1
   return 1
+}
+# kv TABLE OUT_DIR VARIANT...: tools/kernel_variants.sh (VR etc. from the environment) within
+# the call's time left (at least 1 s: `timeout 0` would not bound it), its table into TABLE and
+# to stdout; its failure or deadline becomes the call's status (the steps end on the table).
+kv() {
+  local f=$1 left=$((limit - (SECONDS - t0)))
+  shift
+  timeout -k 5 "$((left > 0 ? left : 1))" tools/kernel_variants.sh .gpu/with-mps "$@" >"$f" 2>&1 ||
+    step_rc=$?
+  cat "$f"
 }
 case $n in
   1)
