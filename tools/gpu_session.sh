@@ -130,8 +130,8 @@ mkdir -p "$d"
 t0=$SECONDS
 # patched DIR PATCH: a copy of this tree's sources in DIR (outside OUT: the sources do not go
 # back) with a measurement patch applied, for tools/kernel_variants.sh's NAME@DIR form.
-# A patch that does not apply is said; the step then skips its runs (`patched ... || break` in
-# a one-pass loop), so that the packing below still runs.
+# A patch that does not apply is said, and the step skips its runs (no exit: the packing below
+# still runs; the call's status is 1).
 patched() {
   rm -rf "$1" && mkdir -p "$1" &&
     cp -r CMakeLists.txt cmake include src tools bench examples tests python "$1"/ &&
@@ -219,10 +219,9 @@ case $n in
       .gpu/with-mps "$d/sbs" .deepep build normal report ;;
   12)
     sink=build-sink-src
-    for _ in once; do
-      patched "$sink" docs/gpu-runs/2026-12-06-s25/idw-sink/measurement-only.patch || break
+    if patched "$sink" docs/gpu-runs/2026-12-06-s25/idw-sink/measurement-only.patch; then
       VR="8 8" kv "$d/variants.txt" "$d" base: "sink@$sink:-DEPK_IDW_SINK=1"
-    done ;;
+    fi ;;
   13)
     SUITEF=${SUITEF13:-'^cuda\.(normal|graph|memreg|cbuf|ll|failure|timeout)'} \
       timeout -k 5 250 tools/gpu_check.sh .gpu/with-mps "$d" build suite
@@ -233,16 +232,15 @@ case $n in
       cat "$d/variants-t$t.txt"
     done ;;
   15)
-    for _ in once; do
-      s28=docs/gpu-runs/2026-12-06-s28
-      patched build-cfl-src "$s28/cached-full-layout.patch" || break
-      patched build-asc-src "$s28/as-cached.patch" || break
+    s28=docs/gpu-runs/2026-12-06-s28
+    if patched build-cfl-src "$s28/cached-full-layout.patch" &&
+      patched build-asc-src "$s28/as-cached.patch"; then
       VR="8 4" timeout -k 5 420 tools/kernel_variants.sh .gpu/with-mps "$d" base: \
         cfl@build-cfl-src: asc@build-asc-src: >"$d/variants.txt" 2>&1
       cat "$d/variants.txt"
       GPUB=build-v-base TRR="8:16" TRDT="bf16 fp8" TRT=4096 timeout -k 5 \
         "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/trace" trace
-    done ;;
+    fi ;;
   16)
     SUITEF='^cuda\.normal\.r2(\.trace)?$' TRR="8:16 4:24" TRDT="bf16 fp8" TRT=4096 \
       timeout -k 5 "$limit" tools/gpu_check.sh .gpu/with-mps "$d" build trace suite ;;
