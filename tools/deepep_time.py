@@ -148,22 +148,25 @@ def normal_worker(rank, args, port):
         w = torch.ones((N, K), dtype=torch.float32, device="cuda")
         _, _, _, in_rank, _ = buf.get_dispatch_layout(idx, E)
 
+        def dispatch_full(xx, cfg):
+            """What a full dispatch is here: the layout, then the dispatch (the host waits for
+            the count); DeepEP's outputs, the handle at [4]."""
+            pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
+            return buf.dispatch(xx, num_tokens_per_rank=pr, is_token_in_rank=ir,
+                                num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w,
+                                config=cfg)
+
         def full(xx, cfg):
             def f(mark):
                 mark(0)
-                pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
-                buf.dispatch(xx, num_tokens_per_rank=pr, is_token_in_rank=ir,
-                             num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w, config=cfg)
+                dispatch_full(xx, cfg)
                 mark(1)
             return f
 
         def synced(xx, cfg):
             def f(mark):
                 mark(0)
-                pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
-                h = buf.dispatch(xx, num_tokens_per_rank=pr, is_token_in_rank=ir,
-                                 num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w,
-                                 config=cfg)[4]
+                h = dispatch_full(xx, cfg)[4]
                 mark(1)
                 torch.cuda.synchronize()
                 dist.barrier(group=group)
@@ -174,10 +177,7 @@ def normal_worker(rank, args, port):
 
         res, recv, dcfg = {}, {}, {}
         for dt, xx in (("bf16", x), ("fp8", x8)):
-            pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
-            recv[dt] = buf.dispatch(xx, num_tokens_per_rank=pr, is_token_in_rank=ir,
-                                    num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w,
-                                    config=dflt_d)
+            recv[dt] = dispatch_full(xx, dflt_d)
 
             def cached(cfg, xx=xx, h=recv[dt][4]):
                 def f(mark):
@@ -225,10 +225,7 @@ def normal_worker(rank, args, port):
         # count), the combine of its rows; the configs tuned above.
         def layer(mark):
             mark(0)
-            pr, _, pe, ir, _ = buf.get_dispatch_layout(idx, E)
-            out = buf.dispatch(x, num_tokens_per_rank=pr, is_token_in_rank=ir,
-                               num_tokens_per_expert=pe, topk_idx=idx, topk_weights=w,
-                               config=dcfg["bf16"][1])
+            out = dispatch_full(x, dcfg["bf16"][1])
             buf.combine(out[0], out[4], config=ccfg)
             mark(1)
         res["layer"] = (mean_us(layer, args.warmup, args.iters), f"{dcfg['bf16'][0]}/{cname}")
@@ -655,12 +652,12 @@ def report(d):
                 # Both after the same drain and barrier (on one GPU a cached dispatch right
                 # after a full one is slower than in a loop of its own), by the table's
                 # statistic for both.
-                sync = [gaps(who, lambda t, k, g=g: g(f"dispatch_{t}_sync_{k}")) for who, g in
-                        (("epcomm", ep[key].get),
-                         ("DeepEP", lambda op: dp.get((mode, R, sms, N, op))))]
-                if all(sync):
+                ep_sync = gaps("epcomm", lambda t, k: ep[key].get(f"dispatch_{t}_sync_{k}"))
+                dp_sync = gaps("DeepEP",
+                               lambda t, k: dp.get((mode, R, sms, N, f"dispatch_{t}_sync_{k}")))
+                if ep_sync and dp_sync:
                     print(f"{'':<6} {R:>3} {sms:>4} {N:>6}  full - cached, each cached dispatch "
-                          f"after the full one, the stream's end and a barrier{''.join(sync)}")
+                          f"after the full one, the stream's end and a barrier{ep_sync}{dp_sync}")
             # Issue 15's small-batch goal: a full dispatch + the combine of its view, both timed
             # alone, their sums compared.
             pairs = []
