@@ -150,6 +150,14 @@ kv() {
     step_rc=$?
   cat "$f"
 }
+# two_passes VR_A VR_B VARIANT...: kv twice, OUT/cN/a.txt with VR_A and b.txt with VR_B (the
+# second pass tells a variant's effect from the run's noise).
+two_passes() {
+  local a=$1 b=$2
+  shift 2
+  VR=$a kv "$d/a.txt" "$d/a" "$@"
+  VR=$b kv "$d/b.txt" "$d/b" "$@"
+}
 case $n in
   1)
     SUITEF='^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg|ll_deferred|ll_graph|failure)' \
@@ -226,10 +234,8 @@ case $n in
     SUITEF=${SUITEF13:-'^cuda\.(normal|graph|memreg|cbuf|ll|failure|timeout)'} \
       timeout -k 5 250 tools/gpu_check.sh .gpu/with-mps "$d" build suite
     for t in 128 4096; do
-      KV_TOKENS=$t timeout -k 5 "$((limit - (SECONDS - t0)))" tools/kernel_variants.sh \
-        .gpu/with-mps "$d/kv$t" gc1: gc0:-DEPK_GRID_CONST=0 >"$d/variants-t$t.txt" 2>&1
       echo "tokens $t:"
-      cat "$d/variants-t$t.txt"
+      KV_TOKENS=$t kv "$d/variants-t$t.txt" "$d/kv$t" gc1: gc0:-DEPK_GRID_CONST=0
     done ;;
   15)
     s28=docs/gpu-runs/2026-12-06-s28
@@ -255,19 +261,12 @@ case $n in
       "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/trace" trace ;;
   19)
     s28=docs/gpu-runs/2026-12-06-s28 s29=docs/gpu-runs/2026-12-06-s29
-    for p in a b; do
-      [ $p = b ] || { patched /tmp/gs-asc "$s28/as-cached.patch" &&
-        patched /tmp/gs-nof "$s29/nofetch.patch"; } || break
-      VR=$([ $p = a ] && echo 8 || echo "8 4") kv "$d/$p.txt" "$d/$p" base: asc@/tmp/gs-asc: \
-        nof@/tmp/gs-nof:
-    done ;;
+    patched /tmp/gs-asc "$s28/as-cached.patch" && patched /tmp/gs-nof "$s29/nofetch.patch" &&
+      two_passes 8 "8 4" base: asc@/tmp/gs-asc: nof@/tmp/gs-nof: ;;
   21)
     s29=docs/gpu-runs/2026-12-06-s29
-    for p in a b; do
-      [ $p = b ] || { patched /tmp/gs-nof "$s29/nofetch.patch" &&
-        patched /tmp/gs-pfe "$s29/planfetch.patch"; } || break
-      VR=8 kv "$d/$p.txt" "$d/$p" base: nof@/tmp/gs-nof: pfe@/tmp/gs-pfe:
-    done ;;
+    patched /tmp/gs-nof "$s29/nofetch.patch" && patched /tmp/gs-pfe "$s29/planfetch.patch" &&
+      two_passes 8 8 base: nof@/tmp/gs-nof: pfe@/tmp/gs-pfe: ;;
   20)
     q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
     nvidia-smi --query-gpu=$q --format=csv >/dev/null 2>&1 || q=${q/clocks_event/clocks_throttle}
