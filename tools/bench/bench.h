@@ -72,6 +72,9 @@ int bench_copy(bench_ctx_t *c, void *dst, const void *src, size_t n); /* on the 
 void *bench_fetch(bench_ctx_t *c, const void *src, size_t n);
 int bench_sync(bench_ctx_t *c);
 const char *bench_dev_error(void);
+/* Whether every rank has ok != 0 (an allgather): before a loop of collective calls, so that a
+ * rank that could not prepare it (memory, say) keeps its peers from waiting for it. */
+int bench_all_ok(bench_ctx_t *c, int ok);
 /* A new row of this rank's results (bytes filled in later with bench_apply_bytes). */
 int bench_row(bench_ctx_t *c, const char *key, const char *label, int kind);
 /* The main rows of either mode, in the table's order: dispatch, combine, the ceiling. */

@@ -268,7 +268,12 @@ static int full_flush_cached(normal_t *u, ep_output_mode_t mode, int copy) {
       {"epcomm dispatch, full before flush", "epcomm dispatch, cached after flush"}};
   flush_t f = {{u, NULL, mode, NULL, NULL, NULL, label[copy][1]}, NULL};
   if (copy && !(f.scratch = bench_alloc(u->c, 2 * (size_t)FLUSH_BYTES)))
-    return fprintf(stderr, "epcomm bench: out of device memory for the L2 flush\n"), 1;
+    fprintf(stderr, "epcomm bench: out of device memory for the L2 flush\n");
+  if (!bench_all_ok(u->c, !copy || f.scratch)) { /* not one rank in the loop alone */
+    bench_free(u->c, f.scratch);
+    fprintf(stderr, "epcomm bench: no %s rows: not every rank could prepare them\n", key[copy][0]);
+    return 1;
+  }
   bench_step_t s[] = {
       {pair_full, bench_row(u->c, key[copy][0], label[copy][0], BENCH_K_DISPATCH), 0},
       {flush_l2, -1, 0},

@@ -112,6 +112,14 @@ int bench_sync(bench_ctx_t *c) {
   return -1;
 }
 
+int bench_all_ok(bench_ctx_t *c, int ok) {
+  int *all = calloc((size_t)c->R, sizeof *all);
+  int every = all && !ep_group_allgather(c->g, &ok, all, sizeof ok);
+  for (int r = 0; every && r < c->R; r++) every = all[r] != 0;
+  free(all);
+  return every;
+}
+
 void *bench_fetch(bench_ctx_t *c, const void *src, size_t n) {
   void *h = bench_sync(c) ? NULL : tk_dev_fetch(c->dev, src, n);
   if (!h) fprintf(stderr, "epcomm bench: %s\n", last_dev_error = tk_dev_error());
