@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 21; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 22; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -112,7 +112,12 @@
 #      which the kernel reads anyway; wrong outputs), R = 8 twice (OUT/c21/a.txt, b.txt). The
 #      64 KB wrap every 1024 tokens, so pfe also reads less than the 384 KB of a rank's ids and
 #      weights: a pfe as slow as the tree says "fetching at all"; one as fast as nof does not yet
-#      tell pages from bytes
+#      tell pages from bytes (ran in the thirtieth session: as fast as nof)
+#   22 pages or bytes, after 21: the tree against fromx.patch (the same fetches, 384 KB a rank,
+#      from the caller's x, a large allocation the call reads anyway; wrong outputs),
+#      bigpages.patch (the bench's device tensors, ids and weights among them, each in an
+#      allocation of whole 2 MB pages) and planfetch.patch, R = 8 twice (OUT/c22/a.txt, b.txt;
+#      patches in docs/gpu-runs/2026-12-06-s30/)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -122,7 +127,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
-case $n in [1-9] | 1[0-35-9] | 2[01]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 21)" >&2; exit 2 ;; esac
+case $n in [1-9] | 1[0-35-9] | 2[0-2]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 22)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n
@@ -267,6 +272,11 @@ case $n in
     s29=docs/gpu-runs/2026-12-06-s29
     patched /tmp/gs-nof "$s29/nofetch.patch" && patched /tmp/gs-pfe "$s29/planfetch.patch" &&
       two_passes 8 8 base: nof@/tmp/gs-nof: pfe@/tmp/gs-pfe: ;;
+  22)
+    s29=docs/gpu-runs/2026-12-06-s29 s30=docs/gpu-runs/2026-12-06-s30
+    patched /tmp/gs-fx "$s30/fromx.patch" && patched /tmp/gs-big "$s30/bigpages.patch" &&
+      patched /tmp/gs-pfe "$s29/planfetch.patch" &&
+      two_passes 8 8 base: fx@/tmp/gs-fx: big@/tmp/gs-big: pfe@/tmp/gs-pfe: ;;
   20)
     q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
     nvidia-smi --query-gpu=$q --format=csv >/dev/null 2>&1 || q=${q/clocks_event/clocks_throttle}
