@@ -116,8 +116,10 @@
 #   22 pages or bytes, after 21: the tree against fromx.patch (the same fetches, 384 KB a rank,
 #      from the caller's x, a large allocation the call reads anyway; wrong outputs),
 #      bigpages.patch (the bench's device tensors, ids and weights among them, each in an
-#      allocation of whole 2 MB pages) and planfetch.patch, R = 8 and 4 twice (OUT/c22/a.txt, b.txt;
-#      patches in docs/gpu-runs/2026-12-06-s30/)
+#      allocation of whole 2 MB pages), planfetch.patch and idcopy.patch (right outputs: the
+#      notify kernel, which reads the ids anyway, copies them and the weights after the plan, and
+#      the data kernel fetches that copy), R = 8 and 4 twice (OUT/c22/a.txt, b.txt; patches in
+#      docs/gpu-runs/2026-12-06-s30/)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -275,8 +277,9 @@ case $n in
   22)
     s29=docs/gpu-runs/2026-12-06-s29 s30=docs/gpu-runs/2026-12-06-s30
     patched /tmp/gs-fx "$s30/fromx.patch" && patched /tmp/gs-big "$s30/bigpages.patch" &&
-      patched /tmp/gs-pfe "$s29/planfetch.patch" &&
-      two_passes "8 4" "8 4" base: fx@/tmp/gs-fx: big@/tmp/gs-big: pfe@/tmp/gs-pfe: ;;
+      patched /tmp/gs-pfe "$s29/planfetch.patch" && patched /tmp/gs-cpy "$s30/idcopy.patch" &&
+      two_passes "8 4" "8 4" base: fx@/tmp/gs-fx: big@/tmp/gs-big: pfe@/tmp/gs-pfe: \
+        cpy@/tmp/gs-cpy: ;;
   20)
     q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
     nvidia-smi --query-gpu=$q --format=csv >/dev/null 2>&1 || q=${q/clocks_event/clocks_throttle}
