@@ -119,7 +119,7 @@
 #      allocation of whole 2 MB pages), planfetch.patch and idcopy.patch (right outputs: the
 #      notify kernel, which reads the ids anyway, copies them and the weights after the plan, and
 #      the data kernel fetches that copy), R = 8 and 4 twice (OUT/c22/a.txt, b.txt; patches in
-#      docs/gpu-runs/2026-12-06-s30/)
+#      docs/gpu-runs/2026-12-06-s30/); V22 names a subset (default "fx big pfe cpy")
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -276,10 +276,18 @@ case $n in
       two_passes 8 8 base: nof@/tmp/gs-nof: pfe@/tmp/gs-pfe: ;;
   22)
     s29=docs/gpu-runs/2026-12-06-s29 s30=docs/gpu-runs/2026-12-06-s30
-    patched /tmp/gs-fx "$s30/fromx.patch" && patched /tmp/gs-big "$s30/bigpages.patch" &&
-      patched /tmp/gs-pfe "$s29/planfetch.patch" && patched /tmp/gs-cpy "$s30/idcopy.patch" &&
-      two_passes "8 4" "8 4" base: fx@/tmp/gs-fx: big@/tmp/gs-big: pfe@/tmp/gs-pfe: \
-        cpy@/tmp/gs-cpy: ;;
+    vs=(base:)
+    for v in ${V22:-fx big pfe cpy}; do
+      case $v in
+        fx) p=$s30/fromx.patch ;;
+        big) p=$s30/bigpages.patch ;;
+        pfe) p=$s29/planfetch.patch ;;
+        cpy) p=$s30/idcopy.patch ;;
+        *) echo "gpu_session: no variant $v in step 22" >&2; patch_failed=1; continue ;;
+      esac
+      patched "/tmp/gs-$v" "$p" && vs+=("$v@/tmp/gs-$v:")
+    done
+    [ -n "${patch_failed:-}" ] || two_passes "8 4" "8 4" "${vs[@]}" ;;
   20)
     q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
     nvidia-smi --query-gpu=$q --format=csv >/dev/null 2>&1 || q=${q/clocks_event/clocks_throttle}
