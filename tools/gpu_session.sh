@@ -116,9 +116,9 @@
 #   22 pages or bytes, after 21: the tree against fromx.patch (the same fetches, 384 KB a rank,
 #      from the caller's x, a large allocation the call reads anyway; wrong outputs),
 #      bigpages.patch (the bench's device tensors, ids and weights among them, each in an
-#      allocation of whole 2 MB pages), planfetch.patch and idcopy.patch (right outputs: the
-#      notify kernel, which reads the ids anyway, copies them and the weights after the plan, and
-#      the data kernel fetches that copy), R = 8 and 4 twice (OUT/c22/a.txt, b.txt; patches in
+#      allocation of whole 2 MB pages), planfetch.patch (wrong outputs) and idcopy.patch (right
+#      outputs: the notify kernel, which reads the ids anyway, copies them and the weights after
+#      the plan, and the data kernel fetches that copy), R = 8 and 4 twice (OUT/c22/a.txt, b.txt; patches in
 #      docs/gpu-runs/2026-12-06-s30/); V22 names a subset (default "fx big pfe cpy"). Ran in the
 #      thirtieth session with V22=cpy only: right outputs, bf16 R = 8 ~108 us slower
 #
@@ -130,6 +130,7 @@ set -u -o pipefail
 n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
+patch_failed='' step_rc='' # set by patched and kv below, never taken from the environment
 case $n in [1-9] | 1[0-35-9] | 2[0-2]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 22)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
@@ -278,7 +279,7 @@ case $n in
   22)
     s29=docs/gpu-runs/2026-12-06-s29 s30=docs/gpu-runs/2026-12-06-s30
     vs=(base:)
-    for v in ${V22:-fx big pfe cpy}; do
+    for v in $(printf '%s\n' ${V22:-fx big pfe cpy} | awk '!seen[$0]++'); do # once each
       case $v in
         fx) p=$s30/fromx.patch ;;
         big) p=$s30/bigpages.patch ;;

@@ -47,6 +47,8 @@ typedef struct bench_ctx {
   bench_rank_t *res;
   struct bench_ceiling_s *ceiling;
   double sent_net, sent_local; /* across hosts: the buffer's traffic counters when last read */
+  int *agree; /* [R]: bench_all_ok's receive buffer, allocated with the context so that no
+                 allocation can keep a rank out of that collective */
 } bench_ctx_t;
 
 /* The buffer for this mode (cfg filled by the caller: sizes), its device and stream, the

@@ -270,9 +270,9 @@ static int full_flush_cached(normal_t *u, ep_output_mode_t mode, int copy) {
   if (copy && !(f.scratch = bench_alloc(u->c, 2 * (size_t)FLUSH_BYTES)))
     fprintf(stderr, "epcomm bench: out of device memory for the L2 flush\n");
   if (!bench_all_ok(u->c, !copy || f.scratch)) { /* not one rank in the loop alone */
-    bench_free(u->c, f.scratch);
+    bench_free(u->c, f.scratch); /* a diagnostic loop: the rows after it still run */
     fprintf(stderr, "epcomm bench: no %s rows: not every rank could prepare them\n", key[copy][0]);
-    return 1;
+    return 0;
   }
   bench_step_t s[] = {
       {pair_full, bench_row(u->c, key[copy][0], label[copy][0], BENCH_K_DISPATCH), 0},
@@ -380,7 +380,11 @@ int bench_normal_variants(normal_t *u) {
   v.rx = rc ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->row);
   v.rs = rc || !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);
   const uint64_t pulled = bench_info(c).dispatches_pulled;
-  if (!rc) rc = !v.rx || (u->ns && !v.rs) || cached(u, &v, "dispatch_cached_caller");
+  if (!rc && !bench_all_ok(c, v.rx && (!u->ns || v.rs))) { /* no rank in the loop alone */
+    fprintf(stderr, "epcomm bench: no caller-tensor rows: not every rank has its tensors\n");
+    rc = 1;
+  }
+  if (!rc) rc = cached(u, &v, "dispatch_cached_caller");
   if (!rc) /* pulled or pushed is the GPU's choice: say which it made */
     bench_path_set(c, &c->res->caller_pull, pulled, bench_info(c).dispatches_pulled);
   bench_free(c, v.rx), bench_free(c, v.rs);

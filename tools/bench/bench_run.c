@@ -60,6 +60,8 @@ int bench_ctx_open(bench_ctx_t *c, ep_buffer_config_t *cfg) {
     cfg->num_sms = o->threads;
   else
     cfg->num_channels = o->threads;
+  if (!(c->agree = calloc((size_t)c->R, sizeof *c->agree)))
+    return fprintf(stderr, "epcomm bench: out of memory\n"), 1;
   if (c->dev && pick_device(c, cfg)) return 1;
   if (c->dev && bgpu_stream_new(&c->stream))
     return fprintf(stderr, "epcomm bench: %s\n", bgpu_error()), 1;
@@ -82,6 +84,8 @@ void bench_ctx_close(bench_ctx_t *c) {
   c->buf = NULL;
   if (c->stream) bgpu_stream_free(c->stream);
   c->stream = NULL;
+  free(c->agree);
+  c->agree = NULL;
 }
 
 void *bench_alloc(bench_ctx_t *c, size_t n) {
@@ -113,10 +117,8 @@ int bench_sync(bench_ctx_t *c) {
 }
 
 int bench_all_ok(bench_ctx_t *c, int ok) {
-  int *all = calloc((size_t)c->R, sizeof *all);
-  int every = all && !ep_group_allgather(c->g, &ok, all, sizeof ok);
-  for (int r = 0; every && r < c->R; r++) every = all[r] != 0;
-  free(all);
+  int every = !ep_group_allgather(c->g, &ok, c->agree, sizeof ok);
+  for (int r = 0; every && r < c->R; r++) every = c->agree[r] != 0;
   return every;
 }
 
