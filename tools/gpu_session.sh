@@ -118,9 +118,10 @@
 #      bigpages.patch (the bench's device tensors, ids and weights among them, each in an
 #      allocation of whole 2 MB pages), planfetch.patch (wrong outputs) and idcopy.patch (right
 #      outputs: the notify kernel, which reads the ids anyway, copies them and the weights after
-#      the plan, and the data kernel fetches that copy), R = 8 and 4 twice (OUT/c22/a.txt, b.txt; patches in
-#      docs/gpu-runs/2026-12-06-s30/); V22 names a subset (default "fx big pfe cpy"). Ran in the
-#      thirtieth session with V22=cpy only: right outputs, bf16 R = 8 ~108 us slower
+#      the plan, and the data kernel fetches that copy), R = 8 and 4 twice (OUT/c22/a.txt,
+#      b.txt; patches in docs/gpu-runs/2026-12-06-s30/); V22 names a subset (default "fx big pfe
+#      cpy"). Ran in the thirtieth session with V22=cpy only: right outputs, bf16 R = 8 ~108 us
+#      slower
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
