@@ -168,6 +168,35 @@ two_passes() {
   VR=$a kv "$d/a.txt" "$d/a" "$@"
   VR=$b kv "$d/b.txt" "$d/b" "$@"
 }
+# patch_of NAME: the measurement patch of the variant NAME (steps 19, 21, 22).
+patch_of() {
+  local g=docs/gpu-runs/2026-12-06
+  case $1 in
+    asc) echo $g-s28/as-cached.patch ;;
+    nof) echo $g-s29/nofetch.patch ;;
+    pfe) echo $g-s29/planfetch.patch ;;
+    fx) echo $g-s30/fromx.patch ;;
+    big) echo $g-s30/bigpages.patch ;;
+    cpy) echo $g-s30/idcopy.patch ;;
+    *) return 1 ;;
+  esac
+}
+# patched_passes VR_A VR_B NAME...: two_passes of the tree against each NAME's patched copy
+# (/tmp/gs-NAME; each name once). A name without a patch, or a patch that does not apply, is said
+# and skips the runs (the call's status is then 1).
+patched_passes() {
+  local a=$1 b=$2 v p vs=(base:)
+  shift 2
+  for v in $(printf '%s\n' "$@" | awk '!seen[$0]++'); do
+    if ! p=$(patch_of "$v"); then
+      echo "gpu_session: no measurement patch named $v" >&2
+      patch_failed=1
+      continue
+    fi
+    patched "/tmp/gs-$v" "$p" && vs+=("$v@/tmp/gs-$v:")
+  done
+  [ -n "$patch_failed" ] || two_passes "$a" "$b" "${vs[@]}"
+}
 case $n in
   1)
     SUITEF='^cuda\.(normal|graph|timeout|cycles|overflow|cbuf|memreg|ll_deferred|ll_graph|failure)' \
@@ -269,28 +298,11 @@ case $n in
     cat "$d/variants.txt"
     GPUB=build-v-co0 TRR="8:16" TRDT=bf16 TRT=4096 timeout -k 5 \
       "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/trace" trace ;;
-  19)
-    s28=docs/gpu-runs/2026-12-06-s28 s29=docs/gpu-runs/2026-12-06-s29
-    patched /tmp/gs-asc "$s28/as-cached.patch" && patched /tmp/gs-nof "$s29/nofetch.patch" &&
-      two_passes 8 "8 4" base: asc@/tmp/gs-asc: nof@/tmp/gs-nof: ;;
-  21)
-    s29=docs/gpu-runs/2026-12-06-s29
-    patched /tmp/gs-nof "$s29/nofetch.patch" && patched /tmp/gs-pfe "$s29/planfetch.patch" &&
-      two_passes 8 8 base: nof@/tmp/gs-nof: pfe@/tmp/gs-pfe: ;;
+  19) patched_passes 8 "8 4" asc nof ;;
+  21) patched_passes 8 8 nof pfe ;;
   22)
-    s29=docs/gpu-runs/2026-12-06-s29 s30=docs/gpu-runs/2026-12-06-s30
-    vs=(base:)
-    for v in $(printf '%s\n' ${V22:-fx big pfe cpy} | awk '!seen[$0]++'); do # once each
-      case $v in
-        fx) p=$s30/fromx.patch ;;
-        big) p=$s30/bigpages.patch ;;
-        pfe) p=$s29/planfetch.patch ;;
-        cpy) p=$s30/idcopy.patch ;;
-        *) echo "gpu_session: no variant $v in step 22" >&2; patch_failed=1; continue ;;
-      esac
-      patched "/tmp/gs-$v" "$p" && vs+=("$v@/tmp/gs-$v:")
-    done
-    [ -n "${patch_failed:-}" ] || two_passes "8 4" "8 4" "${vs[@]}" ;;
+    # shellcheck disable=SC2086 # the names are words
+    patched_passes "8 4" "8 4" ${V22:-fx big pfe cpy} ;;
   20)
     q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
     nvidia-smi --query-gpu=$q --format=csv >/dev/null 2>&1 || q=${q/clocks_event/clocks_throttle}
