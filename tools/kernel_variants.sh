@@ -18,6 +18,7 @@ set -u -o pipefail
 mps=${1:?usage}; out=${2:?usage}; shift 2
 mkdir -p "$out"
 export EP_TIMEOUT_S=${EP_TIMEOUT_S:-15}
+built_all=1
 name() { local n=${1%%:*}; echo "${n%%@*}"; }
 src() { local n=${1%%:*}; case $n in *@*) echo "${n#*@}" ;; *) echo . ;; esac; }
 for v in "$@"; do
@@ -26,8 +27,10 @@ for v in "$@"; do
   # patch) is started afresh: cmake refuses a cache that names another source folder.
   grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$(cd "$(src "$v")" && pwd -P)" \
     build-v-$n/CMakeCache.txt 2>/dev/null || rm -rf build-v-$n
+  # Built in this call (build-v-N/.kv-built): a failed rebuild leaves an earlier binary behind.
+  rm -f build-v-$n/.kv-built
   { cmake -S "$(src "$v")" -B build-v-$n -G Ninja -DEP_CUDA=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCMAKE_CUDA_FLAGS="$f" && ninja -C build-v-$n bin/epcomm; } \
+      -DCMAKE_CUDA_FLAGS="$f" && ninja -C build-v-$n bin/epcomm && touch build-v-$n/.kv-built; } \
     >"build-v-$n.log" 2>&1 &
 done
 wait
@@ -48,7 +51,7 @@ printf '%-8s %2s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n' variant R bf16fu
 for R in ${VR:-2 4 8}; do
   for v in "$@"; do
     n=$(name "$v") note=""
-    [ -x build-v-$n/bin/epcomm ] || {
+    [ -f build-v-$n/.kv-built ] || {
       echo "$n: build failed"
       tail -5 build-v-$n.log
       built_all=0
@@ -68,4 +71,4 @@ for R in ${VR:-2 4 8}; do
       "$(us dispatch_wc "$f")" "$note"
   done
 done
-[ "${built_all:-1}" = 1 ]
+[ "$built_all" = 1 ]
