@@ -77,6 +77,9 @@ const char *bench_dev_error(void);
 /* Whether every rank has ok != 0 (an allgather): before a loop of collective calls, so that a
  * rank that could not prepare it (memory, say) keeps its peers from waiting for it. */
 int bench_all_ok(bench_ctx_t *c, int ok);
+/* bench_all_ok that says it: 0 when every rank is ready, else 1 after the rank that was not
+ * (and rank 0, when it was) named WHAT. */
+int bench_agree(bench_ctx_t *c, int ok, const char *what);
 /* A new row of this rank's results (bytes filled in later with bench_apply_bytes). */
 int bench_row(bench_ctx_t *c, const char *key, const char *label, int kind);
 /* The main rows of either mode, in the table's order: dispatch, combine, the ceiling. */

@@ -25,6 +25,7 @@ typedef struct {
   const char **sp;         /* NCCL: [R] send pointers, [R] receive pointers, their bytes */
   char **rp;
   size_t *sb, *rb;
+  int mapped; /* map_peers got past its agreement: unmap's barrier is owed */
 } base_t;
 
 /* Across hosts: this rank's rows to every rank in one grouped send/receive. */
@@ -88,7 +89,11 @@ static int map_peers(base_t *b) {
   bench_ctx_t *c = b->u->c;
   char mine[BGPU_IPC_BYTES], *all = malloc((size_t)c->R * BGPU_IPC_BYTES);
   int rc = !all || bgpu_ipc_get(b->recv, mine);
-  if (!rc) TRY(ep_group_allgather(c->g, mine, all, BGPU_IPC_BYTES));
+  if (rc)
+    fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n",
+            all ? bgpu_error() : "out of memory");
+  if (bench_agree(c, !rc, "the cudaMemcpy baseline's buffer")) return free(all), 1;
+  TRY(ep_group_allgather(c->g, mine, all, BGPU_IPC_BYTES));
   for (int r = 0; !rc && r < c->R; r++)
     if (r == c->me)
       b->peer[r] = b->recv;
@@ -96,7 +101,8 @@ static int map_peers(base_t *b) {
       rc = bgpu_ipc_open(all + (size_t)r * BGPU_IPC_BYTES, (void **)&b->peer[r]);
   if (rc) fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n", bgpu_error());
   free(all);
-  return rc;
+  b->mapped = 1; /* unmap closes what was opened; the loop runs only if all was, everywhere */
+  return bench_agree(c, !rc, "the peers' mapped buffers");
 fail:
   free(all);
   return 1;
@@ -134,7 +140,7 @@ static int open_nccl(base_t *b) {
   size_t R = (size_t)c->R;
   b->sp = calloc(R, sizeof *b->sp), b->rp = calloc(R, sizeof *b->rp);
   b->sb = calloc(R, sizeof *b->sb), b->rb = calloc(R, sizeof *b->rb);
-  if (!b->sp || !b->rp || !b->sb || !b->rb) return 1;
+  if (bench_agree(c, b->sp && b->rp && b->sb && b->rb, "the NCCL baseline's arrays")) return 1;
   if ((b->nccl = bnccl_open(c->g, c->R, c->me, why, sizeof why))) return 0;
   fprintf(stderr, "epcomm bench: the NCCL baseline: %s\n", why);
   return 1;
@@ -157,8 +163,10 @@ int bench_cubase(normal_t *u) {
               NULL,
               NULL,
               NULL,
-              NULL};
+              NULL,
+              0};
   int rc = !b.pos || !b.scratch || !b.send || !b.recv || !b.peer || !b.counts || !b.all || !b.off;
+  rc = bench_agree(c, !rc, "the baseline's memory"); /* the setup below is collective */
   bool net = c->o->nhosts > 1;
   if (!rc && net)
     rc = open_nccl(&b);
@@ -168,7 +176,7 @@ int bench_cubase(normal_t *u) {
   bench_step_t s[] = {{call_base, bench_row(c, "baseline_dispatch", name, BENCH_K_DISPATCH), 1}};
   if (!rc)
     rc = bench_run(c, &b, s, 1, net ? "the NCCL baseline" : "the cudaMemcpy baseline") || check(&b);
-  if (b.peer && !net) unmap(&b);
+  if (b.mapped) unmap(&b);
   bnccl_close(b.nccl);
   free(b.sp), free(b.rp), free(b.sb), free(b.rb);
   bench_free(c, b.pos), bench_free(c, b.scratch), bench_free(c, b.send), bench_free(c, b.recv);

@@ -123,12 +123,16 @@ static int call_keep(bench_ctx_t *c, void *state, int it) {
   if (bench_ll_view(c, u, it)) return 1;
   int first = !u->y, last = it == c->o->iters - 1;
   if (!first && !last) return 0;
-  if (first && !(u->count = bench_fetch(c, u->v.recv_count, (size_t)u->L * 4))) return 1;
+  int rc = first && !(u->count = bench_fetch(c, u->v.recv_count, (size_t)u->L * 4));
   ep_ll_recv_view_t hv;
   memset(&hv, 0, sizeof hv);
-  int rc = bench_ll_fetch_view(u, &u->v, &hv) || (first && make_y(u, &hv)) ||
-           (last && check_view(u, &hv));
+  if (!rc)
+    rc = bench_ll_fetch_view(u, &u->v, &hv) || (first && make_y(u, &hv)) ||
+         (last && check_view(u, &hv));
   bench_ll_free_view(u, &hv);
+  /* Agreed the first time: a rank without its expert outputs would leave its peers in the
+   * combine. */
+  if (first && bench_agree(c, !rc, "its expert outputs")) rc = 1;
   return rc;
 }
 
@@ -232,7 +236,8 @@ int bench_ll(bench_ctx_t *c) {
   if (o->backend == BENCH_CUDA) setenv("EP_CUDA_LL_ASYNC", "1", 0);
   const char *fill = getenv("EP_BENCH_LL_FILL");
   u.fill_copies = fill && !strcmp(fill, "copies");
-  int rc = bench_ctx_open(c, &cfg) || inputs(&u);
+  int rc = bench_ctx_open(c, &cfg);
+  if (!rc) rc = bench_agree(c, !inputs(&u), "its inputs"); /* no rank in a dispatch alone */
   int row[3];
   bench_main_rows(c, row);
   if (!rc) rc = main_rows(&u, row[0], row[1], row[2]);

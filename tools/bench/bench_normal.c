@@ -176,7 +176,8 @@ static void host_figures(normal_t *u, const int64_t *idx) {
 static int call_keep(bench_ctx_t *c, void *state, int it) {
   normal_t *u = state;
   bench_traffic_step(c, it, &c->res->net_d, &c->res->local_d);
-  if (!u->y && make_y(u)) return 1;
+  /* Agreed: a rank without its expert outputs would leave its peers in the combine. */
+  if (!u->y && bench_agree(c, !make_y(u), "its expert outputs")) return 1;
   return it == c->o->iters - 1 ? check_dispatch(u) : 0;
 }
 
@@ -271,7 +272,8 @@ int bench_normal(bench_ctx_t *c) {
                 .ns = (size_t)bench_num_scales(o)};
   ep_buffer_config_t cfg = EP_BUFFER_CONFIG_INIT;
   buffer_config(o, o->backend == BENCH_CUDA, &cfg);
-  int rc = bench_ctx_open(c, &cfg) || inputs(&u);
+  int rc = bench_ctx_open(c, &cfg);
+  if (!rc) rc = bench_agree(c, !inputs(&u), "its inputs"); /* no rank in a dispatch alone */
   u.views = (c->caps & EP_CAP_DISPATCH_VIEWS) != 0;
   int row[3];
   bench_main_rows(c, row);

@@ -70,7 +70,7 @@ int bench_ctx_open(bench_ctx_t *c, ep_buffer_config_t *cfg) {
   TRY(ep_buffer_query(c->buf, &info));
   c->caps = info.caps;
   c->ceiling = bench_ceiling_new(c);
-  return c->ceiling ? 0 : 1;
+  return bench_agree(c, c->ceiling != NULL, "the copy ceiling"); /* its loop is collective */
 fail:
   return 1;
 }
@@ -120,6 +120,16 @@ int bench_all_ok(bench_ctx_t *c, int ok) {
   int every = !ep_group_allgather(c->g, &ok, c->agree, sizeof ok);
   for (int r = 0; every && r < c->R; r++) every = c->agree[r] != 0;
   return every;
+}
+
+int bench_agree(bench_ctx_t *c, int ok, const char *what) {
+  if (bench_all_ok(c, ok)) return 0;
+  if (!ok)
+    fprintf(stderr, "epcomm bench: rank %d could not prepare %s\n", c->me, what);
+  else if (c->me == 0)
+    fprintf(stderr, "epcomm bench: another rank could not prepare %s (or the group failed)\n",
+            what);
+  return 1;
 }
 
 void *bench_fetch(bench_ctx_t *c, const void *src, size_t n) {
