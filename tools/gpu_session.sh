@@ -121,7 +121,8 @@
 #      the plan, and the data kernel fetches that copy), R = 8 and 4 twice (OUT/c22/a.txt,
 #      b.txt; patches in docs/gpu-runs/2026-12-06-s30/); V22 names a subset (default "fx big pfe
 #      cpy"). Ran in the thirtieth session with V22=cpy only: right outputs, bf16 R = 8 ~108 us
-#      slower
+#      slower; in the thirty-first with V22="fx big pfe": fx and big as slow as the tree, pfe
+#      faster at R = 8, none moves R = 4 (docs/PERFORMANCE.md)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
