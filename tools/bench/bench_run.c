@@ -62,9 +62,11 @@ int bench_ctx_open(bench_ctx_t *c, ep_buffer_config_t *cfg) {
     cfg->num_channels = o->threads;
   if (!(c->agree = calloc((size_t)c->R, sizeof *c->agree)))
     return fprintf(stderr, "epcomm bench: out of memory\n"), 1;
-  if (c->dev && pick_device(c, cfg)) return 1;
-  if (c->dev && bgpu_stream_new(&c->stream))
-    return fprintf(stderr, "epcomm bench: %s\n", bgpu_error()), 1;
+  int ok = !(c->dev && pick_device(c, cfg));
+  if (ok && c->dev && bgpu_stream_new(&c->stream))
+    ok = 0, fprintf(stderr, "epcomm bench: %s\n", bgpu_error());
+  /* Agreed: a rank without its GPU would leave its peers in the buffer's creation. */
+  if (bench_agree(c, ok, "its GPU and stream")) return 1;
   ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
   TRY(ep_buffer_create(c->g, cfg, &c->buf));
   TRY(ep_buffer_query(c->buf, &info));
