@@ -69,9 +69,10 @@ int bench_ctx_open(bench_ctx_t *c, ep_buffer_config_t *cfg) {
   if (bench_agree(c, ok, "its GPU and stream")) return 1;
   ep_buffer_info_t info = EP_BUFFER_INFO_INIT;
   TRY(ep_buffer_create(c->g, cfg, &c->buf));
-  TRY(ep_buffer_query(c->buf, &info));
-  c->caps = info.caps;
-  c->ceiling = bench_ceiling_new(c);
+  if (ep_buffer_query(c->buf, &info)) /* local; agreed below with the ceiling */
+    fprintf(stderr, "epcomm bench: ep_buffer_query: %s\n", ep_last_error());
+  else
+    c->caps = info.caps, c->ceiling = bench_ceiling_new(c);
   return bench_agree(c, c->ceiling != NULL, "the copy ceiling"); /* its loop is collective */
 fail:
   return 1;
@@ -102,7 +103,7 @@ void bench_free(bench_ctx_t *c, void *p) {
 
 int bench_upload(bench_ctx_t *c, void *dst, const void *host, size_t n) {
   if (!tk_dev_upload(c->dev, dst, host, n)) return 0;
-  last_dev_error = tk_dev_error();
+  fprintf(stderr, "epcomm bench: %s\n", last_dev_error = tk_dev_error());
   return -1;
 }
 
@@ -118,19 +119,27 @@ int bench_sync(bench_ctx_t *c) {
   return -1;
 }
 
-int bench_all_ok(bench_ctx_t *c, int ok) {
-  int every = !ep_group_allgather(c->g, &ok, c->agree, sizeof ok);
+/* Every rank's ok, or 0 with *lost set when the allgather itself failed. */
+static int all_ok(bench_ctx_t *c, int ok, int *lost) {
+  int every = !(*lost = ep_group_allgather(c->g, &ok, c->agree, sizeof ok) != EP_OK);
   for (int r = 0; every && r < c->R; r++) every = c->agree[r] != 0;
   return every;
 }
 
+int bench_all_ok(bench_ctx_t *c, int ok) {
+  int lost;
+  return all_ok(c, ok, &lost);
+}
+
 int bench_agree(bench_ctx_t *c, int ok, const char *what) {
-  if (bench_all_ok(c, ok)) return 0;
-  if (!ok)
+  int lost;
+  if (all_ok(c, ok, &lost)) return 0;
+  if (lost)
+    fprintf(stderr, "epcomm bench: rank %d: agreeing on %s: %s\n", c->me, what, ep_last_error());
+  else if (!ok)
     fprintf(stderr, "epcomm bench: rank %d could not prepare %s\n", c->me, what);
   else if (c->me == 0)
-    fprintf(stderr, "epcomm bench: another rank could not prepare %s (or the group failed)\n",
-            what);
+    fprintf(stderr, "epcomm bench: another rank could not prepare %s\n", what);
   return 1;
 }
 
