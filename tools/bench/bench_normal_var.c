@@ -380,10 +380,8 @@ int bench_normal_variants(normal_t *u) {
   v.rx = rc ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->row);
   v.rs = rc || !u->ns ? NULL : bench_alloc(c, (size_t)(u->nr ? u->nr : 1) * u->ns * 4);
   const uint64_t pulled = bench_info(c).dispatches_pulled;
-  if (!rc && !bench_all_ok(c, v.rx && (!u->ns || v.rs))) { /* no rank in the loop alone */
-    fprintf(stderr, "epcomm bench: no caller-tensor rows: not every rank has its tensors\n");
-    rc = 1;
-  }
+  if (!rc) /* no rank in the loop alone */
+    rc = bench_agree(c, v.rx && (!u->ns || v.rs), "its caller tensors for the caller-tensor rows");
   if (!rc) rc = cached(u, &v, "dispatch_cached_caller");
   if (!rc) /* pulled or pushed is the GPU's choice: say which it made */
     bench_path_set(c, &c->res->caller_pull, pulled, bench_info(c).dispatches_pulled);
