@@ -2,7 +2,8 @@
 # `epcomm bench` on either backend through one command line: `--backend cuda` where there is no
 # GPU is a skip that says so ("skipped: no GPU", exit 77, rank 0 only) and, where there is one, a
 # checked run; options a program or backend cannot run are refused by name before any work, by
-# epcomm bench and by the MPI baseline program alike (the same parser).
+# epcomm bench and by the MPI baseline program alike (the same parser); a rank that cannot
+# prepare a collective loop stops every rank at once (EP_BENCH_REFUSE).
 # usage: tests/test_bench_cli.sh BUILD_DIR     one line per check; exit 0 all passed, 1 otherwise
 set -u
 build=$(cd "${1:?usage: test_bench_cli.sh BUILD_DIR}" && pwd)
@@ -54,6 +55,32 @@ refuse "option --raw is not one of epcomm bench's" --raw "$tmp/x"
 refuse "unknown option '--frobnicate'" --frobnicate 1
 refuse "--variants 'some': want one of all\|main" --variants some
 refuse "--backend 'tpu': want one of cpu\|cuda" --backend tpu
+
+# ---- a rank that cannot prepare what a collective loop needs (EP_BENCH_REFUSE=RANK:WHAT makes
+# rank RANK not ready there): it says what it lacked, rank 0 says a peer did, and every rank
+# exits 1 at once, none left in the next collective call until its deadline (600 s by default;
+# run's 120 s kill would give 137 instead)
+stops() { # mode what
+  local t0=$SECONDS why=""
+  EP_BENCH_REFUSE="1:$2" run "$bin" launch -n 3 "$bin" bench --mode "$1" "${tiny[@]}" \
+    --baseline off
+  cat "$tmp/err" >>"$tmp/out"
+  [ "$rc" = 1 ] || why="status $rc, want 1"
+  has out "^\[1\] epcomm bench: rank 1 could not prepare $2" || why="$why; rank 1 did not say it"
+  has out "^\[0\] epcomm bench: another rank could not prepare $2" ||
+    why="$why; rank 0 did not say a peer failed"
+  [ "$(count out 'exited with status 1')" = 3 ] ||
+    why="$why; $(count out 'exited with status 1') of 3 ranks exited with status 1"
+  [ $((SECONDS - t0)) -lt 60 ] || why="$why; took $((SECONDS - t0)) s"
+  check "bench --mode $1, rank 1 without $2: every rank stops" "$why"
+}
+stops normal "its GPU and stream"
+stops normal "the copy ceiling"
+stops normal "its inputs"
+stops normal "its expert outputs"
+stops normal "its caller tensors"
+stops ll "its inputs"
+stops ll "its expert outputs"
 
 # ---- the MPI baseline program: the same parser, its own subset
 mpi=$build/bin/epcomm-bench-mpi

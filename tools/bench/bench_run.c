@@ -131,8 +131,16 @@ int bench_all_ok(bench_ctx_t *c, int ok) {
   return all_ok(c, ok, &lost);
 }
 
+/* EP_BENCH_REFUSE=RANK:TEXT, for tests: rank RANK is not ready at every agreement whose WHAT
+ * contains TEXT, so that the path where one rank cannot prepare can be run on purpose. */
+static int refused(const bench_ctx_t *c, const char *what) {
+  const char *e = getenv("EP_BENCH_REFUSE"), *text = e ? strchr(e, ':') : NULL;
+  return text && atoi(e) == c->me && strstr(what, text + 1);
+}
+
 int bench_agree(bench_ctx_t *c, int ok, const char *what) {
   int lost;
+  if (refused(c, what)) ok = 0;
   if (all_ok(c, ok, &lost)) return 0;
   if (lost)
     fprintf(stderr, "epcomm bench: rank %d: agreeing on %s: %s\n", c->me, what, ep_last_error());
