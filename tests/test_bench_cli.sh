@@ -3,7 +3,7 @@
 # GPU is a skip that says so ("skipped: no GPU", exit 77, rank 0 only) and, where there is one, a
 # checked run; options a program or backend cannot run are refused by name before any work, by
 # epcomm bench and by the MPI baseline program alike (the same parser); a rank that cannot
-# prepare a collective loop stops every rank at once (EP_BENCH_REFUSE).
+# prepare a collective loop, or check its outputs, stops every rank at once (EP_BENCH_REFUSE).
 # usage: tests/test_bench_cli.sh BUILD_DIR     one line per check; exit 0 all passed, 1 otherwise
 set -u
 build=$(cd "${1:?usage: test_bench_cli.sh BUILD_DIR}" && pwd)
@@ -60,27 +60,37 @@ refuse "--backend 'tpu': want one of cpu\|cuda" --backend tpu
 # rank RANK not ready there): it says what it lacked, rank 0 says a peer did, and every rank
 # exits 1 at once, none left in the next collective call until its deadline (600 s by default;
 # run's 120 s kill would give 137 instead)
-stops() { # mode what
-  local t0=$SECONDS why=""
+stops() { # mode what [verb: prepare, or check for a check of outputs]
+  local t0=$SECONDS why="" verb=${3:-prepare}
   EP_BENCH_REFUSE="1:$2" run "$bin" launch -n 3 "$bin" bench --mode "$1" "${tiny[@]}" \
     --baseline off
   cat "$tmp/err" >>"$tmp/out"
   [ "$rc" = 1 ] || why="status $rc, want 1"
-  has out "^\[1\] epcomm bench: rank 1 could not prepare $2" || why="$why; rank 1 did not say it"
-  has out "^\[0\] epcomm bench: another rank could not prepare $2" ||
+  has out "^\[1\] epcomm bench: rank 1 could not $verb $2" || why="$why; rank 1 did not say it"
+  has out "^\[0\] epcomm bench: another rank could not $verb $2" ||
     why="$why; rank 0 did not say a peer failed"
   [ "$(count out 'exited with status 1')" = 3 ] ||
     why="$why; $(count out 'exited with status 1') of 3 ranks exited with status 1"
+  # one failure, said once by rank 1 and once by rank 0: no later agreement repeats it
+  [ "$(count out 'could not|stopped before')" = 2 ] ||
+    why="$why; $(count out 'could not|stopped before') lines say a rank could not go on, want 2"
   [ $((SECONDS - t0)) -lt 60 ] || why="$why; took $((SECONDS - t0)) s"
-  check "bench --mode $1, rank 1 without $2: every rank stops" "$why"
+  check "bench --mode $1, rank 1 cannot $verb $2: every rank stops" "$why"
 }
 stops normal "its GPU and stream"
 stops normal "the copy ceiling"
 stops normal "its inputs"
 stops normal "its expert outputs"
+stops normal "the dispatch's outputs" check
+stops normal "the combined outputs" check
 stops normal "its caller tensors"
+stops normal "a variant's received rows" check
 stops ll "its inputs"
 stops ll "its expert outputs"
+stops ll "the dispatch's view" check
+stops ll "the combined outputs" check
+stops ll "a variant's view" check
+stops ll "a variant's combined outputs" check
 
 # ---- the MPI baseline program: the same parser, its own subset
 mpi=$build/bin/epcomm-bench-mpi

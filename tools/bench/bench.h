@@ -80,6 +80,10 @@ int bench_all_ok(bench_ctx_t *c, int ok);
 /* bench_all_ok that says it: 0 when every rank is ready, else 1 after the rank that was not
  * (and rank 0, when it was) named WHAT. */
 int bench_agree(bench_ctx_t *c, int ok, const char *what);
+/* The same for a check of outputs (ok: its host copies could be made), so that every rank stops
+ * together before the next collective step; "could not check WHAT". STOPPED: this rank stopped
+ * before the check and said why already (it stays quiet; rank 0 says a peer stopped). */
+int bench_agree_check(bench_ctx_t *c, int stopped, int ok, const char *what);
 /* A new row of this rank's results (bytes filled in later with bench_apply_bytes). */
 int bench_row(bench_ctx_t *c, const char *key, const char *label, int kind);
 /* The main rows of either mode, in the table's order: dispatch, combine, the ceiling. */

@@ -133,6 +133,8 @@ static int call_keep(bench_ctx_t *c, void *state, int it) {
   /* Agreed the first time: a rank without its expert outputs would leave its peers in the
    * combine. */
   if (first && bench_agree(c, !rc, "its expert outputs")) rc = 1;
+  /* And the last time: the next step (the combine) is collective. */
+  if (last && !first && bench_agree_check(c, 0, !rc, "the dispatch's view")) rc = 1;
   return rc;
 }
 
@@ -160,12 +162,17 @@ static int check_out(ll_t *u) {
   return 0;
 }
 
+/* After the loop that ended in rc: its outputs checked, and agreed whatever happened here, so
+ * that no rank goes on into the variants' collective calls alone. */
+static int checked_out(ll_t *u, int rc) {
+  return bench_agree_check(u->c, rc, rc || !check_out(u), "the combined outputs");
+}
+
 int bench_ll_check_out(bench_ctx_t *c, void *state, int it, const char *label) {
   ll_t *u = state;
   if (it != c->o->iters - 1) return 0;
   uint16_t *out = bench_fetch(c, u->out, u->T * u->H * 2);
-  if (!out) return 1;
-  if (bench_digest(out, u->T * u->H * 2, BENCH_DIGEST_SEED) != u->digest_out) {
+  if (out && bench_digest(out, u->T * u->H * 2, BENCH_DIGEST_SEED) != u->digest_out) {
     char m[BENCH_MSG];
     snprintf(m, sizeof m,
              "rank %d: %s: the combined outputs differ from the main combine's "
@@ -173,8 +180,9 @@ int bench_ll_check_out(bench_ctx_t *c, void *state, int it, const char *label) {
              c->me, label);
     bench_rank_fail(c->res, 1, m);
   }
+  const int ok = out != NULL;
   free(out);
-  return 0;
+  return bench_agree_check(c, 0, ok, "a variant's combined outputs");
 }
 
 static int main_rows(ll_t *u, int d, int cm, int m) {
@@ -185,9 +193,9 @@ static int main_rows(ll_t *u, int d, int cm, int m) {
                       {call_keep, -1, 0},
                       {call_combine, cm, 0},
                       {call_drop, -1, 0}};
-  if (!c->dev) return bench_run(c, u, s, 5, what) || check_out(u);
-  return bench_run(c, u, s, 1, "the copy ceiling") || bench_run(c, u, s + 1, 4, what) ||
-         check_out(u);
+  if (!c->dev) return checked_out(u, bench_run(c, u, s, 5, what));
+  return checked_out(u,
+                     bench_run(c, u, s, 1, "the copy ceiling") || bench_run(c, u, s + 1, 4, what));
 }
 
 static int inputs(ll_t *u) {

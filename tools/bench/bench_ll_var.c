@@ -87,7 +87,9 @@ static int check_view(bench_ctx_t *c, void *state, int it) {
   var_t *v = state;
   uint64_t d = 0;
   if (it != c->o->iters - 1) return 0;
-  if (bench_ll_view(c, v->u, it) || bench_ll_view_digest(v->u, &v->u->v, &d)) return 1;
+  const int rc = bench_ll_view(c, v->u, it) || bench_ll_view_digest(v->u, &v->u->v, &d);
+  /* Agreed: the combine is next. */
+  if (bench_agree_check(c, 0, !rc, "a variant's view")) return 1;
   if (d != v->u->digest_view) {
     char m[BENCH_MSG];
     snprintf(m, sizeof m,

@@ -178,7 +178,10 @@ static int call_keep(bench_ctx_t *c, void *state, int it) {
   bench_traffic_step(c, it, &c->res->net_d, &c->res->local_d);
   /* Agreed: a rank without its expert outputs would leave its peers in the combine. */
   if (!u->y && bench_agree(c, !make_y(u), "its expert outputs")) return 1;
-  return it == c->o->iters - 1 ? check_dispatch(u) : 0;
+  /* Agreed too: a rank that could not fetch its outputs would leave its peers in the next
+   * collective call until their deadline. */
+  return it == c->o->iters - 1 &&
+         bench_agree_check(c, 0, !check_dispatch(u), "the dispatch's outputs");
 }
 
 static int check_combine(normal_t *u) {
@@ -190,6 +193,12 @@ static int check_combine(normal_t *u) {
   u->digest_out = c->res->digest_out = bench_digest(out, u->N * u->H * 2, BENCH_DIGEST_SEED);
   free(out);
   return 0;
+}
+
+/* After the loop that ended in rc: its outputs checked, and agreed whatever happened here, so
+ * that no rank goes on into the variants' collective calls alone. */
+static int checked_combine(normal_t *u, int rc) {
+  return bench_agree_check(u->c, rc, rc || !check_combine(u), "the combined outputs");
 }
 
 /* ------------------------------------------------------------------ main rows */
@@ -205,7 +214,7 @@ static int main_rows(normal_t *u, int d, int cm, int m) {
                         {call_keep, -1, 0},
                         {call_combine, cm, 0},
                         {call_drop, -1, 0}};
-    return bench_run(c, u, s, 5, what) || check_combine(u);
+    return checked_combine(u, bench_run(c, u, s, 5, what));
   }
   bench_step_t sm[] = {{bench_ceiling_copy, m, 0}},
                sd[] = {{call_dispatch, d, 0}, {call_keep, -1, 0}, {call_drop, -1, 0}},
@@ -216,7 +225,7 @@ static int main_rows(normal_t *u, int d, int cm, int m) {
   const uint64_t copied = bench_info(c).combines_copied;
   if (bench_run(c, u, sc, 1, "normal mode, combine")) return 1;
   bench_path_set(c, &c->res->combine_copy, copied, bench_info(c).combines_copied);
-  return check_combine(u) || call_drop(c, u, 0);
+  return checked_combine(u, 0) || call_drop(c, u, 0);
 }
 
 static int inputs(normal_t *u) {

@@ -119,10 +119,12 @@ int bench_sync(bench_ctx_t *c) {
   return -1;
 }
 
-/* Every rank's ok, or 0 with *lost set when the allgather itself failed. */
+/* Every rank's ok (1 ready; 0 not; AGREE_STOPPED: stopped before, and said why), or 0 with
+ * *lost set when the allgather itself failed. */
+#define AGREE_STOPPED 2
 static int all_ok(bench_ctx_t *c, int ok, int *lost) {
   int every = !(*lost = ep_group_allgather(c->g, &ok, c->agree, sizeof ok) != EP_OK);
-  for (int r = 0; every && r < c->R; r++) every = c->agree[r] != 0;
+  for (int r = 0; every && r < c->R; r++) every = c->agree[r] == 1;
   return every;
 }
 
@@ -138,17 +140,37 @@ static int refused(const bench_ctx_t *c, const char *what) {
   return text && atoi(e) == c->me && strstr(what, text + 1);
 }
 
-int bench_agree(bench_ctx_t *c, int ok, const char *what) {
+/* Whether any peer stopped before (AGREE_STOPPED) and none failed here (0). */
+static int only_stopped(const bench_ctx_t *c) {
+  int stopped = 0;
+  for (int r = 0; r < c->R; r++) {
+    if (c->agree[r] == 0) return 0;
+    stopped |= c->agree[r] == AGREE_STOPPED;
+  }
+  return stopped;
+}
+
+static int agree_as(bench_ctx_t *c, int ok, const char *verb, const char *what) {
   int lost;
-  if (refused(c, what)) ok = 0;
+  if (ok == 1 && refused(c, what)) ok = 0;
   if (all_ok(c, ok, &lost)) return 0;
   if (lost)
     fprintf(stderr, "epcomm bench: rank %d: agreeing on %s: %s\n", c->me, what, ep_last_error());
   else if (!ok)
-    fprintf(stderr, "epcomm bench: rank %d could not prepare %s\n", c->me, what);
-  else if (c->me == 0)
-    fprintf(stderr, "epcomm bench: another rank could not prepare %s\n", what);
+    fprintf(stderr, "epcomm bench: rank %d could not %s %s\n", c->me, verb, what);
+  else if (c->me == 0 && ok == 1 && only_stopped(c))
+    fprintf(stderr, "epcomm bench: another rank stopped before it could %s %s\n", verb, what);
+  else if (c->me == 0 && ok == 1)
+    fprintf(stderr, "epcomm bench: another rank could not %s %s\n", verb, what);
   return 1;
+}
+
+int bench_agree(bench_ctx_t *c, int ok, const char *what) {
+  return agree_as(c, !!ok, "prepare", what);
+}
+
+int bench_agree_check(bench_ctx_t *c, int stopped, int ok, const char *what) {
+  return agree_as(c, stopped ? AGREE_STOPPED : !!ok, "check", what);
 }
 
 void *bench_fetch(bench_ctx_t *c, const void *src, size_t n) {
