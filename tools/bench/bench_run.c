@@ -130,7 +130,7 @@ static int all_ok(bench_ctx_t *c, int ok, int *lost) {
 
 int bench_all_ok(bench_ctx_t *c, int ok) {
   int lost;
-  return all_ok(c, ok, &lost);
+  return all_ok(c, !!ok, &lost);
 }
 
 /* EP_BENCH_REFUSE=RANK:TEXT, for tests: rank RANK is not ready at every agreement whose WHAT
