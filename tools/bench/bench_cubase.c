@@ -88,22 +88,19 @@ fail:
 static int map_peers(base_t *b) {
   bench_ctx_t *c = b->u->c;
   char mine[BGPU_IPC_BYTES], *all = malloc((size_t)c->R * BGPU_IPC_BYTES);
-  int rc = !all || bgpu_ipc_get(b->recv, mine);
-  if (rc)
-    fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n",
-            all ? bgpu_error() : "out of memory");
-  if (bench_agree(c, !rc, "the cudaMemcpy baseline's buffer")) return free(all), 1;
-  if (ep_group_allgather(c->g, mine, all, BGPU_IPC_BYTES))
-    rc = (fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n", ep_last_error()), 1);
-  for (int r = 0; !rc && r < c->R; r++)
+  const char *why = !all ? "out of memory" : bgpu_ipc_get(b->recv, mine) ? bgpu_error() : NULL;
+  if (why) fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n", why);
+  if (bench_agree(c, !why, "the cudaMemcpy baseline's buffer")) return free(all), 1;
+  if (ep_group_allgather(c->g, mine, all, BGPU_IPC_BYTES)) why = ep_last_error();
+  for (int r = 0; !why && r < c->R; r++)
     if (r == c->me)
       b->peer[r] = b->recv;
-    else
-      rc = bgpu_ipc_open(all + (size_t)r * BGPU_IPC_BYTES, (void **)&b->peer[r]);
-  if (rc) fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n", bgpu_error());
+    else if (bgpu_ipc_open(all + (size_t)r * BGPU_IPC_BYTES, (void **)&b->peer[r]))
+      why = bgpu_error(); /* the failing call's own error, said once */
+  if (why) fprintf(stderr, "epcomm bench: the cudaMemcpy baseline: %s\n", why);
   free(all);
   b->mapped = 1; /* unmap closes what was opened; the loop runs only if all was, everywhere */
-  return bench_agree(c, !rc, "the peers' mapped buffers");
+  return bench_agree(c, !why, "the peers' mapped buffers");
 }
 
 /* Its rows against the generator, and against epcomm's main dispatch (same layout). */
