@@ -62,7 +62,7 @@ run "$bin" info
 [ "$rc" = 0 ] && [ ! -s "$tmp/err" ] || why="status $rc, stderr $(cat "$tmp/err")"
 for want in '^backends:' '^  cpu +available' '^  cuda ' '^EP_SPIN_US +cpu ' '^EP_CUDA_SMS +cuda ' \
             '^EP_LOCAL_RANK ' '^EP_QUEUE_BYTES +core +size +1M ' 'accepted: N\[K\|M\|G\] bytes' \
-            '^EP_DOCTOR_RULES +doctor '; do
+            '^EP_DOCTOR_RULES +doctor ' '^EP_BENCH_REFUSE +bench ' '^EP_BENCH_LL_FILL +bench '; do
   has out "$want" || why="$why; no line /$want/"
 done
 EP_QUEUE_BYTES=2X EP_LGO=1 run "$bin" info

@@ -9,6 +9,12 @@ static const ep_env_var_t tool_rows[] = {
     {"EP_DOCTOR_RULES", "doctor", "path", "", "a readable rulebook file",
      "rulebook of epcomm doctor (default: share/doctor-rules.txt of the source or install "
      "tree); not passed on to the commands the doctor runs"},
+    {"EP_BENCH_LL_FILL", "bench", "enum", "", "copies",
+     "epcomm bench --mode ll --backend cuda: the expert outputs put into the zero-copy rows by "
+     "one cudaMemcpyAsync per expert (copies) instead of one kernel"},
+    {"EP_BENCH_REFUSE", "bench", "string", "", "RANK:TEXT",
+     "for tests: rank RANK of epcomm bench is not ready at every agreement whose name contains "
+     "TEXT, so that every rank stops (docs/PERFORMANCE.md)"},
 };
 
 int cli_env_var_count(void) {
