@@ -4,9 +4,11 @@
 # checked run; options a program or backend cannot run are refused by name before any work, by
 # epcomm bench and by the MPI baseline program alike (the same parser); a rank that cannot
 # prepare a collective loop, or check its outputs, stops every rank at once (EP_BENCH_REFUSE).
-# usage: tests/test_bench_cli.sh BUILD_DIR     one line per check; exit 0 all passed, 1 otherwise
+# With `nccl`: only the GPU's NCCL baseline across pretend hosts, a checked run and a rank that
+# cannot open NCCL or its communicator (exit 77, "skipped: no GPU", where there is none).
+# usage: tests/test_bench_cli.sh BUILD_DIR [nccl]   one line per check; exit 0 all passed, 1 otherwise
 set -u
-build=$(cd "${1:?usage: test_bench_cli.sh BUILD_DIR}" && pwd)
+build=$(cd "${1:?usage: test_bench_cli.sh BUILD_DIR [nccl]}" && pwd)
 bin=$build/bin/epcomm
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/epcomm-test-bench-cli.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -19,6 +21,37 @@ run() { timeout -s KILL 120 "$@" >"$tmp/out" 2>"$tmp/err" </dev/null; rc=$?; }
 has() { grep -qE -- "$2" "$tmp/$1"; }
 count() { grep -cE -- "$2" "$tmp/$1"; }
 tiny=(--tokens 64 --hidden 256 --topk 2 --experts 8 --warmup 1 --iters 2)
+
+# ---- nccl: the GPU baseline across 2 pretend hosts of 2 ranks (one communicator over all four)
+if [ "${2:-}" = nccl ]; then
+  net=(--backend cuda --hosts 2 "${tiny[@]}" --baseline on)
+  run "$bin" launch -n 4 --hosts 2 --timeout 100 "$bin" bench "${net[@]}" --json "$tmp/r.json"
+  if [ "$rc" = 77 ]; then
+    cat "$tmp/out"
+    exit 77
+  fi
+  why=""
+  [ "$rc" = 0 ] || why="status $rc: $(tail -n 3 "$tmp/err")"
+  grep -q '"check": "pass"' "$tmp/r.json" 2>/dev/null || why="$why; the self-check did not pass"
+  has out 'NCCL baseline dispatch' || why="$why; no NCCL baseline row: $(head -n 20 "$tmp/out")"
+  check "bench ${net[*]}: the NCCL baseline ran and matched" "$why"
+  for what in "NCCL for the baseline" "the NCCL baseline's communicator"; do
+    t0=$SECONDS why=""
+    EP_BENCH_REFUSE="1:$what" run "$bin" launch -n 4 --hosts 2 --timeout 100 "$bin" bench "${net[@]}"
+    cat "$tmp/err" >>"$tmp/out"
+    [ "$rc" = 1 ] || why="status $rc, want 1"
+    has out "^\[1\] epcomm bench: rank 1 could not prepare $what" || why="$why; rank 1 did not say it"
+    has out "^\[0\] epcomm bench: another rank could not prepare $what" ||
+      why="$why; rank 0 did not say a peer failed"
+    [ "$(count out 'exited with status 1')" = 4 ] ||
+      why="$why; $(count out 'exited with status 1') of 4 ranks exited with status 1"
+    [ $((SECONDS - t0)) -lt 60 ] || why="$why; took $((SECONDS - t0)) s"
+    check "bench --hosts 2 --baseline on, rank 1 cannot prepare $what: every rank stops" "$why"
+  done
+  printf '%d passed, %d failed\n' "$passed" "$failed"
+  [ "$failed" = 0 ]
+  exit
+fi
 
 # ---- --backend cuda: a skip without a GPU, a checked run with one
 for mode in normal ll; do

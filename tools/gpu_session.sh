@@ -4,7 +4,7 @@
 # everything it wrote comes back as one file, OUT/cN.tgz (the tool brings back at most 8 files,
 # two folders deep; the runs below write dozens). Run from the repository root:
 #
-#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 22; OUT = $OUT on the device machine
+#   tools/gpu_session.sh N OUT      N = 1 to 13, 15 to 23; OUT = $OUT on the device machine
 #
 #   1  gpu_check build late suite: the late hello against the copy-out (allocator-path bench rows,
 #      EP_CUDA_LATE_HELLO 0 / 1, R = 2 / 4 / 8, 4096 and 128 tokens; first, since it decides the
@@ -123,6 +123,9 @@
 #      cpy"). Ran in the thirtieth session with V22=cpy only: right outputs, bf16 R = 8 ~108 us
 #      slower; in the thirty-first with V22="fx big pfe": fx and big as slow as the tree, pfe
 #      faster at R = 8, none moves R = 4 (docs/PERFORMANCE.md)
+#   23 the floor under R = 4's full - cached: the tree against as-cached.patch (a full call that
+#      fetches and writes no ids or weights, less than any right full dispatch does; wrong
+#      outputs), R = 4, then 4 and 8 again (OUT/c23/a.txt, b.txt)
 #
 # Needs .gpu/with-mps (a copy of shared/gpu/with-mps) and, for 3 and 7, .deepep (DeepEP V1's
 # source); both are ignored by git, so the call must carry them: carry [".gpu"] or [".gpu",
@@ -301,6 +304,7 @@ case $n in
       "$((limit - (SECONDS - t0)))" tools/gpu_check.sh .gpu/with-mps "$d/trace" trace ;;
   19) patched_passes 8 "8 4" asc nof ;;
   21) patched_passes 8 8 nof pfe ;;
+  23) patched_passes 4 "4 8" asc ;;
   22)
     # shellcheck disable=SC2086 # the names are words
     patched_passes "8 4" "8 4" ${V22:-fx big pfe cpy} ;;

@@ -128,17 +128,22 @@ static void unmap(base_t *b) {
     fprintf(stderr, "epcomm bench: ep_group_barrier: %s\n", ep_last_error());
 }
 
-/* Across hosts: a communicator over every rank, and room for one call's pointers. */
+/* Across hosts: a communicator over every rank, and room for one call's pointers. Each step is
+ * agreed, so that a rank that failed on its own (memory, the library, NCCL's init) stops every
+ * rank, none left waiting in the next collective call. */
 static int open_nccl(base_t *b) {
   bench_ctx_t *c = b->u->c;
-  char why[256];
+  char why[256] = "";
   size_t R = (size_t)c->R;
   b->sp = calloc(R, sizeof *b->sp), b->rp = calloc(R, sizeof *b->rp);
   b->sb = calloc(R, sizeof *b->sb), b->rb = calloc(R, sizeof *b->rb);
   if (bench_agree(c, b->sp && b->rp && b->sb && b->rb, "the NCCL baseline's arrays")) return 1;
-  if ((b->nccl = bnccl_open(c->g, c->R, c->me, why, sizeof why))) return 0;
-  fprintf(stderr, "epcomm bench: the NCCL baseline: %s\n", why);
-  return 1;
+  b->nccl = bnccl_new(c->R, c->o->timeout_s, why, sizeof why);
+  if (!b->nccl) fprintf(stderr, "epcomm bench: the NCCL baseline: %s\n", why);
+  if (bench_agree(c, b->nccl != NULL, "NCCL for the baseline")) return 1;
+  int ok = bnccl_connect(b->nccl, c->g, c->R, c->me, why, sizeof why) == 0;
+  if (!ok && *why) fprintf(stderr, "epcomm bench: the NCCL baseline: %s\n", why);
+  return bench_agree(c, ok, "the NCCL baseline's communicator");
 }
 
 int bench_cubase(normal_t *u) {
@@ -174,7 +179,7 @@ int bench_cubase(normal_t *u) {
     rc = bench_agree_check(c, rc, rc || !check(&b), "the baseline's received rows");
   }
   if (b.mapped) unmap(&b);
-  bnccl_close(b.nccl);
+  bnccl_close(b.nccl, !rc); /* rc is agreed: every rank closes the same way */
   free(b.sp), free(b.rp), free(b.sb), free(b.rb);
   bench_free(c, b.pos), bench_free(c, b.scratch), bench_free(c, b.send), bench_free(c, b.recv);
   free(b.peer), free(b.counts), free(b.all), free(b.off);
