@@ -145,10 +145,22 @@ static int setup(bench_opts_t *o, ep_group_t g, int R, int me) {
   return 0;
 }
 
+/* The tool's own variables (tools/tool_env.c), read once and taken out of the environment before
+ * the library's first call: the library warns about every EP_* name it does not read, and these
+ * are not its (the doctor takes EP_DOCTOR_RULES out likewise). */
+static void take_env(bench_opts_t *o) {
+  const char *r = getenv("EP_BENCH_REFUSE"), *f = getenv("EP_BENCH_LL_FILL");
+  snprintf(o->refuse, sizeof o->refuse, "%s", r ? r : "");
+  o->ll_fill_copies = f && !strcmp(f, "copies");
+  unsetenv("EP_BENCH_REFUSE");
+  unsetenv("EP_BENCH_LL_FILL");
+}
+
 int ep_cmd_bench(int argc, char **argv) {
   bench_opts_t o;
   int rc = bench_parse(argc, argv, "epcomm bench", BENCH_TOOL_EPCOMM, &o);
   if (rc) return rc == 1 << 8 ? 0 : rc;
+  take_env(&o);
   if (o.backend == BENCH_CUDA && (rc = gpu_missing())) return rc;
   ep_group_config_t gc = EP_GROUP_CONFIG_INIT;
   gc.timeout_s = o.timeout_s;

@@ -36,6 +36,8 @@ typedef struct {
   double timeout_s;   /* group deadline (must cover the baseline run) */
   int hosts;          /* --hosts H: the ranks form H pretend hosts (EP_HOSTS); 0: not given */
   int nhosts;         /* hosts of the group once it exists (0 or 1: one host) */
+  char refuse[128];   /* EP_BENCH_REFUSE, for tests ("": none; bench_run.c) */
+  int ll_fill_copies; /* EP_BENCH_LL_FILL=copies (bench_ll.c) */
   const int *host_of; /* [R] host of every rank when nhosts > 1 (the combine's order) */
   /* MPI baseline only */
   const char *raw; /* results file for epcomm bench to merge */

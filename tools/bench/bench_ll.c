@@ -242,8 +242,7 @@ int bench_ll(bench_ctx_t *c) {
   cfg.ll_max_topk = o->topk;
   /* The GPU time of the calls, queued back to back: no host wait for a call's verdict. */
   if (o->backend == BENCH_CUDA) setenv("EP_CUDA_LL_ASYNC", "1", 0);
-  const char *fill = getenv("EP_BENCH_LL_FILL");
-  u.fill_copies = fill && !strcmp(fill, "copies");
+  u.fill_copies = o->ll_fill_copies;
   int rc = bench_ctx_open(c, &cfg);
   if (!rc) rc = bench_agree(c, !inputs(&u), "its inputs"); /* no rank in a dispatch alone */
   int row[3];

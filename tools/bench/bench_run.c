@@ -136,7 +136,7 @@ int bench_all_ok(bench_ctx_t *c, int ok) {
 /* EP_BENCH_REFUSE=RANK:TEXT, for tests: rank RANK is not ready at every agreement whose WHAT
  * contains TEXT, so that the path where one rank cannot prepare can be run on purpose. */
 static int refused(const bench_ctx_t *c, const char *what) {
-  const char *e = getenv("EP_BENCH_REFUSE"), *text = e ? strchr(e, ':') : NULL;
+  const char *e = c->o->refuse, *text = strchr(e, ':');
   return text && atoi(e) == c->me && strstr(what, text + 1);
 }
 
