@@ -63,10 +63,14 @@ static double now_s(void) {
 }
 
 /* A non-blocking communicator's last call (`what`, which returned r) until it is done, at most
- * timeout_s: 0, or -1 with why (NCCL's error, or the deadline). */
+ * timeout_s: 0, or -1 with why (NCCL's error, or the deadline). A short wait (a timed transfer's
+ * enqueue) spins, so that the baseline's time is not the nap's; a long one (the communicator's
+ * init, its finalize) naps between polls. */
 static int settle(bnccl_t *b, ncclResult_t r, const char *what, char *why, size_t n) {
   const double until = now_s() + b->timeout_s;
-  while (r == ncclInProgress) {
+  const struct timespec nap = {0, 100000};
+  for (unsigned polls = 0; r == ncclInProgress; polls++) {
+    if (polls >= 1000) nanosleep(&nap, NULL);
     if (now_s() > until) {
       snprintf(why, n, "%s: not done within %.0f s (--timeout)", what, b->timeout_s);
       return -1;
