@@ -136,7 +136,7 @@ n=${1:?usage: gpu_session.sh N OUT}
 out=${2:?usage: gpu_session.sh N OUT}
 limit=${GPU_SESSION_S:-540}
 patch_failed='' step_rc='' # set by patched and kv below, never taken from the environment
-case $n in [1-9] | 1[0-35-9] | 2[0-2]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 22)" >&2; exit 2 ;; esac
+case $n in [1-9] | 1[0-35-9] | 2[0-3]) ;; *) echo "usage: gpu_session.sh N OUT (N = 1 to 13, 15 to 23)" >&2; exit 2 ;; esac
 [ -x .gpu/with-mps ] || { echo "no .gpu/with-mps here: carry .gpu" >&2; exit 2; }
 case $n in 3 | 7 | 11) [ -d .deepep ] || { echo "no .deepep here: carry .deepep" >&2; exit 2; } ;; esac
 d=$out/c$n

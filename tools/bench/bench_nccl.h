@@ -1,7 +1,8 @@
 /* NCCL for the flat GPU baseline across hosts (bench_nccl.c): a communicator over every rank and
- * one grouped ncclSend/ncclRecv per call, NCCL loaded with dlopen. Every wait on NCCL has a
- * deadline: the communicator is non-blocking, and a rank that gives up aborts it. Returns 0 / -1
- * (NULL on failure), with the reason in `why`. */
+ * one grouped ncclSend/ncclRecv per call, NCCL loaded with dlopen. The communicator is
+ * non-blocking, so that its creation, each call's enqueue and its close wait until a deadline
+ * (then abort) instead of for ever; the stream's transfers themselves are waited for by the
+ * caller. Returns 0 / -1 (NULL on failure), with the reason in `why`. */
 #ifndef EP_TOOLS_BENCH_NCCL_H
 #define EP_TOOLS_BENCH_NCCL_H
 
@@ -18,7 +19,9 @@ typedef struct {
   const size_t *send_bytes, *recv_bytes;
 } bnccl_xfer_t;
 
-/* Local: the library loaded and room for R ranks' ids. `timeout_s` bounds every later wait. The
+/* Local: the library loaded and room for R ranks' ids. `timeout_s` bounds each later wait; keep
+ * it well inside the group's own deadline, so that the peers of a rank that gave up reach the
+ * agreement that follows before that rank's wait there expires (bench_cubase.c gives half). The
  * caller agrees on the result with its peers before bnccl_connect, so that a rank that failed
  * here leaves none of them waiting in the id exchange. */
 bnccl_t *bnccl_new(int R, double timeout_s, char *why, size_t n);
